@@ -1,0 +1,152 @@
+"""Logs how far the output bias and the model are from the target unigram
+(App. A.6, Figs. 13 and 14; Fig. 1).
+
+Keys added to fairseq's own ``train_inner``, ``train`` and ``valid`` logs (and
+so to ``--tensorboard-logdir`` and ``--log-format json``), all divergences in
+bits, like fairseq's ``loss``:
+
+``bias_kl``      KL(softmax(b) || unigram) of the output bias b (Fig. 13)
+``bias_norm``    ||b||_2 (Fig. 14)
+``weight_norm``  ||W||_F of the output projection
+``kl_unigram``   mean over target tokens of KL(p_theta(.|y_<t) || unigram) (Fig. 1)
+``kl_uniform``   mean over target tokens of KL(p_theta(.|y_<t) || uniform) (Fig. 1)
+
+The per-token divergences reuse the log-probabilities the criterion asks the
+model for (``get_normalized_probs``): no second softmax, only an ``exp`` and two
+reductions over the vocabulary. They travel in the logging outputs as sums with
+a token count, so fairseq's own reduction across micro-batches
+(``--update-freq``) and workers weights every token once. Bias statistics are
+read from the model's current parameters in ``reduce_metrics``, once per
+logged update, so they are never summed over workers or micro-batches.
+
+To stay cheap in training, the per-token divergences are computed on every
+``--natbias-stats-interval``-th update (default: ``--log-interval``, so every
+``train_inner`` line has them) and on every validation batch.
+
+The hook is attached to the task instance the model is built for: it wraps
+``train_step`` / ``valid_step`` (to add its sums to the logging output) and
+``reduce_metrics`` (to log them). That is what makes it work with any criterion.
+"""
+
+import logging
+import math
+
+import torch
+from fairseq.logging import metrics
+
+logger = logging.getLogger(__name__)
+
+LN2 = math.log(2.0)
+TARGET_MASK_KEY = "natbias_target_mask"
+SUM_KEYS = ("natbias_kl_unigram", "natbias_kl_uniform", "natbias_tokens")
+
+
+def kl_from_log_probs(log_p: torch.Tensor, log_q: torch.Tensor) -> torch.Tensor:
+    """KL(p || q) = sum_v p(v) (log p(v) - log q(v)), over the last dim, in nats."""
+    p = log_p.exp()
+    return (p * (log_p - log_q)).sum(-1)
+
+
+class BiasDivergenceHook:
+    def __init__(self, model, stats_interval: int):
+        self.model = model
+        self.stats_interval = max(1, int(stats_interval))
+        self.armed = False
+        self._log_bias_now = False
+        self._sums = dict.fromkeys(SUM_KEYS, 0.0)
+        if model.decoder.output_projection.bias is None:
+            logger.info(
+                "natbias: this model has no output bias (--natbias-init none); "
+                "logging kl_unigram, kl_uniform and weight_norm only"
+            )
+
+    # --- wiring into the task -------------------------------------------------
+
+    def attach(self, task) -> None:
+        if getattr(task, "_natbias_hook", None) is not None:
+            task._natbias_hook.model = self.model
+            return
+        task._natbias_hook = self
+        train_step, valid_step = task.train_step, task.valid_step
+        reduce_metrics = task.reduce_metrics
+
+        def hooked_train_step(sample, model, criterion, optimizer, update_num, *a, **k):
+            self.armed = (update_num + 1) % self.stats_interval == 0
+            self._log_bias_now = self._log_bias_now or self.armed
+            try:
+                out = train_step(sample, model, criterion, optimizer, update_num, *a, **k)
+            finally:
+                self.armed = False
+            return self._with_sums(out)
+
+        def hooked_valid_step(sample, model, criterion, *a, **k):
+            self.armed = True
+            self._log_bias_now = True
+            try:
+                out = valid_step(sample, model, criterion, *a, **k)
+            finally:
+                self.armed = False
+            return self._with_sums(out)
+
+        def hooked_reduce_metrics(logging_outputs, criterion):
+            reduce_metrics(logging_outputs, criterion)
+            self.log(logging_outputs)
+
+        task.train_step = hooked_train_step
+        task.valid_step = hooked_valid_step
+        task.reduce_metrics = hooked_reduce_metrics
+
+    def _with_sums(self, step_output):
+        loss, sample_size, logging_output = step_output
+        # Always the same keys on every worker: fairseq's fast all-reduce of
+        # logging outputs stacks values key by key.
+        logging_output.update(self._sums)
+        self._sums = dict.fromkeys(SUM_KEYS, 0.0)
+        return loss, sample_size, logging_output
+
+    # --- measuring ------------------------------------------------------------
+
+    def observe(self, lprobs: torch.Tensor, net_output) -> None:
+        """Accumulate per-token divergences of one forward pass (called by the
+        model's ``get_normalized_probs``; once per ``net_output``)."""
+        extra = net_output[1] if len(net_output) > 1 else None
+        if not self.armed or not isinstance(extra, dict):
+            return
+        mask = extra.pop(TARGET_MASK_KEY, None)  # pop: count each output once
+        if mask is None:
+            return
+        with torch.no_grad():
+            log_p = lprobs.detach().float()
+            log_u = self.model.target_log_unigram.to(log_p.device)
+            p = log_p.exp()
+            neg_entropy = (p * log_p).sum(-1)
+            cross_unigram = torch.matmul(p, log_u)
+            weights = mask.to(log_p.dtype)
+            kl_unigram = ((neg_entropy - cross_unigram) * weights).sum()
+            kl_uniform = ((neg_entropy + math.log(log_p.size(-1))) * weights).sum()
+            self._sums["natbias_kl_unigram"] += kl_unigram.item()
+            self._sums["natbias_kl_uniform"] += kl_uniform.item()
+            self._sums["natbias_tokens"] += weights.sum().item()
+
+    def bias_statistics(self) -> dict:
+        decoder = self.model.decoder
+        weight = decoder.output_projection.weight
+        stats = {"weight_norm": weight.detach().float().norm().item()}
+        bias = decoder.output_projection.bias
+        if bias is not None:
+            b = bias.detach().float()
+            log_u = self.model.target_log_unigram.to(b.device)
+            stats["bias_norm"] = b.norm().item()
+            stats["bias_kl"] = kl_from_log_probs(b.log_softmax(-1), log_u).item() / LN2
+        return stats
+
+    def log(self, logging_outputs) -> None:
+        tokens = sum(log.get("natbias_tokens", 0.0) for log in logging_outputs)
+        if tokens > 0:
+            for key in ("kl_unigram", "kl_uniform"):
+                total = sum(log.get("natbias_" + key, 0.0) for log in logging_outputs)
+                metrics.log_scalar(key, total / tokens / LN2, tokens, round=3)
+        if self._log_bias_now:
+            self._log_bias_now = False
+            for key, value in self.bias_statistics().items():
+                metrics.log_scalar(key, value, 1, round=4)

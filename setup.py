@@ -1,0 +1,45 @@
+"""fairseq-natbias: the natural (log-unigram) output bias as a fairseq plugin.
+
+fairseq itself is not listed: both repackages that install on Python 3.11
+(ve-fairseq, fairseq-fixed) declare torchaudio, which text never needs and
+which pulls in a different multi-GB torch. `make install` installs
+`ve-fairseq==0.12.3 --no-deps` plus the runtime needs listed here.
+"""
+
+from setuptools import find_packages, setup
+
+FAIRSEQ_RUNTIME = [
+    "hydra-core>=1.3.2",
+    "omegaconf",
+    "bitarray",
+    "regex",
+    "cython",
+    "cffi",
+    "scikit-learn",  # imported by fairseq.tasks.audio_classification at import time
+    "tqdm",
+    "packaging",
+]
+
+setup(
+    name="fairseq-natbias",
+    version="0.1.0",
+    description="Log-unigram output-bias initialisation for fairseq (Meister et al., ACL 2023)",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.10",
+    packages=find_packages(include=["fairseq_natbias", "fairseq_natbias.*"]),
+    install_requires=[
+        "torch>=2.0",
+        "numpy",
+        "sentencepiece",
+        "sacrebleu>=2.0",
+        "matplotlib",
+    ]
+    + FAIRSEQ_RUNTIME,
+    extras_require={"test": ["pytest"]},
+    entry_points={
+        "console_scripts": [
+            "natbias-count=fairseq_natbias.cli.count:main",
+        ]
+    },
+)

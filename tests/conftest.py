@@ -1,0 +1,114 @@
+"""Session fixtures: data is made and binarised once per test session."""
+
+import gzip
+import random
+import shutil
+
+import pytest
+
+from natbias_testing import MULTI30K, fairseq
+
+
+def _write(path, lines):
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+
+
+def _synthetic_pairs(n, seed, src_vocab, tgt_vocab):
+    """Zipf-ish toy parallel text: source and target use different words."""
+    rng = random.Random(seed)
+    src_words = [f"s{i}" for i in range(src_vocab)]
+    tgt_words = [f"t{i}" for i in range(tgt_vocab)]
+    src_weights = [1.0 / (i + 1) for i in range(src_vocab)]
+    tgt_weights = [1.0 / (i + 1) for i in range(tgt_vocab)]
+    pairs = []
+    for _ in range(n):
+        length = rng.randint(3, 9)
+        src = rng.choices(src_words, src_weights, k=length)
+        tgt = rng.choices(tgt_words, tgt_weights, k=length + rng.randint(-1, 1))
+        pairs.append((" ".join(src), " ".join(tgt)))
+    return pairs
+
+
+@pytest.fixture(scope="session")
+def toy_text(tmp_path_factory):
+    """Toy parallel text, src/tgt with disjoint vocabularies."""
+    root = tmp_path_factory.mktemp("toy_text")
+    for split, n, seed in (("train", 400, 1), ("valid", 40, 2), ("test", 20, 3)):
+        pairs = _synthetic_pairs(n, seed, src_vocab=40, tgt_vocab=30)
+        _write(root / f"{split}.src", [p[0] for p in pairs])
+        _write(root / f"{split}.tgt", [p[1] for p in pairs])
+    return root
+
+
+def preprocess(text_dir, dest, joined=False, src="src", tgt="tgt"):
+    args = [
+        "--source-lang", src, "--target-lang", tgt,
+        "--trainpref", text_dir / "train", "--validpref", text_dir / "valid",
+        "--testpref", text_dir / "test", "--destdir", dest, "--workers", "1",
+    ]
+    if joined:
+        args.append("--joined-dictionary")
+    fairseq("fairseq-preprocess", *args)
+    return dest
+
+
+@pytest.fixture(scope="session")
+def toy_bin(tmp_path_factory, toy_text):
+    """Binarised toy data with separate dictionaries."""
+    return preprocess(toy_text, tmp_path_factory.mktemp("toy_bin"))
+
+
+@pytest.fixture(scope="session")
+def toy_bin_joined(tmp_path_factory, toy_text):
+    """Binarised toy data with one joined dictionary (source words included)."""
+    return preprocess(toy_text, tmp_path_factory.mktemp("toy_bin_joined"), joined=True)
+
+
+@pytest.fixture
+def fresh_copy(tmp_path):
+    """Copy a data directory so a test may delete files from it."""
+
+    def copy(data_dir):
+        target = tmp_path / "data"
+        shutil.copytree(data_dir, target)
+        return target
+
+    return copy
+
+
+# --- real text: Multi30k German-English with a real SentencePiece model --------
+
+
+@pytest.fixture(scope="session")
+def multi30k_text(tmp_path_factory):
+    """Multi30k De-En encoded with a joint 8k SentencePiece model."""
+    if not (MULTI30K / "train.de.gz").exists():
+        pytest.skip(f"Multi30k not found at {MULTI30K} (set NATBIAS_MULTI30K)")
+    import sentencepiece as spm
+
+    root = tmp_path_factory.mktemp("multi30k_text")
+    raw = {}
+    for split, name in (("train", "train"), ("valid", "val"), ("test", "test_2016_flickr")):
+        for lang in ("de", "en"):
+            with gzip.open(MULTI30K / f"{name}.{lang}.gz", "rt", encoding="utf-8") as f:
+                raw[split, lang] = [line.strip() for line in f]
+            _write(root / f"{split}.raw.{lang}", raw[split, lang])
+    spm.SentencePieceTrainer.train(
+        input=f"{root}/train.raw.de,{root}/train.raw.en",
+        model_prefix=str(root / "spm"), vocab_size=8000, model_type="unigram",
+        character_coverage=1.0, bos_id=-1, eos_id=-1, pad_id=-1, unk_id=0,
+        minloglevel=2, num_threads=2,
+    )
+    model = spm.SentencePieceProcessor(model_file=str(root / "spm.model"))
+    for (split, lang), lines in raw.items():
+        _write(root / f"{split}.{lang}", [" ".join(model.encode(l, out_type=str)) for l in lines])
+    return root
+
+
+@pytest.fixture(scope="session")
+def multi30k_bin(tmp_path_factory, multi30k_text):
+    """Multi30k De-En, joint SentencePiece, joined dictionary, binarised."""
+    return preprocess(
+        multi30k_text, tmp_path_factory.mktemp("multi30k_bin"), joined=True,
+        src="de", tgt="en",
+    )
