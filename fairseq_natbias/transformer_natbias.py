@@ -113,11 +113,29 @@ class TransformerNatbiasModel(TransformerModel):
         return net_output
 
     def get_normalized_probs(self, net_output, log_probs, sample=None):
+        net_output = self._controlled_logits(net_output)
         probs = super().get_normalized_probs(net_output, log_probs, sample)
         hook = getattr(self, "natbias_hook", None)
         if hook is not None and log_probs:
             hook.observe(probs, net_output)
         return probs
+
+
+    def _controlled_logits(self, net_output):
+        """Generation-time control of the frequency bias (set only through
+        ``fairseq-generate --model-overrides``; see generation_control.py):
+        logits ``W phi + b`` become ``W phi + lambda b - tau log unigram``."""
+        scale = getattr(self.args, "natbias_bias_scale", 1.0)
+        adjust = getattr(self.args, "natbias_logit_adjustment", 0.0)
+        if scale == 1.0 and adjust == 0.0:
+            return net_output
+        logits = net_output[0]
+        bias = self.decoder.output_projection.bias
+        if bias is not None and scale != 1.0:
+            logits = logits + (scale - 1.0) * bias.to(logits.dtype)
+        if adjust != 0.0:
+            logits = logits - adjust * self.target_log_unigram.to(logits.dtype)
+        return (logits, *net_output[1:])
 
 
 def _check_args(args):
