@@ -40,6 +40,12 @@ setup(
     entry_points={
         "console_scripts": [
             "natbias-count=fairseq_natbias.cli.count:main",
+            "natbias-alc=fairseq_natbias.cli.alc:main",
+            "natbias-frequency=fairseq_natbias.cli.frequency:main",
+            "natbias-dynamics=fairseq_natbias.cli.dynamics:main",
+            "natbias-report=fairseq_natbias.cli.report:main",
+            "natbias-sweep=fairseq_natbias.cli.sweep:main",
+            "natbias-distinct=fairseq_natbias.cli.distinct:main",
         ]
     },
 )

@@ -19,3 +19,4 @@ except ImportError as error:  # pragma: no cover - exercised by hand
 
 from fairseq_natbias import checkpoint_loading  # noqa: E402,F401
 from fairseq_natbias import transformer_natbias  # noqa: E402,F401
+from fairseq_natbias import unigram_regularized_cross_entropy  # noqa: E402,F401

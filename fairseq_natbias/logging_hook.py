@@ -63,34 +63,39 @@ class BiasDivergenceHook:
     # --- wiring into the task -------------------------------------------------
 
     def attach(self, task) -> None:
-        if getattr(task, "_natbias_hook", None) is not None:
-            task._natbias_hook.model = self.model
-            return
+        """Wrap the task's methods once; they dispatch to the hook of the
+        latest model built for the task (the one the model's own ``forward``
+        consults), so a second model built on the same task is measured too."""
+        already_wrapped = getattr(task, "_natbias_hook", None) is not None
         task._natbias_hook = self
+        if already_wrapped:
+            return
         train_step, valid_step = task.train_step, task.valid_step
         reduce_metrics = task.reduce_metrics
 
         def hooked_train_step(sample, model, criterion, optimizer, update_num, *a, **k):
-            self.armed = (update_num + 1) % self.stats_interval == 0
-            self._log_bias_now = self._log_bias_now or self.armed
+            hook = task._natbias_hook
+            hook.armed = (update_num + 1) % hook.stats_interval == 0
+            hook._log_bias_now = hook._log_bias_now or hook.armed
             try:
                 out = train_step(sample, model, criterion, optimizer, update_num, *a, **k)
             finally:
-                self.armed = False
-            return self._with_sums(out)
+                hook.armed = False
+            return hook._with_sums(out)
 
         def hooked_valid_step(sample, model, criterion, *a, **k):
-            self.armed = True
-            self._log_bias_now = True
+            hook = task._natbias_hook
+            hook.armed = True
+            hook._log_bias_now = True
             try:
                 out = valid_step(sample, model, criterion, *a, **k)
             finally:
-                self.armed = False
-            return self._with_sums(out)
+                hook.armed = False
+            return hook._with_sums(out)
 
         def hooked_reduce_metrics(logging_outputs, criterion):
             reduce_metrics(logging_outputs, criterion)
-            self.log(logging_outputs)
+            task._natbias_hook.log(logging_outputs)
 
         task.train_step = hooked_train_step
         task.valid_step = hooked_valid_step
@@ -137,7 +142,8 @@ class BiasDivergenceHook:
             b = bias.detach().float()
             log_u = self.model.target_log_unigram.to(b.device)
             stats["bias_norm"] = b.norm().item()
-            stats["bias_kl"] = kl_from_log_probs(b.log_softmax(-1), log_u).item() / LN2
+            kl = kl_from_log_probs(b.log_softmax(-1), log_u).item() / LN2
+            stats["bias_kl"] = max(0.0, kl)  # KL >= 0; float error printed "-0"
         return stats
 
     def log(self, logging_outputs) -> None:

@@ -74,8 +74,17 @@ class TransformerNatbiasModel(TransformerModel):
     @classmethod
     def build_model(cls, args, task):
         natbias_base_architecture(args)
-        _check_args(args)
-        model = super().build_model(args, task)
+        try:
+            _check_args(args)
+            model = super().build_model(args, task)
+            cls._init_natbias(model, args, task)
+        except (unigram.UnigramError, ValueError) as error:
+            # A clear one-line message from fairseq-train, not a traceback.
+            raise SystemExit(f"fairseq_natbias: error: {error}") from error
+        return model
+
+    @classmethod
+    def _init_natbias(cls, model, args, task):
         vocab_size = len(task.target_dictionary)
         if _weights_will_be_loaded(args):
             log_unigram = torch.zeros(vocab_size)
@@ -100,7 +109,6 @@ class TransformerNatbiasModel(TransformerModel):
             interval = args.natbias_stats_interval or getattr(args, "log_interval", 100)
             model.natbias_hook = BiasDivergenceHook(model, interval)
             model.natbias_hook.attach(task)
-        return model
 
     def forward(self, src_tokens, src_lengths, prev_output_tokens, **kwargs):
         net_output = super().forward(src_tokens, src_lengths, prev_output_tokens, **kwargs)
@@ -123,12 +131,23 @@ class TransformerNatbiasModel(TransformerModel):
 
     def _controlled_logits(self, net_output):
         """Generation-time control of the frequency bias (set only through
-        ``fairseq-generate --model-overrides``; see generation_control.py):
-        logits ``W phi + b`` become ``W phi + lambda b - tau log unigram``."""
-        scale = getattr(self.args, "natbias_bias_scale", 1.0)
-        adjust = getattr(self.args, "natbias_logit_adjustment", 0.0)
+        ``fairseq-generate --model-overrides``; see fairseq_natbias/analysis/sweep.py):
+        logits ``W phi + b`` become ``W phi + lambda b - tau log unigram``.
+
+        Refused in training mode: fairseq-train has no such options, and a
+        model trained with them would save them in its checkpoint."""
+        scale = getattr(self.args, "natbias_bias_scale", None)
+        adjust = getattr(self.args, "natbias_logit_adjustment", None)
+        scale = 1.0 if scale is None else float(scale)
+        adjust = 0.0 if adjust is None else float(adjust)
         if scale == 1.0 and adjust == 0.0:
             return net_output
+        if self.training:
+            raise ValueError(
+                f"natbias_bias_scale={scale:g} / natbias_logit_adjustment={adjust:g} "
+                "are generation-time settings (fairseq-generate --model-overrides); "
+                "they are refused in training, where a saved checkpoint would keep them"
+            )
         logits = net_output[0]
         bias = self.decoder.output_projection.bias
         if bias is not None and scale != 1.0:

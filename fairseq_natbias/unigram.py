@@ -16,7 +16,6 @@ so every entry of ``log p`` is finite, including ``<pad>`` and ``<s>``, which
 never occur as targets.
 """
 
-import glob
 import logging
 import math
 import os
@@ -270,11 +269,3 @@ def count_text(lines, dictionary) -> np.ndarray:
     if batch:
         counts += np.bincount(np.asarray(batch), minlength=len(dictionary))
     return counts
-
-
-def expand_globs(paths: Sequence[str]) -> List[str]:
-    out = []
-    for path in paths:
-        matches = sorted(glob.glob(path))
-        out.extend(matches if matches else [path])
-    return out

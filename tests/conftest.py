@@ -112,3 +112,12 @@ def multi30k_bin(tmp_path_factory, multi30k_text):
         multi30k_text, tmp_path_factory.mktemp("multi30k_bin"), joined=True,
         src="de", tgt="en",
     )
+
+
+@pytest.fixture(scope="session")
+def lsce_run(tmp_path_factory, toy_bin):
+    """fairseq-train's stdout: transformer_natbias (unigram bias) trained with
+    the stock label_smoothed_cross_entropy for 2 updates, logging every update."""
+    from natbias_testing import train
+
+    return train(toy_bin, tmp_path_factory.mktemp("lsce_run"), "--no-save", max_update=2).stdout

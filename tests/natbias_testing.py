@@ -70,3 +70,51 @@ def log_records(text, tag):
                 pass
         records.append(record)
     return records
+
+
+# --- in-process fairseq: the objects fairseq-train builds, without a subprocess --
+
+
+def build_in_process(data, save_dir, *extra, arch="transformer_natbias", model=TINY_MODEL):
+    """Parse a fairseq-train command line here and build its task, model and
+    criterion the way fairseq-train does. ``save_dir`` must hold no checkpoint
+    (the model would otherwise skip counting, as for a resumed run)."""
+    from fairseq import options, tasks
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+    parser = options.get_training_parser()
+    args = options.parse_args_and_arch(parser, [
+        str(data), "--user-dir", str(REPO / "fairseq_natbias"), "--arch", arch,
+        *model, *TINY_TRAINING, "--save-dir", str(save_dir), *map(str, extra),
+    ])
+    cfg = convert_namespace_to_omegaconf(args)
+    task = tasks.setup_task(cfg.task)
+    built = task.build_model(cfg.model)
+    return task, built, task.build_criterion(cfg.criterion)
+
+
+def first_sentences(task, split="train", n=24):
+    """A collated batch of the first ``n`` sentences of a split."""
+    task.load_dataset(split)
+    dataset = task.dataset(split)
+    return dataset.collater([dataset[i] for i in range(min(n, len(dataset)))])
+
+
+def reference_log_unigram(text_path, dictionary, alpha=1.0):
+    """Log add-alpha unigram of a tokenised text, counted here in float64
+    independently of fairseq_natbias.unigram: every word as the dictionary maps
+    it, plus one EOS per line (what fairseq-preprocess binarises)."""
+    import math
+    from collections import Counter
+
+    import torch
+
+    counts = Counter()
+    for line in Path(text_path).read_text(encoding="utf-8").splitlines():
+        counts.update(dictionary.index(word) for word in line.split())
+        counts[dictionary.eos()] += 1
+    total = sum(counts.values()) + alpha * len(dictionary)
+    return torch.tensor(
+        [math.log((counts[i] + alpha) / total) for i in range(len(dictionary))],
+        dtype=torch.float64,
+    )

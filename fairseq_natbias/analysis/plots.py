@@ -1,0 +1,165 @@
+"""Figures for the analysis tools (matplotlib, Agg backend: no display needed).
+
+Every function takes already computed numbers and writes one PNG; none is
+called with nothing to draw (the tools refuse empty input before plotting).
+"""
+
+import logging
+import math
+import os
+from typing import Dict, List, Optional, Sequence, Tuple
+
+# fairseq's import sets the root logger to DEBUG (a basicConfig in one of its
+# model modules); keep matplotlib's font-cache chatter out of the tools' output.
+if logging.getLogger("matplotlib").level == logging.NOTSET:
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)
+
+import matplotlib  # noqa: E402
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from fairseq_natbias.analysis import AnalysisError  # noqa: E402
+
+PANEL_SIZE = (4.0, 3.2)
+
+
+def _grid(rows: int, cols: int, sharey=False):
+    fig, axes = plt.subplots(
+        rows, cols, figsize=(PANEL_SIZE[0] * cols, PANEL_SIZE[1] * rows),
+        squeeze=False, sharey=sharey,
+    )
+    return fig, axes
+
+
+def save(fig, path: str) -> str:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def _color(index: int):
+    return plt.get_cmap("tab10")(index % 10)
+
+
+# --- mean ± standard error per init, one panel per dataset (Figs. 2, 3, 9, 10) ---
+
+
+def errorbar_panels(
+    panels: Dict[str, List[Tuple[str, float, float]]], ylabel: str, path: str,
+    min_span: Optional[float] = None, title: Optional[str] = None,
+) -> str:
+    """``panels[dataset] = [(init, mean, stderr), ...]``: a point with a
+    standard-error bar per init. With ``min_span`` the y-axis of every panel
+    spans at least that much (Fig. 2: "Panes are adjusted so that the y-axis
+    spans at least 0.5 BLEU")."""
+    if not panels:
+        raise AnalysisError(f"nothing to plot for {path}")
+    fig, axes = _grid(1, len(panels))
+    for ax, (dataset, points) in zip(axes[0], panels.items()):
+        for i, (label, mean, stderr) in enumerate(points):
+            err = stderr if math.isfinite(stderr) else 0.0
+            ax.errorbar([i], [mean], yerr=[err], fmt="o", capsize=4, color=_color(i))
+        ax.set_xticks(range(len(points)), [p[0] for p in points])
+        ax.set_xlim(-0.6, len(points) - 0.4)
+        ax.set_title(dataset)
+        ax.set_ylabel(ylabel)
+        if min_span:
+            _widen(ax, points, min_span)
+    if title:
+        fig.suptitle(title)
+    return save(fig, path)
+
+
+def _widen(ax, points, min_span):
+    lows = [m - (s if math.isfinite(s) else 0) for _, m, s in points]
+    highs = [m + (s if math.isfinite(s) else 0) for _, m, s in points]
+    low, high = min(lows), max(highs)
+    margin = 0.1 * (high - low)
+    low, high = low - margin, high + margin
+    if high - low < min_span:
+        middle = (low + high) / 2
+        low, high = middle - min_span / 2, middle + min_span / 2
+    ax.set_ylim(low, high)
+
+
+# --- curves over training updates, seeds shaded (Figs. 1, 5, 13, 14) ---------
+
+
+def curve_panels(
+    panels: Dict[str, List[dict]], ylabel: str, path: str, logx: bool = True,
+    title: Optional[str] = None,
+) -> str:
+    """``panels[dataset] = [{"label", "x", "mean", "low", "high"}, ...]``: one
+    line per init, the band between low and high shaded."""
+    if not panels:
+        raise AnalysisError(f"nothing to plot for {path}")
+    fig, axes = _grid(1, len(panels))
+    for ax, (dataset, curves) in zip(axes[0], panels.items()):
+        for i, curve in enumerate(curves):
+            ax.plot(curve["x"], curve["mean"], label=curve["label"], color=_color(i))
+            ax.fill_between(curve["x"], curve["low"], curve["high"],
+                            color=_color(i), alpha=0.25, linewidth=0)
+        if logx:
+            ax.set_xscale("log")
+        ax.set_xlabel("training updates")
+        ax.set_ylabel(ylabel)
+        ax.set_title(dataset)
+        ax.legend(fontsize="small")
+    if title:
+        fig.suptitle(title)
+    return save(fig, path)
+
+
+# --- Fig. 4: average log-probability vs. log-unigram, 2 rows x models ---------
+
+
+def frequency_panels(columns: List[dict], path: str) -> str:
+    """``columns = [{"label", "x", "full", "without_bias", "note"}, ...]``: upper
+    row with all parameters, lower row without the output bias (Fig. 4)."""
+    if not columns:
+        raise AnalysisError(f"nothing to plot for {path}")
+    fig, axes = _grid(2, len(columns), sharey="row")
+    rows = (("full", "all parameters"), ("without_bias", "bias dropped (W phi only)"))
+    for col, column in enumerate(columns):
+        for row, (key, row_title) in enumerate(rows):
+            ax = axes[row][col]
+            ax.plot(column["x"], column[key], "o-", color=_color(col), markersize=4)
+            ax.set_title(f"{column['label']}: {row_title}", fontsize="medium")
+            ax.set_xlabel("log unigram probability (training data)")
+            if col == 0:
+                ax.set_ylabel("avg. log-probability of reference token")
+            if row == 1 and column.get("note"):
+                ax.text(0.02, 0.02, column["note"], transform=ax.transAxes,
+                        fontsize="small", va="bottom")
+    return save(fig, path)
+
+
+# --- generation sweep: metrics against lambda (or tau) -------------------------
+
+
+def sweep_panels(
+    rows: List[dict], x_key: str, line_key: str, metrics: Sequence[Tuple[str, str]], path: str,
+) -> str:
+    """One panel per ``(metric key, label)``; x = ``x_key``, one line per value
+    of ``line_key``."""
+    if not rows:
+        raise AnalysisError(f"nothing to plot for {path}")
+    fig, axes = _grid(1, len(metrics))
+    line_values = sorted({row[line_key] for row in rows})
+    for ax, (key, label) in zip(axes[0], metrics):
+        for i, value in enumerate(line_values):
+            points = sorted((r[x_key], r[key]) for r in rows if r[line_key] == value)
+            ax.plot([p[0] for p in points], [p[1] for p in points], "o-",
+                    color=_color(i), label=f"{_greek(line_key)} = {value:g}")
+        ax.set_xlabel(_greek(x_key))
+        ax.set_ylabel(label)
+        if len(line_values) > 1:
+            ax.legend(fontsize="small")
+    return save(fig, path)
+
+
+def _greek(key: str) -> str:
+    return {"lambda": "λ (bias scale)", "tau": "τ (logit adjustment)"}.get(key, key)

@@ -1,0 +1,141 @@
+"""The run grid that ``natbias-report`` and ``natbias-dynamics`` read.
+
+Layout (one directory per training run)::
+
+    RUNS/<dataset>/<init>/seed<k>/
+        train.log        fairseq-train's console output (stdout and stderr), in
+                         --log-format simple or json, with --eval-bleu so the
+                         validation lines carry BLEU
+        test.bleu.json   sacreBLEU's JSON for the test set:
+                             sacrebleu REF -i HYP -m bleu > test.bleu.json
+        test.chrf.json   the same with -m chrf
+
+``<init>`` is the bias initialisation (``unigram``, ``zero``, ``none``, ``file``,
+or any name), ``<k>`` the seed (``seed1``, ``seed_2``, ``seed-3``). A grid of a
+single dataset may leave the dataset level out (``RUNS/<init>/seed<k>/``): the
+dataset is then named after ``RUNS``.
+
+A score file may hold sacreBLEU's JSON object (its ``score`` and ``signature``
+are read), just the number (``sacrebleu -b`` prints only the score, which is
+valid JSON too), or, as ``test.json``, sacreBLEU's list for ``-m bleu chrf``
+(entries told apart by their ``name``: ``BLEU``, ``chrF2``, ``chrF2++``).
+"""
+
+import json
+import os
+import re
+from dataclasses import dataclass
+from typing import List, Optional, Sequence
+
+from fairseq_natbias.analysis import AnalysisError
+
+LOG_NAME = "train.log"
+SCORE_FILES = {"bleu": "test.bleu.json", "chrf": "test.chrf.json"}
+COMBINED_SCORE_FILE = "test.json"
+SEED_DIR = re.compile(r"^seed[-_]?(?P<seed>\d+)$")
+INIT_ORDER = ("none", "zero", "unigram", "file")
+
+
+@dataclass
+class Run:
+    dataset: str
+    init: str
+    seed: int
+    path: str
+    log_file: Optional[str] = None  # a log given by itself rather than as RUN/train.log
+
+    @property
+    def log(self) -> str:
+        return self.log_file or os.path.join(self.path, LOG_NAME)
+
+
+@dataclass
+class Score:
+    value: float
+    signature: Optional[str]
+
+
+def discover_runs(roots: Sequence[str]) -> List[Run]:
+    """Every ``seed<k>`` directory under the roots, as a Run."""
+    runs = []
+    for root in roots:
+        if not os.path.isdir(root):
+            raise AnalysisError(f"{root}: no such directory")
+        runs.extend(_runs_under(root))
+    if not runs:
+        raise AnalysisError(
+            f"no run directories under {', '.join(roots)}: expected "
+            "RUNS/<dataset>/<init>/seed<k>/ holding train.log and test.bleu.json "
+            "(see `natbias-report --help`)"
+        )
+    return sorted(runs, key=lambda r: (r.dataset, init_rank(r.init), r.seed))
+
+
+def _runs_under(root):
+    root_name = os.path.basename(os.path.abspath(root))
+    for directory, subdirs, _files in os.walk(root):
+        subdirs.sort()
+        match = SEED_DIR.match(os.path.basename(directory))
+        if not match:
+            continue
+        init_dir = os.path.dirname(directory)
+        dataset_dir = os.path.relpath(os.path.dirname(init_dir), root)
+        if dataset_dir.startswith(".."):
+            continue  # the root itself is a seed or init directory
+        dataset = root_name if dataset_dir == "." else dataset_dir
+        yield Run(dataset, os.path.basename(init_dir), int(match["seed"]), directory)
+
+
+def init_rank(init: str):
+    return (INIT_ORDER.index(init) if init in INIT_ORDER else len(INIT_ORDER), init)
+
+
+def read_test_score(run_dir: str, metric: str) -> Optional[Score]:
+    """The test ``metric`` (``bleu`` or ``chrf``) of one run, None if absent."""
+    path = os.path.join(run_dir, SCORE_FILES[metric])
+    if os.path.isfile(path):
+        return _score_from_json(_load_json(path), metric, path)
+    combined = os.path.join(run_dir, COMBINED_SCORE_FILE)
+    if os.path.isfile(combined):
+        entries = _load_json(combined)
+        if isinstance(entries, dict):
+            entries = [entries]
+        for entry in entries if isinstance(entries, list) else []:
+            if isinstance(entry, dict) and _metric_of(entry.get("name", "")) == metric:
+                return _score_from_json(entry, metric, combined)
+    return None
+
+
+def _load_json(path):
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except ValueError as error:
+        raise AnalysisError(
+            f"{path} is neither sacreBLEU's JSON output nor a bare score ({error})"
+        ) from None
+
+
+def _score_from_json(data, metric, path) -> Score:
+    if isinstance(data, (int, float)) and not isinstance(data, bool):
+        return Score(float(data), None)
+    if isinstance(data, list):
+        matching = [e for e in data if isinstance(e, dict) and _metric_of(e.get("name", "")) == metric]
+        if len(matching) != 1:
+            raise AnalysisError(f"{path}: expected one {metric} entry, found {len(matching)}")
+        data = matching[0]
+    if isinstance(data, dict) and isinstance(data.get("score"), (int, float)):
+        name = data.get("name")
+        if name is not None and _metric_of(name) != metric:
+            raise AnalysisError(f"{path} holds a {name} score where {metric} was expected")
+        return Score(float(data["score"]), data.get("signature"))
+    raise AnalysisError(f"{path}: no score in it (expected sacreBLEU's JSON output)")
+
+
+def _metric_of(name: str) -> Optional[str]:
+    lowered = name.lower()
+    if lowered == "bleu":
+        return "bleu"
+    if lowered.startswith("chrf"):
+        return "chrf"
+    return None

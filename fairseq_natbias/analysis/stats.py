@@ -1,0 +1,35 @@
+"""Mean and standard error over seeds, as in the paper's Figs. 2, 3, 9, 10
+("mean test BLEU scores with standard error estimates from 5 different random
+seeds")."""
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+
+@dataclass
+class MeanStderr:
+    mean: float
+    stderr: float  # nan for a single value
+    n: int
+
+    def format(self, digits: int = 2) -> str:
+        if self.n == 0:
+            return "n/a"
+        if self.n == 1 or not math.isfinite(self.stderr):
+            return f"{self.mean:.{digits}f} (n=1)"
+        return f"{self.mean:.{digits}f} ± {self.stderr:.{digits}f} (n={self.n})"
+
+
+def mean_stderr(values: Sequence[float]) -> MeanStderr:
+    """Sample mean and its standard error s / sqrt(n), s the sample standard
+    deviation (n - 1 in the denominator)."""
+    values = [float(v) for v in values]
+    n = len(values)
+    if n == 0:
+        return MeanStderr(math.nan, math.nan, 0)
+    mean = sum(values) / n
+    if n == 1:
+        return MeanStderr(mean, math.nan, 1)
+    variance = sum((v - mean) ** 2 for v in values) / (n - 1)
+    return MeanStderr(mean, math.sqrt(variance / n), n)

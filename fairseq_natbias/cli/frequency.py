@@ -1,0 +1,83 @@
+"""natbias-frequency: average log-probability of each reference token against
+its log-unigram probability in the training data, binned into equal-length
+intervals, with the full model and with the output bias dropped (Meister et
+al., 2023, Fig. 4)::
+
+    natbias-frequency data-bin/iwslt14.de-en \\
+        --model zero=runs/iwslt/zero/seed1/checkpoint_best.pt \\
+        --model unigram=runs/iwslt/unigram/seed1/checkpoint_best.pt \\
+        --out-dir analysis/fig4
+
+Given a zero and a unigram model, frequency.png has the four panels of Fig. 4
+(columns: models; upper row: all parameters; lower row: bias dropped, W phi
+only). Also written: frequency_bins.csv (one row per non-empty bin and model)
+and frequency_tokens.csv (one row per token type in the split). The training
+unigram is counted in the data directory's train split (the model's
+target_log_unigram buffer if there is none). Natural logarithms throughout.
+"""
+
+import sys
+
+from fairseq_natbias.analysis import frequency
+from fairseq_natbias.cli.common import exit_on_bad_input, parser_for
+
+PROG = "natbias-frequency"
+
+
+def build_parser():
+    parser = parser_for(PROG, __doc__)
+    parser.add_argument("data", help="fairseq data directory the models were trained on")
+    parser.add_argument("--model", action="append", required=True, metavar="[LABEL=]CHECKPOINT",
+                        help="a checkpoint, optionally labelled (repeat: one column each; "
+                             "default label: the model's --natbias-init)")
+    parser.add_argument("--gen-subset", default="test", help="split to score (default: test)")
+    parser.add_argument("--bins", type=int, default=frequency.DEFAULT_BINS,
+                        help=f"equal-length intervals of log-unigram (default {frequency.DEFAULT_BINS})")
+    parser.add_argument("--max-tokens", type=int, default=4096, help="tokens per batch")
+    parser.add_argument("--cpu", action="store_true", help="score on the CPU even if CUDA is there")
+    parser.add_argument("--user-dir", help="another fairseq plugin the checkpoint needs")
+    parser.add_argument("--out-dir", required=True, help="directory for the CSVs and frequency.png")
+    return parser
+
+
+def labelled_checkpoints(specs):
+    """``[(label or None, path)]`` from LABEL=CHECKPOINT or CHECKPOINT."""
+    pairs = []
+    for spec in specs:
+        label, sep, path = spec.partition("=")
+        pairs.append((label, path) if sep else (None, spec))
+    return pairs
+
+
+def run(args):
+    import torch
+
+    if args.user_dir:
+        from argparse import Namespace
+        from fairseq import utils
+
+        utils.import_user_module(Namespace(user_dir=args.user_dir))
+    use_cuda = torch.cuda.is_available() and not args.cpu
+    analysis = frequency.analyse(
+        labelled_checkpoints(args.model), args.data, args.gen_subset, args.bins,
+        args.max_tokens, use_cuda, progress=lambda m: print(f"{PROG}: {m}", file=sys.stderr),
+    )
+    for scores in analysis.scores:
+        print(f"{scores.label}: {scores.sentences} sentences, "
+              f"{int(scores.occurrences.sum())} reference tokens of "
+              f"{int(scores.present.sum())} types; unigram {scores.unigram_source}")
+        if not scores.has_bias:
+            print(f"{scores.label}: the model has no output bias, so the bias-dropped "
+                  "row equals the full model")
+    for path in frequency.write_outputs(analysis, args.out_dir):
+        print(f"wrote {path}")
+    return analysis
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    exit_on_bad_input(PROG, run, args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,54 @@
+"""natbias-report: mean test BLEU and chrF with standard errors per dataset and
+bias initialisation (Meister et al., 2023, Figs. 2 and 9) and the ALC of
+validation BLEU (and chrF, if the logs have it) over the first K updates
+(Figs. 3 and 10), as a Markdown table and PNG plots::
+
+    natbias-report runs --out-dir analysis/report
+
+Run grid (one directory per training run)::
+
+    RUNS/<dataset>/<init>/seed<k>/train.log        fairseq-train console output
+                                  /test.bleu.json   sacrebleu REF -i HYP -m bleu
+                                  /test.chrf.json   sacrebleu REF -i HYP -m chrf
+
+A score file may also hold only the number (sacrebleu -b). RUNS/<init>/seed<k>/
+(one dataset, named after RUNS) works too. Written to --out-dir: report.md,
+runs.tsv, test_bleu.png, test_chrf.png, alc_bleu.png, alc_chrf.png (those that
+have numbers).
+"""
+
+import sys
+
+from fairseq_natbias.analysis import alc, report
+from fairseq_natbias.cli.common import exit_on_bad_input, parser_for
+
+PROG = "natbias-report"
+
+
+def build_parser():
+    parser = parser_for(PROG, __doc__)
+    parser.add_argument("runs", nargs="+", metavar="RUNS", help="run-grid root(s)")
+    parser.add_argument("--max-updates", type=int, default=alc.PAPER_MAX_UPDATES, metavar="K",
+                        help="ALC over the first K updates (default 20000); 0: all")
+    parser.add_argument("--out-dir", required=True, help="directory for report.md and plots")
+    return parser
+
+
+def run(args):
+    result = report.build_report(
+        args.runs, args.max_updates or None,
+        progress=lambda m: print(f"{PROG}: {m}", file=sys.stderr))
+    paths = report.write_report(result, args.out_dir)
+    print(report.markdown(result))
+    for path in paths:
+        print(f"wrote {path}")
+    return result
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    exit_on_bad_input(PROG, run, args)
+
+
+if __name__ == "__main__":
+    main()

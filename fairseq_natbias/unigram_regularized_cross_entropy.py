@@ -1,0 +1,304 @@
+"""``unigram_regularized_cross_entropy``: label-smoothed cross-entropy that
+pushes the model away from the target unigram early in training (App. A.4).
+
+Meister et al. (2023), App. A.4: "we instead minimise the objective
+
+    KL(p || p_theta) - lambda KL(omega(p) || p_theta)
+
+for empirical distribution p and the unigram distribution of this empirical
+distribution omega(p) [...] for the initial steps of training, then switching
+back to the standard objective KL(p || p_theta)."
+
+Here p is the label-smoothed empirical distribution (``--label-smoothing``,
+0.1 by default as in the paper's sec. 4.1) and omega is the target-side unigram
+of the training data, counted and smoothed exactly as ``transformer_natbias``
+counts its bias (``fairseq_natbias.unigram``; ``--unigram-reg-smoothing`` has
+the semantics and default of ``--natbias-smoothing``). Per target token t,
+
+    KL(omega || p_theta(.|y_<t)) = -H(omega) - sum_v omega(v) log p_theta(v|y_<t)
+
+and H(omega) is a constant, so the term added to the loss of every target
+token is ``lambda * sum_v omega(v) log p_theta(v|y_<t)`` (one product of the
+log-probabilities with omega; no second softmax).
+
+What is logged. Like fairseq's ``loss``, which is the cross-entropy
+CE(p, p_theta) = KL(p || p_theta) + H(p) without the constant H(p), the logged
+values leave out the constant lambda H(omega):
+
+``loss``         (CE(p, p_theta) - lambda CE(omega, p_theta)) per token, bits
+``unigram_reg``  -lambda CE(omega, p_theta) per token, bits, normalised like
+                 ``loss``; so ``loss - unigram_reg`` is exactly
+                 label_smoothed_cross_entropy's loss. 0 once the term is off.
+``unigram_clamped``  fraction of target tokens whose term hit the bound below.
+
+Both are logged in training only. Validation always reports the standard
+objective as ``loss`` (and no ``unigram_reg``), so that checkpoint selection
+and ``--patience`` compare like with like across the switch.
+
+The switch. The term is on for the first ``--unigram-reg-updates`` N updates
+(updates 1..N; 0 switches it off, giving label_smoothed_cross_entropy exactly)
+and follows fairseq's update counter, which a resumed run restores: a run
+resumed after N never switches it back on, one resumed before N keeps it for
+the remaining updates. (fairseq 0.12's trainer does not call the criterion's
+``set_num_updates``; the criterion reads ``update_num`` from ``task.train_step``
+instead, and also accepts ``set_num_updates`` from trainers that do call it.)
+
+Unbounded below. -lambda KL(omega || p_theta) goes to -inf as p_theta puts
+vanishing mass on frequent words wherever they are not the reference, so the
+objective has no minimum and training can run away. We bound each token's
+contribution: CE(omega, p_theta) is clamped at ``--unigram-reg-clamp`` times
+ln|V| nats (default 2: twice the cross-entropy of the uniform distribution,
+beyond which the term's gradient is zero), which bounds the per-token loss
+below by -lambda * clamp * ln|V|. The first time any token reaches the bound
+a warning goes to the log, and ``unigram_clamped`` says how often it happens.
+"""
+
+import logging
+import math
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+from fairseq.criterions import register_criterion
+from fairseq.criterions.label_smoothed_cross_entropy import (
+    LabelSmoothedCrossEntropyCriterion,
+    LabelSmoothedCrossEntropyCriterionConfig,
+    label_smoothed_nll_loss,
+)
+from fairseq.logging import metrics
+from omegaconf import II
+
+from fairseq_natbias import unigram
+
+logger = logging.getLogger(__name__)
+
+NAME = "unigram_regularized_cross_entropy"
+LN2 = math.log(2.0)
+# Keys this criterion adds to every training logging output (the same keys on
+# every worker: fairseq's fast all-reduce stacks values key by key).
+REG_SUM, CLAMPED, REG_TOKENS = "unigram_reg", "unigram_clamped", "unigram_reg_tokens"
+
+
+@dataclass
+class UnigramRegularizedCrossEntropyConfig(LabelSmoothedCrossEntropyCriterionConfig):
+    label_smoothing: float = field(
+        default=0.1,
+        metadata={"help": "epsilon for label smoothing (the paper's 0.1)"},
+    )
+    unigram_reg_weight: Optional[float] = field(
+        default=None,
+        metadata={"help": "lambda >= 0 of App. A.4: weight of -KL(unigram || "
+                  "p_theta) (required; the paper gives no value)"},
+    )
+    unigram_reg_updates: Optional[int] = field(
+        default=None,
+        metadata={"help": "use the regulariser for the first N updates, then the "
+                  "standard objective (required; 0 switches it off)"},
+    )
+    unigram_reg_smoothing: float = field(
+        default=1.0,
+        metadata={"help": "add-alpha smoothing of the unigram counts, as "
+                  "--natbias-smoothing (keep the two equal)"},
+    )
+    unigram_reg_clamp: float = field(
+        default=2.0,
+        metadata={"help": "bound on each token's unigram cross-entropy, in "
+                  "multiples of ln|V| (inf: no bound; the objective is then "
+                  "unbounded below)"},
+    )
+    train_subset: str = II("dataset.train_subset")
+
+
+@register_criterion(NAME, dataclass=UnigramRegularizedCrossEntropyConfig)
+class UnigramRegularizedCrossEntropyCriterion(LabelSmoothedCrossEntropyCriterion):
+    _clamp_warned = False  # one warning per process, from reduce_metrics
+
+    def __init__(
+        self, task, sentence_avg, label_smoothing, unigram_reg_weight,
+        unigram_reg_updates, unigram_reg_smoothing=1.0, unigram_reg_clamp=2.0,
+        train_subset="train", ignore_prefix_size=0, report_accuracy=False,
+    ):
+        super().__init__(
+            task, sentence_avg, label_smoothing,
+            ignore_prefix_size=ignore_prefix_size, report_accuracy=report_accuracy,
+        )
+        self.weight, self.reg_updates = _check_options(
+            unigram_reg_weight, unigram_reg_updates, unigram_reg_smoothing,
+            unigram_reg_clamp,
+        )
+        self.smoothing = float(unigram_reg_smoothing)
+        self.clamp = float(unigram_reg_clamp)
+        self.train_subset = train_subset
+        self.num_updates = 0
+        self._log_omega = None  # counted on first use (never for validation)
+        self._omega_cache = {}
+        self._pending = None
+        _follow_training(task, self)
+
+    # --- the switch -----------------------------------------------------------
+
+    def set_num_updates(self, num_updates: int) -> None:
+        """Updates finished before the current one (fairseq's counter)."""
+        self.num_updates = int(num_updates)
+
+    def regularizing(self, model) -> bool:
+        """On for updates 1..N (``num_updates`` < N), in training only."""
+        return self.weight > 0 and self.num_updates < self.reg_updates and model.training
+
+    # --- the loss -------------------------------------------------------------
+
+    def forward(self, model, sample, reduce=True):
+        self._pending = None
+        loss, sample_size, logging_output = super().forward(model, sample, reduce)
+        if model.training:
+            zero = loss.detach().new_zeros(())  # tensors on every worker alike
+            reg_sum, clamped, tokens = self._pending or (zero, zero, zero)
+            logging_output.update({REG_SUM: reg_sum, CLAMPED: clamped, REG_TOKENS: tokens})
+        self._pending = None
+        return loss, sample_size, logging_output
+
+    def compute_loss(self, model, net_output, sample, reduce=True):
+        """label_smoothed_cross_entropy's loss, plus (while regularising)
+        ``lambda * sum_v omega(v) log p_theta(v|y_<t)`` for each target token."""
+        lprobs, target = self.get_lprobs_and_target(model, net_output, sample)
+        loss, nll_loss = label_smoothed_nll_loss(
+            lprobs, target, self.eps, ignore_index=self.padding_idx, reduce=reduce,
+        )
+        if self.regularizing(model):
+            reg, clamped = self.unigram_term(lprobs, target, model)
+            self._pending = (reg.sum().detach(), clamped, target.ne(self.padding_idx).sum())
+            loss = loss + (reg.sum() if reduce else reg.view_as(loss))
+        return loss, nll_loss
+
+    def unigram_term(self, lprobs, target, model):
+        """Per token: ``lambda * max(sum_v omega(v) log p_theta(v), -B)``, 0 at
+        padding, with B = clamp * ln|V|; and how many tokens hit B."""
+        cross = torch.matmul(lprobs, self.omega(lprobs, model))  # -CE(omega, p_theta)
+        bound = self.clamp * math.log(lprobs.size(-1))
+        keep = target.ne(self.padding_idx)
+        clamped = (cross.detach() < -bound) & keep
+        cross = cross.clamp(min=-bound)
+        return self.weight * cross.masked_fill(~keep, 0.0), clamped.sum()
+
+    def prepare(self, model=None) -> None:
+        """Count omega if the term can ever be on: called when training begins
+        (``task.begin_epoch``), so missing data fails before the first update,
+        while ``fairseq-validate`` (validation never uses the term) needs no
+        training data."""
+        if self._log_omega is None and self.weight > 0 and self.reg_updates > 0:
+            self._log_omega = self._count()
+            _compare_with_model_unigram(model, self._log_omega)
+
+    def omega(self, like: torch.Tensor, model=None) -> torch.Tensor:
+        """The target unigram omega(v), on ``like``'s device and dtype."""
+        self.prepare(model)
+        key = (like.device, like.dtype)
+        if key not in self._omega_cache:
+            self._omega_cache[key] = self._log_omega.exp().to(like)
+        return self._omega_cache[key]
+
+    def _count(self) -> torch.Tensor:
+        cfg = self.task.cfg
+        vocab = len(self.task.target_dictionary)
+        args = (cfg.data, self.train_subset, cfg.source_lang, cfg.target_lang)
+        if not unigram.find_target_splits(*args):
+            raise unigram.UnigramError(_no_split_message(*args))
+        counts = unigram.count_target_tokens(*args, vocab)
+        return unigram.unigram_log_probs(counts, self.smoothing)
+
+    # --- logging --------------------------------------------------------------
+
+    @classmethod
+    def reduce_metrics(cls, logging_outputs) -> None:
+        super().reduce_metrics(logging_outputs)
+        if not any(REG_SUM in log for log in logging_outputs):
+            return  # validation
+        reg = sum(float(log.get(REG_SUM, 0.0)) for log in logging_outputs)
+        clamped = sum(int(log.get(CLAMPED, 0)) for log in logging_outputs)
+        tokens = sum(int(log.get(REG_TOKENS, 0)) for log in logging_outputs)
+        sample_size = sum(log.get("sample_size", 0) for log in logging_outputs)
+        metrics.log_scalar(REG_SUM, reg / max(sample_size, 1) / LN2, sample_size, round=3)
+        metrics.log_scalar(CLAMPED, clamped / max(tokens, 1), tokens, round=4)
+        if clamped and not cls._clamp_warned:
+            cls._clamp_warned = True
+            logger.warning(
+                "unigram regulariser: %d of %d target tokens reached the bound "
+                "--unigram-reg-clamp (their unigram cross-entropy is clamped, their "
+                "gradient from the term is 0). Without the bound -lambda KL(unigram "
+                "|| p_theta) is unbounded below and training would run away; "
+                "consider a smaller --unigram-reg-weight or --unigram-reg-updates.",
+                clamped, tokens,
+            )
+
+
+def _check_options(weight, updates, smoothing, clamp):
+    fix = (f"criterion {NAME} needs --unigram-reg-weight LAMBDA (>= 0) and "
+           "--unigram-reg-updates N (>= 0), e.g. --unigram-reg-weight 0.1 "
+           "--unigram-reg-updates 4000")
+    if weight is None or updates is None:
+        missing = "--unigram-reg-weight" if weight is None else "--unigram-reg-updates"
+        raise ValueError(f"{missing} is not set: the paper (App. A.4) gives no value. {fix}")
+    if not (isinstance(weight, (int, float)) and math.isfinite(weight) and weight >= 0):
+        raise ValueError(f"--unigram-reg-weight must be a finite number >= 0, got {weight!r}. {fix}")
+    if isinstance(updates, bool) or int(updates) != updates or updates < 0:
+        raise ValueError(f"--unigram-reg-updates must be an integer >= 0, got {updates!r}. {fix}")
+    if not (isinstance(smoothing, (int, float)) and math.isfinite(smoothing) and smoothing > 0):
+        raise ValueError(
+            f"--unigram-reg-smoothing must be a finite number > 0, got {smoothing!r}: "
+            "unseen tokens would get log 0. Use the value of --natbias-smoothing "
+            "(default 1.0, add-one smoothing)."
+        )
+    if not (isinstance(clamp, (int, float)) and clamp > 0):
+        raise ValueError(
+            f"--unigram-reg-clamp must be > 0 (a multiple of ln|V|; inf for no "
+            f"bound), got {clamp!r}"
+        )
+    return float(weight), int(updates)
+
+
+def _no_split_message(data, split, src, tgt):
+    path = f"{data.split(':')[0]}/{split}.{src}-{tgt}.{tgt}"
+    return (
+        f"criterion {NAME}: no binarised target training split found at "
+        f"{path}.bin/.idx (nor {tgt}-{src}, in any path of {data!r}); the "
+        "regulariser's unigram is counted on it. Binarise the training data with "
+        "fairseq-preprocess --trainpref (and --train-subset naming that split), "
+        "or switch the regulariser off with --unigram-reg-updates 0."
+    )
+
+
+def _compare_with_model_unigram(model, log_omega) -> None:
+    """Warn when the model carries a different target unigram (e.g.
+    --natbias-smoothing differs from --unigram-reg-smoothing)."""
+    theirs = getattr(model, "target_log_unigram", None) if model is not None else None
+    if theirs is None or not torch.any(theirs != 0):
+        return
+    gap = (theirs.detach().float().cpu() - log_omega).abs().max().item()
+    if gap > 1e-5:
+        logger.warning(
+            "unigram regulariser: the model's target unigram differs from the "
+            "criterion's by up to %.3g in log-probability; set "
+            "--unigram-reg-smoothing to the model's --natbias-smoothing", gap,
+        )
+
+
+def _follow_training(task, criterion) -> None:
+    """Wrap the task once: ``begin_epoch`` prepares the latest criterion built
+    for it, ``train_step`` passes ``update_num`` to the criterion it runs."""
+    already_wrapped = getattr(task, "_unigram_reg_criterion", None) is not None
+    task._unigram_reg_criterion = criterion
+    if already_wrapped:
+        return
+    train_step, begin_epoch = task.train_step, task.begin_epoch
+
+    def train_step_with_counter(sample, model, criterion, optimizer, update_num, *a, **k):
+        if isinstance(criterion, UnigramRegularizedCrossEntropyCriterion):
+            criterion.set_num_updates(update_num)
+        return train_step(sample, model, criterion, optimizer, update_num, *a, **k)
+
+    def begin_epoch_and_count(epoch, model):
+        task._unigram_reg_criterion.prepare(model)
+        return begin_epoch(epoch, model)
+
+    task.train_step = train_step_with_counter
+    task.begin_epoch = begin_epoch_and_count

@@ -1,0 +1,553 @@
+# lib.sh: the functions every fairseq-natbias recipe sources.
+#
+# A recipe (e.g. iwslt14_de_en/run.sh) sources this file first, then lists its
+# settings with their defaults, then calls `run_recipe`. Nothing here sets a
+# default for a recipe setting: the recipe's list is the one place to read them
+# (SMOKE=1 shrinks some, see smoke_settings).
+#
+# Layout under WORK_DIR (every step skips itself when its output is complete):
+#   download/                  what fetch_* downloaded
+#   corpus/<l1>-<l2>/raw/      staged text {train,valid,test,ood}.<lang>
+#   corpus/<l1>-<l2>/spm/      SentencePiece model and encoded text
+#   <src>-<tgt>/data-bin/      fairseq-preprocess output (data-bin-ood: OOD test)
+#   <src>-<tgt>/runs/<init>/seed<k>/   checkpoints, train.log, test.hyp,
+#                              test.bleu.json, test.chrf.json (ood.* likewise)
+#   <src>-<tgt>/results.md     BLEU/chrF over inits, mean ± standard error
+
+NATBIAS_RECIPES=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+NATBIAS_REPO=$(dirname "$NATBIAS_RECIPES")
+# Names of the variables the user gave in the environment: smoke_settings must
+# not override those. Taken now, before the recipe assigns its defaults.
+NATBIAS_USER_VARS=" $(compgen -e | tr '\n' ' ') "
+
+# Use the repository's virtual environment when fairseq is not on PATH.
+if ! command -v fairseq-train >/dev/null && [[ -x $NATBIAS_REPO/.venv/bin/fairseq-train ]]; then
+    PATH=$NATBIAS_REPO/.venv/bin:$PATH
+fi
+
+# --- messages and markers --------------------------------------------------------
+
+say() { printf '[natbias %(%H:%M:%S)T] %s\n' -1 "$*" >&2; }
+die() { say "error: $*"; exit 1; }
+user_set() { [[ $NATBIAS_USER_VARS == *" $1 "* ]]; }
+tools() { python "$NATBIAS_RECIPES/tools.py" "$@"; }
+
+# A step's directory holds .done with the settings it was made with. A
+# different stamp means the settings changed since: stop rather than mix data.
+is_done() {
+    local dir=$1 stamp=$2
+    [[ -f $dir/.done ]] || return 1
+    [[ $(<"$dir/.done") == "$stamp" ]] && return 0
+    die "$dir was made with other settings ($(<"$dir/.done")); remove it to redo it with: $stamp"
+}
+mark_done() { printf '%s\n' "$2" >"$1/.done"; }
+
+# Other nodes of a multi-node job wait for node 0's data instead of racing it.
+wait_for() {
+    say "node $NODE_RANK: waiting for $1"
+    until [[ -f $1 ]]; do sleep 10; done
+}
+
+download() {
+    local url=$1 out=$2
+    [[ -s $out && ! -f $out.part ]] && return 0
+    say "downloading $url"
+    mkdir -p "$(dirname "$out")"
+    touch "$out.part"
+    if command -v wget >/dev/null; then
+        wget -q --tries=3 -c -O "$out" "$url"
+    else
+        curl -fL --retry 3 -C - -o "$out" "$url"
+    fi
+    rm -f "$out.part"
+}
+
+# --- SMOKE=1: the same steps on CPU, tiny ---------------------------------------
+
+smoke_default() { user_set "$1" || printf -v "$1" '%s' "$2"; }
+
+smoke_settings() {
+    [[ ${SMOKE:-0} == 1 ]] || return 0
+    say "SMOKE=1: tiny models, few updates, on CPU"
+    smoke_default NGPUS 0
+    smoke_default SEEDS "1 2"
+    smoke_default TRAIN_LINES 3000
+    smoke_default EVAL_LINES 100
+    smoke_default SPM_VOCAB 1000
+    smoke_default SPM_MODEL ""
+    smoke_default MODEL_ARGS "--encoder-layers 2 --decoder-layers 2 --encoder-embed-dim 64 --decoder-embed-dim 64 --encoder-ffn-embed-dim 128 --decoder-ffn-embed-dim 128 --encoder-attention-heads 2 --decoder-attention-heads 2"
+    smoke_default MAX_TOKENS 2000
+    smoke_default TOKENS_PER_UPDATE 2000
+    smoke_default LR 1e-3
+    smoke_default WARMUP 10
+    smoke_default MAX_UPDATE 30
+    smoke_default MAX_EPOCH 0
+    smoke_default SAVE_INTERVAL_UPDATES 0
+    smoke_default LOG_INTERVAL 5
+    # Untrained models decode to the length limit: fairseq's IWSLT example's.
+    smoke_default MAX_LEN_A 1.2
+    smoke_default MAX_LEN_B 10
+}
+
+# --- hardware: world size, batch, launcher ----------------------------------------
+
+detect_gpus() {
+    if [[ -n ${CUDA_VISIBLE_DEVICES:-} ]]; then
+        tr ',' '\n' <<<"$CUDA_VISIBLE_DEVICES" | grep -c .
+    elif command -v nvidia-smi >/dev/null; then
+        nvidia-smi --list-gpus 2>/dev/null | grep -c GPU || true
+    else
+        echo 0
+    fi
+}
+
+world_size() { if ((NGPUS > 0)); then echo $((NGPUS * NNODES)); else echo "$CPU_WORKERS"; fi; }
+
+# Keeps tokens per update (MAX_TOKENS x UPDATE_FREQ x world size) at
+# TOKENS_PER_UPDATE whatever the hardware, unless UPDATE_FREQ is given.
+update_freq() {
+    if [[ -n $UPDATE_FREQ ]]; then echo "$UPDATE_FREQ"; return; fi
+    local per_step=$((MAX_TOKENS * $(world_size)))
+    local freq=$(((TOKENS_PER_UPDATE + per_step - 1) / per_step))
+    echo $((freq > 0 ? freq : 1))
+}
+
+master_port() {
+    if [[ -n $MASTER_PORT ]]; then echo "$MASTER_PORT"
+    elif ((NNODES > 1)); then echo 29500   # every node must agree without talking
+    else tools free-port; fi
+}
+
+# launch LOG ARGS...: fairseq-train ARGS on all ranks; rank 0 (node 0) appends
+# to LOG, other CPU ranks / nodes to LOG with .rank<r> / .node<n> inserted.
+launch() {
+    local log=$1; shift
+    if ((NGPUS > 0)); then
+        # torchrun starts one process per GPU and sets RANK/WORLD_SIZE, which
+        # fairseq reads (its own --distributed-world-size must match them).
+        local out=$log
+        ((NODE_RANK == 0)) || out=${log%.log}.node$NODE_RANK.log
+        torchrun --nproc_per_node "$NGPUS" --nnodes "$NNODES" --node_rank "$NODE_RANK" \
+            --master_addr "$MASTER_ADDR" --master_port "$(master_port)" \
+            "$(command -v fairseq-train)" "$@" --distributed-world-size "$(world_size)" \
+            >>"$out" 2>&1
+    elif ((CPU_WORKERS > 1)); then
+        launch_cpu_ranks "$log" "$@"
+    else
+        fairseq-train "$@" --cpu >>"$log" 2>&1
+    fi
+}
+
+# fairseq has no CPU launcher: torchrun + --cpu trains N independent models,
+# and its own spawn needs GPUs. So: one process per rank, joined over gloo.
+launch_cpu_ranks() {
+    local log=$1; shift
+    local port threads r out pids=()
+    port=$(master_port)
+    threads=$(($(nproc) / CPU_WORKERS)); ((threads > 0)) || threads=1
+    for ((r = 0; r < CPU_WORKERS; r++)); do
+        out=$log; ((r == 0)) || out=${log%.log}.rank$r.log
+        OMP_NUM_THREADS=${OMP_NUM_THREADS:-$threads} fairseq-train "$@" --cpu \
+            --distributed-world-size "$CPU_WORKERS" --distributed-rank "$r" \
+            --distributed-init-method "tcp://127.0.0.1:$port" --distributed-no-spawn \
+            --distributed-backend gloo --ddp-backend legacy_ddp >>"$out" 2>&1 &
+        pids+=($!)
+    done
+    wait_ranks "${pids[@]}"
+}
+
+# A rank that dies leaves the others blocked in a collective: stop them too.
+wait_ranks() {
+    local pids=("$@") pid left
+    while ((${#pids[@]})); do
+        left=()
+        for pid in "${pids[@]}"; do
+            if kill -0 "$pid" 2>/dev/null; then left+=("$pid"); continue; fi
+            if ! wait "$pid"; then
+                for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+                wait 2>/dev/null || true
+                return 1
+            fi
+        done
+        pids=(${left[@]+"${left[@]}"})
+        ((${#pids[@]} == 0)) || sleep 1
+    done
+}
+
+# --- data: fetch, stage, SentencePiece, binarise -------------------------------------
+
+corpus_of() { printf '%s\n' "$1" "$2" | sort | paste -sd- -; }
+
+# IWSLT'14 De-En as fairseq's examples/translation/prepare-iwslt14.sh makes it
+# (valid: every 23rd training line; test: dev2010, tst2010-2012, TEDx dev2012),
+# without its Moses tokenisation and lowercasing: SentencePiece takes raw text
+# and sacreBLEU scores detokenised, cased output.
+fetch_iwslt14() {
+    local dest=$1 orig=$1/orig l set
+    is_done "$dest" iwslt14 && return 0
+    mkdir -p "$orig"
+    download "http://dl.fbaipublicfiles.com/fairseq/data/iwslt14/de-en.tgz" "$orig/de-en.tgz"
+    tar -xzf "$orig/de-en.tgz" -C "$orig"
+    for l in de en; do
+        grep -v -e '<url>' -e '<talkid>' -e '<keywords>' "$orig/de-en/train.tags.de-en.$l" |
+            sed -e 's/<title>//g; s/<\/title>//g; s/<description>//g; s/<\/description>//g' \
+                >"$dest/train.tags.$l"
+        awk 'NR % 23 == 0' "$dest/train.tags.$l" >"$dest/valid.$l"
+        awk 'NR % 23 != 0' "$dest/train.tags.$l" >"$dest/train.$l"
+        for set in TED.dev2010 TEDX.dev2012 TED.tst2010 TED.tst2011 TED.tst2012; do
+            xml_segments "$orig/de-en/IWSLT14.$set.de-en.$l.xml"
+        done >"$dest/test.$l"
+    done
+    mark_done "$dest" iwslt14
+}
+
+xml_segments() {
+    grep '<seg id' "$1" | sed -e 's/<seg id="[0-9]*">\s*//g' -e 's/\s*<\/seg>\s*//g' -e "s/\’/\'/g"
+}
+
+# WMT'14 En-De as fairseq's prepare-wmt14en2de.sh --icml17 (Europarl v7,
+# Common Crawl, News Commentary v9: ~4.5M pairs), newstest2013 for validation,
+# newstest2014 (full, 3003 sentences) for test. `fetch_wmt14 DIR test` fetches
+# the test set alone (the out-of-domain test of IWSLT models).
+fetch_wmt14() {
+    local dest=$1 what=${2:-all} orig=$1/orig l side f
+    is_done "$dest" "wmt14-$what" && return 0
+    mkdir -p "$orig"
+    download "https://www.statmt.org/wmt14/test-full.tgz" "$orig/test-full.tgz"
+    tar -xzf "$orig/test-full.tgz" -C "$orig"
+    for l in de en; do
+        side=ref; [[ $l == de ]] && side=src   # the de-en test was translated from German
+        xml_segments "$orig/test-full/newstest2014-deen-$side.$l.sgm" >"$dest/test.$l"
+    done
+    if [[ $what == all ]]; then
+        for f in wmt13/training-parallel-europarl-v7 wmt13/training-parallel-commoncrawl \
+            wmt14/training-parallel-nc-v9 wmt14/dev; do
+            download "https://www.statmt.org/$f.tgz" "$orig/${f#*/}.tgz"
+            tar -xzf "$orig/${f#*/}.tgz" -C "$orig"
+        done
+        for l in de en; do
+            cat "$orig/training/europarl-v7.de-en.$l" "$orig/commoncrawl.de-en.$l" \
+                "$orig/training/news-commentary-v9.de-en.$l" >"$dest/train.$l"
+            cp "$orig/dev/newstest2013.$l" "$dest/valid.$l"
+        done
+    fi
+    mark_done "$dest" "wmt14-$what"
+}
+
+# AfroMT (Reid et al., 2021) as its authors ship it: the data archive on Google
+# Drive (gdown, as their README says) with en-<xx>/{train,valid,test}.{en,xx},
+# and their SentencePiece model from their repository.
+AFROMT_DATA_ID=1hEVw9zNELdfImEDEIKW2pXEEUHimwRXZ
+AFROMT_REPO_RAW=https://raw.githubusercontent.com/machelreid/afromt/dfd2d32c3ccb2cc4e657fbcbc3f78d67dcd001bd
+
+fetch_afromt() {
+    local dest=$1
+    is_done "$dest" afromt && return 0
+    mkdir -p "$dest"
+    if [[ ! -s $dest/afromt.tar.xz ]]; then
+        command -v gdown >/dev/null || die "the AfroMT data is on Google Drive: pip install gdown"
+        say "downloading AfroMT (Google Drive id $AFROMT_DATA_ID)"
+        gdown "https://drive.google.com/uc?id=$AFROMT_DATA_ID" -O "$dest/afromt.tar.xz"
+    fi
+    tar -xJf "$dest/afromt.tar.xz" -C "$dest"
+    download "$AFROMT_REPO_RAW/spm_model.model" "$dest/spm_model.model"
+    mark_done "$dest" afromt
+}
+
+# C4 English (App. A.7's large general-domain corpus): N shards of ~350k
+# documents each, one line per paragraph.
+fetch_c4() {
+    local dest=$1 shards=$2 i name files=()
+    is_done "$dest" "c4-$shards" && return 0
+    mkdir -p "$dest"
+    for ((i = 0; i < shards; i++)); do
+        name=$(printf 'c4-train.%05d-of-01024.json.gz' "$i")
+        download "https://hf-p-cfw.fyan.top/datasets/allenai/c4/resolve/main/en/$name" "$dest/$name"
+        files+=("$dest/$name")
+    done
+    tools jsonl-text --input "${files[@]}" --output "$dest/c4.en"
+    mark_done "$dest" "c4-$shards"
+}
+
+# The directory with the corpus's raw text: RAW_DIR, or what DATASET downloads.
+raw_source() {
+    if [[ -n $RAW_DIR ]]; then echo "$RAW_DIR"; return; fi
+    [[ -n $DATASET ]] || die "set RAW_DIR to the directory holding the raw text"
+    "fetch_$DATASET" "$WORK_DIR/download/$DATASET" >&2
+    echo "$WORK_DIR/download/$DATASET"
+}
+
+# Files of one corpus may sit in DIR/<src>-<tgt>/, DIR/<tgt>-<src>/ or DIR/.
+find_prefix() {
+    local dir=$1 name=$2 l1=$3 l2=$4 sub
+    for sub in "$l1-$l2/" "$l2-$l1/" ""; do
+        if compgen -G "$dir/$sub$name.$l1*" >/dev/null; then echo "$dir/$sub$name"; return; fi
+    done
+    die "no $name.$l1 (or .gz) in $dir, $dir/$l1-$l2 or $dir/$l2-$l1"
+}
+
+# OOD_TEST names the out-of-domain test set (App. A.5): a dataset whose test
+# set is fetched (wmt14, iwslt14) or a text prefix PREFIX.<lang>[.gz].
+ood_prefix() {
+    case $OOD_TEST in
+        wmt14) fetch_wmt14 "$WORK_DIR/download/wmt14-test" test >&2
+            echo "$WORK_DIR/download/wmt14-test/test" ;;
+        iwslt14) fetch_iwslt14 "$WORK_DIR/download/iwslt14" >&2
+            echo "$WORK_DIR/download/iwslt14/test" ;;
+        *) echo "$OOD_TEST" ;;
+    esac
+}
+
+stage_raw() {
+    local raw=$1 l1=$2 l2=$3 source stamp
+    stamp="raw=${RAW_DIR:-$DATASET} $RAW_TRAIN/$RAW_VALID/$RAW_TEST ood=$OOD_TEST lines=$TRAIN_LINES/$EVAL_LINES clean=$CLEAN_MAX_WORDS/$CLEAN_RATIO"
+    is_done "$raw" "$stamp" && { say "skip: $raw (done)"; return 0; }
+    source=$(raw_source)
+    say "staging $l1-$l2 text from $source into $raw"
+    mkdir -p "$raw"
+    local clean=(--clean --max-words "$CLEAN_MAX_WORDS" --ratio "$CLEAN_RATIO")
+    tools stage --langs "$l1" "$l2" --input "$(find_prefix "$source" "$RAW_TRAIN" "$l1" "$l2")" \
+        --output "$raw/train" --max-lines "$TRAIN_LINES" "${clean[@]}"
+    tools stage --langs "$l1" "$l2" --input "$(find_prefix "$source" "$RAW_VALID" "$l1" "$l2")" \
+        --output "$raw/valid" --max-lines "$EVAL_LINES" "${clean[@]}"
+    # Test sets stay whole and in order: they are scored against these lines.
+    tools stage --langs "$l1" "$l2" --input "$(find_prefix "$source" "$RAW_TEST" "$l1" "$l2")" \
+        --output "$raw/test" --max-lines "$EVAL_LINES"
+    if [[ -n $OOD_TEST ]]; then
+        tools stage --langs "$l1" "$l2" --input "$(ood_prefix)" --output "$raw/ood" --max-lines "$EVAL_LINES"
+    fi
+    mark_done "$raw" "$stamp"
+}
+
+# One joint model for both languages (sec. 4.1, footnote 8), or SPM_MODEL.
+make_spm() {
+    local raw=$1 spm=$2 l1=$3 l2=$4 stamp model f
+    stamp="spm=${SPM_MODEL:-joint-$SPM_VOCAB}"
+    is_done "$spm" "$stamp" && { say "skip: $spm (done)"; return 0; }
+    mkdir -p "$spm"
+    case $SPM_MODEL in
+        "") say "training a joint SentencePiece model ($SPM_VOCAB pieces) on $l1+$l2"
+            tools spm-train --input "$raw/train.$l1" "$raw/train.$l2" --prefix "$spm/spm" \
+                --vocab-size "$SPM_VOCAB" --max-sentences "$SPM_SENTENCES" --threads "$(nproc)" ;;
+        afromt) fetch_afromt "$WORK_DIR/download/afromt"
+            cp "$WORK_DIR/download/afromt/spm_model.model" "$spm/spm.model" ;;
+        *) cp "$SPM_MODEL" "$spm/spm.model" ;;
+    esac
+    for f in "$raw"/*."$l1" "$raw"/*."$l2"; do
+        tools spm-encode --model "$spm/spm.model" --input "$f" --output "$spm/$(basename "$f")"
+    done
+    mark_done "$spm" "$stamp"
+}
+
+# The out-of-domain test, when there is one, becomes the split test1.
+binarize() {
+    local spm=$1 dest=$2 tests=$1/test
+    is_done "$dest" "$spm" && { say "skip: $dest (done)"; return 0; }
+    say "binarising $SRC-$TGT into $dest"
+    rm -rf "$dest"
+    [[ -f $spm/ood.$SRC ]] && tests+=",$spm/ood"
+    # One dictionary for both sides: the SentencePiece model is joint, and the
+    # embeddings are shared (--share-all-embeddings).
+    fairseq-preprocess --source-lang "$SRC" --target-lang "$TGT" --joined-dictionary \
+        --trainpref "$spm/train" --validpref "$spm/valid" --testpref "$tests" \
+        --destdir "$dest" --workers "$(nproc)" >"$DIR/preprocess.log" 2>&1 ||
+        { tail "$DIR/preprocess.log" >&2; die "fairseq-preprocess failed: $DIR/preprocess.log"; }
+    mark_done "$dest" "$spm"
+}
+
+# App. A.7: target-side counts from EXTERNAL_TEXT for --natbias-init file.
+external_counts() {
+    local spm=$1 out=$DIR/external.counts text
+    [[ -n $EXTERNAL_TEXT ]] || return 0
+    [[ -s $out ]] && { say "skip: $out (done)"; return 0; }
+    case $EXTERNAL_TEXT in
+        c4 | c4:*)
+            [[ $TGT == en ]] || { say "EXTERNAL_TEXT=c4 is English; no file init for $SRC-$TGT"; return 0; }
+            local shards=${EXTERNAL_TEXT#c4}; shards=${shards#:}
+            fetch_c4 "$WORK_DIR/download/c4" "${shards:-1}"
+            text=$WORK_DIR/download/c4/c4.en ;;
+        *) text=${EXTERNAL_TEXT//\{lang\}/$TGT} ;;
+    esac
+    [[ -f $text ]] || { say "no external text $text; no file init for $SRC-$TGT"; return 0; }
+    say "counting $TGT pieces of $text (App. A.7)"
+    tools spm-encode --model "$spm/spm.model" --input "$text" --output "$DIR/external.tok"
+    PYTHONPATH=$NATBIAS_REPO${PYTHONPATH:+:$PYTHONPATH} python -m fairseq_natbias.cli.count \
+        --dict "$DIR/data-bin/dict.$TGT.txt" --text "$DIR/external.tok" --output "$out.tmp"
+    mv "$out.tmp" "$out"
+    rm -f "$DIR/external.tok"
+}
+
+prepare_direction() {
+    local corpus raw spm
+    corpus=$WORK_DIR/corpus/$(corpus_of "$SRC" "$TGT")
+    raw=$corpus/raw spm=$corpus/spm
+    if ((NODE_RANK > 0)); then wait_for "$DIR/data-bin/.done"; return; fi
+    stage_raw "$raw" "$SRC" "$TGT"
+    make_spm "$raw" "$spm" "$SRC" "$TGT"
+    binarize "$spm" "$DIR/data-bin"
+    external_counts "$spm"
+}
+
+# --- the grid ----------------------------------------------------------------------------
+
+# Runs, in order: INITS, then `file` (App. A.7) when there are external counts,
+# then <init>-unireg (App. A.4) when UNIGRAM_REG_WEIGHT is set.
+grid_names() {
+    local init
+    echo $INITS
+    [[ -s $DIR/external.counts ]] && echo file
+    if [[ -n $UNIGRAM_REG_WEIGHT ]]; then
+        for init in $UNIGRAM_REG_INITS; do echo "$init-unireg"; done
+    fi
+}
+
+# "<name> <seed>" per run; GRID_TASK=k keeps only the k-th (0-based; for job arrays).
+grid_runs() {
+    local name seed k=0
+    for name in $(grid_names); do
+        for seed in $SEEDS; do
+            [[ -z $GRID_TASK || $GRID_TASK == "$k" ]] && echo "$name $seed"
+            k=$((k + 1))
+        done
+    done
+}
+
+# Fills the array ARGS with fairseq-train's arguments for one run.
+train_args() {
+    local name=$1 seed=$2 run=$3 init=${1%-unireg} model=() extra=()
+    read -ra model <<<"$(recipe_model_args) $MODEL_ARGS"
+    read -ra extra <<<"$TRAIN_ARGS"
+    ARGS=("$DIR/data-bin" --user-dir "$NATBIAS_REPO/fairseq_natbias"
+        --task translation --source-lang "$SRC" --target-lang "$TGT"
+        --arch "$ARCH" --share-all-embeddings ${model[@]+"${model[@]}"}
+        --natbias-init "$init" --seed "$seed" --save-dir "$run"
+        # sec. 4.1
+        --dropout 0.1 --optimizer adam --adam-betas "(0.9, 0.997)"
+        --label-smoothing 0.1
+        # fairseq's usual schedule (the paper does not give one)
+        --lr "$LR" --lr-scheduler inverse_sqrt --warmup-updates "$WARMUP"
+        --warmup-init-lr 1e-07 --weight-decay "$WEIGHT_DECAY" --clip-norm 0.0
+        --max-tokens "$MAX_TOKENS" --update-freq "$(update_freq)"
+        --max-epoch "$MAX_EPOCH" --max-update "$MAX_UPDATE"
+        # early stopping on validation BLEU (sec. 4.1)
+        --eval-bleu --eval-bleu-args "$(valid_generation)" --eval-bleu-detok space
+        --eval-bleu-remove-bpe sentencepiece
+        --best-checkpoint-metric bleu --maximize-best-checkpoint-metric --patience "$PATIENCE"
+        --save-interval-updates "$SAVE_INTERVAL_UPDATES" --keep-interval-updates 1
+        --no-epoch-checkpoints --skip-invalid-size-inputs-valid-test
+        --log-format simple --log-interval "$LOG_INTERVAL")
+    if [[ $name == *-unireg ]]; then
+        ARGS+=(--criterion unigram_regularized_cross_entropy
+            --unigram-reg-weight "$UNIGRAM_REG_WEIGHT" --unigram-reg-updates "$UNIGRAM_REG_UPDATES")
+    else
+        ARGS+=(--criterion label_smoothed_cross_entropy)
+    fi
+    [[ $init == file ]] && ARGS+=(--natbias-counts "$DIR/external.counts")
+    ((NGPUS > 0)) && [[ $FP16 == 1 ]] && ARGS+=(--fp16)
+    ARGS+=(${extra[@]+"${extra[@]}"})
+}
+
+# Validation BLEU decodes as the test does (fairseq's max_len defaults: 0, 200).
+valid_generation() {
+    if [[ $MAX_LEN_A == 0 && $MAX_LEN_B == 200 ]]; then
+        echo "{\"beam\": $BEAM}"
+    else
+        echo "{\"beam\": $BEAM, \"max_len_a\": $MAX_LEN_A, \"max_len_b\": $MAX_LEN_B}"
+    fi
+}
+
+# A stopped run resumes: fairseq restores <run>/checkpoint_last.pt by itself.
+train_run() {
+    local name=$1 seed=$2 run=$RUNS/$1/seed$2
+    if [[ -f $run/.done ]]; then say "skip: $run (trained)"; return 0; fi
+    mkdir -p "$run"
+    train_args "$name" "$seed" "$run"
+    printf '%q ' fairseq-train "${ARGS[@]}" >"$run/train.args"
+    local how="resuming" ; [[ -f $run/checkpoint_last.pt ]] || how="training"
+    say "$how $SRC-$TGT $name seed $seed on $(world_size) $( ((NGPUS > 0)) && echo GPU || echo CPU) worker(s), update-freq $(update_freq): $run/train.log"
+    if ! launch "$run/train.log" "${ARGS[@]}" </dev/null; then
+        tail -n 25 "$run/train.log" >&2
+        die "training failed: $run/train.log"
+    fi
+    ((NODE_RANK == 0)) && date >"$run/.done"
+    return 0
+}
+
+# --- evaluation and report -----------------------------------------------------------------
+
+# Beam search with length normalisation (fairseq's --lenpen 1 divides by
+# length), detokenised by SentencePiece, scored by sacreBLEU against raw text.
+evaluate_set() {
+    local run=$1 set=$2 subset=$3 ref=$4
+    [[ -f $run/$set.chrf.json ]] && { say "skip: $run/$set (scored)"; return 0; }
+    local device=(); ((NGPUS > 0)) || device=(--cpu)
+    fairseq-generate "$DIR/data-bin" --user-dir "$NATBIAS_REPO/fairseq_natbias" \
+        --source-lang "$SRC" --target-lang "$TGT" --gen-subset "$subset" \
+        --path "$run/checkpoint_best.pt" --beam "$BEAM" --lenpen "$LENPEN" \
+        --max-len-a "$MAX_LEN_A" --max-len-b "$MAX_LEN_B" \
+        --remove-bpe sentencepiece --max-tokens "$MAX_TOKENS" ${device[@]+"${device[@]}"} \
+        >"$run/$set.gen" 2>"$run/$set.gen.log" || { tail "$run/$set.gen.log" >&2; die "generation failed: $run"; }
+    tools hyps --generate-output "$run/$set.gen" --output "$run/$set.hyp" --expect "$(wc -l <"$ref")"
+    python -m sacrebleu "$ref" -i "$run/$set.hyp" -m bleu -w 2 -f json >"$run/$set.bleu.json"
+    python -m sacrebleu "$ref" -i "$run/$set.hyp" -m chrf -w 2 -f json >"$run/$set.chrf.json.tmp"
+    mv "$run/$set.chrf.json.tmp" "$run/$set.chrf.json"
+    say "$run/$set: BLEU $(score_of "$run/$set.bleu.json"), chrF $(score_of "$run/$set.chrf.json")"
+}
+
+score_of() { python -c 'import json,sys; print(json.load(open(sys.argv[1]))["score"])' "$1"; }
+
+evaluate_run() {
+    local run=$RUNS/$1/seed$2 raw
+    [[ -f $run/.done ]] || { say "not trained yet: $run"; return 0; }
+    raw=$WORK_DIR/corpus/$(corpus_of "$SRC" "$TGT")/raw
+    evaluate_set "$run" test test "$raw/test.$TGT"
+    if [[ -f $DIR/data-bin/test1.$SRC-$TGT.$SRC.bin ]]; then
+        evaluate_set "$run" ood test1 "$raw/ood.$TGT"
+    fi
+}
+
+report() {
+    [[ -d $RUNS ]] || return 0
+    say "results: $DIR/results.md"
+    tools table --runs "$RUNS" --output "$DIR/results.md" --title "$RECIPE_NAME $SRC→$TGT" \
+        --beam "$BEAM" --lenpen "$LENPEN" --order $INITS file
+}
+
+# --- main -----------------------------------------------------------------------------------
+
+# Recipes may define recipe_model_args (e.g. AfroMT's 4 heads for Rundi).
+declare -F recipe_model_args >/dev/null || recipe_model_args() { :; }
+
+has_step() { [[ " $STEPS " == *" $1 "* ]]; }
+
+run_recipe() {
+    smoke_settings
+    [[ -n $NGPUS ]] || NGPUS=$(detect_gpus)
+    ((NGPUS > 0 || NNODES == 1)) || die "multi-node training needs GPUs (NGPUS > 0)"
+    export PYTHONWARNINGS=${PYTHONWARNINGS:-ignore}
+    # torch >= 2.6 loads checkpoints weights-only; fairseq_natbias allow-lists
+    # the argparse.Namespace of fairseq's config, but --eval-bleu also stores
+    # numpy arrays (the BLEU n-gram counts in the metrics state), which it does
+    # not. These are our own checkpoints: load them as fairseq always did.
+    export TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1
+    mkdir -p "$WORK_DIR"
+    WORK_DIR=$(cd "$WORK_DIR" && pwd)
+    say "$RECIPE_NAME: pairs '$PAIRS', steps '$STEPS', work dir $WORK_DIR"
+    local pair name seed
+    for pair in $PAIRS; do
+        SRC=${pair%-*} TGT=${pair#*-}
+        DIR=$WORK_DIR/$SRC-$TGT RUNS=$WORK_DIR/$SRC-$TGT/$RUNS_NAME
+        mkdir -p "$DIR"
+        if has_step prepare; then prepare_direction; fi
+        if has_step train; then
+            [[ -f $DIR/data-bin/.done ]] || die "no data for $SRC-$TGT yet: run STEPS=prepare first"
+            while read -r name seed; do train_run "$name" "$seed"; done < <(grid_runs)
+        fi
+        ((NODE_RANK == 0)) || continue
+        if has_step evaluate; then
+            while read -r name seed; do evaluate_run "$name" "$seed"; done < <(grid_runs)
+        fi
+        if has_step report; then report; fi
+    done
+    say "$RECIPE_NAME: done"
+}

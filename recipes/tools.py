@@ -1,0 +1,257 @@
+"""Small text helpers for the recipes (called from lib.sh, one subcommand each).
+
+    stage        copy a raw split (plain or .gz), optionally the first N lines,
+                 dropping empty / over-long / badly length-mismatched pairs
+    spm-train    joint SentencePiece model on some text files
+    spm-encode   text -> space-separated pieces, as fairseq-preprocess reads them
+    hyps         hypotheses (H- lines) of fairseq-generate output, in input order
+    table        Markdown table of BLEU/chrF over inits (mean and standard error)
+    jsonl-text   the "text" field of JSON-lines files (.gz allowed), e.g. C4 shards
+    free-port    an unused TCP port on this machine
+
+Only the standard library and sentencepiece: it runs before anything is trained.
+"""
+
+import argparse
+import gzip
+import json
+import math
+import re
+import socket
+import sys
+from pathlib import Path
+
+
+def _open(path, mode="rt"):
+    path = str(path)
+    if path.endswith(".gz"):
+        return gzip.open(path, mode, encoding="utf-8")
+    return open(path, mode, encoding="utf-8")
+
+
+def _existing(prefix, lang):
+    for name in (f"{prefix}.{lang}", f"{prefix}.{lang}.gz"):
+        if Path(name).exists():
+            return name
+    sys.exit(f"tools.py: no {prefix}.{lang} (or .gz)")
+
+
+# --- stage ----------------------------------------------------------------------
+
+
+def _keep(src, tgt, max_words, ratio):
+    """clean-corpus-n.perl's rule (fairseq's prepare-*.sh), on words."""
+    ns, nt = len(src.split()), len(tgt.split())
+    if ns == 0 or nt == 0:
+        return False
+    if max_words and (ns > max_words or nt > max_words):
+        return False
+    return not ratio or (ns / nt <= ratio and nt / ns <= ratio)
+
+
+def cmd_stage(args):
+    src_in = _existing(args.input, args.langs[0])
+    tgt_in = _existing(args.input, args.langs[1])
+    kept = read = 0
+    with _open(src_in) as fs, _open(tgt_in) as ft, \
+            open(f"{args.output}.{args.langs[0]}", "w", encoding="utf-8") as os_, \
+            open(f"{args.output}.{args.langs[1]}", "w", encoding="utf-8") as ot:
+        for src, tgt in zip(fs, ft):
+            read += 1
+            src, tgt = " ".join(src.split()), " ".join(tgt.split())
+            if args.clean and not _keep(src, tgt, args.max_words, args.ratio):
+                continue
+            os_.write(src + "\n")
+            ot.write(tgt + "\n")
+            kept += 1
+            if args.max_lines and kept >= args.max_lines:
+                break
+    print(f"  {args.output}: {kept} of {read} pairs read")
+
+
+# --- SentencePiece ----------------------------------------------------------------
+
+
+def cmd_spm_train(args):
+    import sentencepiece as spm
+
+    options = dict(
+        input=",".join(args.input), model_prefix=args.prefix,
+        vocab_size=args.vocab_size, model_type="unigram",
+        # European and African Latin-script text: keep every character seen.
+        character_coverage=1.0,
+        # Small corpora (smoke runs) may not support the requested size.
+        hard_vocab_limit=False,
+        num_threads=args.threads, minloglevel=1,
+    )
+    if args.max_sentences:
+        options.update(input_sentence_size=args.max_sentences, shuffle_input_sentence=True)
+    spm.SentencePieceTrainer.train(**options)
+
+
+def cmd_spm_encode(args):
+    import sentencepiece as spm
+
+    model = spm.SentencePieceProcessor(model_file=args.model)
+    with _open(args.input) as fin, open(args.output, "w", encoding="utf-8") as fout:
+        for line in fin:
+            fout.write(" ".join(model.encode(line.strip(), out_type=str)) + "\n")
+
+
+# --- evaluation --------------------------------------------------------------------
+
+
+def cmd_hyps(args):
+    """fairseq-generate prints H-<id> lines in batch order; sort them by id."""
+    hyps = {}
+    with open(args.generate_output, encoding="utf-8") as f:
+        for line in f:
+            if line.startswith("H-"):
+                head, _score, *text = line.rstrip("\n").split("\t")
+                hyps[int(head[2:])] = text[0] if text else ""
+    if args.expect is not None and sorted(hyps) != list(range(args.expect)):
+        sys.exit(f"tools.py hyps: {len(hyps)} hypotheses in {args.generate_output}, "
+                 f"expected ids 0..{args.expect - 1}")
+    with open(args.output, "w", encoding="utf-8") as f:
+        for key in sorted(hyps):
+            f.write(hyps[key] + "\n")
+
+
+def _mean_se(values):
+    mean = sum(values) / len(values)
+    if len(values) < 2:
+        return mean, None
+    var = sum((v - mean) ** 2 for v in values) / (len(values) - 1)
+    return mean, math.sqrt(var / len(values))
+
+
+def _cell(values):
+    if not values:
+        return "–"
+    mean, se = _mean_se(values)
+    return f"{mean:.2f}" if se is None else f"{mean:.2f} ± {se:.2f}"
+
+
+def _seed_number(path):
+    match = re.search(r"(\d+)$", path.name)
+    return int(match.group(1)) if match else 0
+
+
+def cmd_table(args):
+    """One row per init (RUNS/<init>/seed<k>/<set>.<metric>.json), one column
+    per evaluation set and metric; the signatures below the table."""
+    runs = Path(args.runs)
+    order = {name: i for i, name in enumerate(args.order)}
+    inits = sorted((d for d in runs.iterdir() if d.is_dir()),
+                   key=lambda d: (order.get(d.name, len(order)), d.name))
+    columns = [(s, m) for s in args.sets for m in ("bleu", "chrf")]
+    signatures, rows, present = {}, [], set()
+    for init in inits:
+        seeds = sorted((d for d in init.glob("seed*") if d.is_dir()), key=_seed_number)
+        scores = {c: [] for c in columns}
+        for seed in seeds:
+            for eval_set, metric in columns:
+                path = seed / f"{eval_set}.{metric}.json"
+                if path.exists():
+                    result = json.loads(path.read_text(encoding="utf-8"))
+                    scores[eval_set, metric].append(float(result["score"]))
+                    signatures[metric] = result["signature"]
+                    present.add(eval_set)
+        done = max((len(v) for v in scores.values()), default=0)
+        rows.append((init.name, done, scores))
+    columns = [c for c in columns if c[0] in present] or columns[:2]
+    header = ["init", "seeds"] + [f"{s} {'BLEU' if m == 'bleu' else 'chrF'}" for s, m in columns]
+    lines = [f"## {args.title}", "",
+             "Mean ± standard error over seeds (sacreBLEU, detokenised, beam "
+             f"{args.beam}, length penalty {args.lenpen}).", "",
+             "| " + " | ".join(header) + " |",
+             "|" + "|".join(["---"] + ["---:"] * (len(header) - 1)) + "|"]
+    for name, done, scores in rows:
+        lines.append("| " + " | ".join([name, str(done)] + [_cell(scores[c]) for c in columns]) + " |")
+    lines.append("")
+    for metric, label in (("bleu", "BLEU"), ("chrf", "chrF")):
+        if metric in signatures:
+            lines.append(f"{label} signature: `{signatures[metric]}`  ")
+    text = "\n".join(lines).rstrip() + "\n"
+    Path(args.output).write_text(text, encoding="utf-8")
+    print(text, end="")
+
+
+# --- misc ----------------------------------------------------------------------------
+
+
+def cmd_jsonl_text(args):
+    with open(args.output, "w", encoding="utf-8") as out:
+        for path in args.input:
+            with _open(path) as f:
+                for line in f:
+                    for text_line in json.loads(line)["text"].splitlines():
+                        if text_line.strip():
+                            out.write(text_line.strip() + "\n")
+
+
+def cmd_free_port(_args):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        print(s.getsockname()[1])
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="tools.py", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("stage")
+    p.add_argument("--input", required=True, help="prefix: PREFIX.LANG or PREFIX.LANG.gz")
+    p.add_argument("--output", required=True, help="prefix of the staged copy")
+    p.add_argument("--langs", nargs=2, required=True)
+    p.add_argument("--max-lines", type=int, default=0, help="keep the first N pairs (0: all)")
+    p.add_argument("--clean", action="store_true", help="drop empty/long/mismatched pairs")
+    p.add_argument("--max-words", type=int, default=0)
+    p.add_argument("--ratio", type=float, default=0.0)
+    p.set_defaults(func=cmd_stage)
+
+    p = sub.add_parser("spm-train")
+    p.add_argument("--input", nargs="+", required=True)
+    p.add_argument("--prefix", required=True)
+    p.add_argument("--vocab-size", type=int, required=True)
+    p.add_argument("--max-sentences", type=int, default=0)
+    p.add_argument("--threads", type=int, default=4)
+    p.set_defaults(func=cmd_spm_train)
+
+    p = sub.add_parser("spm-encode")
+    p.add_argument("--model", required=True)
+    p.add_argument("--input", required=True)
+    p.add_argument("--output", required=True)
+    p.set_defaults(func=cmd_spm_encode)
+
+    p = sub.add_parser("hyps")
+    p.add_argument("--generate-output", required=True)
+    p.add_argument("--output", required=True)
+    p.add_argument("--expect", type=int, help="number of test sentences (checked)")
+    p.set_defaults(func=cmd_hyps)
+
+    p = sub.add_parser("table")
+    p.add_argument("--runs", required=True)
+    p.add_argument("--output", required=True)
+    p.add_argument("--title", default="Results")
+    p.add_argument("--sets", nargs="+", default=["test", "ood"])
+    p.add_argument("--order", nargs="*", default=["unigram", "zero", "none", "file"])
+    p.add_argument("--beam", default="5")
+    p.add_argument("--lenpen", default="1")
+    p.set_defaults(func=cmd_table)
+
+    p = sub.add_parser("jsonl-text")
+    p.add_argument("--input", nargs="+", required=True)
+    p.add_argument("--output", required=True)
+    p.set_defaults(func=cmd_jsonl_text)
+
+    p = sub.add_parser("free-port")
+    p.set_defaults(func=cmd_free_port)
+
+    args = parser.parse_args(argv)
+    args.func(args)
+
+
+if __name__ == "__main__":
+    main()
