@@ -40,6 +40,8 @@ setup(
     entry_points={
         "console_scripts": [
             "natbias-count=fairseq_natbias.cli.count:main",
+            "natbias-step0=fairseq_natbias.cli.step0:main",
+            "natbias-demo=fairseq_natbias.cli.demo:main",
             "natbias-alc=fairseq_natbias.cli.alc:main",
             "natbias-frequency=fairseq_natbias.cli.frequency:main",
             "natbias-dynamics=fairseq_natbias.cli.dynamics:main",

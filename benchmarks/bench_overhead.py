@@ -1,0 +1,207 @@
+"""Cost of the plugin against stock fairseq, side by side in one process.
+
+On Multi30k De-En (joint SentencePiece 8k, binarised once into --workdir), the
+same model sizes, seed and batches:
+
+* training update (forward, backward, Adam step through task.train_step):
+  stock ``transformer`` vs ``transformer_natbias --natbias-init unigram``
+  with the logging hook off, and with it on (stats on every update, the worst
+  case; by default they are computed every --log-interval updates);
+* generation, beam 5, sentences per second (fairseq's SequenceGenerator);
+* checkpoint load for generation (checkpoint_utils.load_model_ensemble).
+
+Runs are interleaved (A B C A B C ...) so drifts of this shared machine hit
+all variants alike; the figures are medians and the ratios are against stock.
+
+    .venv/bin/python benchmarks/bench_overhead.py [--multi30k DIR] [--rounds 5]
+"""
+
+import argparse
+import gzip
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+SIZES = ("--encoder-layers 2 --decoder-layers 2 --encoder-embed-dim 256 --decoder-embed-dim 256 "
+         "--encoder-ffn-embed-dim 1024 --decoder-ffn-embed-dim 1024 "
+         "--encoder-attention-heads 4 --decoder-attention-heads 4 --share-all-embeddings").split()
+COMMON = ("--cpu --seed 1 --optimizer adam --adam-betas (0.9,0.997) --lr 5e-4 "
+          "--lr-scheduler inverse_sqrt --warmup-updates 100 "
+          "--criterion label_smoothed_cross_entropy --label-smoothing 0.1 --max-tokens 2048").split()
+VARIANTS = {
+    "stock transformer": ["--arch", "transformer"],
+    "natbias unigram, hook off": ["--arch", "transformer_natbias", "--no-natbias-logging"],
+    "natbias unigram, hook on": ["--arch", "transformer_natbias", "--natbias-stats-interval", "1"],
+}
+
+
+def prepare_data(multi30k, workdir):
+    data_bin = workdir / "data-bin"
+    if (data_bin / "test.de-en.en.bin").exists():
+        return data_bin
+    import sentencepiece as spm
+
+    text = workdir / "text"
+    text.mkdir(parents=True, exist_ok=True)
+    for split, name in (("train", "train"), ("valid", "val"), ("test", "test_2016_flickr")):
+        for lang in ("de", "en"):
+            with gzip.open(multi30k / f"{name}.{lang}.gz", "rt", encoding="utf-8") as f:
+                (text / f"{split}.raw.{lang}").write_text(f.read(), encoding="utf-8")
+    spm.SentencePieceTrainer.train(
+        input=f"{text}/train.raw.de,{text}/train.raw.en", model_prefix=str(workdir / "spm"),
+        vocab_size=8000, model_type="unigram", character_coverage=1.0, bos_id=-1,
+        eos_id=-1, pad_id=-1, unk_id=0, minloglevel=2)
+    model = spm.SentencePieceProcessor(model_file=str(workdir / "spm.model"))
+    for split in ("train", "valid", "test"):
+        for lang in ("de", "en"):
+            lines = (text / f"{split}.raw.{lang}").read_text(encoding="utf-8").splitlines()
+            (text / f"{split}.{lang}").write_text(
+                "\n".join(" ".join(model.encode(l, out_type=str)) for l in lines) + "\n")
+    subprocess.run([str(Path(sys.executable).parent / "fairseq-preprocess"), "--source-lang", "de",
+                    "--target-lang", "en", "--trainpref", f"{text}/train", "--validpref",
+                    f"{text}/valid", "--testpref", f"{text}/test", "--destdir", str(data_bin),
+                    "--joined-dictionary", "--workers", "2"], check=True, capture_output=True)
+    return data_bin
+
+
+class Variant:
+    """One model with its own task, criterion and optimizer."""
+
+    def __init__(self, data_bin, options, save_dir):
+        from fairseq import optim
+        from fairseq_natbias.cli.step0 import build_from_training_args
+
+        argv = [str(data_bin), "--user-dir", "fairseq_natbias", *SIZES, *COMMON, *options,
+                "--save-dir", str(save_dir)]
+        self.cfg, self.task, self.model = build_from_training_args(argv)
+        self.criterion = self.task.build_criterion(self.cfg.criterion)
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = optim.build_optimizer(self.cfg.optimizer, params)
+        self.task.load_dataset("train", combine=True, epoch=1)
+        self.task.load_dataset("test", combine=False, epoch=1)
+        self.updates = 0
+
+    def batches(self, split, count, max_tokens):
+        iterator = self.task.get_batch_iterator(
+            self.task.dataset(split), max_tokens=max_tokens, seed=1,
+        ).next_epoch_itr(shuffle=(split == "train"))
+        return [next(iterator) for _ in range(count)]
+
+    def train_update(self, sample):
+        self.model.train()
+        self.optimizer.zero_grad()
+        self.task.train_step(sample, self.model, self.criterion, self.optimizer, self.updates)
+        self.optimizer.step()
+        self.updates += 1
+
+    def generate(self, samples, generator):
+        self.model.eval()
+        with torch.no_grad():
+            for sample in samples:
+                self.task.inference_step(generator, [self.model], sample)
+
+
+def timed(function, *args):
+    start = time.perf_counter()
+    function(*args)
+    return time.perf_counter() - start
+
+
+def bench_training(variants, batches, rounds):
+    times = {name: [] for name in variants}
+    for _ in range(rounds):
+        for name, variant in variants.items():
+            for sample in batches:  # per-update times, interleaved per round
+                times[name].append(timed(variant.train_update, sample))
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
+def bench_generation(variants, samples, rounds):
+    from fairseq.sequence_generator import SequenceGenerator
+
+    sentences = sum(len(s["id"]) for s in samples)
+    rates = {name: [] for name in variants}
+    for _ in range(rounds):
+        for name, variant in variants.items():
+            generator = SequenceGenerator([variant.model], variant.task.target_dictionary,
+                                          beam_size=5, max_len_b=50)
+            rates[name].append(sentences / timed(variant.generate, samples, generator))
+    return {name: statistics.median(values) for name, values in rates.items()}
+
+
+def bench_loading(checkpoints, rounds):
+    from fairseq import checkpoint_utils
+
+    times = {name: [] for name in checkpoints}
+    for _ in range(rounds):
+        for name, path in checkpoints.items():
+            times[name].append(timed(checkpoint_utils.load_model_ensemble, [str(path)]))
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
+def save_checkpoint(variant, path):
+    from fairseq import checkpoint_utils
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.to_container(variant.cfg, resolve=True, enum_to_str=True)
+    state = {"cfg": cfg, "model": variant.model.state_dict(), "args": None,
+             "optimizer_history": [], "extra_state": {}, "last_optimizer_state": {}}
+    checkpoint_utils.torch_persistent_save(state, str(path))
+
+
+def print_table(title, figures, unit, higher_is_better=False):
+    stock = figures["stock transformer"]
+    print(f"\n{title}")
+    for name, value in figures.items():
+        ratio = (stock / value) if higher_is_better else (value / stock)
+        print(f"  {name:28s} {value:10.4f} {unit}   cost ratio vs stock {ratio:.3f}x")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--multi30k", default=os.environ.get("NATBIAS_MULTI30K",
+                                                             "../shared/data/multi30k"))
+    parser.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "natbias-bench"))
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--updates", type=int, default=10, help="batches per round")
+    args = parser.parse_args()
+    multi30k = Path(args.multi30k)
+    if not (multi30k / "train.de.gz").exists():
+        sys.exit(f"bench_overhead: Multi30k not found at {multi30k}; pass --multi30k DIR")
+    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    workdir = Path(args.workdir)
+    data_bin = prepare_data(multi30k, workdir)
+    variants = {name: Variant(data_bin, options, workdir / "ckpt")
+                for name, options in VARIANTS.items()}
+    first = next(iter(variants.values()))
+    batches = first.batches("train", args.updates, 2048)
+    for variant in variants.values():  # warm-up: allocator, Adam state
+        variant.train_update(batches[0])
+    training = bench_training(variants, batches, args.rounds)
+    samples = first.batches("test", 4, 1024)
+    generation = bench_generation(
+        {k: variants[k] for k in ("stock transformer", "natbias unigram, hook off")},
+        samples, max(3, args.rounds // 2))
+    checkpoints = {}
+    for name in ("stock transformer", "natbias unigram, hook off"):
+        checkpoints[name] = workdir / f"{name.split(',')[0].replace(' ', '_')}.pt"
+        save_checkpoint(variants[name], checkpoints[name])
+    loading = bench_loading(checkpoints, args.rounds)
+
+    print(f"machine: {os.cpu_count()} CPU threads, torch {torch.__version__}")
+    print_table("training update (median s/update)", training, "s")
+    print_table("generation, beam 5 (median sentences/s)", generation, "sent/s",
+                higher_is_better=True)
+    print_table("checkpoint load for generation (median s)", loading, "s")
+    print(f"\ncommand: {sys.executable} {' '.join(sys.argv)}")
+
+
+if __name__ == "__main__":
+    main()

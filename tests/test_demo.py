@@ -1,0 +1,53 @@
+"""natbias-demo (`make demo`) end to end on a small slice of real text."""
+
+import gzip
+import json
+import subprocess
+
+import pytest
+
+from natbias_testing import BIN, MULTI30K
+
+SLICE = {"train": 3000, "val": 100, "test_2016_flickr": 100}
+
+
+@pytest.fixture(scope="module")
+def multi30k_slice(tmp_path_factory):
+    if not (MULTI30K / "train.de.gz").exists():
+        pytest.skip(f"Multi30k not found at {MULTI30K} (set NATBIAS_MULTI30K)")
+    root = tmp_path_factory.mktemp("multi30k_slice")
+    for name, count in SLICE.items():
+        for lang in ("de", "en"):
+            with gzip.open(MULTI30K / f"{name}.{lang}.gz", "rt", encoding="utf-8") as f:
+                lines = [next(f) for _ in range(count)]
+            (root / f"{name}.{lang}").write_text("".join(lines), encoding="utf-8")
+    return root
+
+
+def natbias_demo(data, output):
+    return subprocess.run(
+        [str(BIN / "natbias-demo"), "--data", str(data), "--output", str(output),
+         "--max-update", "20", "--vocab-size", "1000"],
+        capture_output=True, text=True, check=True,
+    )
+
+
+def test_demo_runs_end_to_end_and_skips_finished_steps(multi30k_slice, tmp_path):
+    first = natbias_demo(multi30k_slice, tmp_path)
+    report = (tmp_path / "report.md").read_text()
+    assert "| unigram |" in report and "| zero |" in report
+    assert "nrefs:1|case:mixed|eff:no|tok:13a" in report  # sacreBLEU signature
+    assert (tmp_path / "valid_nll.png").stat().st_size > 5000
+    for init in ("unigram", "zero"):
+        scores = json.loads((tmp_path / init / "test_scores.json").read_text())
+        assert 0 <= scores["bleu"] <= 100 and 0 <= scores["chrf"] <= 100
+        hypotheses = (tmp_path / init / "test.hyp").read_text().splitlines()
+        assert len(hypotheses) == SLICE["test_2016_flickr"]
+    step0 = {i: json.loads((tmp_path / i / "step0.json").read_text()) for i in ("unigram", "zero")}
+    assert step0["unigram"]["nll"] < step0["zero"]["nll"] - 2  # Fig. 1 at update 0
+    assert "train [unigram]: update 20/20" in first.stdout
+
+    again = natbias_demo(multi30k_slice, tmp_path)
+    assert "preprocess" in again.stdout and "skipped" in again.stdout
+    assert "train [zero]: finished before, skipped" in again.stdout
+    assert "generate [unigram]: scored before, skipped" in again.stdout
