@@ -2,8 +2,9 @@
 ``json`` log formats (``--log-format``).
 
 What fairseq writes (``fairseq/logging/progress_bar.py``), after the
-``DATE TIME | INFO | TAG |`` prefix of its console logging (the prefix is
-missing in a ``--log-file``; the tag is then read off the message)::
+``DATE TIME | INFO | TAG |`` prefix of its console logging (``[DATE TIME][TAG][INFO] -``
+with fairseq-hydra-train; no prefix in a ``--log-file``, where the tag is read
+off the message)::
 
     simple, every --log-interval updates (tag train_inner)
         epoch 001:     10 / 250 loss=9.1, nll_loss=8.9, ..., num_updates=10, lr=...
@@ -38,8 +39,13 @@ TRAIN_INNER = "train_inner"
 TRAIN = "train"
 VALID = "valid"
 
-_PREFIX = re.compile(
-    r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:,\d+)? \| [A-Z]+ \| (?P<tag>\S+) \| (?P<message>.*)$"
+_PREFIXES = (
+    # fairseq-train: "2023-01-01 10:00:00 | INFO | valid | ..."
+    re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:,\d+)? \| [A-Z]+ \| "
+               r"(?P<tag>\S+) \| (?P<message>.*)$"),
+    # fairseq-hydra-train: "[2023-01-01 10:00:00,123][valid][INFO] - ..."
+    re.compile(r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:,\d+)?\]\[(?P<tag>[^\]]+)\]"
+               r"\[[A-Z]+\] - (?P<message>.*)$"),
 )
 _INNER = re.compile(r"^epoch (?P<epoch>\d+):\s+\d+ / \d+\s*(?P<stats>.*)$")
 _INNER_STAT = re.compile(r"(\w+)=([^,\s]+)")
@@ -81,7 +87,7 @@ def parse_lines(lines: Iterable[str]) -> List[LogRecord]:
 
 def parse_line(line: str) -> Optional[LogRecord]:
     """The metrics record of one log line, or None for any other line."""
-    prefixed = _PREFIX.match(line)
+    prefixed = next((m for m in (p.match(line) for p in _PREFIXES) if m), None)
     tag, message = (prefixed["tag"], prefixed["message"]) if prefixed else (None, line)
     if tag is not None and "." in tag:
         return None  # a module logger (fairseq_cli.train, ...), not a metrics line

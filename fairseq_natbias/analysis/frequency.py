@@ -45,6 +45,12 @@ from fairseq_natbias.analysis import AnalysisError, plots
 logger = logging.getLogger(__name__)
 
 DEFAULT_BINS = 20
+WEIGHTS_ONLY_HINT = (
+    "torch's weights-only loading refused the checkpoint: it holds objects beyond "
+    "the argparse.Namespace that fairseq_natbias allow-lists (fairseq-train "
+    "--eval-bleu stores numpy arrays). For a checkpoint you trust, set "
+    "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1"
+)
 NO_BIAS_NOTE = "no output bias: same as the full model"
 
 
@@ -88,12 +94,8 @@ def load_checkpoint(path: str, data: str, split: str, use_cuda: bool):
         raise AnalysisError(f"{path}: no such checkpoint")
     try:
         state = checkpoint_utils.load_checkpoint_to_cpu(path, {"data": data})
-    except pickle.UnpicklingError as error:
-        raise AnalysisError(
-            f"{path}: torch refused to unpickle the checkpoint ({str(error).splitlines()[-1]}); "
-            "it holds an object that fairseq_natbias.checkpoint_loading does not "
-            "allow-list for torch's weights-only loading"
-        ) from None
+    except pickle.UnpicklingError:
+        raise AnalysisError(f"{path}: {WEIGHTS_ONLY_HINT}") from None
     cfg = state.get("cfg") or convert_namespace_to_omegaconf(state["args"])
     task = tasks.setup_task(cfg.task)
     check_dictionaries(state["model"], task, path, data)
@@ -102,8 +104,18 @@ def load_checkpoint(path: str, data: str, split: str, use_cuda: bool):
     model = models[0].eval()
     if use_cuda:
         model.cuda()
-    task.load_dataset(split)
+    load_split(task, split)
     return model, task, cfg
+
+
+def load_split(task, split) -> None:
+    try:
+        task.load_dataset(split)
+    except ValueError as error:  # numpy cannot memory-map an empty .bin file
+        if "empty file" in str(error):
+            raise AnalysisError(
+                f"the {split} split of {task.cfg.data} is empty: nothing to score") from None
+        raise AnalysisError(f"cannot read the {split} split of {task.cfg.data}: {error}") from None
 
 
 def check_dictionaries(model_state, task, path, data) -> None:

@@ -15,6 +15,7 @@ if logging.getLogger("matplotlib").level == logging.NOTSET:
     logging.getLogger("matplotlib").setLevel(logging.WARNING)
 
 import matplotlib  # noqa: E402
+import matplotlib.ticker  # noqa: E402
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -44,6 +45,14 @@ def _color(index: int):
     return plt.get_cmap("tab10")(index % 10)
 
 
+def _label_colors(labels) -> dict:
+    """One colour per label (init), the same in every panel."""
+    colors = {}
+    for label in labels:
+        colors.setdefault(label, _color(len(colors)))
+    return colors
+
+
 # --- mean ± standard error per init, one panel per dataset (Figs. 2, 3, 9, 10) ---
 
 
@@ -58,10 +67,11 @@ def errorbar_panels(
     if not panels:
         raise AnalysisError(f"nothing to plot for {path}")
     fig, axes = _grid(1, len(panels))
+    colors = _label_colors(p[0] for points in panels.values() for p in points)
     for ax, (dataset, points) in zip(axes[0], panels.items()):
         for i, (label, mean, stderr) in enumerate(points):
             err = stderr if math.isfinite(stderr) else 0.0
-            ax.errorbar([i], [mean], yerr=[err], fmt="o", capsize=4, color=_color(i))
+            ax.errorbar([i], [mean], yerr=[err], fmt="o", capsize=4, color=colors[label])
         ax.set_xticks(range(len(points)), [p[0] for p in points])
         ax.set_xlim(-0.6, len(points) - 0.4)
         ax.set_title(dataset)
@@ -97,13 +107,16 @@ def curve_panels(
     if not panels:
         raise AnalysisError(f"nothing to plot for {path}")
     fig, axes = _grid(1, len(panels))
+    colors = _label_colors(c["label"] for curves in panels.values() for c in curves)
     for ax, (dataset, curves) in zip(axes[0], panels.items()):
-        for i, curve in enumerate(curves):
-            ax.plot(curve["x"], curve["mean"], label=curve["label"], color=_color(i))
+        for curve in curves:
+            color = colors[curve["label"]]
+            ax.plot(curve["x"], curve["mean"], label=curve["label"], color=color)
             ax.fill_between(curve["x"], curve["low"], curve["high"],
-                            color=_color(i), alpha=0.25, linewidth=0)
+                            color=color, alpha=0.25, linewidth=0)
         if logx:
             ax.set_xscale("log")
+            ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         ax.set_xlabel("training updates")
         ax.set_ylabel(ylabel)
         ax.set_title(dataset)
@@ -127,13 +140,12 @@ def frequency_panels(columns: List[dict], path: str) -> str:
         for row, (key, row_title) in enumerate(rows):
             ax = axes[row][col]
             ax.plot(column["x"], column[key], "o-", color=_color(col), markersize=4)
+            if row == 1 and column.get("note"):
+                row_title = column["note"]
             ax.set_title(f"{column['label']}: {row_title}", fontsize="medium")
             ax.set_xlabel("log unigram probability (training data)")
             if col == 0:
                 ax.set_ylabel("avg. log-probability of reference token")
-            if row == 1 and column.get("note"):
-                ax.text(0.02, 0.02, column["note"], transform=ax.transAxes,
-                        fontsize="small", va="bottom")
     return save(fig, path)
 
 

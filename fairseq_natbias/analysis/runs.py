@@ -13,7 +13,9 @@ Layout (one directory per training run)::
 ``<init>`` is the bias initialisation (``unigram``, ``zero``, ``none``, ``file``,
 or any name), ``<k>`` the seed (``seed1``, ``seed_2``, ``seed-3``). A grid of a
 single dataset may leave the dataset level out (``RUNS/<init>/seed<k>/``): the
-dataset is then named after ``RUNS``.
+dataset is then named after ``RUNS``, or as given by ``NAME=RUNS``. The
+recipes' ``WORK_DIR/<src>-<tgt>/runs/`` is such a grid:
+``iwslt14=work/iwslt14/de-en/runs``.
 
 A score file may hold sacreBLEU's JSON object (its ``score`` and ``signature``
 are read), just the number (``sacrebleu -b`` prints only the score, which is
@@ -56,12 +58,15 @@ class Score:
 
 
 def discover_runs(roots: Sequence[str]) -> List[Run]:
-    """Every ``seed<k>`` directory under the roots, as a Run."""
+    """Every ``seed<k>`` directory under the roots (``RUNS`` or ``NAME=RUNS``)."""
     runs = []
-    for root in roots:
+    for spec in roots:
+        name, sep, root = spec.partition("=")
+        if not sep:
+            name, root = None, spec
         if not os.path.isdir(root):
             raise AnalysisError(f"{root}: no such directory")
-        runs.extend(_runs_under(root))
+        runs.extend(_runs_under(root, name))
     if not runs:
         raise AnalysisError(
             f"no run directories under {', '.join(roots)}: expected "
@@ -71,8 +76,8 @@ def discover_runs(roots: Sequence[str]) -> List[Run]:
     return sorted(runs, key=lambda r: (r.dataset, init_rank(r.init), r.seed))
 
 
-def _runs_under(root):
-    root_name = os.path.basename(os.path.abspath(root))
+def _runs_under(root, name=None):
+    root_name = name or os.path.basename(os.path.abspath(root))
     for directory, subdirs, _files in os.walk(root):
         subdirs.sort()
         match = SEED_DIR.match(os.path.basename(directory))
@@ -82,7 +87,10 @@ def _runs_under(root):
         dataset_dir = os.path.relpath(os.path.dirname(init_dir), root)
         if dataset_dir.startswith(".."):
             continue  # the root itself is a seed or init directory
-        dataset = root_name if dataset_dir == "." else dataset_dir
+        if dataset_dir == ".":
+            dataset = root_name
+        else:
+            dataset = f"{name}/{dataset_dir}" if name else dataset_dir
         yield Run(dataset, os.path.basename(init_dir), int(match["seed"]), directory)
 
 

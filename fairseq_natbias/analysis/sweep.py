@@ -26,9 +26,16 @@ Output per setting: the raw fairseq-generate output
 ``sweep.png`` over all settings. Hypotheses are the detokenised ``D-`` lines,
 references the ``T-`` lines; the sweep passes ``--gen-subset`` and any other
 fairseq-generate options through unchanged (e.g. ``--beam 5 --post-process
-sentencepiece``).
+sentencepiece``), and adds ``--required-batch-size-multiple 1`` unless given one:
+fairseq 0.12's ``batch_by_size`` drops a last batch whose size is not a multiple
+of it (fairseq issue #5036): with the default 8, test sentences go missing.
+
+With ``--temperature T`` other than 1, fairseq divides the logits by T before
+the model adds ``(lambda - 1) b - tau log p_unigram``, so the controls are not
+scaled by 1/T; the sweep is meant for T = 1.
 """
 
+import glob
 import math
 import os
 import shutil
@@ -39,6 +46,7 @@ from dataclasses import dataclass
 from typing import List, Optional, Sequence
 
 from fairseq_natbias.analysis import AnalysisError, distinct, plots
+from fairseq_natbias.analysis.frequency import WEIGHTS_ONLY_HINT
 from fairseq_natbias.analysis.generate_output import read_generate_output
 
 BIAS_SCALE = "natbias_bias_scale"
@@ -96,8 +104,25 @@ def generate_command(data: str, checkpoint: str, setting: Setting,
         raise AnalysisError("the sweep sets --model-overrides itself; leave it out")
     if any(arg.startswith("--user-dir") for arg in generate_args):
         raise AnalysisError("the sweep passes --user-dir itself; leave it out")
+    batching = [] if any(a.startswith("--required-batch-size-multiple") for a in generate_args) \
+        else ["--required-batch-size-multiple", "1"]
     return [*generate_executable(), data, "--path", checkpoint, "--user-dir", plugin_dir(),
-            "--model-overrides", setting.overrides(), *generate_args]
+            "--model-overrides", setting.overrides(), *batching, *generate_args]
+
+
+def split_sentences(data: str, split: str) -> Optional[int]:
+    """How many sentences the binarised ``split`` holds (None: not found)."""
+    from fairseq.data import data_utils
+
+    first_shard = data.split(":")[0]
+    found = sorted(glob.glob(os.path.join(first_shard, f"{split}.*-*.*.idx")))
+    if not found:
+        return None
+    prefix = found[0][: -len(".idx")]
+    if os.path.isfile(prefix + ".bin") and os.path.getsize(prefix + ".bin") == 0:
+        return 0  # fairseq cannot even open it (numpy will not memory-map an empty file)
+    dataset = data_utils.load_indexed_dataset(prefix, None)
+    return None if dataset is None else len(dataset)
 
 
 def run_generate(command: List[str], output_path: str) -> None:
@@ -106,6 +131,8 @@ def run_generate(command: List[str], output_path: str) -> None:
     with open(output_path, "w", encoding="utf-8") as out:
         result = subprocess.run(command, stdout=out, stderr=subprocess.PIPE, text=True, env=env)
     if result.returncode != 0:
+        if "Weights only load failed" in result.stderr:
+            raise AnalysisError(f"fairseq-generate could not load the checkpoint: {WEIGHTS_ONLY_HINT}")
         tail = "\n    ".join(result.stderr.strip().splitlines()[-STDERR_TAIL_LINES:])
         raise AnalysisError(
             f"fairseq-generate failed (exit {result.returncode}):\n    {tail}\n"
@@ -162,6 +189,10 @@ def sweep(data: str, checkpoint: str, grid: Sequence[Setting], out_dir: str,
           generate_args: Sequence[str] = (), tokenize: str = "13a", progress=None) -> List[dict]:
     if not os.path.isfile(checkpoint):
         raise AnalysisError(f"{checkpoint}: no such checkpoint")
+    split = _gen_subset(generate_args)
+    expected = split_sentences(data, split)
+    if expected == 0:
+        raise AnalysisError(f"the {split} split of {data} is empty: nothing to translate")
     os.makedirs(out_dir, exist_ok=True)
     rows = []
     for i, setting in enumerate(grid, start=1):
@@ -170,13 +201,34 @@ def sweep(data: str, checkpoint: str, grid: Sequence[Setting], out_dir: str,
         if progress:
             progress(f"[{i}/{len(grid)}] lambda={setting.lam:g} tau={setting.tau:g}: fairseq-generate")
         run_generate(generate_command(data, checkpoint, setting, generate_args), output)
-        row = {"lambda": setting.lam, "tau": setting.tau, "output": output}
+        row = {"lambda": setting.lam, "tau": setting.tau, "output": output,
+               "expected_sentences": expected}
         row.update(score_output(output, tokenize))
         rows.append(row)
+        if expected is not None and row["sentences"] != expected and progress:
+            progress(f"warning: {MISSING_NOTE.format(row['sentences'], expected, split)}")
         if progress:
             progress(f"[{i}/{len(grid)}] done in {time.time() - started:.0f}s: "
                      + _brief(row))
     return rows
+
+
+MISSING_NOTE = (
+    "fairseq-generate translated {} of the {} sentences of {}: fairseq 0.12 drops a "
+    "last batch that is not a multiple of --required-batch-size-multiple (the sweep "
+    "passes 1 unless told otherwise), and --skip-invalid-size-inputs-valid-test "
+    "skips over-long sentences"
+)
+
+
+def _gen_subset(generate_args: Sequence[str]) -> str:
+    args = list(generate_args)
+    for i, arg in enumerate(args):
+        if arg == "--gen-subset" and i + 1 < len(args):
+            return args[i + 1]
+        if arg.startswith("--gen-subset="):
+            return arg.split("=", 1)[1]
+    return "test"
 
 
 def _brief(row) -> str:
@@ -210,6 +262,11 @@ def table_markdown(rows: List[dict]) -> str:
     lines.append("lambda: output-bias scale; tau: logit adjustment (logits W phi + "
                  "lambda b - tau log p_unigram). D_n: distinct n-grams / n-grams over "
                  "all hypotheses; D: mean of D_1..D_4.")
+    for row in rows:
+        expected = row.get("expected_sentences")
+        if expected is not None and row["sentences"] != expected:
+            lines.append(f"\nlambda={row['lambda']:g} tau={row['tau']:g}: "
+                         + MISSING_NOTE.format(row["sentences"], expected, "the split"))
     for key, name in (("bleu_signature", "BLEU"), ("chrf_signature", "chrF")):
         signatures = sorted({row[key] for row in rows if key in row})
         lines += [f"\nsacreBLEU {name} signature: `{s}`" for s in signatures]

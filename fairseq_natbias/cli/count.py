@@ -1,4 +1,4 @@
-"""natbias-count: write a counts file for ``--natbias-init file`` (App. A.7).
+r"""natbias-count: write a counts file for ``--natbias-init file`` (App. A.7).
 
 From tokenised text (e.g. a large English corpus encoded with the same
 SentencePiece model, pieces separated by spaces), counted as fairseq would

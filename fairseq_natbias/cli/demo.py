@@ -215,7 +215,9 @@ def evaluate(data_bin, work, run_dir, init):
     say(f"generate [{init}]: beam 5 on the test set, then sacreBLEU")
     output = run([tool("fairseq-generate"), str(data_bin), "--user-dir", "fairseq_natbias",
                   "--path", str(run_dir / "checkpoint_best.pt"), "--beam", "5",
-                  "--lenpen", "1.0", "--cpu", "--batch-size", "128",
+                  "--lenpen", "1.0", "--max-len-a", "1.2", "--max-len-b", "10",
+                  "--required-batch-size-multiple", "1",
+                  "--cpu", "--batch-size", "128",
                   "--remove-bpe", "sentencepiece", "--num-workers", "0"])
     hypotheses = {}
     for line in output.splitlines():

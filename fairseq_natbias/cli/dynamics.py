@@ -23,7 +23,7 @@ SINGLE_LOGS_DATASET = "runs"
 
 def build_parser():
     parser = parser_for(PROG, __doc__)
-    parser.add_argument("runs", nargs="*", metavar="RUNS", help="run-grid root(s)")
+    parser.add_argument("runs", nargs="*", metavar="[NAME=]RUNS", help="run-grid root(s)")
     parser.add_argument("--log", action="append", default=[], metavar="INIT=LOG",
                         help="a single fairseq-train log of a run with this init")
     parser.add_argument("--metrics", nargs="+", default=list(dynamics.DEFAULT_METRICS),

@@ -12,9 +12,13 @@ Run grid (one directory per training run)::
                                   /test.chrf.json   sacrebleu REF -i HYP -m chrf
 
 A score file may also hold only the number (sacrebleu -b). RUNS/<init>/seed<k>/
-(one dataset, named after RUNS) works too. Written to --out-dir: report.md,
-runs.tsv, test_bleu.png, test_chrf.png, alc_bleu.png, alc_chrf.png (those that
-have numbers).
+(one dataset, named after RUNS, or NAME=RUNS) works too, e.g. the recipes' grids::
+
+    natbias-report iwslt14=work/iwslt14/de-en/runs wmt14=work/wmt14/de-en/runs \\
+        --out-dir analysis/report
+
+Written to --out-dir: report.md, runs.tsv, test_bleu.png, test_chrf.png,
+alc_bleu.png, alc_chrf.png (those that have numbers).
 """
 
 import sys
@@ -27,7 +31,7 @@ PROG = "natbias-report"
 
 def build_parser():
     parser = parser_for(PROG, __doc__)
-    parser.add_argument("runs", nargs="+", metavar="RUNS", help="run-grid root(s)")
+    parser.add_argument("runs", nargs="+", metavar="[NAME=]RUNS", help="run-grid root(s)")
     parser.add_argument("--max-updates", type=int, default=alc.PAPER_MAX_UPDATES, metavar="K",
                         help="ALC over the first K updates (default 20000); 0: all")
     parser.add_argument("--out-dir", required=True, help="directory for report.md and plots")

@@ -1,4 +1,4 @@
-"""natbias-step0: how far a freshly built model is from the unigram (Fig. 1 at
+r"""natbias-step0: how far a freshly built model is from the unigram (Fig. 1 at
 update 0), before spending any compute on training.
 
 Takes the same arguments as fairseq-train, builds the task and the model the

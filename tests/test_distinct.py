@@ -1,0 +1,52 @@
+"""Distinct-n and n-gram diversity D (Kobayashi et al., 2023, eqs. 5 and 6)."""
+
+import math
+from importlib.metadata import entry_points
+
+import pytest
+
+from fairseq_natbias.analysis import AnalysisError, distinct
+from fairseq_natbias.cli import distinct as distinct_cli
+from natbias_testing import BIN
+
+TEXTS = ["the cat the cat", "the dog"]
+
+
+def test_distinct_n_by_hand():
+    # unigrams: the x3, cat x2, dog        -> 3 unique / 6
+    # bigrams:  the-cat x2, cat-the, the-dog -> 3 / 4 (none across the two texts)
+    # trigrams: the-cat-the, cat-the-cat   -> 2 / 2;  4-grams: 1 / 1
+    scores = distinct.text_diversity(TEXTS, tokenizer="none")
+    assert scores == {"D1": 3 / 6, "D2": 3 / 4, "D3": 2 / 2, "D4": 1 / 1,
+                      "D": (3 / 6 + 3 / 4 + 1 + 1) / 4}
+
+
+def test_13a_splits_punctuation_and_short_texts_leave_d_undefined():
+    scores = distinct.text_diversity(["Hello, world.", "Hello!"], tokenizer="13a")
+    # tokens: Hello , world . | Hello !  -> 5 unique of 6 unigrams
+    assert scores["D1"] == pytest.approx(5 / 6)
+    short = distinct.text_diversity(["a b", "c"], tokenizer="none")
+    assert math.isnan(short["D3"]) and math.isnan(short["D"])
+    with pytest.raises(AnalysisError):
+        distinct.text_diversity([])
+
+
+def test_cli_reads_the_detokenised_hypotheses_of_fairseq_generate(tmp_path, capsys):
+    output = tmp_path / "generate-test.txt"
+    output.write_text(
+        "S-1\tsrc\nT-1\tref\nH-1\t-0.5\tthe dog\nD-1\t-0.5\tthe dog\nP-1\t-1 -1 -1\n"
+        "S-0\tsrc\nT-0\tref\nH-0\t-0.5\tthe cat the cat\nD-0\t-0.5\tthe cat the cat\n"
+        "Generate test with beam=5: BLEU4 = 0.00\n")
+    distinct_cli.main([str(output), "--tokenize", "none"])
+    printed = dict(line.split("\t") for line in capsys.readouterr().out.splitlines())
+    assert float(printed["D2"]) == pytest.approx(3 / 4)
+    assert float(printed["D"]) == pytest.approx((3 / 6 + 3 / 4 + 1 + 1) / 4, abs=1e-4)
+
+
+def test_console_script_help(capsys):
+    """The installed script runs this package's main; --help describes the tool."""
+    (entry,) = [e for e in entry_points(group="console_scripts") if e.name == "natbias-distinct"]
+    assert (BIN / "natbias-distinct").is_file()
+    with pytest.raises(SystemExit) as done:
+        entry.load()(["--help"])
+    assert done.value.code == 0 and "distinct-n" in capsys.readouterr().out
