@@ -23,6 +23,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from fairseq_natbias.analysis import fairseq_logs, plots
+
 MULTI30K_URL = "https://raw.githubusercontent.com/multi30k/dataset/master/data/task1/raw/"
 SPLIT_FILES = {"train": "train", "valid": "val", "test": "test_2016_flickr"}
 LANGS = ("de", "en")
@@ -186,10 +188,10 @@ def train(data_bin, run_dir, init, max_update):
         f"(resumes from {run_dir}/checkpoint_last.pt if present)")
 
     def progress(line):
-        record = parse_json_log_line(line)
-        if record and "valid_loss" in record:
-            say(f"train [{init}]: update {record.get('valid_num_updates')}/{max_update} "
-                f"valid NLL {record['valid_nll_loss']} bits")
+        record = fairseq_logs.parse_line(line.rstrip("\n"))
+        if record and record.tag == fairseq_logs.VALID and "nll_loss" in record.values:
+            say(f"train [{init}]: update {record.num_updates}/{max_update} "
+                f"valid NLL {record.values['nll_loss']} bits")
 
     arguments = [str(data_bin), "--user-dir", "fairseq_natbias", "--arch",
                  "transformer_natbias", "--natbias-init", init, *MODEL, *TRAINING,
@@ -245,23 +247,12 @@ def sacrebleu_scores(hypotheses, references):
 # --- report --------------------------------------------------------------------
 
 
-def parse_json_log_line(line):
-    start = line.find("{")
-    if start < 0:
-        return None
-    try:
-        return json.loads(line[start:])
-    except json.JSONDecodeError:
-        return None
-
-
 def validation_curve(run_dir):
     """Validation NLL (bits/token) by update, update 0 from natbias-step0."""
+    records = fairseq_logs.read_log(str(run_dir / "train.log"))
+    updates, values = fairseq_logs.series(records, fairseq_logs.VALID, "nll_loss")
     curve = {0: json.loads((run_dir / "step0.json").read_text())["nll"]}
-    for line in (run_dir / "train.log").read_text(encoding="utf-8").splitlines():
-        record = parse_json_log_line(line)
-        if record and "valid_nll_loss" in record:
-            curve[int(record["valid_num_updates"])] = float(record["valid_nll_loss"])
+    curve.update({int(u): float(v) for u, v in zip(updates, values)})
     return curve
 
 
@@ -286,22 +277,12 @@ def report(work, results):
 
 
 def plot_curves(curves, path):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(5, 3.5))
-    for init, curve in curves.items():
-        steps = sorted(curve)
-        ax.plot(steps, [curve[s] for s in steps], marker="o", label=f"bias: {init}")
-    ax.set_xlabel("update")
-    ax.set_ylabel("validation NLL (bits/token)")
-    ax.set_title("natural bias vs zero bias")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    lines = [{"label": f"bias: {init}", "x": sorted(curve),
+              "mean": [curve[u] for u in sorted(curve)],
+              "low": [curve[u] for u in sorted(curve)],
+              "high": [curve[u] for u in sorted(curve)]} for init, curve in curves.items()]
+    plots.curve_panels({"Multi30k De-En (demo)": lines}, "validation NLL (bits/token)",
+                       str(path), logx=False)
 
 
 def main(argv=None):
