@@ -57,6 +57,7 @@ def main():
     from fairseq_natbias import unigram
 
     workdir = args.workdir or tempfile.mkdtemp(prefix="natbias-bench-")
+    os.makedirs(workdir, exist_ok=True)
     prefix = os.path.join(workdir, "train.de-en.en")
     started = time.time()
     if not os.path.exists(prefix + ".idx"):

@@ -20,6 +20,7 @@ import logging
 import math
 import os
 import re
+import struct
 from dataclasses import dataclass
 from typing import List, Optional, Sequence
 
@@ -28,9 +29,9 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-# Tokens read per step when counting: bounds memory at ~8 MB (uint16) or
-# ~16 MB (int32) above the counts themselves.
-COUNT_CHUNK_TOKENS = 1 << 22
+# Tokens read per step when counting: bounds the extra memory at one chunk
+# as int64 (16 MiB) above the counts themselves.
+COUNT_CHUNK_TOKENS = 1 << 21
 
 COUNTS_FILE_HEADER = "#natbias-counts v1"
 
@@ -98,11 +99,8 @@ def count_binarized(prefix: str, vocab_size: int, impl: str = "mmap") -> np.ndar
 def _count_mmap(prefix, vocab_size):
     from fairseq.data import indexed_dataset
 
-    index = indexed_dataset.MMapIndexedDataset.Index(
-        indexed_dataset.index_file_path(prefix)
-    )
-    total = int(index.sizes.sum(dtype=np.int64))
-    itemsize = np.dtype(index.dtype).itemsize
+    dtype, total = _read_mmap_index(indexed_dataset.index_file_path(prefix))
+    itemsize = np.dtype(dtype).itemsize
     data_path = indexed_dataset.data_file_path(prefix)
     if os.path.getsize(data_path) < total * itemsize:
         raise UnigramError(
@@ -112,12 +110,38 @@ def _count_mmap(prefix, vocab_size):
     counts = np.zeros(vocab_size, dtype=np.int64)
     if total == 0:
         return counts
-    tokens = np.memmap(data_path, dtype=index.dtype, mode="r", shape=(total,))
+    tokens = np.memmap(data_path, dtype=dtype, mode="r", shape=(total,))
     for start in range(0, total, COUNT_CHUNK_TOKENS):
         chunk = np.asarray(tokens[start : start + COUNT_CHUNK_TOKENS])
         counts += _bincount_checked(chunk, vocab_size, prefix)
     del tokens
     return counts
+
+
+def _read_mmap_index(path):
+    """Token dtype and total token count from fairseq's mmap ``.idx`` header.
+
+    Layout (fairseq's ``MMapIndexedDataset.Index``): 9-byte magic, uint64
+    version, uint8 dtype code, uint64 sentence count, then int32 sizes. Read
+    directly because fairseq's reader first streams the whole index through a
+    100 MB buffer, more than the count itself needs.
+    """
+    from fairseq.data import indexed_dataset
+
+    magic = indexed_dataset.MMapIndexedDataset.Index._HDR_MAGIC
+    with open(path, "rb") as stream:
+        header = stream.read(len(magic) + 8 + 1 + 8)
+    if not header.startswith(magic):
+        raise UnigramError(f"{path} is not a fairseq mmap index (--dataset-impl mmap)")
+    (version,) = struct.unpack_from("<Q", header, len(magic))
+    (code,) = struct.unpack_from("<B", header, len(magic) + 8)
+    (sentences,) = struct.unpack_from("<Q", header, len(magic) + 9)
+    if version != 1 or code not in indexed_dataset._code_to_dtype:
+        raise UnigramError(f"{path}: unknown index version {version} / dtype code {code}")
+    sizes = np.memmap(path, dtype=np.int32, mode="r", offset=len(header), shape=(sentences,))
+    total = int(sizes.sum(dtype=np.int64)) if sentences else 0
+    del sizes
+    return indexed_dataset._code_to_dtype[code], total
 
 
 def _count_generic(prefix, vocab_size, impl):
