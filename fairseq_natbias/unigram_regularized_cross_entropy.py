@@ -13,7 +13,10 @@ Here p is the label-smoothed empirical distribution (``--label-smoothing``,
 0.1 by default as in the paper's sec. 4.1) and omega is the target-side unigram
 of the training data, counted and smoothed exactly as ``transformer_natbias``
 counts its bias (``fairseq_natbias.unigram``; ``--unigram-reg-smoothing`` has
-the semantics and default of ``--natbias-smoothing``). Per target token t,
+the semantics and default of ``--natbias-smoothing``). It is counted once, when
+training begins (``task.begin_epoch``), and only if the term can be on, so
+``fairseq-validate`` and runs with N = 0 need no training split. Per target
+token t,
 
     KL(omega || p_theta(.|y_<t)) = -H(omega) - sum_v omega(v) log p_theta(v|y_<t)
 
@@ -130,7 +133,7 @@ class UnigramRegularizedCrossEntropyCriterion(LabelSmoothedCrossEntropyCriterion
         self.clamp = float(unigram_reg_clamp)
         self.train_subset = train_subset
         self.num_updates = 0
-        self._log_omega = None  # counted on first use (never for validation)
+        self._log_omega = None  # counted by prepare()
         self._omega_cache = {}
         self._pending = None
         _follow_training(task, self)
@@ -173,7 +176,9 @@ class UnigramRegularizedCrossEntropyCriterion(LabelSmoothedCrossEntropyCriterion
     def unigram_term(self, lprobs, target, model):
         """Per token: ``lambda * max(sum_v omega(v) log p_theta(v), -B)``, 0 at
         padding, with B = clamp * ln|V|; and how many tokens hit B."""
-        cross = torch.matmul(lprobs, self.omega(lprobs, model))  # -CE(omega, p_theta)
+        omega = self.omega(lprobs, model)
+        with torch.autocast(device_type=lprobs.device.type, enabled=False):
+            cross = torch.matmul(lprobs, omega)  # -CE(omega, p_theta), float32 under --amp
         bound = self.clamp * math.log(lprobs.size(-1))
         keep = target.ne(self.padding_idx)
         clamped = (cross.detach() < -bound) & keep
@@ -199,6 +204,12 @@ class UnigramRegularizedCrossEntropyCriterion(LabelSmoothedCrossEntropyCriterion
 
     def _count(self) -> torch.Tensor:
         cfg = self.task.cfg
+        if not all(hasattr(cfg, key) for key in ("data", "source_lang", "target_lang")):
+            raise unigram.UnigramError(
+                f"criterion {NAME} counts the target side of a translation task's "
+                f"training data; task {type(self.task).__name__} has no source and "
+                "target languages. Use --task translation, or another criterion."
+            )
         vocab = len(self.task.target_dictionary)
         args = (cfg.data, self.train_subset, cfg.source_lang, cfg.target_lang)
         if not unigram.find_target_splits(*args):

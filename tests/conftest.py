@@ -121,3 +121,13 @@ def lsce_run(tmp_path_factory, toy_bin):
     from natbias_testing import train
 
     return train(toy_bin, tmp_path_factory.mktemp("lsce_run"), "--no-save", max_update=2).stdout
+
+
+@pytest.fixture(scope="session")
+def toy_log_unigram(toy_text, toy_bin):
+    """log omega of the toy training targets, counted in the tests (float64)."""
+    from fairseq.data import Dictionary
+
+    from natbias_testing import reference_log_unigram
+
+    return reference_log_unigram(toy_text / "train.tgt", Dictionary.load(str(toy_bin / "dict.tgt.txt")))

@@ -79,7 +79,7 @@ def build_in_process(data, save_dir, *extra, arch="transformer_natbias", model=T
     """Parse a fairseq-train command line here and build its task, model and
     criterion the way fairseq-train does. ``save_dir`` must hold no checkpoint
     (the model would otherwise skip counting, as for a resumed run)."""
-    from fairseq import options, tasks
+    from fairseq import options, tasks, utils
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
     parser = options.get_training_parser()
@@ -88,6 +88,7 @@ def build_in_process(data, save_dir, *extra, arch="transformer_natbias", model=T
         *model, *TINY_TRAINING, "--save-dir", str(save_dir), *map(str, extra),
     ])
     cfg = convert_namespace_to_omegaconf(args)
+    utils.set_torch_seed(cfg.common.seed)  # as fairseq-train: same init every call
     task = tasks.setup_task(cfg.task)
     built = task.build_model(cfg.model)
     return task, built, task.build_criterion(cfg.criterion)
@@ -118,3 +119,91 @@ def reference_log_unigram(text_path, dictionary, alpha=1.0):
         [math.log((counts[i] + alpha) / total) for i in range(len(dictionary))],
         dtype=torch.float64,
     )
+
+
+# --- recipes (recipes/*/run.sh) ---------------------------------------------------
+
+RECIPES = REPO / "recipes"
+
+# Multi30k as a recipe's local raw text (RAW_DIR): its splits are named
+# train / val / test_2016_flickr, with test_2017_flickr as a second test set.
+MULTI30K_RAW = {
+    "RAW_DIR": str(MULTI30K), "RAW_TRAIN": "train", "RAW_VALID": "val",
+    "RAW_TEST": "test_2016_flickr",
+}
+
+
+def multi30k_has(*langs):
+    return all((MULTI30K / f"train.{lang}.gz").exists() for lang in langs)
+
+
+def recipe_settings(script=None):
+    """Names of the settings a recipe lists at its top (NAME=${NAME-default})."""
+    text = Path(script or RECIPES / "template" / "run.sh").read_text(encoding="utf-8")
+    return re.findall(r"^([A-Z][A-Z0-9_]*)=\$\{\1-", text, flags=re.M)
+
+
+def recipe_env(env=None):
+    """Smoke mode on CPU, the repository's fairseq on PATH, and none of the
+    recipe settings of the caller's shell: only ``env``'s."""
+    full_env = {k: v for k, v in os.environ.items() if k not in recipe_settings()}
+    full_env.update(
+        PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+        PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1", SMOKE="1", NGPUS="0",
+    )
+    full_env.update({k: str(v) for k, v in (env or {}).items()})
+    return full_env
+
+
+def _checked(script, result, check):
+    if check and result.returncode != 0:
+        raise AssertionError(
+            f"{script} failed ({result.returncode}):\n{result.stdout[-3000:]}\n"
+            f"{result.stderr[-6000:]}"
+        )
+    return result
+
+
+def run_recipe(script, env=None, check=True, cwd=None):
+    """Run a recipe's entry script (bash, see recipe_env); returns the
+    CompletedProcess."""
+    result = subprocess.run(
+        ["bash", str(script)], cwd=cwd or REPO, env=recipe_env(env),
+        capture_output=True, text=True, timeout=900,
+    )
+    return _checked(script, result, check)
+
+
+def start_recipe(script, env, cwd, output_dir):
+    """Start a recipe in the background (see recipe_env), its stdout and
+    stderr going to files in output_dir; wait_recipe collects it."""
+    out = open(Path(output_dir) / "recipe.stdout", "w")
+    err = open(Path(output_dir) / "recipe.stderr", "w")
+    with out, err:
+        proc = subprocess.Popen(["bash", str(script)], cwd=cwd, env=recipe_env(env),
+                                stdout=out, stderr=err, text=True)
+    proc.script, proc.output_dir = script, Path(output_dir)
+    return proc
+
+
+def wait_recipe(proc, check=True, timeout=900):
+    try:
+        returncode = proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
+    result = subprocess.CompletedProcess(
+        proc.args, returncode,
+        stdout=(proc.output_dir / "recipe.stdout").read_text(),
+        stderr=(proc.output_dir / "recipe.stderr").read_text(),
+    )
+    return _checked(proc.script, result, check)
+
+
+def epoch_batches(log_text):
+    """Batches per epoch (per rank) from fairseq's simple progress lines
+    ("epoch 001:     10 / 51 loss=...")."""
+    sizes = {int(m) for m in re.findall(r"epoch \d+:\s+\d+ / (\d+)", log_text)}
+    if len(sizes) != 1:
+        raise AssertionError(f"expected one epoch size in the log, found {sizes}")
+    return sizes.pop()

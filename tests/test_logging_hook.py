@@ -12,7 +12,6 @@ import subprocess
 
 import pytest
 import torch
-from fairseq.data import Dictionary
 from fairseq.logging import metrics
 
 from fairseq_natbias.logging_hook import kl_from_log_probs
@@ -24,18 +23,11 @@ from natbias_testing import (
     build_in_process,
     first_sentences,
     log_records,
-    reference_log_unigram,
     train,
 )
 
 LN2 = math.log(2.0)
 HOOK_KEYS = ("kl_unigram", "kl_uniform", "weight_norm", "bias_norm", "bias_kl")
-
-
-@pytest.fixture(scope="session")
-def toy_log_unigram(toy_text, toy_bin):
-    """log omega of the toy training targets, counted here (float64)."""
-    return reference_log_unigram(toy_text / "train.tgt", Dictionary.load(str(toy_bin / "dict.tgt.txt")))
 
 
 class _Backward:
@@ -68,8 +60,10 @@ def logged(task, criterion, logging_outputs):
 
 @pytest.mark.parametrize("step", ["valid", "train"])
 def test_kl_sums_equal_hand_computation(tmp_path, toy_bin, toy_log_unigram, step):
+    """Zero bias and fairseq's own W: the model is far from both references."""
     task, model, criterion = build_in_process(
-        toy_bin, tmp_path, "--natbias-init", "zero", "--dropout", "0")
+        toy_bin, tmp_path, "--natbias-init", "zero", "--natbias-weight-init", "fairseq",
+        "--dropout", "0")
     sample = first_sentences(task)
     if step == "valid":
         _, _, out = task.valid_step(sample, model, criterion)
@@ -78,12 +72,14 @@ def test_kl_sums_equal_hand_computation(tmp_path, toy_bin, toy_log_unigram, step
     kl_unigram, kl_uniform, tokens = hand_divergences(
         model, sample, toy_log_unigram, task.target_dictionary.pad())
     assert out["natbias_tokens"] == tokens == sample["ntokens"]
-    assert out["natbias_kl_unigram"] == pytest.approx(kl_unigram, rel=1e-5)
-    assert out["natbias_kl_uniform"] == pytest.approx(kl_uniform, rel=1e-5)
+    # The hook works in float32: per token, terms of size ln|V| cancel.
+    float32 = 1e-5 * tokens
+    assert out["natbias_kl_unigram"] == pytest.approx(kl_unigram, rel=1e-5, abs=float32)
+    assert out["natbias_kl_uniform"] == pytest.approx(kl_uniform, rel=1e-5, abs=float32)
     values = logged(task, criterion, [out])  # bits, rounded to 3 decimals
     assert values["kl_unigram"] == pytest.approx(kl_unigram / tokens / LN2, abs=5.1e-4)
     assert values["kl_uniform"] == pytest.approx(kl_uniform / tokens / LN2, abs=5.1e-4)
-    assert values["kl_unigram"] > 0.5
+    assert values["kl_unigram"] > 0.5 and values["kl_uniform"] > 0.5
 
 
 def test_kl_sums_weight_every_token_once_across_micro_batches(tmp_path, toy_bin, toy_log_unigram):
@@ -193,25 +189,29 @@ def test_stock_label_smoothed_cross_entropy_gets_all_keys(lsce_run):
             assert set(HOOK_KEYS) <= set(record), tag
 
 
-@pytest.fixture(scope="session")
-def no_bias_and_no_logging_runs(tmp_path_factory, toy_bin):
-    root = tmp_path_factory.mktemp("hook_switches")
-    none = train(toy_bin, root / "none", "--no-save", "--natbias-init", "none", max_update=2)
-    off = train(toy_bin, root / "off", "--no-save", "--no-natbias-logging", max_update=2)
-    return none.stdout, off.stdout
+@pytest.mark.parametrize("step", ["valid", "train"])
+def test_none_bias_logs_kl_but_no_bias_statistics(tmp_path, toy_bin, step):
+    task, model, criterion = build_in_process(toy_bin, tmp_path, "--natbias-init", "none")
+    assert model.decoder.output_projection.bias is None
+    values = logged(task, criterion, [_one_step(task, model, criterion, step)])
+    assert {"kl_unigram", "kl_uniform", "weight_norm"} <= set(values)
+    assert "bias_kl" not in values and "bias_norm" not in values
 
 
-def test_none_bias_logs_kl_but_no_bias_statistics(no_bias_and_no_logging_runs):
-    for tag in ("train_inner", "valid"):
-        for record in lines(no_bias_and_no_logging_runs[0], tag):
-            assert {"kl_unigram", "kl_uniform", "weight_norm"} <= set(record)
-            assert "bias_kl" not in record and "bias_norm" not in record
+@pytest.mark.parametrize("step", ["valid", "train"])
+def test_no_natbias_logging_switches_the_hook_off(tmp_path, toy_bin, step):
+    task, model, criterion = build_in_process(toy_bin, tmp_path, "--no-natbias-logging")
+    out = _one_step(task, model, criterion, step)
+    values = logged(task, criterion, [out])
+    assert "loss" in values and not set(HOOK_KEYS) & set(values)
+    assert not any(key.startswith("natbias_") for key in out)
 
 
-def test_no_natbias_logging_switches_the_hook_off(no_bias_and_no_logging_runs):
-    records = lines(no_bias_and_no_logging_runs[1]) + lines(no_bias_and_no_logging_runs[1], "valid")
-    assert records and all("loss" in r for r in records)
-    assert not any(key in record for record in records for key in HOOK_KEYS)
+def _one_step(task, model, criterion, step):
+    sample = first_sentences(task, n=4)
+    if step == "valid":
+        return task.valid_step(sample, model, criterion)[2]
+    return task.train_step(sample, model, criterion, _Backward(), update_num=0)[2]
 
 
 # --- same numbers however an update is split: --update-freq and 2 workers -------
@@ -311,6 +311,13 @@ def test_two_workers_log_what_one_process_logs(same_updates_runs):
     assert [r["bsz"] for r in lines(rank0)] == [20.0] * 4
     assert_same_lines(rank0, same_updates_runs["update_freq_2"], "train_inner")
     assert_same_lines(rank0, same_updates_runs["update_freq_2"], "valid", skip={"wpb", "bsz"})
+
+
+def test_hook_logs_next_to_unigram_regularized_cross_entropy(same_updates_runs):
+    for tag in ("train_inner", "train", "valid"):
+        records = lines(same_updates_runs["whole"], tag)
+        assert records and all(set(HOOK_KEYS) <= set(r) for r in records), tag
+    assert all("unigram_reg" in r for r in lines(same_updates_runs["whole"]))
 
 
 def test_fresh_zero_bias_logs_kl_of_uniform_to_unigram(same_updates_runs, toy_log_unigram):

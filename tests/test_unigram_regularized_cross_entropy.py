@@ -7,19 +7,23 @@ no dropout); the switch, resuming and the log go through fairseq-train.
 
 import logging
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
 from fairseq.criterions.label_smoothed_cross_entropy import (
     LabelSmoothedCrossEntropyCriterion,
 )
+from fairseq.data import Dictionary
 from fairseq.logging import metrics
 
+from fairseq_natbias.unigram_regularized_cross_entropy import (
+    UnigramRegularizedCrossEntropyCriterion,
+)
 from natbias_testing import (
     build_in_process,
     first_sentences,
     log_records,
-    reference_log_unigram,
     train,
 )
 
@@ -45,14 +49,6 @@ def unigram_cross_entropy_term(model, sample, log_omega, pad):
     logits = model(**sample["net_input"])[0].double()
     per_token = torch.log_softmax(logits, -1) @ log_omega.exp()
     return (per_token * sample["target"].ne(pad)).sum()
-
-
-@pytest.fixture(scope="session")
-def toy_log_unigram(toy_text, toy_bin):
-    """omega of the toy training targets, counted in the test (float64)."""
-    from fairseq.data import Dictionary
-
-    return reference_log_unigram(toy_text / "train.tgt", Dictionary.load(str(toy_bin / "dict.tgt.txt")))
 
 
 # --- the objective, in-process ------------------------------------------------
@@ -220,17 +216,40 @@ def test_missing_target_split_names_path_and_fix(tmp_path, toy_bin, fresh_copy):
     assert "fairseq-preprocess --trainpref" in text and "--unigram-reg-updates 0" in text
 
 
-def test_off_never_needs_the_training_data(tmp_path, toy_bin, fresh_copy):
-    """N = 0 (or a checkpoint only validated): nothing is counted."""
+@pytest.mark.parametrize("updates, training", [(0, True), (5, False)],
+                         ids=["N0-training", "validation-only"])
+def test_no_training_data_needed_when_the_term_cannot_be_on(tmp_path, toy_bin, fresh_copy,
+                                                           updates, training):
+    """N = 0 never counts; nor does validation (fairseq-validate: no begin_epoch,
+    the model in eval mode)."""
     data = fresh_copy(toy_bin)
     task, model, criterion = build_in_process(
-        data, tmp_path / "ckpt", *REG, "--unigram-reg-weight", "0.1", "--unigram-reg-updates", "0",
+        data, tmp_path / "ckpt", *REG, "--unigram-reg-weight", "0.1", "--unigram-reg-updates", updates,
     )
     for path in data.glob("train.src-tgt.tgt.*"):
         path.unlink()
-    task.begin_epoch(1, model)
-    model.train()
-    criterion(model, first_sentences(task, "valid"))
+    if training:
+        task.begin_epoch(1, model)
+    model.train(training)
+    loss, _, _ = criterion(model, first_sentences(task, "valid"))
+    assert torch.isfinite(loss) and criterion._log_omega is None
+
+
+def test_a_task_without_languages_is_refused(toy_bin):
+    class LanguageModelingLikeTask:
+        cfg = SimpleNamespace(data=str(toy_bin))  # no source_lang / target_lang
+        target_dictionary = Dictionary()
+
+        def train_step(self, *args, **kwargs):
+            pass
+
+        def begin_epoch(self, epoch, model):
+            pass
+
+    task = LanguageModelingLikeTask()
+    UnigramRegularizedCrossEntropyCriterion(task, False, 0.1, 0.1, 5)
+    with pytest.raises(ValueError, match="Use --task translation"):
+        task.begin_epoch(1, None)
 
 
 # --- end to end: fairseq-train, the switch at N and resuming across it ---------
@@ -277,9 +296,19 @@ def test_validation_reports_the_standard_objective(resumed_across_switch):
     assert valid and all("unigram_reg" not in record for record in valid)
 
 
-def test_works_with_the_stock_transformer(tmp_path, toy_bin):
+def test_stock_transformer_and_the_bound_in_the_log(tmp_path, toy_bin):
+    """Any translation model; with a bound below every token's unigram
+    cross-entropy, the warning is in the log from update 1 and each token
+    contributes exactly -lambda * B (B = clamp * ln|V| nats)."""
+    clamp = 0.01
     out = train(toy_bin, tmp_path, "--no-save", *REG, "--unigram-reg-weight", WEIGHT,
-                "--unigram-reg-updates", 1, arch="transformer", max_update=2).stdout
+                "--unigram-reg-updates", 1, "--unigram-reg-clamp", clamp,
+                arch="transformer", max_update=2).stdout
     lines = by_update(out)
-    assert lines[1]["unigram_reg"] < 0 and lines[2]["unigram_reg"] == 0.0
+    vocab = len(Dictionary.load(str(toy_bin / "dict.tgt.txt")))
+    assert lines[1]["unigram_reg"] == pytest.approx(-WEIGHT * clamp * math.log2(vocab), abs=5.1e-4)
+    assert lines[1]["unigram_clamped"] == 1.0
+    assert lines[2]["unigram_reg"] == 0.0 and lines[2]["unigram_clamped"] == 0.0
+    warning = out.index("reached the bound --unigram-reg-clamp")
+    assert warning < out.index("num_updates=1,")  # logged before update 1's line
     assert "kl_unigram" not in lines[1]  # the natbias hook belongs to transformer_natbias
