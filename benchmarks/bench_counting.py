@@ -13,11 +13,16 @@ heap (tracemalloc; numpy registers its buffers there) during the count.
 import argparse
 import os
 import sys
+from pathlib import Path
 import tempfile
 import time
 import tracemalloc
 
 import numpy as np
+
+# Use this checkout's fairseq_natbias (also the one --user-dir fairseq_natbias names).
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
 
 
 def write_synthetic_split(prefix, tokens, vocab, seed=0):

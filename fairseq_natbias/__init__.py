@@ -4,7 +4,16 @@
     fairseq-train DATA --user-dir fairseq_natbias --arch transformer_natbias ...
 """
 
+import os
+
 __version__ = "0.1.0"
+
+
+def plugin_dir() -> str:
+    """This package's directory: the ``--user-dir`` to give fairseq from a
+    process that has already imported ``fairseq_natbias`` (fairseq refuses a
+    second copy of a user module under the same name)."""
+    return os.path.dirname(os.path.abspath(__file__))
 
 try:
     import fairseq  # noqa: F401

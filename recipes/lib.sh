@@ -9,7 +9,7 @@
 #   download/                  what fetch_* downloaded
 #   corpus/<l1>-<l2>/raw/      staged text {train,valid,test,ood}.<lang>
 #   corpus/<l1>-<l2>/spm/      SentencePiece model and encoded text
-#   <src>-<tgt>/data-bin/      fairseq-preprocess output (data-bin-ood: OOD test)
+#   <src>-<tgt>/data-bin/      fairseq-preprocess output (split test1: OOD test)
 #   <src>-<tgt>/runs/<init>/seed<k>/   checkpoints, train.log, test.hyp,
 #                              test.bleu.json, test.chrf.json (ood.* likewise)
 #   <src>-<tgt>/results.md     BLEU/chrF over inits, mean ± standard error
@@ -72,19 +72,20 @@ smoke_settings() {
     smoke_default NGPUS 0
     smoke_default SEEDS "1 2"
     smoke_default TRAIN_LINES 3000
-    smoke_default EVAL_LINES 100
+    smoke_default EVAL_LINES 50
     smoke_default SPM_VOCAB 1000
     smoke_default SPM_MODEL ""
     smoke_default MODEL_ARGS "--encoder-layers 2 --decoder-layers 2 --encoder-embed-dim 64 --decoder-embed-dim 64 --encoder-ffn-embed-dim 128 --decoder-ffn-embed-dim 128 --encoder-attention-heads 2 --decoder-attention-heads 2"
-    smoke_default MAX_TOKENS 2000
-    smoke_default TOKENS_PER_UPDATE 2000
+    smoke_default MAX_TOKENS 1000
+    smoke_default TOKENS_PER_UPDATE 1000
     smoke_default LR 1e-3
     smoke_default WARMUP 10
     smoke_default MAX_UPDATE 30
     smoke_default MAX_EPOCH 0
     smoke_default SAVE_INTERVAL_UPDATES 0
     smoke_default LOG_INTERVAL 5
-    # Untrained models decode to the length limit: fairseq's IWSLT example's.
+    # Barely trained models decode up to the length limit: use the tighter
+    # one of fairseq's IWSLT example (1.2 x source length + 10).
     smoke_default MAX_LEN_A 1.2
     smoke_default MAX_LEN_B 10
 }
@@ -250,6 +251,9 @@ fetch_afromt() {
         gdown "https://drive.google.com/uc?id=$AFROMT_DATA_ID" -O "$dest/afromt.tar.xz"
     fi
     tar -xJf "$dest/afromt.tar.xz" -C "$dest"
+    # The archive holds afromt/en-<xx>/: make the pair folders visible in dest.
+    local pair
+    for pair in "$dest"/afromt/en-*; do [[ -d $pair ]] && ln -sfn "$pair" "$dest/"; done
     download "$AFROMT_REPO_RAW/spm_model.model" "$dest/spm_model.model"
     mark_done "$dest" afromt
 }
@@ -299,22 +303,25 @@ ood_prefix() {
 }
 
 stage_raw() {
-    local raw=$1 l1=$2 l2=$3 source stamp
+    local raw=$1 l1=$2 l2=$3 from stamp train valid test ood=""
     stamp="raw=${RAW_DIR:-$DATASET} $RAW_TRAIN/$RAW_VALID/$RAW_TEST ood=$OOD_TEST lines=$TRAIN_LINES/$EVAL_LINES clean=$CLEAN_MAX_WORDS/$CLEAN_RATIO"
     is_done "$raw" "$stamp" && { say "skip: $raw (done)"; return 0; }
-    source=$(raw_source)
-    say "staging $l1-$l2 text from $source into $raw"
+    from=$(raw_source)
+    train=$(find_prefix "$from" "$RAW_TRAIN" "$l1" "$l2")
+    valid=$(find_prefix "$from" "$RAW_VALID" "$l1" "$l2")
+    test=$(find_prefix "$from" "$RAW_TEST" "$l1" "$l2")
+    [[ -z $OOD_TEST ]] || ood=$(ood_prefix)
+    say "staging $l1-$l2 text from $from into $raw"
     mkdir -p "$raw"
     local clean=(--clean --max-words "$CLEAN_MAX_WORDS" --ratio "$CLEAN_RATIO")
-    tools stage --langs "$l1" "$l2" --input "$(find_prefix "$source" "$RAW_TRAIN" "$l1" "$l2")" \
-        --output "$raw/train" --max-lines "$TRAIN_LINES" "${clean[@]}"
-    tools stage --langs "$l1" "$l2" --input "$(find_prefix "$source" "$RAW_VALID" "$l1" "$l2")" \
-        --output "$raw/valid" --max-lines "$EVAL_LINES" "${clean[@]}"
-    # Test sets stay whole and in order: they are scored against these lines.
-    tools stage --langs "$l1" "$l2" --input "$(find_prefix "$source" "$RAW_TEST" "$l1" "$l2")" \
-        --output "$raw/test" --max-lines "$EVAL_LINES"
-    if [[ -n $OOD_TEST ]]; then
-        tools stage --langs "$l1" "$l2" --input "$(ood_prefix)" --output "$raw/ood" --max-lines "$EVAL_LINES"
+    tools stage --langs "$l1" "$l2" --input "$train" --output "$raw/train" \
+        --max-lines "$TRAIN_LINES" "${clean[@]}"
+    tools stage --langs "$l1" "$l2" --input "$valid" --output "$raw/valid" \
+        --max-lines "$EVAL_LINES" "${clean[@]}"
+    # Test sets are not cleaned: every line is scored.
+    tools stage --langs "$l1" "$l2" --input "$test" --output "$raw/test" --max-lines "$EVAL_LINES"
+    if [[ -n $ood ]]; then
+        tools stage --langs "$l1" "$l2" --input "$ood" --output "$raw/ood" --max-lines "$EVAL_LINES"
     fi
     mark_done "$raw" "$stamp"
 }
@@ -333,9 +340,7 @@ make_spm() {
             cp "$WORK_DIR/download/afromt/spm_model.model" "$spm/spm.model" ;;
         *) cp "$SPM_MODEL" "$spm/spm.model" ;;
     esac
-    for f in "$raw"/*."$l1" "$raw"/*."$l2"; do
-        tools spm-encode --model "$spm/spm.model" --input "$f" --output "$spm/$(basename "$f")"
-    done
+    tools spm-encode --model "$spm/spm.model" --input "$raw"/*."$l1" "$raw"/*."$l2" --output-dir "$spm"
     mark_done "$spm" "$stamp"
 }
 
@@ -357,7 +362,7 @@ binarize() {
 
 # App. A.7: target-side counts from EXTERNAL_TEXT for --natbias-init file.
 external_counts() {
-    local spm=$1 out=$DIR/external.counts text
+    local spm=$1 out=$DIR/external.counts text tok=$DIR/external
     [[ -n $EXTERNAL_TEXT ]] || return 0
     [[ -s $out ]] && { say "skip: $out (done)"; return 0; }
     case $EXTERNAL_TEXT in
@@ -370,22 +375,30 @@ external_counts() {
     esac
     [[ -f $text ]] || { say "no external text $text; no file init for $SRC-$TGT"; return 0; }
     say "counting $TGT pieces of $text (App. A.7)"
-    tools spm-encode --model "$spm/spm.model" --input "$text" --output "$DIR/external.tok"
+    mkdir -p "$tok"
+    tools spm-encode --model "$spm/spm.model" --input "$text" --output-dir "$tok"
     PYTHONPATH=$NATBIAS_REPO${PYTHONPATH:+:$PYTHONPATH} python -m fairseq_natbias.cli.count \
-        --dict "$DIR/data-bin/dict.$TGT.txt" --text "$DIR/external.tok" --output "$out.tmp"
+        --dict "$DIR/data-bin/dict.$TGT.txt" --text "$tok/$(basename "${text%.gz}")" --output "$out.tmp"
     mv "$out.tmp" "$out"
-    rm -f "$DIR/external.tok"
+    rm -rf "$tok"
 }
 
 prepare_direction() {
     local corpus raw spm
     corpus=$WORK_DIR/corpus/$(corpus_of "$SRC" "$TGT")
     raw=$corpus/raw spm=$corpus/spm
-    if ((NODE_RANK > 0)); then wait_for "$DIR/data-bin/.done"; return; fi
+    if ((NODE_RANK > 0)); then wait_for "$DIR/.prepared"; return; fi
+    # Tasks of a job array may start together: one prepares, the others wait
+    # for it and then find everything done.
+    local lock
+    exec {lock}>"$WORK_DIR/.prepare.lock"
+    if command -v flock >/dev/null; then flock "$lock"; fi
     stage_raw "$raw" "$SRC" "$TGT"
     make_spm "$raw" "$spm" "$SRC" "$TGT"
     binarize "$spm" "$DIR/data-bin"
     external_counts "$spm"
+    touch "$DIR/.prepared"
+    exec {lock}>&-
 }
 
 # --- the grid ----------------------------------------------------------------------------
@@ -435,6 +448,9 @@ train_args() {
         --best-checkpoint-metric bleu --maximize-best-checkpoint-metric --patience "$PATIENCE"
         --save-interval-updates "$SAVE_INTERVAL_UPDATES" --keep-interval-updates 1
         --no-epoch-checkpoints --skip-invalid-size-inputs-valid-test
+        # fairseq drops a last batch not a multiple of 8 (issue #5036): keep
+        # every validation sentence.
+        --required-batch-size-multiple 1
         --log-format simple --log-interval "$LOG_INTERVAL")
     if [[ $name == *-unireg ]]; then
         ARGS+=(--criterion unigram_regularized_cross_entropy
@@ -484,17 +500,14 @@ evaluate_set() {
     fairseq-generate "$DIR/data-bin" --user-dir "$NATBIAS_REPO/fairseq_natbias" \
         --source-lang "$SRC" --target-lang "$TGT" --gen-subset "$subset" \
         --path "$run/checkpoint_best.pt" --beam "$BEAM" --lenpen "$LENPEN" \
-        --max-len-a "$MAX_LEN_A" --max-len-b "$MAX_LEN_B" \
+        --max-len-a "$MAX_LEN_A" --max-len-b "$MAX_LEN_B" --required-batch-size-multiple 1 \
         --remove-bpe sentencepiece --max-tokens "$MAX_TOKENS" ${device[@]+"${device[@]}"} \
         >"$run/$set.gen" 2>"$run/$set.gen.log" || { tail "$run/$set.gen.log" >&2; die "generation failed: $run"; }
-    tools hyps --generate-output "$run/$set.gen" --output "$run/$set.hyp" --expect "$(wc -l <"$ref")"
-    python -m sacrebleu "$ref" -i "$run/$set.hyp" -m bleu -w 2 -f json >"$run/$set.bleu.json"
-    python -m sacrebleu "$ref" -i "$run/$set.hyp" -m chrf -w 2 -f json >"$run/$set.chrf.json.tmp"
-    mv "$run/$set.chrf.json.tmp" "$run/$set.chrf.json"
-    say "$run/$set: BLEU $(score_of "$run/$set.bleu.json"), chrF $(score_of "$run/$set.chrf.json")"
+    # Writes $set.hyp, $set.bleu.json and, last, $set.chrf.json (the marker).
+    local scores
+    scores=$(tools score --generate-output "$run/$set.gen" --reference "$ref" --prefix "$run/$set")
+    say "$run/$set: $scores"
 }
-
-score_of() { python -c 'import json,sys; print(json.load(open(sys.argv[1]))["score"])' "$1"; }
 
 evaluate_run() {
     local run=$RUNS/$1/seed$2 raw
@@ -525,11 +538,6 @@ run_recipe() {
     [[ -n $NGPUS ]] || NGPUS=$(detect_gpus)
     ((NGPUS > 0 || NNODES == 1)) || die "multi-node training needs GPUs (NGPUS > 0)"
     export PYTHONWARNINGS=${PYTHONWARNINGS:-ignore}
-    # torch >= 2.6 loads checkpoints weights-only; fairseq_natbias allow-lists
-    # the argparse.Namespace of fairseq's config, but --eval-bleu also stores
-    # numpy arrays (the BLEU n-gram counts in the metrics state), which it does
-    # not. These are our own checkpoints: load them as fairseq always did.
-    export TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1
     mkdir -p "$WORK_DIR"
     WORK_DIR=$(cd "$WORK_DIR" && pwd)
     say "$RECIPE_NAME: pairs '$PAIRS', steps '$STEPS', work dir $WORK_DIR"
@@ -540,7 +548,7 @@ run_recipe() {
         mkdir -p "$DIR"
         if has_step prepare; then prepare_direction; fi
         if has_step train; then
-            [[ -f $DIR/data-bin/.done ]] || die "no data for $SRC-$TGT yet: run STEPS=prepare first"
+            [[ -f $DIR/.prepared ]] || die "no data for $SRC-$TGT yet: run STEPS=prepare first"
             while read -r name seed; do train_run "$name" "$seed"; done < <(grid_runs)
         fi
         ((NODE_RANK == 0)) || continue

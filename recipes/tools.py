@@ -4,7 +4,8 @@
                  dropping empty / over-long / badly length-mismatched pairs
     spm-train    joint SentencePiece model on some text files
     spm-encode   text -> space-separated pieces, as fairseq-preprocess reads them
-    hyps         hypotheses (H- lines) of fairseq-generate output, in input order
+    score        hypotheses (H- lines) of fairseq-generate output in input order,
+                 scored by sacreBLEU's command line (BLEU and chrF, its JSON)
     table        Markdown table of BLEU/chrF over inits (mean and standard error)
     jsonl-text   the "text" field of JSON-lines files (.gz allowed), e.g. C4 shards
     free-port    an unused TCP port on this machine
@@ -16,8 +17,10 @@ import argparse
 import gzip
 import json
 import math
+import os
 import re
 import socket
+import subprocess
 import sys
 from pathlib import Path
 
@@ -93,28 +96,48 @@ def cmd_spm_encode(args):
     import sentencepiece as spm
 
     model = spm.SentencePieceProcessor(model_file=args.model)
-    with _open(args.input) as fin, open(args.output, "w", encoding="utf-8") as fout:
-        for line in fin:
-            fout.write(" ".join(model.encode(line.strip(), out_type=str)) + "\n")
+    for path in args.input:
+        out = Path(args.output_dir) / Path(path).name.removesuffix(".gz")
+        with _open(path) as fin, open(out, "w", encoding="utf-8") as fout:
+            for line in fin:
+                fout.write(" ".join(model.encode(line.strip(), out_type=str)) + "\n")
 
 
 # --- evaluation --------------------------------------------------------------------
 
 
-def cmd_hyps(args):
+def _hypotheses(generate_output, expect):
     """fairseq-generate prints H-<id> lines in batch order; sort them by id."""
     hyps = {}
-    with open(args.generate_output, encoding="utf-8") as f:
+    with open(generate_output, encoding="utf-8") as f:
         for line in f:
             if line.startswith("H-"):
                 head, _score, *text = line.rstrip("\n").split("\t")
                 hyps[int(head[2:])] = text[0] if text else ""
-    if args.expect is not None and sorted(hyps) != list(range(args.expect)):
-        sys.exit(f"tools.py hyps: {len(hyps)} hypotheses in {args.generate_output}, "
-                 f"expected ids 0..{args.expect - 1}")
-    with open(args.output, "w", encoding="utf-8") as f:
-        for key in sorted(hyps):
-            f.write(hyps[key] + "\n")
+    if sorted(hyps) != list(range(expect)):
+        sys.exit(f"tools.py score: {len(hyps)} hypotheses in {generate_output}, "
+                 f"expected ids 0..{expect - 1}")
+    return [hyps[i] for i in range(expect)]
+
+
+def cmd_score(args):
+    """<prefix>.hyp, and sacreBLEU's own JSON per metric: <prefix>.bleu.json,
+    <prefix>.chrf.json (one sacrebleu run for both)."""
+    with _open(args.reference) as f:
+        expect = sum(1 for _ in f)
+    hyp = f"{args.prefix}.hyp"
+    with open(hyp, "w", encoding="utf-8") as f:
+        f.writelines(h + "\n" for h in _hypotheses(args.generate_output, expect))
+    out = subprocess.run(
+        [sys.executable, "-m", "sacrebleu", args.reference, "-i", hyp,
+         "-m", "bleu", "chrf", "-w", "2", "-f", "json"],
+        check=True, capture_output=True, text=True,
+    ).stdout
+    scores = dict(zip(("bleu", "chrf"), json.loads(out)))
+    for metric, result in scores.items():
+        Path(f"{args.prefix}.{metric}.json").write_text(
+            json.dumps(result, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    print(f"BLEU {scores['bleu']['score']}, chrF {scores['chrf']['score']}")
 
 
 def _mean_se(values):
@@ -173,7 +196,10 @@ def cmd_table(args):
         if metric in signatures:
             lines.append(f"{label} signature: `{signatures[metric]}`  ")
     text = "\n".join(lines).rstrip() + "\n"
-    Path(args.output).write_text(text, encoding="utf-8")
+    # Job-array tasks may write it at the same time: replace it whole.
+    tmp = Path(f"{args.output}.{os.getpid()}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, args.output)
     print(text, end="")
 
 
@@ -221,15 +247,15 @@ def main(argv=None):
 
     p = sub.add_parser("spm-encode")
     p.add_argument("--model", required=True)
-    p.add_argument("--input", required=True)
-    p.add_argument("--output", required=True)
+    p.add_argument("--input", nargs="+", required=True)
+    p.add_argument("--output-dir", required=True, help="encoded files keep their names (less .gz)")
     p.set_defaults(func=cmd_spm_encode)
 
-    p = sub.add_parser("hyps")
+    p = sub.add_parser("score")
     p.add_argument("--generate-output", required=True)
-    p.add_argument("--output", required=True)
-    p.add_argument("--expect", type=int, help="number of test sentences (checked)")
-    p.set_defaults(func=cmd_hyps)
+    p.add_argument("--reference", required=True, help="raw target text, one line per source")
+    p.add_argument("--prefix", required=True, help="writes PREFIX.hyp, .bleu.json, .chrf.json")
+    p.set_defaults(func=cmd_score)
 
     p = sub.add_parser("table")
     p.add_argument("--runs", required=True)

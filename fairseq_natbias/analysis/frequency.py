@@ -47,9 +47,8 @@ logger = logging.getLogger(__name__)
 DEFAULT_BINS = 20
 WEIGHTS_ONLY_HINT = (
     "torch's weights-only loading refused the checkpoint: it holds objects beyond "
-    "the argparse.Namespace that fairseq_natbias allow-lists (fairseq-train "
-    "--eval-bleu stores numpy arrays). For a checkpoint you trust, set "
-    "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1"
+    "those fairseq_natbias allow-lists for fairseq checkpoints (checkpoint_loading.py). "
+    "For a checkpoint you trust, set TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1"
 )
 NO_BIAS_NOTE = "no output bias: same as the full model"
 

@@ -45,6 +45,7 @@ import time
 from dataclasses import dataclass
 from typing import List, Optional, Sequence
 
+from fairseq_natbias import plugin_dir
 from fairseq_natbias.analysis import AnalysisError, distinct, plots
 from fairseq_natbias.analysis.frequency import WEIGHTS_ONLY_HINT
 from fairseq_natbias.analysis.generate_output import read_generate_output
@@ -90,12 +91,6 @@ def generate_executable() -> List[str]:
         return [beside]
     found = shutil.which("fairseq-generate")
     return [found] if found else [sys.executable, "-m", "fairseq_cli.generate"]
-
-
-def plugin_dir() -> str:
-    import fairseq_natbias
-
-    return os.path.dirname(os.path.abspath(fairseq_natbias.__file__))
 
 
 def generate_command(data: str, checkpoint: str, setting: Setting,

@@ -16,6 +16,7 @@ validation split, in bits per target token:
 
 import json
 import math
+import os
 import sys
 
 import torch
@@ -28,14 +29,31 @@ def build_from_training_args(argv):
     from fairseq import options, tasks, utils
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
-    parser = options.get_training_parser()
-    args = options.parse_args_and_arch(parser, input_args=argv)
+    argv = _this_plugin_as_user_dir(argv)
+    saved_argv, sys.argv = sys.argv, [sys.argv[0], *argv]  # fairseq reads --user-dir there too
+    try:
+        parser = options.get_training_parser()
+        args = options.parse_args_and_arch(parser, input_args=argv)
+    finally:
+        sys.argv = saved_argv
     cfg = convert_namespace_to_omegaconf(args)
     utils.import_user_module(cfg.common)
     utils.set_torch_seed(cfg.common.seed)
     task = tasks.setup_task(cfg.task)
     model = task.build_model(cfg.model)
     return cfg, task, model
+
+
+def _this_plugin_as_user_dir(argv):
+    """``--user-dir .../fairseq_natbias`` names this package, already imported
+    here: point it at this very copy, which fairseq accepts."""
+    from fairseq_natbias import plugin_dir
+
+    argv = list(argv)
+    for i, arg in enumerate(argv[:-1]):
+        if arg == "--user-dir" and os.path.basename(os.path.normpath(argv[i + 1])) == "fairseq_natbias":
+            argv[i + 1] = plugin_dir()
+    return argv
 
 
 def validation_divergence(task, model, split="valid", max_tokens=4000):

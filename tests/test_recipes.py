@@ -1,0 +1,364 @@
+"""The recipes (recipes/*/run.sh) end to end in smoke mode (SMOKE=1): real
+Multi30k text, tiny models, a few updates, on CPU, through the real entry
+scripts. One smoke run per recipe is shared by the tests that read it."""
+
+import json
+import math
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from natbias_testing import (
+    BIN,
+    MULTI30K,
+    MULTI30K_RAW,
+    RECIPES,
+    epoch_batches,
+    multi30k_has,
+    recipe_settings,
+    run_recipe,
+    start_recipe,
+    wait_recipe,
+)
+
+INITS = ("unigram", "zero", "none")
+IWSLT = RECIPES / "iwslt14_de_en" / "run.sh"
+RECIPE_SCRIPTS = [RECIPES / name / "run.sh" for name in
+                  ("iwslt14_de_en", "wmt14_de_en", "afromt", "template")]
+
+
+def skip_without(*langs):
+    if not multi30k_has(*langs):
+        pytest.skip(f"Multi30k {'/'.join(langs)} not found at {MULTI30K} (set NATBIAS_MULTI30K)")
+
+
+def run_dirs(runs, seeds):
+    return [runs / init / f"seed{seed}" for init in INITS for seed in seeds]
+
+
+def table_rows(results_md):
+    rows = {}
+    for line in results_md.read_text(encoding="utf-8").splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if line.startswith("| ") and cells[0] in INITS:
+            rows[cells[0]] = cells[1:]
+    return rows
+
+
+# --- shared smoke runs ----------------------------------------------------------
+
+
+def start_iwslt(root):
+    """recipes/iwslt14_de_en/run.sh, SMOKE=1, on Multi30k De-En: 3 inits x 2
+    seeds, scored on test_2016_flickr."""
+    env = dict(MULTI30K_RAW, PAIRS="de-en", OOD_TEST="", WORK_DIR=root / "work")
+    pair = root / "work" / "de-en"
+    return SimpleNamespace(proc=start_recipe(IWSLT, env, root, root), env=env, root=root,
+                           pair=pair, runs=pair / "runs")
+
+
+def start_template(root):
+    """recipes/template copied out of the repository and set up for Multi30k
+    Fr-En by editing its settings, as a user would; one seed, with
+    test_2017_flickr as the out-of-domain test."""
+    shutil.copytree(RECIPES / "template", root / "fr_en")
+    script = root / "fr_en" / "run.sh"
+    text = script.read_text(encoding="utf-8")
+    for name, value in (("SRC", "fr"), ("TGT", "en"), ("RAW_DIR", MULTI30K),
+                        ("RAW_VALID", "val"), ("RAW_TEST", "test_2016_flickr"),
+                        ("OOD_TEST", MULTI30K / "test_2017_flickr")):
+        text, n = re.subn(rf"^{name}=\$\{{{name}-[^}}]*\}}", f"{name}=${{{name}-{value}}}",
+                          text, flags=re.M)
+        assert n == 1, name
+    script.write_text(text, encoding="utf-8")
+    # The copy lives outside the repository: it is told where lib.sh is.
+    env = {"RECIPES_DIR": RECIPES, "SEEDS": "1"}
+    pair = root / "work" / "fr_en" / "fr-en"
+    return SimpleNamespace(proc=start_recipe(script, env, root, root), root=root,
+                           pair=pair, runs=pair / "runs")
+
+
+@pytest.fixture(scope="module")
+def smoke_runs(tmp_path_factory):
+    """Both smoke runs start at once (they share nothing and the box has two
+    cores); the fixtures below each wait for their own."""
+    runs = {}
+    if multi30k_has("de", "en"):
+        runs["iwslt"] = start_iwslt(tmp_path_factory.mktemp("iwslt"))
+    if multi30k_has("fr", "en"):
+        runs["template"] = start_template(tmp_path_factory.mktemp("template"))
+    yield runs
+    for run in runs.values():
+        if run.proc.poll() is None:
+            run.proc.kill()
+            run.proc.wait()
+
+
+def finished(smoke_runs, name, *langs):
+    skip_without(*langs)
+    run = smoke_runs[name]
+    if not hasattr(run, "output"):
+        result = wait_recipe(run.proc)
+        run.output = result.stderr + result.stdout
+    return run
+
+
+@pytest.fixture(scope="module")
+def iwslt(smoke_runs):
+    return finished(smoke_runs, "iwslt", "de", "en")
+
+
+@pytest.fixture(scope="module")
+def template(smoke_runs):
+    return finished(smoke_runs, "template", "fr", "en")
+
+
+# --- IWSLT recipe on Multi30k De-En ---------------------------------------------
+
+
+def test_iwslt_trains_and_scores_every_run(iwslt):
+    reference = (iwslt.root / "work/corpus/de-en/raw/test.en").read_text(encoding="utf-8")
+    for run in run_dirs(iwslt.runs, (1, 2)):
+        for name in ("checkpoint_best.pt", "checkpoint_last.pt", "train.log", "test.hyp"):
+            assert (run / name).is_file(), run / name
+        assert "done training" in (run / "train.log").read_text(encoding="utf-8")
+        hyps = (run / "test.hyp").read_text(encoding="utf-8").splitlines()
+        assert len(hyps) == len(reference.splitlines()) == 50
+        assert not any("\u2581" in h for h in hyps), "hypotheses are not detokenised"
+        bleu = json.loads((run / "test.bleu.json").read_text(encoding="utf-8"))
+        chrf = json.loads((run / "test.chrf.json").read_text(encoding="utf-8"))
+        assert bleu["name"] == "BLEU" and bleu["signature"].startswith("nrefs:1|case:mixed")
+        assert chrf["name"].startswith("chrF") and "nc:6" in chrf["signature"]
+        assert not (run / "ood.bleu.json").exists()  # OOD_TEST is empty here
+
+
+def test_iwslt_runs_with_the_papers_settings(iwslt):
+    for init in INITS:
+        log = (iwslt.runs / init / "seed1" / "train.log").read_text(encoding="utf-8")
+        config = next(line for line in log.splitlines() if "'optimization':" in line)
+        for setting in (
+            f"natbias_init='{init}'", "'adam_betas': '(0.9, 0.997)'",
+            ", dropout=0.1,", "'label_smoothing': 0.1",
+            "'_name': 'label_smoothed_cross_entropy'", "'eval_bleu': True",
+            "'eval_bleu_remove_bpe': 'sentencepiece'", "'best_checkpoint_metric': 'bleu'",
+            "'maximize_best_checkpoint_metric': True", "'patience': 10",
+            "share_all_embeddings=True", "'seed': 1",
+        ):
+            assert setting in config, setting
+        assert re.search(r"'eval_bleu_args': '\{\"beam\": 5", config)
+        assert re.search(r"\| valid \|.*\| bleu [\d.]+", log), "no validation BLEU"
+
+
+def test_iwslt_table_has_every_init_with_signatures(iwslt):
+    results = iwslt.pair / "results.md"
+    rows = table_rows(results)
+    assert set(rows) == set(INITS)
+    for init, cells in rows.items():
+        assert cells[0] == "2", (init, cells)       # seeds
+        assert all(re.fullmatch(r"\d+\.\d\d ± \d+\.\d\d", c) for c in cells[1:3]), cells
+    text = results.read_text(encoding="utf-8")
+    assert re.search(r"BLEU signature: `nrefs:1\|case:mixed\|eff:no\|tok:13a\|smooth:exp\|version:2", text)
+    assert re.search(r"chrF signature: `nrefs:1\|case:mixed\|eff:yes\|nc:6\|nw:0", text)
+    assert "| unigram |" in iwslt.output  # the table is printed at the end too
+
+
+def test_rerun_skips_finished_steps(iwslt):
+    outputs = sorted(p for p in iwslt.runs.rglob("*") if p.is_file())
+    before = {p: p.stat().st_mtime_ns for p in outputs if p.suffix in (".pt", ".json", ".hyp")}
+    result = run_recipe(IWSLT, iwslt.env, cwd=iwslt.root)
+    said = result.stderr
+    for step in ("corpus/de-en/raw", "corpus/de-en/spm", "de-en/data-bin"):
+        assert f"skip: {iwslt.root / 'work' / step} (done)" in said
+    assert said.count("(trained)") == 6 and said.count("(scored)") == 6
+    assert "training de-en" not in said
+    assert {p: p.stat().st_mtime_ns for p in before} == before
+
+
+def test_changed_data_settings_are_refused(iwslt):
+    result = run_recipe(IWSLT, dict(iwslt.env, STEPS="prepare", TRAIN_LINES="2000"),
+                        cwd=iwslt.root, check=False)
+    assert result.returncode != 0
+    assert "was made with other settings" in result.stderr
+
+
+def test_stopped_run_resumes_from_checkpoint_last(iwslt):
+    """A run without its done marker carries on from checkpoint_last.pt."""
+    run = iwslt.pair / "runs-resume" / "unigram" / "seed1"
+    run.mkdir(parents=True)
+    for name in ("checkpoint_last.pt", "train.log"):
+        shutil.copy(iwslt.runs / "unigram" / "seed1" / name, run / name)
+    first = (run / "train.log").read_text(encoding="utf-8")
+    result = run_recipe(IWSLT, dict(iwslt.env, STEPS="train", INITS="unigram", SEEDS="1",
+                                RUNS_NAME="runs-resume", MAX_UPDATE="31"), cwd=iwslt.root)
+    assert "resuming de-en unigram seed 1" in result.stderr
+    resumed = (run / "train.log").read_text(encoding="utf-8")[len(first):]
+    assert re.search(r"Loaded checkpoint .*checkpoint_last\.pt \(epoch 1 @ 30 updates\)", resumed)
+    assert "num_updates 31" in resumed and "done training" in resumed
+    assert "tokens counted" not in resumed  # the bias comes from the checkpoint
+    assert (run / ".done").exists()
+
+
+def test_two_cpu_processes_train_one_model(iwslt):
+    """CPU_WORKERS=2: two fairseq-train ranks joined over gloo through the
+    recipe's launcher, each taking half of the epoch's batches."""
+    result = run_recipe(IWSLT, dict(iwslt.env, STEPS="train", CPU_WORKERS="2", INITS="unigram",
+                                SEEDS="1", RUNS_NAME="runs-gloo", MAX_UPDATE="4",
+                                LOG_INTERVAL="2", TOKENS_PER_UPDATE="2000"), cwd=iwslt.root)
+    assert "on 2 CPU worker(s), update-freq 1" in result.stderr
+    run = iwslt.pair / "runs-gloo" / "unigram" / "seed1"
+    rank0 = (run / "train.log").read_text(encoding="utf-8")
+    rank1 = (run / "train.rank1.log").read_text(encoding="utf-8")
+    assert "'distributed_world_size': 2" in rank0
+    assert "training on 2 devices" in rank0
+    assert "distributed init (rank 0)" in rank0 and "gloo" in rank0
+    assert "distributed init (rank 1)" in rank1 and re.search(r"initialized host \S+ as rank 1", rank1)
+    assert "done training" in rank0 and (run / "checkpoint_last.pt").exists()
+    # Same data and tokens per batch as the one-process smoke runs: fairseq
+    # shards the epoch's batches over the ranks, so each gets half of them.
+    single = (iwslt.runs / "unigram" / "seed1" / "train.log").read_text(encoding="utf-8")
+    assert epoch_batches(rank0) == math.ceil(epoch_batches(single) / 2)
+
+
+# --- the template, copied and set up for a new pair ------------------------------
+
+
+def test_template_trains_a_new_pair(template):
+    assert "fr-en" in template.output
+    for run in run_dirs(template.runs, (1,)):
+        for name in ("checkpoint_best.pt", "train.log", "test.hyp", "ood.hyp"):
+            assert (run / name).is_file(), run / name
+        for eval_set in ("test", "ood"):
+            for metric in ("bleu", "chrf"):
+                result = json.loads((run / f"{eval_set}.{metric}.json").read_text(encoding="utf-8"))
+                assert result["signature"].startswith("nrefs:1|case:mixed")
+        assert "natbias_init=" in (run / "train.log").read_text(encoding="utf-8")
+    rows = table_rows(template.pair / "results.md")
+    assert set(rows) == set(INITS)
+    header = next(l for l in (template.pair / "results.md").read_text(encoding="utf-8").splitlines()
+                  if l.startswith("| init"))
+    assert "ood BLEU" in header and "ood chrF" in header
+    for cells in rows.values():
+        assert cells[0] == "1" and all(re.fullmatch(r"\d+\.\d\d", c) for c in cells[1:5]), cells
+
+
+def test_template_needs_its_pair_and_data(tmp_path):
+    result = run_recipe(RECIPES / "template" / "run.sh",
+                        {"SRC": "", "TGT": "", "RAW_DIR": ""}, cwd=tmp_path, check=False)
+    assert result.returncode != 0
+    assert "set SRC, TGT and RAW_DIR" in result.stderr
+
+
+# --- the library, without training ------------------------------------------------
+
+
+def lib(snippet, tmp_path, env=None, defaults=False):
+    """Run bash code with recipes/lib.sh sourced (and, with defaults, the
+    template's settings at their defaults); returns stdout."""
+    settings = ""
+    if defaults:
+        settings = "\n".join(line for line in (RECIPES / "template" / "run.sh").read_text().splitlines()
+                             if re.match(r"[A-Z][A-Z0-9_]*=\$\{", line)) + "\n"
+    result = subprocess.run(
+        ["bash", "-c", f"set -euo pipefail; source {RECIPES / 'lib.sh'}\n{settings}{snippet}"],
+        cwd=tmp_path, env=dict(os.environ, **(env or {})),
+        capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+@pytest.mark.parametrize("ngpus, nnodes, cpu_workers, max_tokens, given, expected", [
+    (1, 1, 1, 4096, "", 8),     # 1 GPU: accumulate 8 steps to 32768 tokens
+    (4, 1, 1, 4096, "", 2),
+    (8, 2, 1, 4096, "", 1),     # 16 GPUs do it in one step
+    (8, 1, 1, 2048, "", 2),
+    (0, 1, 2, 4096, "", 4),     # 2 CPU workers
+    (1, 1, 1, 4096, "3", 3),    # UPDATE_FREQ given: kept
+])
+def test_update_freq_keeps_tokens_per_update(tmp_path, ngpus, nnodes, cpu_workers,
+                                             max_tokens, given, expected):
+    out = lib(f"NGPUS={ngpus} NNODES={nnodes} CPU_WORKERS={cpu_workers} "
+              f"MAX_TOKENS={max_tokens} TOKENS_PER_UPDATE=32768 UPDATE_FREQ={given}; "
+              "update_freq", tmp_path)
+    assert out.strip() == str(expected)
+
+
+def test_gpu_launcher_is_torchrun(tmp_path):
+    """With GPUs, launch runs torchrun with the node layout and gives fairseq
+    the matching world size (a stand-in torchrun records its arguments)."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "torchrun").write_text('#!/bin/sh\necho "$@"\n')
+    (fake / "torchrun").chmod(0o755)
+    lib("NGPUS=4 NNODES=2 NODE_RANK=1 MASTER_ADDR=10.0.0.1 MASTER_PORT=29511 CPU_WORKERS=1; "
+        "launch train.log --max-tokens 4096", tmp_path,
+        env={"PATH": os.pathsep.join([str(fake), str(BIN), os.environ["PATH"]])})
+    assert not (tmp_path / "train.log").exists()  # node 1 writes its own log
+    args = (tmp_path / "train.node1.log").read_text().split()
+    assert args[:10] == ["--nproc_per_node", "4", "--nnodes", "2", "--node_rank", "1",
+                         "--master_addr", "10.0.0.1", "--master_port", "29511"]
+    assert args[10].endswith("fairseq-train")
+    assert args[11:] == ["--max-tokens", "4096", "--distributed-world-size", "8"]
+
+
+def test_grid_order_and_job_array_task(tmp_path):
+    (tmp_path / "external.counts").write_text("x 1\n")
+    out = lib('DIR=$PWD INITS="unigram zero none" SEEDS="1 2" UNIGRAM_REG_WEIGHT=0.1 '
+              'UNIGRAM_REG_INITS=none GRID_TASK=; grid_runs; echo; GRID_TASK=7; grid_runs',
+              tmp_path)
+    full, task = out.split("\n\n")
+    assert full.splitlines() == [f"{name} {seed}" for name in
+                                 ("unigram", "zero", "none", "file", "none-unireg")
+                                 for seed in (1, 2)]
+    assert task.split() == ["file", "2"]
+
+
+def test_appendix_variants_pass_their_options(tmp_path):
+    """A.4 runs get the colleague's criterion and its options, A.7 runs the
+    counts file; the others the paper's label-smoothed cross-entropy."""
+    show = 'train_args {} 1 run; printf "%s\\n" "${{ARGS[@]}}"; echo ==='
+    out = lib("SRC=de TGT=en DIR=$PWD NGPUS=0 UNIGRAM_REG_WEIGHT=0.3 UNIGRAM_REG_UPDATES=500; "
+              + "; ".join(show.format(name) for name in ("none-unireg", "file", "zero")),
+              tmp_path, defaults=True)
+    unireg, file, zero = (args.split("\n") for args in out.strip("=\n").split("\n===\n"))
+
+    def value(args, option):
+        assert args.count(option) == 1, option
+        return args[args.index(option) + 1]
+
+    assert value(unireg, "--criterion") == "unigram_regularized_cross_entropy"
+    assert value(unireg, "--unigram-reg-weight") == "0.3"
+    assert value(unireg, "--unigram-reg-updates") == "500"
+    assert value(unireg, "--natbias-init") == "none"
+    assert value(file, "--natbias-init") == "file"
+    assert value(file, "--natbias-counts") == f"{tmp_path}/external.counts"
+    for args in (file, zero):
+        assert value(args, "--criterion") == "label_smoothed_cross_entropy"
+    assert "--natbias-counts" not in zero
+    assert value(zero, "--adam-betas") == "(0.9, 0.997)"
+    assert value(zero, "--eval-bleu-args") == '{"beam": 5}'
+    assert "--fp16" not in zero  # CPU
+
+
+@pytest.mark.parametrize("script", RECIPE_SCRIPTS + [RECIPES / "lib.sh", RECIPES / "slurm.sbatch"],
+                         ids=lambda p: str(Path(p).relative_to(RECIPES)))
+def test_scripts_parse(script):
+    subprocess.run(["bash", "-n", str(script)], check=True)
+
+
+def test_every_recipe_lists_every_setting():
+    """Each recipe lists, at its top, every variable lib.sh reads from it."""
+    internal = {"NATBIAS_RECIPES", "NATBIAS_REPO", "NATBIAS_USER_VARS", "PATH", "SRC",
+                "TGT", "DIR", "RUNS", "ARGS", "DATASET", "RECIPE_NAME", "PYTHONPATH",
+                "PYTHONWARNINGS", "OMP_NUM_THREADS",
+                "CUDA_VISIBLE_DEVICES", "AFROMT_DATA_ID", "AFROMT_REPO_RAW", "BASH_SOURCE"}
+    read = set(re.findall(r"\$\{?([A-Z][A-Z0-9_]+)", (RECIPES / "lib.sh").read_text())) - internal
+    for script in RECIPE_SCRIPTS:
+        listed = recipe_settings(script)
+        assert len(listed) == len(set(listed)), script
+        assert read <= set(listed), (script, sorted(read - set(listed)))
