@@ -7,7 +7,8 @@ same model sizes, seed and batches:
   stock ``transformer`` vs ``transformer_natbias --natbias-init unigram``
   with the logging hook off, and with it on (stats on every update, the worst
   case; by default they are computed every --log-interval updates);
-* generation, beam 5, sentences per second (fairseq's SequenceGenerator);
+* generation, beam 5, sentences per second (fairseq's SequenceGenerator, all
+  hypotheses forced to 40 tokens so that both models do the same work);
 * checkpoint load for generation (checkpoint_utils.load_model_ensemble).
 
 Runs are interleaved (A B C A B C ...) so drifts of this shared machine hit
@@ -134,8 +135,10 @@ def bench_generation(variants, samples, rounds):
     rates = {name: [] for name in variants}
     for _ in range(rounds):
         for name, variant in variants.items():
+            # min_len = max_len: every hypothesis has 40 tokens, so both models
+            # do the same work (untrained models stop at different lengths)
             generator = SequenceGenerator([variant.model], variant.task.target_dictionary,
-                                          beam_size=5, max_len_b=50)
+                                          beam_size=5, max_len_a=0, max_len_b=40, min_len=40)
             rates[name].append(sentences / timed(variant.generate, samples, generator))
     return {name: statistics.median(values) for name, values in rates.items()}
 
@@ -155,14 +158,17 @@ def save_checkpoint(variant, path):
     from omegaconf import OmegaConf
 
     cfg = OmegaConf.to_container(variant.cfg, resolve=True, enum_to_str=True)
+    history = [{"criterion_name": type(variant.criterion).__name__,
+                "optimizer_name": type(variant.optimizer).__name__,
+                "lr_scheduler_state": {}, "num_updates": 0}]
     state = {"cfg": cfg, "model": variant.model.state_dict(), "args": None,
-             "optimizer_history": [], "extra_state": {}, "last_optimizer_state": {}}
+             "optimizer_history": history, "extra_state": {}, "last_optimizer_state": {}}
     checkpoint_utils.torch_persistent_save(state, str(path))
 
 
 def print_table(title, figures, unit, higher_is_better=False):
     stock = figures["stock transformer"]
-    print(f"\n{title}")
+    print(f"\n{title}", flush=True)
     for name, value in figures.items():
         ratio = (stock / value) if higher_is_better else (value / stock)
         print(f"  {name:28s} {value:10.4f} {unit}   cost ratio vs stock {ratio:.3f}x")
@@ -189,26 +195,25 @@ def main():
     batches = first.batches("train", args.updates, 2048)
     for variant in variants.values():  # warm-up: allocator, Adam state
         variant.train_update(batches[0])
+    print(f"machine: {os.cpu_count()} CPU threads, torch {torch.__version__}", flush=True)
     training = bench_training(variants, batches, args.rounds)
-    samples = first.batches("test", 4, 1024)
-    generation = bench_generation(
-        {k: variants[k] for k in ("stock transformer", "natbias unigram, hook off")},
-        samples, max(3, args.rounds // 2))
-    checkpoints = {}
-    for name in ("stock transformer", "natbias unigram, hook off"):
-        checkpoints[name] = workdir / f"{name.split(',')[0].replace(' ', '_')}.pt"
-        save_checkpoint(variants[name], checkpoints[name])
-    loading = bench_loading(checkpoints, args.rounds)
-
-    print(f"machine: {os.cpu_count()} CPU threads, torch {torch.__version__}")
     print_table("training update (median s/update)", training, "s")
     every, off = training["natbias unigram, hook on"], training["natbias unigram, hook off"]
     default = off + (every - off) / 100  # stats on 1 update in --log-interval 100
     print(f"  {'hook on, default interval':28s} {default:10.4f} s   cost ratio vs stock "
-          f"{default / training['stock transformer']:.3f}x (derived: stats on 1 update in 100)")
+          f"{default / training['stock transformer']:.3f}x (derived: stats on 1 update in 100)",
+          flush=True)
+    samples = first.batches("test", 4, 1024)
+    generation = bench_generation(
+        {k: variants[k] for k in ("stock transformer", "natbias unigram, hook off")},
+        samples, max(3, args.rounds // 2))
     print_table("generation, beam 5 (median sentences/s)", generation, "sent/s",
                 higher_is_better=True)
-    print_table("checkpoint load for generation (median s)", loading, "s")
+    checkpoints = {}
+    for name in ("stock transformer", "natbias unigram, hook off"):
+        checkpoints[name] = workdir / f"{name.split(',')[0].replace(' ', '_')}.pt"
+        save_checkpoint(variants[name], checkpoints[name])
+    print_table("checkpoint load for generation (median s)", bench_loading(checkpoints, args.rounds), "s")
     print(f"\ncommand: {sys.executable} {' '.join(sys.argv)}")
 
 

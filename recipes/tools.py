@@ -16,7 +16,6 @@ Only the standard library and sentencepiece: it runs before anything is trained.
 import argparse
 import gzip
 import json
-import math
 import os
 import re
 import socket
@@ -140,19 +139,16 @@ def cmd_score(args):
     print(f"BLEU {scores['bleu']['score']}, chrF {scores['chrf']['score']}")
 
 
-def _mean_se(values):
-    mean = sum(values) / len(values)
-    if len(values) < 2:
-        return mean, None
-    var = sum((v - mean) ** 2 for v in values) / (len(values) - 1)
-    return mean, math.sqrt(var / len(values))
-
-
 def _cell(values):
+    """Mean ± standard error over seeds (the package's one implementation)."""
+    from fairseq_natbias.analysis.stats import mean_stderr
+
     if not values:
         return "–"
-    mean, se = _mean_se(values)
-    return f"{mean:.2f}" if se is None else f"{mean:.2f} ± {se:.2f}"
+    summary = mean_stderr(values)
+    if summary.n < 2:
+        return f"{summary.mean:.2f}"
+    return f"{summary.mean:.2f} ± {summary.stderr:.2f}"
 
 
 def _seed_number(path):
