@@ -1,6 +1,7 @@
 """natbias-frequency (Fig. 4): per-token log-probabilities against the training
 log-unigram, full model and bias dropped, in equal-width bins."""
 
+import datetime
 import math
 import shutil
 from collections import Counter
@@ -200,14 +201,21 @@ def test_bad_inputs_end_with_a_clear_message(checkpoints, toy_bin, fresh_copy):
                             "--gen-subset", "valid2", "--out-dir", "unused"])
 
 
-def test_checkpoint_with_numpy_state_gets_a_hint(checkpoints, toy_bin, tmp_path):
-    """fairseq-train --eval-bleu keeps numpy arrays in the checkpoint's metrics
-    state, which torch's weights-only loading refuses."""
+def test_checkpoint_with_unknown_pickled_types_gets_a_hint(checkpoints, toy_bin, tmp_path):
+    """numpy arrays (what fairseq-train --eval-bleu leaves in the metrics state)
+    load under torch's weights-only loading; a type nobody allow-listed is
+    refused with a hint instead of a traceback."""
     state = torch.load(checkpoints["zero"], map_location="cpu")
     state["extra_state"]["bleu_counts"] = np.zeros(4, dtype=np.int64)
     torch.save(state, tmp_path / "with_numpy.pt")
+    frequency_cli.main([str(toy_bin), "--model", str(tmp_path / "with_numpy.pt"),
+                        "--out-dir", str(tmp_path / "numpy_out")])
+    assert (tmp_path / "numpy_out/frequency_bins.csv").exists()
+
+    state["extra_state"]["when"] = datetime.date(2023, 7, 9)
+    torch.save(state, tmp_path / "with_date.pt")
     with pytest.raises(SystemExit, match="weights-only loading refused.*TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"):
-        frequency_cli.main([str(toy_bin), "--model", str(tmp_path / "with_numpy.pt"),
+        frequency_cli.main([str(toy_bin), "--model", str(tmp_path / "with_date.pt"),
                             "--out-dir", str(tmp_path / "out")])
 
 
