@@ -86,22 +86,11 @@ class TransformerNatbiasModel(TransformerModel):
     @classmethod
     def _init_natbias(cls, model, args, task):
         vocab_size = len(task.target_dictionary)
-        if _weights_will_be_loaded(args):
+        if _weights_will_be_loaded(args):  # placeholders the checkpoint overwrites
             log_unigram = torch.zeros(vocab_size)
             bias = None if args.natbias_init == "none" else torch.zeros(vocab_size)
         else:
-            counts = unigram.count_target_tokens(
-                task.cfg.data, getattr(args, "train_subset", "train"),
-                task.cfg.source_lang, task.cfg.target_lang, vocab_size,
-            )
-            log_unigram = unigram.unigram_log_probs(counts, args.natbias_smoothing)
-            bias = _initial_bias(args, task, log_unigram)
-            reference = log_unigram if bias is None or args.natbias_init == "zero" else bias
-            init_output_weights(
-                model.decoder, args.natbias_weight_init,
-                reference.norm().item(), args.natbias_feature_gain,
-            )
-            setattr(args, COUNTED_MARKER, int(counts.sum()))
+            log_unigram, bias = _count_and_initialise(model, args, task)
         attach_output_bias(model.decoder, bias, freeze=args.natbias_freeze)
         model.register_buffer("target_log_unigram", log_unigram)
         model.natbias_hook = None
@@ -175,6 +164,24 @@ def _check_args(args):
             f"--natbias-counts is only read with --natbias-init file, not "
             f"--natbias-init {args.natbias_init}"
         )
+
+
+def _count_and_initialise(model, args, task):
+    """Count the target training unigram, initialise W, and return the
+    log-unigram and the initial bias (None for ``none``)."""
+    counts = unigram.count_target_tokens(
+        task.cfg.data, getattr(args, "train_subset", "train"),
+        task.cfg.source_lang, task.cfg.target_lang, len(task.target_dictionary),
+    )
+    log_unigram = unigram.unigram_log_probs(counts, args.natbias_smoothing)
+    bias = _initial_bias(args, task, log_unigram)
+    # W's reference norm is the log-unigram's also for zero / none, so that the
+    # three runs share W and differ in the bias alone.
+    reference = log_unigram if bias is None or args.natbias_init == "zero" else bias
+    init_output_weights(model.decoder, args.natbias_weight_init,
+                        reference.norm().item(), args.natbias_feature_gain)
+    setattr(args, COUNTED_MARKER, int(counts.sum()))
+    return log_unigram, bias
 
 
 def _initial_bias(args, task, log_unigram):
