@@ -24,6 +24,8 @@ import urllib.request
 from pathlib import Path
 
 from fairseq_natbias.analysis import fairseq_logs, plots
+from fairseq_natbias.analysis.generate_output import parse_generate_output
+from fairseq_natbias.analysis.sweep import quality
 
 MULTI30K_URL = "https://raw.githubusercontent.com/multi30k/dataset/master/data/task1/raw/"
 SPLIT_FILES = {"train": "train", "valid": "val", "test": "test_2016_flickr"}
@@ -221,12 +223,9 @@ def evaluate(data_bin, work, run_dir, init):
                   "--required-batch-size-multiple", "1",
                   "--cpu", "--batch-size", "128",
                   "--remove-bpe", "sentencepiece", "--num-workers", "0"])
-    hypotheses = {}
-    for line in output.splitlines():
-        if line.startswith("D-"):
-            index, _, text = line.split("\t", 2)
-            hypotheses[int(index[2:])] = text
-    ordered = [hypotheses.get(i, "") for i in range(len(hypotheses))]
+    sentences = parse_generate_output(output.splitlines())
+    ordered = [(sentences[i].detokenized if i in sentences else None) or ""
+               for i in range(len(sentences))]
     (run_dir / "test.hyp").write_text("\n".join(ordered) + "\n", encoding="utf-8")
     references = (work / "text/test.raw.en").read_text(encoding="utf-8").splitlines()
     scores = sacrebleu_scores(ordered, references[: len(ordered)])
@@ -235,13 +234,10 @@ def evaluate(data_bin, work, run_dir, init):
 
 
 def sacrebleu_scores(hypotheses, references):
-    import sacrebleu
-
-    bleu, chrf = sacrebleu.metrics.BLEU(), sacrebleu.metrics.CHRF()
-    bleu_score = bleu.corpus_score(hypotheses, [references])
-    chrf_score = chrf.corpus_score(hypotheses, [references])
-    return {"bleu": round(bleu_score.score, 2), "bleu_signature": str(bleu.get_signature()),
-            "chrf": round(chrf_score.score, 2), "chrf_signature": str(chrf.get_signature())}
+    """BLEU and chrF with their signatures (natbias-sweep's scorer)."""
+    scores = quality(hypotheses, references)
+    return {"bleu": round(scores["BLEU"], 2), "bleu_signature": scores["bleu_signature"],
+            "chrf": round(scores["chrF"], 2), "chrf_signature": scores["chrf_signature"]}
 
 
 # --- report --------------------------------------------------------------------
