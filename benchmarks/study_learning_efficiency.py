@@ -14,7 +14,8 @@ for each weight initialisation x bias init x seed, validating every
 * updates each run needs to reach the zero-bias model's validation NLL at
   --reference-update (mean over the zero runs; interpolated between
   validations; "never" if not reached);
-* test BLEU/chrF (sacreBLEU) of the best checkpoint (lowest valid loss), beam 5;
+* test BLEU/chrF (sacreBLEU) of the best checkpoint (highest validation BLEU,
+  the paper's early stopping), beam 5;
 * means and standard errors over seeds, as a Markdown table and two plots.
 
 Every run goes to --workdir/<weight-init>/<init>/seed<k>/; finished runs are
@@ -48,8 +49,11 @@ from fairseq_natbias.cli import demo  # noqa: E402
 INITS = ("unigram", "zero", "none")
 # Greedy and length-capped: an untrained model's validation translations
 # would otherwise run to fairseq's default limit of 200 tokens.
+# The best checkpoint is the one with the best validation BLEU, as in the
+# paper's early stopping (Sec. 4.1).
 EVAL_BLEU = ["--eval-bleu", "--eval-bleu-args", '{"beam": 1, "max_len_a": 1.2, "max_len_b": 10}',
-             "--eval-bleu-remove-bpe", "sentencepiece"]
+             "--eval-bleu-remove-bpe", "sentencepiece",
+             "--best-checkpoint-metric", "bleu", "--maximize-best-checkpoint-metric"]
 
 
 def training_arguments(data_bin, run_dir, weight_init, init, seed, args):
