@@ -30,6 +30,7 @@ from fairseq.models.transformer import TransformerModel, base_architecture
 from fairseq_natbias import unigram
 from fairseq_natbias.logging_hook import TARGET_MASK_KEY, BiasDivergenceHook
 from fairseq_natbias.output_projection import (
+    DEFAULT_WEIGHT_INIT,
     WEIGHT_INITS,
     attach_output_bias,
     init_output_weights,
@@ -60,8 +61,9 @@ class TransformerNatbiasModel(TransformerModel):
         group.add_argument("--natbias-freeze", action="store_true",
                            help="hold the output bias fixed during training")
         group.add_argument("--natbias-weight-init", choices=WEIGHT_INITS,
-                           help="output-layer weight init: damped (default), "
-                                "paper, fairseq")
+                           help="output-layer weight init: fairseq (default: "
+                                "fairseq's own), damped, paper; see the README's "
+                                "learning-efficiency study for why")
         group.add_argument("--natbias-feature-gain", type=float, metavar="G",
                            help="initial gain of the norm producing phi with "
                                 "--natbias-weight-init damped (default 0.1)")
@@ -222,7 +224,7 @@ def _natbias_defaults(args):
     smoothing = getattr(args, "natbias_smoothing", None)
     args.natbias_smoothing = 1.0 if smoothing is None else smoothing
     args.natbias_freeze = getattr(args, "natbias_freeze", False)
-    args.natbias_weight_init = getattr(args, "natbias_weight_init", None) or "damped"
+    args.natbias_weight_init = getattr(args, "natbias_weight_init", None) or DEFAULT_WEIGHT_INIT
     gain = getattr(args, "natbias_feature_gain", None)
     args.natbias_feature_gain = 0.1 if gain is None else gain
     args.no_natbias_logging = getattr(args, "no_natbias_logging", False)

@@ -44,7 +44,9 @@ def test_demo_runs_end_to_end_and_skips_finished_steps(multi30k_slice, tmp_path)
         hypotheses = (tmp_path / init / "test.hyp").read_text().splitlines()
         assert len(hypotheses) == SLICE["test_2016_flickr"]
     step0 = {i: json.loads((tmp_path / i / "step0.json").read_text()) for i in ("unigram", "zero")}
-    assert step0["unigram"]["nll"] < step0["zero"]["nll"] - 2  # Fig. 1 at update 0
+    # Fig. 1 at update 0: the bias alone is worth the better part of a bit here,
+    # with the default (fairseq) weight init and tied embeddings.
+    assert step0["unigram"]["nll"] < step0["zero"]["nll"] - 0.5
     assert "train [unigram]: update 20/20" in first.stdout
 
     again = natbias_demo(multi30k_slice, tmp_path)
