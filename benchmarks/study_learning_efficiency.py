@@ -92,13 +92,13 @@ def train_and_score(data_bin, workdir, run_dir, weight_init, init, seed, args):
 
 
 def curve(run_dir, key="nll_loss"):
-    """Validation curve of key; NLL starts at update 0 (natbias-step0)."""
+    """Validation curve of key; NLL starts at update 0 (the demo's curve)."""
+    if key == "nll_loss":
+        by_update = demo.validation_curve(run_dir)
+        updates = sorted(by_update)
+        return np.array(updates, dtype=np.float64), np.array([by_update[u] for u in updates])
     records = fairseq_logs.read_log(str(run_dir / "train.log"))
-    updates, values = fairseq_logs.series(records, fairseq_logs.VALID, key)
-    if key != "nll_loss":
-        return updates, values
-    step0 = json.loads((run_dir / "step0.json").read_text())["nll"]
-    return np.concatenate([[0.0], updates]), np.concatenate([[step0], values])
+    return fairseq_logs.series(records, fairseq_logs.VALID, key)
 
 
 def updates_to_reach(updates, values, target):
