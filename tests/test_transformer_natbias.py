@@ -101,7 +101,7 @@ def test_weight_init_is_the_same_whatever_the_bias(toy_bin):
 def test_step0_validation_loss_is_unigram_cross_entropy(multi30k_bin, multi30k_text, tying):
     """Fig. 1 at update 0, on real text: a fresh unigram model predicts the
     unigram; a zero-bias model does not (weight init ``damped``, the one made
-    for this; the default ``fairseq`` gets only part of the way, see below)."""
+    for this; the default ``fairseq`` gets only part of the way: see the README)."""
     dictionary = Dictionary.load(str(multi30k_bin / "dict.en.txt"))
     log_u = hand_log_unigram(multi30k_text / "train.en", dictionary)
     valid = hand_counts(multi30k_text / "valid.en", dictionary)
