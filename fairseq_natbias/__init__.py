@@ -2,6 +2,8 @@
 (ACL 2023) as a fairseq plugin.
 
     fairseq-train DATA --user-dir fairseq_natbias --arch transformer_natbias ...
+    fairseq-train LM-DATA --task language_modeling --user-dir fairseq_natbias \
+        --arch transformer_lm_natbias ...
 """
 
 import os
@@ -27,5 +29,7 @@ except ImportError as error:  # pragma: no cover - exercised by hand
     ) from error
 
 from fairseq_natbias import checkpoint_loading  # noqa: E402,F401
+from fairseq_natbias import numpy_compat  # noqa: E402,F401
+from fairseq_natbias import transformer_lm_natbias  # noqa: E402,F401
 from fairseq_natbias import transformer_natbias  # noqa: E402,F401
 from fairseq_natbias import unigram_regularized_cross_entropy  # noqa: E402,F401

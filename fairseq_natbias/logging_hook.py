@@ -7,14 +7,18 @@ bits, like fairseq's ``loss``:
 
 ``bias_kl``      KL(softmax(b) || unigram) of the output bias b (Fig. 13)
 ``bias_norm``    ||b||_2 (Fig. 14)
-``weight_norm``  ||W||_F of the output projection
+``weight_norm``  ||g W||_F: the matrix that maps phi to the contextual logits
+                 (||W||_F for weight inits without the gain g)
+``gain``         g, the learnt scalar gain on W phi (weight init ``gain`` only)
 ``kl_unigram``   mean over target tokens of KL(p_theta(.|y_<t) || unigram) (Fig. 1)
 ``kl_uniform``   mean over target tokens of KL(p_theta(.|y_<t) || uniform) (Fig. 1)
 
 The per-token divergences reuse the log-probabilities the criterion asks the
 model for (``get_normalized_probs``): no second softmax, only an ``exp`` and two
-reductions over the vocabulary. They travel in the logging outputs as sums with
-a token count, so fairseq's own reduction across micro-batches
+reductions over the vocabulary, in float32 whatever the model's precision. They
+are accumulated as tensors on the model's device (no host synchronisation per
+step; the numbers are read once, when a log line is written) and travel in
+the logging outputs as sums with a token count, so fairseq's own reduction across micro-batches
 (``--update-freq``) and workers weights every token once. Bias statistics are
 read from the model's current parameters in ``reduce_metrics``, once per
 logged update, so they are never summed over workers or micro-batches.
@@ -33,6 +37,8 @@ import math
 
 import torch
 from fairseq.logging import metrics
+
+from fairseq_natbias.output_projection import contextual_weight_norm, output_gain
 
 logger = logging.getLogger(__name__)
 
@@ -129,14 +135,17 @@ class BiasDivergenceHook:
             weights = mask.to(log_p.dtype)
             kl_unigram = ((neg_entropy - cross_unigram) * weights).sum()
             kl_uniform = ((neg_entropy + math.log(log_p.size(-1))) * weights).sum()
-            self._sums["natbias_kl_unigram"] += kl_unigram.item()
-            self._sums["natbias_kl_uniform"] += kl_uniform.item()
-            self._sums["natbias_tokens"] += weights.sum().item()
+            # Tensors on the model's device: summing them forces no host sync.
+            self._sums["natbias_kl_unigram"] = self._sums["natbias_kl_unigram"] + kl_unigram
+            self._sums["natbias_kl_uniform"] = self._sums["natbias_kl_uniform"] + kl_uniform
+            self._sums["natbias_tokens"] = self._sums["natbias_tokens"] + weights.sum()
 
     def bias_statistics(self) -> dict:
         decoder = self.model.decoder
-        weight = decoder.output_projection.weight
-        stats = {"weight_norm": weight.detach().float().norm().item()}
+        stats = {"weight_norm": contextual_weight_norm(decoder)}
+        gain = output_gain(decoder)
+        if gain is not None:
+            stats["gain"] = gain.detach().float().item()
         bias = decoder.output_projection.bias
         if bias is not None:
             b = bias.detach().float()
@@ -147,10 +156,10 @@ class BiasDivergenceHook:
         return stats
 
     def log(self, logging_outputs) -> None:
-        tokens = sum(log.get("natbias_tokens", 0.0) for log in logging_outputs)
+        tokens = float(sum(log.get("natbias_tokens", 0.0) for log in logging_outputs))
         if tokens > 0:
             for key in ("kl_unigram", "kl_uniform"):
-                total = sum(log.get("natbias_" + key, 0.0) for log in logging_outputs)
+                total = float(sum(log.get("natbias_" + key, 0.0) for log in logging_outputs))
                 metrics.log_scalar(key, total / tokens / LN2, tokens, round=3)
         if self._log_bias_now:
             self._log_bias_now = False

@@ -3,10 +3,25 @@ the tools share.
 
 The paper (Meister et al., 2023, sec. 4.1): "unigram frequencies are computed
 on respective training sets after tokenisation is performed". Here that means
-the binarised target split(s) fairseq trains on, EOS included (fairseq appends
-one EOS to every sentence), never the ``dict.txt`` counts: with
-``--joined-dictionary`` those add the source side, the saved dictionary drops
-the EOS count, and shipped vocabularies may carry dummy counts.
+the tokens the model is trained to predict, read from the binarised split(s)
+fairseq trains on, EOS included (fairseq appends one EOS to every sentence),
+never the ``dict.txt`` counts: with ``--joined-dictionary`` those add the
+source side, the saved dictionary drops the EOS count, and shipped
+vocabularies may carry dummy counts.
+
+What is counted, by task (:func:`count_training_targets`):
+
+translation (``--task translation`` and its kin)
+    the target side, ``train.SRC-TGT.TGT`` (or the ``TGT-SRC`` order).
+language_modeling (``fairseq-preprocess --only-source``)
+    ``train.bin``: the task's next-token targets are every token of the stream
+    once (fairseq's TokenBlockDataset cuts the stream into blocks and each
+    block is its own target, the source being shifted right), so the counts
+    are those of the whole file. ``--add-bos-token`` puts one ``<s>`` in front
+    of every block's target too, so one ``<s>`` per block is added (blocks
+    found with fairseq's own slicing for ``--sample-break-mode`` and
+    ``--tokens-per-sample``). With ``--output-dictionary-size N`` the task maps
+    every target id >= N to ``<unk>``, and so do we.
 
 Smoothing is add-alpha (Laplace for alpha = 1)::
 
@@ -40,6 +55,10 @@ class UnigramError(ValueError):
     """Bad input to the unigram statistics; the message names the fix."""
 
 
+class MissingTrainingSplit(UnigramError):
+    """No binarised training split where the task would read it."""
+
+
 @dataclass
 class TargetSplit:
     """One binarised target-side file prefix, e.g. ``data/train.de-en.en``."""
@@ -51,12 +70,24 @@ class TargetSplit:
 def find_target_splits(
     data: str, split: str, source_lang: str, target_lang: str
 ) -> List[TargetSplit]:
-    """All target-side files fairseq's translation task trains on for ``split``.
+    """All target-side files fairseq's translation task trains on for ``split``."""
 
-    ``data`` may hold several shards separated by ``:`` (fairseq cycles through
-    them by epoch); each shard may hold ``train``, ``train1``, ``train2``, ...
-    (fairseq concatenates them). All of them count.
-    """
+    def prefix_in(shard, split_k):
+        for pair in (f"{source_lang}-{target_lang}", f"{target_lang}-{source_lang}"):
+            yield os.path.join(shard, f"{split_k}.{pair}.{target_lang}")
+
+    return _find_splits(data, split, prefix_in)
+
+
+def find_lm_splits(data: str, split: str) -> List[TargetSplit]:
+    """All files fairseq's language_modeling task trains on for ``split``."""
+    return _find_splits(data, split, lambda shard, split_k: [os.path.join(shard, split_k)])
+
+
+def _find_splits(data, split, candidate_prefixes) -> List[TargetSplit]:
+    """``data`` may hold several shards separated by ``:`` (fairseq cycles
+    through them by epoch); each shard may hold ``train``, ``train1``,
+    ``train2``, ... (fairseq concatenates them). All of them count."""
     from fairseq.data import indexed_dataset
 
     found = []
@@ -64,23 +95,14 @@ def find_target_splits(
         k = 0
         while True:
             split_k = split + (str(k) if k > 0 else "")
-            prefix = _existing_prefix(shard, split_k, source_lang, target_lang)
-            if prefix is None:
+            existing = [prefix for prefix in candidate_prefixes(shard, split_k)
+                        if indexed_dataset.infer_dataset_impl(prefix) is not None]
+            if not existing:
                 break
-            impl = indexed_dataset.infer_dataset_impl(prefix)
-            found.append(TargetSplit(prefix=prefix, impl=impl))
+            impl = indexed_dataset.infer_dataset_impl(existing[0])
+            found.append(TargetSplit(prefix=existing[0], impl=impl))
             k += 1
     return found
-
-
-def _existing_prefix(shard, split, src, tgt) -> Optional[str]:
-    from fairseq.data import indexed_dataset
-
-    for pair in (f"{src}-{tgt}", f"{tgt}-{src}"):
-        prefix = os.path.join(shard, f"{split}.{pair}.{tgt}")
-        if indexed_dataset.infer_dataset_impl(prefix) is not None:
-            return prefix
-    return None
 
 
 def count_binarized(prefix: str, vocab_size: int, impl: str = "mmap") -> np.ndarray:
@@ -119,7 +141,14 @@ def _count_mmap(prefix, vocab_size):
 
 
 def _read_mmap_index(path):
-    """Token dtype and total token count from fairseq's mmap ``.idx`` header.
+    """Token dtype and total token count from fairseq's mmap ``.idx`` header."""
+    dtype, lengths = _mmap_index(path)
+    return dtype, int(lengths.sum(dtype=np.int64)) if len(lengths) else 0
+
+
+def _mmap_index(path):
+    """Token dtype and the memory-mapped int32 sentence lengths of fairseq's
+    mmap ``.idx``.
 
     Layout (fairseq's ``MMapIndexedDataset.Index``): 9-byte magic, uint64
     version, uint8 dtype code, uint64 sentence count, then int32 sizes. Read
@@ -138,10 +167,10 @@ def _read_mmap_index(path):
     (sentences,) = struct.unpack_from("<Q", header, len(magic) + 9)
     if version != 1 or code not in indexed_dataset._code_to_dtype:
         raise UnigramError(f"{path}: unknown index version {version} / dtype code {code}")
-    sizes = np.memmap(path, dtype=np.int32, mode="r", offset=len(header), shape=(sentences,))
-    total = int(sizes.sum(dtype=np.int64)) if sentences else 0
-    del sizes
-    return indexed_dataset._code_to_dtype[code], total
+    if sentences == 0:
+        return indexed_dataset._code_to_dtype[code], np.zeros(0, dtype=np.int32)
+    lengths = np.memmap(path, dtype=np.int32, mode="r", offset=len(header), shape=(sentences,))
+    return indexed_dataset._code_to_dtype[code], lengths
 
 
 def _count_generic(prefix, vocab_size, impl):
@@ -177,26 +206,121 @@ def _bincount_checked(ids: np.ndarray, vocab_size: int, where: str) -> np.ndarra
 def count_target_tokens(
     data: str, split: str, source_lang: str, target_lang: str, vocab_size: int
 ) -> np.ndarray:
-    """Counts over every target-side file fairseq would train on."""
+    """Counts over every target-side file fairseq's translation task would
+    train on."""
     splits = find_target_splits(data, split, source_lang, target_lang)
     if not splits:
         pattern = os.path.join(
             data.split(":")[0], f"{split}.{source_lang}-{target_lang}.{target_lang}"
         )
-        raise UnigramError(
+        raise MissingTrainingSplit(
             f"no binarised target training split found (looked for {pattern}.bin "
             f"and the {target_lang}-{source_lang} order in every path of {data!r}). "
-            "--natbias-init unigram counts the target side of the training data: "
-            "binarise it with fairseq-preprocess --trainpref, or choose "
-            "--natbias-init file --natbias-counts PATH (counts from another corpus), "
-            "zero, or none."
+            + NO_SPLIT_FIX
         )
+    return _sum_counts(splits, vocab_size)
+
+
+def count_lm_targets(
+    data: str, split: str, vocab_size: int, output_size: Optional[int] = None,
+    bos_per_block: Optional["BlockSlicing"] = None, bos: int = 0, unk: int = 3,
+) -> np.ndarray:
+    """Counts of the next-token targets of fairseq's language_modeling task
+    (see the module docstring): every token of ``train.bin`` (all shards and
+    numbered files), plus one ``bos`` per block when ``bos_per_block`` says how
+    the task cuts blocks (``--add-bos-token``), ids >= ``output_size`` folded
+    into ``unk`` (``--output-dictionary-size``). Length: ``output_size`` or
+    ``vocab_size``."""
+    splits = find_lm_splits(data, split)
+    if not splits:
+        raise MissingTrainingSplit(
+            f"no binarised training split found for the language model (looked "
+            f"for {os.path.join(data.split(':')[0], split)}.bin, as "
+            f"`fairseq-preprocess --only-source --trainpref ...` writes it, in "
+            f"every path of {data!r}). " + NO_SPLIT_FIX
+        )
+    counts = _sum_counts(splits, vocab_size)
+    if bos_per_block is not None:
+        counts[bos] += sum(bos_per_block.blocks(target.prefix) for target in splits)
+    if output_size is not None and 0 <= output_size < vocab_size:
+        counts[unk] += counts[output_size:].sum()
+        counts = counts[:output_size].copy()
+    return counts
+
+
+@dataclass
+class BlockSlicing:
+    """How fairseq's language_modeling task cuts a split into blocks."""
+
+    break_mode: Optional[str]
+    tokens_per_sample: int
+
+    def blocks(self, prefix: str) -> int:
+        from fairseq.data.token_block_utils_fast import _get_slice_indices_fast
+
+        sizes = _sentence_sizes(prefix)
+        if self.break_mode == "eos":
+            return len(sizes)
+        mode = self.break_mode or "none"
+        return len(_get_slice_indices_fast(sizes, mode, self.tokens_per_sample, 1))
+
+
+def _sentence_sizes(prefix) -> np.ndarray:
+    from fairseq.data import data_utils, indexed_dataset
+
+    if indexed_dataset.infer_dataset_impl(prefix) == "mmap":
+        return np.asarray(_mmap_index(indexed_dataset.index_file_path(prefix))[1], dtype=np.int64)
+    dataset = data_utils.load_indexed_dataset(prefix, None)
+    return np.asarray(dataset.sizes, dtype=np.int64)
+
+
+def count_training_targets(task, split: str = "train") -> np.ndarray:
+    """Counts of the tokens ``task`` trains a model to predict, one per entry
+    of its target dictionary: the one entry point for the models, the
+    criterion and the tools."""
+    cfg = task_config(task)
+    vocab = len(task.target_dictionary)
+    if getattr(cfg, "source_lang", None) and getattr(cfg, "target_lang", None):
+        return count_target_tokens(cfg.data, split, cfg.source_lang, cfg.target_lang, vocab)
+    if hasattr(cfg, "tokens_per_sample") and hasattr(task, "output_dictionary"):
+        dictionary = task.source_dictionary  # the ids in train.bin
+        slicing = (BlockSlicing(getattr(cfg, "sample_break_mode", None), cfg.tokens_per_sample)
+                   if getattr(cfg, "add_bos_token", False) else None)
+        output_size = getattr(cfg, "output_dictionary_size", -1)
+        return count_lm_targets(
+            cfg.data, split, len(dictionary),
+            output_size=output_size if output_size is not None and output_size >= 0 else None,
+            bos_per_block=slicing, bos=dictionary.bos(), unk=dictionary.unk(),
+        )
+    raise UnigramError(
+        f"cannot tell which tokens task {type(task).__name__} trains a model to "
+        "predict: the natural bias counts the target side of --task translation "
+        "or the text of --task language_modeling. Give the bias from a counts "
+        "file instead (--natbias-init file --natbias-counts PATH)."
+    )
+
+
+def task_config(task):
+    """A task's options: ``task.cfg`` (dataclass tasks such as translation) or
+    ``task.args`` (legacy tasks such as language_modeling, whose cfg is None)."""
+    return getattr(task, "cfg", None) or getattr(task, "args", None)
+
+
+NO_SPLIT_FIX = (
+    "--natbias-init unigram counts the tokens the model learns to predict: "
+    "binarise them with fairseq-preprocess --trainpref, or choose "
+    "--natbias-init file --natbias-counts PATH (counts from another corpus), "
+    "zero, or none."
+)
+
+
+def _sum_counts(splits, vocab_size) -> np.ndarray:
     counts = np.zeros(vocab_size, dtype=np.int64)
     for target in splits:
         counts += count_binarized(target.prefix, vocab_size, target.impl)
     if counts.sum() == 0:
         raise UnigramError(
-            f"the target training split(s) {[t.prefix for t in splits]} hold no "
+            f"the training split(s) {[t.prefix for t in splits]} hold no "
             "tokens; there is nothing to estimate a unigram from."
         )
     logger.info(

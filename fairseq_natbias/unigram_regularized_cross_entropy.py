@@ -11,8 +11,8 @@ back to the standard objective KL(p || p_theta)."
 
 Here p is the label-smoothed empirical distribution (``--label-smoothing``,
 0.1 by default as in the paper's sec. 4.1) and omega is the target-side unigram
-of the training data, counted and smoothed exactly as ``transformer_natbias``
-counts its bias (``fairseq_natbias.unigram``; ``--unigram-reg-smoothing`` has
+of the training data (translation or language modelling), counted and
+smoothed exactly as the natural-bias models count their bias (``fairseq_natbias.unigram``; ``--unigram-reg-smoothing`` has
 the semantics and default of ``--natbias-smoothing``). It is counted once, when
 training begins (``task.begin_epoch``), and only if the term can be on, so
 ``fairseq-validate`` and runs with N = 0 need no training split. Per target
@@ -203,18 +203,14 @@ class UnigramRegularizedCrossEntropyCriterion(LabelSmoothedCrossEntropyCriterion
         return self._omega_cache[key]
 
     def _count(self) -> torch.Tensor:
-        cfg = self.task.cfg
-        if not all(hasattr(cfg, key) for key in ("data", "source_lang", "target_lang")):
+        try:
+            counts = unigram.count_training_targets(self.task, self.train_subset)
+        except unigram.UnigramError as error:
             raise unigram.UnigramError(
-                f"criterion {NAME} counts the target side of a translation task's "
-                f"training data; task {type(self.task).__name__} has no source and "
-                "target languages. Use --task translation, or another criterion."
-            )
-        vocab = len(self.task.target_dictionary)
-        args = (cfg.data, self.train_subset, cfg.source_lang, cfg.target_lang)
-        if not unigram.find_target_splits(*args):
-            raise unigram.UnigramError(_no_split_message(*args))
-        counts = unigram.count_target_tokens(*args, vocab)
+                f"criterion {NAME}: {error} (The regulariser's unigram is counted "
+                "on the training split named by --train-subset; or switch the "
+                "regulariser off with --unigram-reg-updates 0.)"
+            ) from error
         return unigram.unigram_log_probs(counts, self.smoothing)
 
     # --- logging --------------------------------------------------------------
@@ -265,17 +261,6 @@ def _check_options(weight, updates, smoothing, clamp):
             f"bound), got {clamp!r}"
         )
     return float(weight), int(updates)
-
-
-def _no_split_message(data, split, src, tgt):
-    path = f"{data.split(':')[0]}/{split}.{src}-{tgt}.{tgt}"
-    return (
-        f"criterion {NAME}: no binarised target training split found at "
-        f"{path}.bin/.idx (nor {tgt}-{src}, in any path of {data!r}); the "
-        "regulariser's unigram is counted on it. Binarise the training data with "
-        "fairseq-preprocess --trainpref (and --train-subset naming that split), "
-        "or switch the regulariser off with --unigram-reg-updates 0."
-    )
 
 
 def _compare_with_model_unigram(model, log_omega) -> None:

@@ -43,12 +43,15 @@ def _test_batch(task):
 
 
 def _contextual_logits(model, sample):
-    """W phi computed by hand: the decoder's features times W, no bias."""
+    """g W phi computed by hand: the decoder's features times W, no bias, times
+    the gain g = speed * u (the default weight init ``gain``)."""
     net_input = sample["net_input"]
     encoder_out = model.encoder(net_input["src_tokens"], src_lengths=net_input["src_lengths"])
     features, _ = model.decoder(net_input["prev_output_tokens"], encoder_out=encoder_out,
                                 features_only=True)
-    return F.linear(features, model.decoder.output_projection.weight)
+    projection = model.decoder.output_projection
+    gain = projection.gain_param.item() * model.args.natbias_gain_speed
+    return gain * F.linear(features, projection.weight)
 
 
 @torch.no_grad()

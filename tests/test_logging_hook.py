@@ -112,7 +112,8 @@ def test_stats_only_on_every_interval_th_update(tmp_path, toy_bin):
 @pytest.mark.parametrize("init", ["unigram", "zero"])
 def test_bias_statistics_equal_hand_computation(tmp_path, toy_bin, toy_log_unigram, init):
     """bias_kl = KL(softmax(b) || unigram) in bits: 0 for the unigram bias,
-    KL(uniform || unigram) for b = 0; bias_norm = ||b||, weight_norm = ||W||_F."""
+    KL(uniform || unigram) for b = 0; bias_norm = ||b||; gain = g, the
+    documented starting value 0.05; weight_norm = ||g W||_F."""
     task, model, criterion = build_in_process(toy_bin, tmp_path, "--natbias-init", init)
     stats = model.natbias_hook.bias_statistics()
     log_omega = toy_log_unigram
@@ -126,7 +127,8 @@ def test_bias_statistics_equal_hand_computation(tmp_path, toy_bin, toy_log_unigr
     assert stats["bias_kl"] == pytest.approx(expected_kl, abs=1e-6)
     assert stats["bias_norm"] == pytest.approx(expected_norm, rel=1e-6)
     weight = model.decoder.output_projection.weight.detach().double()
-    assert stats["weight_norm"] == pytest.approx(weight.pow(2).sum().sqrt().item(), rel=1e-6)
+    assert stats["gain"] == pytest.approx(0.05, rel=1e-6)
+    assert stats["weight_norm"] == pytest.approx(0.05 * weight.pow(2).sum().sqrt().item(), rel=1e-6)
 
 
 def test_bias_kl_never_prints_minus_zero(tmp_path, toy_bin):

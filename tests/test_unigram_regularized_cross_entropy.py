@@ -235,9 +235,9 @@ def test_no_training_data_needed_when_the_term_cannot_be_on(tmp_path, toy_bin, f
     assert torch.isfinite(loss) and criterion._log_omega is None
 
 
-def test_a_task_without_languages_is_refused(toy_bin):
-    class LanguageModelingLikeTask:
-        cfg = SimpleNamespace(data=str(toy_bin))  # no source_lang / target_lang
+def test_a_task_that_is_neither_translation_nor_lm_is_refused(toy_bin):
+    class ClassificationLikeTask:
+        cfg = SimpleNamespace(data=str(toy_bin))  # no languages, no tokens_per_sample
         target_dictionary = Dictionary()
 
         def train_step(self, *args, **kwargs):
@@ -246,9 +246,9 @@ def test_a_task_without_languages_is_refused(toy_bin):
         def begin_epoch(self, epoch, model):
             pass
 
-    task = LanguageModelingLikeTask()
+    task = ClassificationLikeTask()
     UnigramRegularizedCrossEntropyCriterion(task, False, 0.1, 0.1, 5)
-    with pytest.raises(ValueError, match="Use --task translation"):
+    with pytest.raises(ValueError, match="cannot tell which tokens .* --unigram-reg-updates 0"):
         task.begin_epoch(1, None)
 
 

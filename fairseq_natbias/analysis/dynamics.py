@@ -11,6 +11,7 @@ What the paper plots against training step (log-scale x):
 ``bias_kl``                    Fig. 13: "Divergence of the bias term (after softmax
                                ...) from the unigram distribution"
 ``bias_norm``                  Fig. 14: "Magnitude of the bias term"
+``gain``, ``weight_norm``      the gain g on W phi (weight init ``gain``) and ||g W||_F
 
 The values are those ``fairseq_natbias.logging_hook`` adds to fairseq's log
 lines; a name with the ``valid_`` prefix is read from the validation lines, any
@@ -35,7 +36,8 @@ LABELS = {
     "kl_uniform": "KL(model || uniform) (bits)",
     "bias_kl": "KL(softmax(b) || unigram) (bits)",
     "bias_norm": "||b||_2",
-    "weight_norm": "||W||_F",
+    "weight_norm": "||g W||_F",
+    "gain": "gain g on W phi",
     "valid_bleu": "validation BLEU",
 }
 

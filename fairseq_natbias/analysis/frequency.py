@@ -113,8 +113,8 @@ def load_split(task, split) -> None:
     except ValueError as error:  # numpy cannot memory-map an empty .bin file
         if "empty file" in str(error):
             raise AnalysisError(
-                f"the {split} split of {task.cfg.data} is empty: nothing to score") from None
-        raise AnalysisError(f"cannot read the {split} split of {task.cfg.data}: {error}") from None
+                f"the {split} split of {unigram.task_config(task).data} is empty: nothing to score") from None
+        raise AnalysisError(f"cannot read the {split} split of {unigram.task_config(task).data}: {error}") from None
 
 
 def check_dictionaries(model_state, task, path, data) -> None:
@@ -143,13 +143,15 @@ def output_bias(model) -> Optional[torch.Tensor]:
 
 
 def training_log_unigram(model, task, cfg) -> Tuple[np.ndarray, str]:
-    """The smoothed log-unigram of the target training data, and where it came from."""
-    vocab = len(task.target_dictionary)
-    data, src, tgt = task.cfg.data, task.cfg.source_lang, task.cfg.target_lang
+    """The smoothed log-unigram of the training targets, and where it came from."""
+    data = unigram.task_config(task).data
     train_split = getattr(cfg.dataset, "train_subset", None) or "train"
     alpha = getattr(cfg.model, "natbias_smoothing", None) or 1.0
-    if unigram.find_target_splits(data, train_split, src, tgt):
-        counts = unigram.count_target_tokens(data, train_split, src, tgt, vocab)
+    try:
+        counts = unigram.count_training_targets(task, train_split)
+    except unigram.MissingTrainingSplit:  # e.g. only the test split was shipped
+        counts = None
+    if counts is not None:
         log_u = unigram.unigram_log_probs(counts, alpha).double().numpy()
         _compare_with_buffer(model, log_u)
         return log_u, f"counted in the {train_split} split of {data} (add-{alpha:g})"
@@ -183,7 +185,7 @@ def score_reference_tokens(model, task, split, max_tokens=4096, use_cuda=False,
     """Occurrences and summed log-probabilities (full, bias dropped) per target type."""
     dataset = task.dataset(split)
     if len(dataset) == 0:
-        raise AnalysisError(f"the {split} split of {task.cfg.data} is empty: nothing to score")
+        raise AnalysisError(f"the {split} split of {unigram.task_config(task).data} is empty: nothing to score")
     vocab = len(task.target_dictionary)
     totals = [torch.zeros(vocab, dtype=torch.float64) for _ in range(3)]
     batches = _batches(model, task, dataset, max_tokens)

@@ -80,7 +80,7 @@ def find_raw_data(given, work):
     candidates = [Path(given)] if given else []
     candidates.append(Path(os.environ.get("NATBIAS_MULTI30K", "../shared/data/multi30k")))
     for folder in candidates:
-        if _has_all_files(folder):
+        if has_all_files(folder):
             say(f"data: Multi30k-style parallel text from {folder}")
             return folder
         if given and folder == Path(given):
@@ -94,7 +94,7 @@ def find_raw_data(given, work):
     return _synthetic_corpus(work / "synthetic")
 
 
-def _raw_file(folder, split, lang):
+def raw_file(folder, split, lang):
     for name in (SPLIT_FILES[split], split):
         for suffix in (".gz", ""):
             path = Path(folder) / f"{name}.{lang}{suffix}"
@@ -103,12 +103,12 @@ def _raw_file(folder, split, lang):
     return None
 
 
-def _has_all_files(folder):
-    return all(_raw_file(folder, s, l) for s in SPLIT_FILES for l in LANGS)
+def has_all_files(folder, langs=LANGS):
+    return all(raw_file(folder, s, l) for s in SPLIT_FILES for l in langs)
 
 
 def _download_multi30k(target):
-    if _has_all_files(target):
+    if has_all_files(target):
         return True
     say(f"data: downloading Multi30k from {MULTI30K_URL}")
     target.mkdir(parents=True, exist_ok=True)
@@ -147,9 +147,12 @@ def read_lines(path):
 # --- pipeline steps ------------------------------------------------------------
 
 
-def prepare(raw, work, vocab_size):
+def prepare(raw, work, vocab_size, langs=LANGS):
+    """Joint SentencePiece over both sides, then fairseq-preprocess with one
+    joined dictionary; ``langs`` is (source, target)."""
+    source, target = langs
     data_bin = work / "data-bin"
-    if (data_bin / "test.de-en.en.bin").exists():
+    if (data_bin / f"test.{source}-{target}.{target}.bin").exists():
         say(f"preprocess: {data_bin} exists, skipped")
         return data_bin
     import sentencepiece as spm
@@ -157,23 +160,24 @@ def prepare(raw, work, vocab_size):
     text = work / "text"
     text.mkdir(parents=True, exist_ok=True)
     for split in SPLIT_FILES:
-        for lang in LANGS:
+        for lang in langs:
             (text / f"{split}.raw.{lang}").write_text(
-                "\n".join(read_lines(_raw_file(raw, split, lang))) + "\n", encoding="utf-8")
+                "\n".join(read_lines(raw_file(raw, split, lang))) + "\n", encoding="utf-8")
     say(f"sentencepiece: joint unigram model, {vocab_size} pieces")
     spm.SentencePieceTrainer.train(
-        input=f"{text}/train.raw.de,{text}/train.raw.en", model_prefix=str(work / "spm"),
+        input=f"{text}/train.raw.{source},{text}/train.raw.{target}",
+        model_prefix=str(work / "spm"),
         vocab_size=vocab_size, model_type="unigram", character_coverage=1.0,
         bos_id=-1, eos_id=-1, pad_id=-1, unk_id=0, minloglevel=2, hard_vocab_limit=False,
     )
     model = spm.SentencePieceProcessor(model_file=str(work / "spm.model"))
     for split in SPLIT_FILES:
-        for lang in LANGS:
+        for lang in langs:
             lines = (text / f"{split}.raw.{lang}").read_text(encoding="utf-8").splitlines()
             pieces = [" ".join(model.encode(line, out_type=str)) for line in lines]
             (text / f"{split}.{lang}").write_text("\n".join(pieces) + "\n", encoding="utf-8")
     say("fairseq-preprocess (joined dictionary)")
-    run([tool("fairseq-preprocess"), "--source-lang", "de", "--target-lang", "en",
+    run([tool("fairseq-preprocess"), "--source-lang", source, "--target-lang", target,
          "--trainpref", f"{text}/train", "--validpref", f"{text}/valid",
          "--testpref", f"{text}/test", "--destdir", str(data_bin),
          "--joined-dictionary", "--workers", "2"], log_path=work / "preprocess.log")
@@ -211,7 +215,7 @@ def record_step0(arguments, path):
     path.write_text([line for line in output.splitlines() if line.startswith("{")][-1])
 
 
-def evaluate(data_bin, work, run_dir, init):
+def evaluate(data_bin, work, run_dir, init, target=LANGS[1]):
     scores_path = run_dir / "test_scores.json"
     if scores_path.exists():
         say(f"generate [{init}]: scored before, skipped")
@@ -227,7 +231,7 @@ def evaluate(data_bin, work, run_dir, init):
     ordered = [(sentences[i].detokenized if i in sentences else None) or ""
                for i in range(len(sentences))]
     (run_dir / "test.hyp").write_text("\n".join(ordered) + "\n", encoding="utf-8")
-    references = (work / "text/test.raw.en").read_text(encoding="utf-8").splitlines()
+    references = (work / f"text/test.raw.{target}").read_text(encoding="utf-8").splitlines()
     scores = sacrebleu_scores(ordered, references[: len(ordered)])
     scores_path.write_text(json.dumps(scores, indent=1))
     return scores

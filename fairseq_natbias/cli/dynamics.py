@@ -8,7 +8,7 @@ standard error over seeds shaded (Meister et al., 2023, Figs. 1, 5, 13, 14)::
 
 RUNS is a run grid, RUNS/<dataset>/<init>/seed<k>/train.log (see
 natbias-report --help); --log INIT=LOG adds single logs (repeat an INIT for
-its seeds). Metrics: kl_unigram, kl_uniform, bias_kl, bias_norm, weight_norm
+its seeds). Metrics: kl_unigram, kl_uniform, bias_kl, bias_norm, gain, weight_norm
 (from the train_inner lines that fairseq_natbias adds them to) and any
 validation key with a valid_ prefix (valid_bleu, valid_loss). Writes one
 <metric>.png per metric and dynamics.tsv (the plotted numbers).

@@ -1,0 +1,117 @@
+"""``transformer_lm_natbias``: fairseq's transformer language model with the
+natural output bias of Meister et al. (2023), eq. (4):
+
+    p_theta(y_t | y_<t) ∝ p_Wphi(y_t | y_<t) * p_b(y_t),    b = log p_unigram
+
+Trained with fairseq's ``language_modeling`` task on data binarised with
+``fairseq-preprocess --only-source``; the bias counts the task's next-token
+targets in ``train.bin`` (what is counted, with ``--add-bos-token`` and
+``--output-dictionary-size``: :mod:`fairseq_natbias.unigram`). The bias, the
+``--natbias-*`` options, the weight inits, the logging hook and the
+generation-time control (lambda * b, Kobayashi et al. 2023) are those of
+``transformer_natbias`` (:mod:`fairseq_natbias.natural_bias`).
+
+fairseq registers ``transformer_lm`` with a dataclass config; this model is
+registered the older argparse way, like ``transformer_natbias``, so that both
+share one options group and one way of recording which options were left at
+their defaults. Its architecture functions are fairseq's own presets, then the
+dataclass's defaults for whatever a preset leaves unset.
+
+Refused: ``--adaptive-softmax-cutoff`` and ``--adaptive-input`` (the bias is
+one vector over the whole vocabulary, which those split into clusters), and
+``--character-embeddings``.
+"""
+
+import dataclasses
+
+from fairseq.dataclass.utils import gen_parser_from_dataclass
+from fairseq.models import register_model, register_model_architecture
+from fairseq.models import transformer_lm
+from fairseq.models.transformer_lm import (
+    TransformerLanguageModel,
+    TransformerLanguageModelConfig,
+)
+
+from fairseq_natbias import natural_bias
+
+
+@register_model("transformer_lm_natbias")
+class TransformerLanguageModelNatbias(natural_bias.NaturalBiasModel, TransformerLanguageModel):
+    @classmethod
+    def add_args(cls, parser):
+        # fairseq's transformer_lm options, left unset so the presets fill them.
+        gen_parser_from_dataclass(parser, TransformerLanguageModelConfig(), delete_default=True)
+        natural_bias.add_args(parser)
+
+    @classmethod
+    def build_model(cls, args, task):
+        for option, what in (("adaptive_input", "--adaptive-input"),
+                             ("character_embeddings", "--character-embeddings")):
+            if getattr(args, option, False):
+                raise SystemExit(
+                    f"fairseq_natbias: error: transformer_lm_natbias does not support "
+                    f"{what}: the natural bias is one output vector over the whole "
+                    f"vocabulary, and an embedding tied to it must be one matrix. "
+                    f"Drop {what} (and --adaptive-softmax-cutoff)."
+                )
+        return super().build_model(args, task)
+
+    def forward(self, src_tokens, **kwargs):
+        net_output = super().forward(src_tokens, **kwargs)
+        # The input and the next-token targets are padded alike.
+        return self._mark_targets(net_output, src_tokens)
+
+
+def _dataclass_defaults(args):
+    """Fill what a preset left unset with TransformerLanguageModelConfig's own
+    defaults (not the ``${task...}`` ones: those options come from the task)."""
+    for field in dataclasses.fields(TransformerLanguageModelConfig):
+        if getattr(args, field.name, None) is not None:
+            continue
+        if field.default is not dataclasses.MISSING:
+            default = field.default
+        elif field.default_factory is not dataclasses.MISSING:
+            default = field.default_factory()
+        else:
+            continue
+        if isinstance(default, str) and default.startswith("${"):
+            continue
+        setattr(args, field.name, default)
+
+
+def _natbias_lm(fairseq_preset):
+    def architecture(args):
+        natural_bias.set_defaults(args)
+        fairseq_preset(args)
+        _dataclass_defaults(args)
+
+    return architecture
+
+
+@register_model_architecture("transformer_lm_natbias", "transformer_lm_natbias")
+def transformer_lm_natbias(args):
+    """fairseq's ``transformer_lm``: d 512, FFN 2048, 6 layers, 8 heads, untied."""
+    _natbias_lm(transformer_lm.base_lm_architecture)(args)
+
+
+@register_model_architecture("transformer_lm_natbias", "transformer_lm_natbias_gpt")
+def transformer_lm_natbias_gpt(args):
+    """fairseq's ``transformer_lm_gpt``: d 768, FFN 3072, 12 layers, 12 heads, GELU."""
+    _natbias_lm(transformer_lm.transformer_lm_gpt)(args)
+
+
+@register_model_architecture("transformer_lm_natbias", "transformer_lm_natbias_gpt2_small")
+def transformer_lm_natbias_gpt2_small(args):
+    """fairseq's ``transformer_lm_gpt2_small``: d 1024, FFN 4096, 24 layers, 16 heads."""
+    _natbias_lm(transformer_lm.transformer_lm_gpt2_small)(args)
+
+
+@register_model_architecture("transformer_lm_natbias", "transformer_lm_natbias_tiny")
+def transformer_lm_natbias_tiny(args):
+    """For tests, the demo and the CPU study: d 128, FFN 256, 2 layers,
+    4 heads (untied unless --share-decoder-input-output-embed, as fairseq's)."""
+    args.decoder_embed_dim = getattr(args, "decoder_embed_dim", None) or 128
+    args.decoder_ffn_embed_dim = getattr(args, "decoder_ffn_embed_dim", None) or 256
+    args.decoder_layers = getattr(args, "decoder_layers", None) or 2
+    args.decoder_attention_heads = getattr(args, "decoder_attention_heads", None) or 4
+    _natbias_lm(transformer_lm.base_lm_architecture)(args)

@@ -1,0 +1,185 @@
+"""What the natbias models share (fairseq_natbias/natural_bias.py): the default
+weight init (``gain``) at update 0 and after one update, the same initial
+parameters whatever the bias, and checkpoints: earlier versions' load, resume
+and generate as before; resuming with other settings is refused in one line;
+fine-tuning says what it does with the bias."""
+
+import filecmp
+import math
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from fairseq.data import Dictionary
+
+from fairseq_natbias.cli.step0 import validation_divergence
+from natbias_testing import fairseq, log_records, train
+from test_transformer_natbias import build, hand_log_unigram
+from test_unigram import hand_counts
+
+FIXTURES = Path(__file__).parent / "fixtures"
+V010 = FIXTURES / "v0.1.0"
+# The model of the v0.1.0 checkpoint (its README says how it was made).
+V010_MODEL = [
+    "--encoder-layers", "1", "--decoder-layers", "1",
+    "--encoder-embed-dim", "16", "--decoder-embed-dim", "16",
+    "--encoder-ffn-embed-dim", "32", "--decoder-ffn-embed-dim", "32",
+    "--encoder-attention-heads", "2", "--decoder-attention-heads", "2",
+    "--share-decoder-input-output-embed",
+]
+GENERATE = ["--beam", "5", "--cpu", "--max-len-b", "10", "--required-batch-size-multiple", "1"]
+
+
+# --- the default weight init --------------------------------------------------------
+
+
+@pytest.mark.parametrize("weight_init", [[], ["--natbias-weight-init", "damped"]],
+                         ids=["default", "damped"])
+@pytest.mark.parametrize("tying", [[], ["--share-decoder-input-output-embed"],
+                                   ["--share-all-embeddings"]])
+def test_default_starts_at_the_unigram(multi30k_bin, multi30k_text, tying, weight_init):
+    """Fig. 1 at update 0 with the DEFAULT settings (and ``damped``), on real
+    text: a fresh unigram model's validation NLL is the unigram's
+    cross-entropy (within 0.3 bits), tied or untied; the zero bias is far
+    from it."""
+    dictionary = Dictionary.load(str(multi30k_bin / "dict.en.txt"))
+    log_u = hand_log_unigram(multi30k_text / "train.en", dictionary)
+    valid = hand_counts(multi30k_text / "valid.en", dictionary)
+    unigram_ce_bits = -(valid * log_u).sum() / valid.sum() / math.log(2)
+
+    _, task, model = build(multi30k_bin, *tying, *weight_init)
+    fresh = validation_divergence(task, model)
+    _, task, zero = build(multi30k_bin, *tying, *weight_init, "--natbias-init", "zero")
+    zero_result = validation_divergence(task, zero)
+
+    assert fresh["tokens"] == valid.sum()
+    assert abs(fresh["nll"] - unigram_ce_bits) < 0.3, fresh
+    assert zero_result["nll"] > unigram_ce_bits + 3.0, zero_result
+
+
+@pytest.mark.parametrize("weight_init", ["gain", "fairseq", "damped"])
+def test_biases_share_every_initial_parameter_but_the_bias(toy_bin, weight_init):
+    states = {init: build(toy_bin, "--natbias-init", init,
+                          "--natbias-weight-init", weight_init)[2].state_dict()
+              for init in ("unigram", "zero", "none")}
+    bias_key = "decoder.output_projection.bias"
+    assert bias_key not in states["none"]
+    for init in ("unigram", "zero"):
+        assert set(states[init]) - {bias_key} == set(states["none"])
+        for key, value in states["none"].items():
+            assert torch.equal(states[init][key], value), (init, key)
+
+
+def test_one_update_moves_the_gain_by_speed_times_lr(toy_bin, tmp_path):
+    """Through the real fairseq-train and fairseq's Adam, constant lr: after
+    update 1 the logged gain is 0.05 +- speed * lr (Adam's first step on u is
+    lr * sign of its gradient)."""
+    lr, speed = 1e-3, 30.0
+    result = train(toy_bin, tmp_path / "ckpt", "--lr-scheduler", "fixed", "--lr", str(lr),
+                   "--warmup-updates", "0",  # the fixed schedule: lr from update 1
+                   "--natbias-gain-speed", str(speed), "--no-save", max_update=1)
+    gain = log_records(result.stdout + result.stderr, "train_inner")[0]["gain"]
+    assert abs(gain - 0.05) == pytest.approx(speed * lr, abs=1e-4)
+
+
+# --- checkpoints of earlier versions ----------------------------------------------------
+
+
+def test_v010_fixture_matches_the_toy_corpus(toy_bin):
+    for name in ("dict.src.txt", "dict.tgt.txt"):
+        assert filecmp.cmp(toy_bin / name, V010 / name, shallow=False), name
+
+
+def test_v010_checkpoint_generates_byte_identically(toy_bin, tmp_path):
+    """A checkpoint trained by 0.1.0 (default weight init ``fairseq``) is
+    built with its own settings: the same translations and scores, byte for
+    byte, as 0.1.0 printed."""
+    result = fairseq("fairseq-generate", toy_bin, "--user-dir", "fairseq_natbias",
+                     "--path", V010 / "checkpoint_last.pt", *GENERATE)
+    assert result.stdout == (V010 / "generate.out").read_text()
+
+
+def test_v010_checkpoint_resumes_with_its_own_weight_init(toy_bin, tmp_path):
+    save_dir = tmp_path / "ckpt"
+    save_dir.mkdir()
+    shutil.copy(V010 / "checkpoint_last.pt", save_dir / "checkpoint_last.pt")
+    result = train(toy_bin, save_dir, *V010_MODEL, model=[], max_update=6)
+    log = result.stdout + result.stderr
+    assert "@ 4 updates" in log  # really resumed
+    assert "with its own --natbias-init unigram --natbias-weight-init fairseq" in log
+    state = torch.load(save_dir / "checkpoint_last.pt", map_location="cpu")
+    assert state["cfg"]["model"].natbias_weight_init == "fairseq"
+    assert "decoder.output_projection.gain_param" not in state["model"]
+    assert state["optimizer_history"][-1]["num_updates"] == 6
+
+
+# --- resuming and fine-tuning with other settings --------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def unigram_run(toy_bin, tmp_path_factory):
+    """One update of the default model (unigram bias, gain init)."""
+    save_dir = tmp_path_factory.mktemp("unigram_run")
+    train(toy_bin, save_dir, max_update=1)
+    return save_dir / "checkpoint_last.pt"
+
+
+@pytest.mark.parametrize("options, asked", [
+    (["--natbias-init", "zero"], "--natbias-init zero"),
+    (["--natbias-init", "none"], "--natbias-init none"),
+    (["--natbias-weight-init", "fairseq"], "--natbias-weight-init fairseq"),
+    (["--natbias-gain-speed", "50"], "--natbias-gain-speed 50"),
+])
+def test_resuming_with_other_settings_is_refused(toy_bin, tmp_path, unigram_run,
+                                                 options, asked):
+    save_dir = tmp_path / "ckpt"
+    save_dir.mkdir()
+    shutil.copy(unigram_run, save_dir / "checkpoint_last.pt")
+    result = train(toy_bin, save_dir, *options, max_update=2, check=False)
+    assert result.returncode != 0
+    message = result.stderr.strip().splitlines()[-1]
+    assert message.startswith("fairseq_natbias: error: ")
+    assert "--natbias-init unigram --natbias-weight-init gain --natbias-gain-speed 20" in message
+    assert asked in message and "--save-dir" in message
+    assert "Traceback" not in result.stderr
+
+
+def test_resuming_with_the_same_settings_given_explicitly_works(toy_bin, tmp_path, unigram_run):
+    save_dir = tmp_path / "ckpt"
+    save_dir.mkdir()
+    shutil.copy(unigram_run, save_dir / "checkpoint_last.pt")
+    result = train(toy_bin, save_dir, "--natbias-init", "unigram",
+                   "--natbias-weight-init", "gain", max_update=2)
+    assert "@ 1 updates" in result.stdout + result.stderr
+
+
+def test_finetuning_keeps_the_checkpoint_bias_and_says_so(toy_bin, tmp_path, unigram_run):
+    result = train(toy_bin, tmp_path / "finetuned", "--natbias-init", "zero",
+                   "--finetune-from-model", unigram_run, max_update=2)
+    log = result.stdout + result.stderr
+    assert "fine-tuning from" in log and "not re-initialised or recounted" in log
+    assert "--natbias-init on the command line ignored" in log
+    trained = torch.load(unigram_run, map_location="cpu")["model"]
+    state = torch.load(tmp_path / "finetuned/checkpoint_last.pt", map_location="cpu")
+    assert state["cfg"]["model"].natbias_init == "unigram"
+    # Fine-tuning started from the trained bias (1 more update moves it a little).
+    bias = state["model"]["decoder.output_projection.bias"]
+    torch.testing.assert_close(bias, trained["decoder.output_projection.bias"],
+                               atol=5e-3, rtol=0)
+
+
+def test_resumed_run_still_generates_without_training_data(toy_bin, fresh_copy, tmp_path):
+    """A checkpoint written after resuming keeps the counted marker: a model
+    built from its config loads weights instead of counting."""
+    data = fresh_copy(toy_bin)
+    train(data, tmp_path / "ckpt", max_update=1)
+    train(data, tmp_path / "ckpt", max_update=2)
+    for path in data.glob("train.*"):
+        path.unlink()
+    moved = tmp_path / "moved.pt"
+    shutil.move(tmp_path / "ckpt/checkpoint_last.pt", moved)
+    shutil.rmtree(tmp_path / "ckpt")
+    result = fairseq("fairseq-generate", data, "--user-dir", "fairseq_natbias",
+                     "--path", moved, *GENERATE)
+    assert "Translated 20 sentences" in result.stderr
