@@ -47,6 +47,7 @@ setup(
             "natbias-dynamics=fairseq_natbias.cli.dynamics:main",
             "natbias-report=fairseq_natbias.cli.report:main",
             "natbias-sweep=fairseq_natbias.cli.sweep:main",
+            "natbias-lm-sweep=fairseq_natbias.cli.sweep_lm:main",
             "natbias-distinct=fairseq_natbias.cli.distinct:main",
         ]
     },

@@ -1,14 +1,19 @@
 """The paper's learning-efficiency claim, measured on real data against stock
-fairseq (issues 6 and 10).
+fairseq (issues 6, 10 and 11), for translation and for language models.
 
-On Multi30k (joint SentencePiece 8k; --pair de-en or fr-en), a small model
-(2+2 layers, d = 128, tied embeddings) trained on the CPU through the real
-fairseq-train, for each arm x seed under a learning-rate schedule:
+Translation (--task translation): Multi30k (joint SentencePiece 8k; --pair
+de-en or fr-en), a small transformer (2+2 layers, d = 128, tied embeddings).
+Language modelling (--task lm): one side of Multi30k (--lang en, de or fr;
+SentencePiece 8k), a small transformer LM (2 layers, d = 128, tied, blocks of
+64 tokens). Each trained on the CPU through the real fairseq-train, for each
+arm x seed under a learning-rate schedule:
 
 arms
-    ``stock``                   fairseq's own ``--arch transformer`` (what a user
-                                would otherwise run; no bias)
-    ``WINIT/BIAS``              ``--arch transformer_natbias`` with
+    ``stock``                   fairseq's own ``--arch transformer`` (or
+                                ``transformer_lm``): what a user would
+                                otherwise run; no bias
+    ``WINIT/BIAS``              ``--arch transformer_natbias`` (or
+                                ``transformer_lm_natbias``) with
                                 ``--natbias-weight-init WINIT --natbias-init BIAS``,
                                 e.g. ``gain/unigram``, ``fairseq/zero``
     ``gain@G0,C/BIAS``          the ``gain`` init with ``--natbias-gain-init G0
@@ -22,19 +27,22 @@ Measured per run, validating every --validate-every updates:
 
 * validation NLL at update 0 (natbias-step0) and over updates, with the
   unigram cross-entropy of the validation targets for reference;
-* validation BLEU over updates (fairseq's own --eval-bleu: greedy, sacreBLEU
-  13a on detokenised SentencePiece, the whole validation set);
-* ALC of the validation NLL (update 0 included) and of the validation BLEU
-  (from the first validation; the paper's Fig. 3 measure): trapezoidal rule
-  divided by the span of updates (natbias-alc's);
+* translation: validation BLEU over updates (fairseq's own --eval-bleu:
+  greedy, sacreBLEU 13a on detokenised SentencePiece, the whole validation
+  set);
+* ALC of the validation NLL (update 0 included) and, for translation, of the
+  validation BLEU (from the first validation; the paper's Fig. 3 measure):
+  trapezoidal rule divided by the span of updates (natbias-alc's);
 * updates needed to reach the reference arm's (``stock``) validation NLL at
   its last update (mean over its seeds; interpolated; "never" if not reached);
-* test BLEU/chrF (sacreBLEU, with signatures) of the best checkpoint (highest
-  validation BLEU: the paper's early stopping), beam 5;
+* translation: test BLEU/chrF (sacreBLEU, with signatures) of the best
+  checkpoint (highest validation BLEU: the paper's early stopping), beam 5;
+  language model: test NLL and perplexity from fairseq-eval-lm of the best
+  checkpoint (lowest validation loss);
 * the gain g at the end, for the ``gain`` init.
 
 Means and standard errors over seeds go to a Markdown table and plots in
---workdir/<pair>/<schedule>/; the runs to <pair>/<schedule>/<arm>/seed<k>/.
+--workdir/<pair or lm-lang>/<schedule>/; the runs to .../<schedule>/<arm>/seed<k>/.
 Finished runs are skipped and an interrupted one resumes from its last
 checkpoint, so the study runs in parts and extends run by run. --jobs runs
 that many trainings side by side on --threads CPU threads each (on the 2-core
@@ -43,6 +51,8 @@ machine two 1-thread runs beat one 2-thread run after the other).
     .venv/bin/python benchmarks/study_learning_efficiency.py --pair de-en \\
         --schedule short --seeds 1 2 3 \\
         --arms stock gain/unigram gain/zero gain/none fairseq/unigram fairseq/zero fairseq/none
+    .venv/bin/python benchmarks/study_learning_efficiency.py --task lm --lang en \\
+        --seeds 1 2 3 --arms stock gain/unigram gain/zero fairseq/unigram
 """
 
 import argparse
@@ -80,6 +90,75 @@ EVAL_BLEU = ["--eval-bleu", "--eval-bleu-args", '{"beam": 1, "max_len_a": 1.2, "
              "--best-checkpoint-metric", "bleu", "--maximize-best-checkpoint-metric"]
 
 
+class Translation:
+    """Multi30k SRC->TGT with transformer(_natbias)."""
+
+    name = "translation"
+    stock_arch, natbias_arch = "transformer", "transformer_natbias"
+    loss_key = "nll_loss"  # label_smoothed_cross_entropy's NLL, bits
+    options = [*demo.MODEL, *EVAL_BLEU]
+
+    def __init__(self, pair):
+        self.langs = tuple(pair.split("-"))
+        self.folder = pair
+
+    def prepare(self, raw, work):
+        return demo.prepare(raw, work, vocab_size=8000, langs=self.langs)
+
+    def training(self):
+        return list(demo.TRAINING)
+
+    def evaluate(self, data_bin, work, run_dir, name):
+        demo.evaluate(data_bin, work, run_dir, name, target=self.langs[1])
+
+    def test_scores(self, run_dir):
+        return json.loads((run_dir / "test_scores.json").read_text())
+
+
+class LanguageModel:
+    """One language of Multi30k with transformer_lm(_natbias)."""
+
+    name = "lm"
+    stock_arch, natbias_arch = "transformer_lm", "transformer_lm_natbias"
+    loss_key = "loss"  # cross_entropy's loss, bits
+    options = ["--decoder-layers", "2", "--decoder-embed-dim", "128",
+               "--decoder-ffn-embed-dim", "256", "--decoder-attention-heads", "4",
+               "--share-decoder-input-output-embed"]
+
+    def __init__(self, lang):
+        self.lang = lang
+        self.folder = f"lm-{lang}"
+
+    def prepare(self, raw, work):
+        return demo.prepare_lm(raw, work, vocab_size=8000, lang=self.lang)
+
+    def training(self):
+        training = list(demo.TRAINING)
+        for option in ("--criterion", "--label-smoothing"):
+            index = training.index(option)
+            del training[index:index + 2]
+        return [*training, "--task", "language_modeling", "--tokens-per-sample", "64",
+                "--sample-break-mode", "none", "--criterion", "cross_entropy"]
+
+    def evaluate(self, data_bin, work, run_dir, name):
+        """Test NLL (bits) and perplexity of the best checkpoint, fairseq-eval-lm."""
+        scores_path = run_dir / "test_scores.json"
+        if scores_path.exists():
+            return
+        demo.say(f"eval-lm [{name}]: test split")
+        output = demo.run([demo.tool("fairseq-eval-lm"), str(data_bin), "--user-dir",
+                           "fairseq_natbias", "--path", str(run_dir / "checkpoint_best.pt"),
+                           "--gen-subset", "test", "--cpu", "--max-tokens", "4096",
+                           "--tokens-per-sample", "64", "--num-workers", "0"])
+        match = re.search(r"Loss \(base 2\): ([\d.]+), Perplexity: ([\d.]+)", output)
+        if not match:
+            raise SystemExit(f"study: no loss in fairseq-eval-lm's output:\n{output[-2000:]}")
+        scores_path.write_text(json.dumps({"nll": float(match[1]), "ppl": float(match[2])}))
+
+    def test_scores(self, run_dir):
+        return json.loads((run_dir / "test_scores.json").read_text())
+
+
 @dataclass(frozen=True)
 class Arm:
     """One configuration of the comparison (see the module docstring)."""
@@ -104,10 +183,10 @@ class Arm:
     def folder(self):
         return self.name.replace("/", "-").replace("@", "_").replace(",", "_")
 
-    def model_arguments(self):
+    def model_arguments(self, task):
         if self.name == REFERENCE_ARM:
-            return ["--arch", "transformer"]
-        options = ["--arch", "transformer_natbias", "--natbias-init", self.bias,
+            return ["--arch", task.stock_arch]
+        options = ["--arch", task.natbias_arch, "--natbias-init", self.bias,
                    "--natbias-weight-init", self.weight_init]
         if self.gain_init:
             options += ["--natbias-gain-init", self.gain_init,
@@ -115,8 +194,8 @@ class Arm:
         return options
 
 
-def training_arguments(data_bin, run_dir, arm, seed, args):
-    training = list(demo.TRAINING)
+def training_arguments(task, data_bin, run_dir, arm, seed, args):
+    training = task.training()
     overrides = {"--seed": seed, "--max-tokens": args.max_tokens,
                  "--validate-interval-updates": args.validate_every,
                  "--save-interval-updates": args.validate_every,
@@ -128,40 +207,43 @@ def training_arguments(data_bin, run_dir, arm, seed, args):
             training += [option, str(value)]
     # --user-dir for stock too: it registers new names only, and lets torch >=
     # 2.6 load fairseq checkpoints (fairseq_natbias/checkpoint_loading.py).
-    return [str(data_bin), "--user-dir", "fairseq_natbias", *arm.model_arguments(),
-            *demo.MODEL, *training, *EVAL_BLEU, "--max-update", str(args.max_update),
+    return [str(data_bin), "--user-dir", "fairseq_natbias", *arm.model_arguments(task),
+            *task.options, *training, "--max-update", str(args.max_update),
             "--save-dir", str(run_dir)]
 
 
-def train_and_score(data_bin, work, run_dir, arm, seed, args):
+def train_and_score(task, data_bin, work, run_dir, arm, seed, args):
     """One run, start to test score; each step skipped when its output exists."""
-    name = f"{args.pair} {args.schedule} {arm.name} seed{seed}"
+    name = f"{task.folder} {args.schedule} {arm.name} seed{seed}"
     if not (run_dir / "done").exists():
         run_dir.mkdir(parents=True, exist_ok=True)
-        arguments = training_arguments(data_bin, run_dir, arm, seed, args)
+        arguments = training_arguments(task, data_bin, run_dir, arm, seed, args)
         demo.record_step0(arguments, run_dir / "step0.json")
         started = time.time()
         demo.say(f"{name}: training, {args.max_update} updates")
 
         def progress(line):
             record = fairseq_logs.parse_line(line.rstrip("\n"))
-            if record and record.tag == fairseq_logs.VALID and "nll_loss" in record.values:
+            if record and record.tag == fairseq_logs.VALID and task.loss_key in record.values:
+                bleu = record.values.get("bleu")
                 demo.say(f"{name}: update {record.num_updates}/{args.max_update} valid NLL "
-                         f"{record.values['nll_loss']:.3f} BLEU {record.values.get('bleu', 0):.2f}")
+                         f"{record.values[task.loss_key]:.3f}"
+                         + (f" BLEU {bleu:.2f}" if bleu is not None else ""))
 
         demo.run([demo.tool("fairseq-train"), *arguments], log_path=run_dir / "train.log",
                  on_line=progress)
         (run_dir / "done").touch()
         demo.say(f"{name}: trained in {time.time() - started:.0f} s")
-    demo.evaluate(data_bin, work, run_dir, name, target=args.pair.split("-")[1])
+    task.evaluate(data_bin, work, run_dir, name)
     for checkpoint in run_dir.glob("checkpoint_*_*.pt"):  # interval checkpoints
         checkpoint.unlink()
 
 
-def curve(run_dir, key="nll_loss"):
-    """Validation curve of key; NLL starts at update 0 (the demo's curve)."""
-    if key == "nll_loss":
-        by_update = demo.validation_curve(run_dir)
+def curve(run_dir, key="nll_loss", loss_key="nll_loss"):
+    """Validation curve of key; the NLL (``loss_key``) starts at update 0 (the
+    demo's curve)."""
+    if key == loss_key:
+        by_update = demo.validation_curve(run_dir, loss_key)
         updates = sorted(by_update)
         return np.array(updates, dtype=np.float64), np.array([by_update[u] for u in updates])
     records = fairseq_logs.read_log(str(run_dir / "train.log"))
@@ -198,38 +280,50 @@ def band(curves):
     return grid, mean, se
 
 
-def summarise(study_dir, arms, seeds):
+def summarise(task, study_dir, arms, seeds):
     """Rows of the table and the curves of the plots, over finished runs."""
     runs = {arm: [r for r in (study_dir / arm.folder / f"seed{s}" for s in seeds) if finished(r)]
             for arm in arms}
     runs = {arm: dirs for arm, dirs in runs.items() if dirs}
     reference = next((dirs for arm, dirs in runs.items() if arm.name == REFERENCE_ARM), None)
-    target = (float(np.mean([curve(r)[1][-1] for r in reference])) if reference else None)
+    loss = task.loss_key
+    target = (float(np.mean([curve(r, loss, loss)[1][-1] for r in reference]))
+              if reference else None)
     rows, nll_lines, bleu_lines = [], [], []
     for arm, run_dirs in runs.items():
-        nll = [curve(r) for r in run_dirs]
-        bleu = [curve(r, "bleu") for r in run_dirs]
-        scores = [json.loads((r / "test_scores.json").read_text()) for r in run_dirs]
+        nll = [curve(r, loss, loss) for r in run_dirs]
+        bleu = [curve(r, "bleu", loss) for r in run_dirs] if task.name == "translation" else []
+        scores = [task.test_scores(r) for r in run_dirs]
         step0 = [json.loads((r / "step0.json").read_text()) for r in run_dirs]
         gains = [g for g in (last_gain(r) for r in run_dirs) if g is not None]
-        rows.append({
+        row = {
             "arm": arm.name, "n": len(run_dirs),
             "step0": mean_stderr([v[0] for _, v in nll]),
             "unigram_ce": (mean_stderr([s["unigram_ce"] for s in step0])
                            if all("unigram_ce" in s for s in step0) else None),
             "alc": mean_stderr([alc.area_under_learning_curve(u, v).alc for u, v in nll]),
-            "alc_bleu": mean_stderr([alc.area_under_learning_curve(u, v).alc for u, v in bleu]),
             "reach": ([updates_to_reach(u, v, target) for u, v in nll]
                       if target is not None else []),
             "final_update": int(nll[0][0][-1]),
             "final_nll": mean_stderr([v[-1] for _, v in nll]),
-            "final_bleu": mean_stderr([v[-1] for _, v in bleu]),
-            "bleu": mean_stderr([s["bleu"] for s in scores]),
-            "chrf": mean_stderr([s["chrf"] for s in scores]),
             "gain": mean_stderr(gains) if gains else None,
-            "signatures": (scores[0]["bleu_signature"], scores[0]["chrf_signature"]),
-        })
+        }
+        if task.name == "translation":
+            row.update({
+                "alc_bleu": mean_stderr([alc.area_under_learning_curve(u, v).alc
+                                         for u, v in bleu]),
+                "final_bleu": mean_stderr([v[-1] for _, v in bleu]),
+                "bleu": mean_stderr([s["bleu"] for s in scores]),
+                "chrf": mean_stderr([s["chrf"] for s in scores]),
+                "signatures": (scores[0]["bleu_signature"], scores[0]["chrf_signature"]),
+            })
+        else:
+            row.update({"test_nll": mean_stderr([s["nll"] for s in scores]),
+                        "test_ppl": mean_stderr([s["ppl"] for s in scores])})
+        rows.append(row)
         for lines, curves in ((nll_lines, nll), (bleu_lines, bleu)):
+            if not curves:
+                continue
             grid, mean, se = band(curves)
             lines.append({"label": arm.name, "x": grid, "mean": mean,
                           "low": mean - se, "high": mean + se})
@@ -239,24 +333,30 @@ def summarise(study_dir, arms, seeds):
 def markdown(rows, target, title):
     reach_head = (f"updates to reach stock's valid NLL at its last update "
                   f"({target:.3f}), per seed" if target is not None else "updates to reach stock")
-    out = [f"### {title}", "",
-           f"| arm | n | valid NLL at update 0 | ALC of valid NLL | ALC of valid BLEU (greedy) "
-           f"| {reach_head} | valid NLL at the end | valid BLEU at the end (greedy) "
-           f"| test BLEU | test chrF | gain g at the end |",
-           "|---|---|---|---|---|---|---|---|---|---|---|"]
+    translation = bool(rows) and "bleu" in rows[0]
+    columns = ["arm", "n", "valid NLL at update 0", "ALC of valid NLL"]
+    columns += ["ALC of valid BLEU (greedy)"] if translation else []
+    columns += [reach_head, "valid NLL at the end"]
+    columns += (["valid BLEU at the end (greedy)", "test BLEU", "test chrF"] if translation
+                else ["test NLL (eval-lm)", "test perplexity"])
+    columns += ["gain g at the end"]
+    out = [f"### {title}", "", "| " + " | ".join(columns) + " |", "|---" * len(columns) + "|"]
     for row in rows:
         reach = ", ".join("never" if r == float("inf") else f"{r:.0f}" for r in row["reach"])
-        out.append(
-            f"| {row['arm']} | {row['n']} | {row['step0'].format(3)} | {row['alc'].format(3)} | "
-            f"{row['alc_bleu'].format(2)} | {reach} | {row['final_nll'].format(3)} | "
-            f"{row['final_bleu'].format(2)} | {row['bleu'].format(2)} | {row['chrf'].format(2)} | "
-            f"{row['gain'].format(2) if row['gain'] else ''} |")
+        cells = [row["arm"], str(row["n"]), row["step0"].format(3), row["alc"].format(3)]
+        cells += [row["alc_bleu"].format(2)] if translation else []
+        cells += [reach, row["final_nll"].format(3)]
+        cells += ([row["final_bleu"].format(2), row["bleu"].format(2), row["chrf"].format(2)]
+                  if translation else [row["test_nll"].format(3), row["test_ppl"].format(2)])
+        cells += [row["gain"].format(2) if row["gain"] else ""]
+        out.append("| " + " | ".join(cells) + " |")
     ce = [row["unigram_ce"] for row in rows if row["unigram_ce"]]
     if ce:
         out += ["", f"Unigram cross-entropy of the validation targets: {ce[0].mean:.3f} bits."]
     if rows:
-        out += [f"Updates per run: {rows[0]['final_update']}. Mean ± standard error over seeds.",
-                f"test BLEU signature: `{rows[0]['signatures'][0]}`; "
+        out += [f"Updates per run: {rows[0]['final_update']}. Mean ± standard error over seeds."]
+    if translation:
+        out += [f"test BLEU signature: `{rows[0]['signatures'][0]}`; "
                 f"chrF: `{rows[0]['signatures'][1]}`"]
     return "\n".join(out) + "\n"
 
@@ -267,7 +367,11 @@ def main():
     parser.add_argument("--multi30k", default=os.environ.get("NATBIAS_MULTI30K",
                                                              "../shared/data/multi30k"))
     parser.add_argument("--workdir", default="work/study")
-    parser.add_argument("--pair", default="de-en", choices=["de-en", "fr-en"])
+    parser.add_argument("--task", default="translation", choices=["translation", "lm"])
+    parser.add_argument("--pair", default="de-en", choices=["de-en", "fr-en"],
+                        help="with --task translation")
+    parser.add_argument("--lang", default="en", choices=["en", "de", "fr"],
+                        help="with --task lm")
     parser.add_argument("--schedule", default="short", choices=sorted(SCHEDULES))
     parser.add_argument("--arms", nargs="+", default=[
         "stock", "gain/unigram", "gain/zero", "gain/none",
@@ -283,41 +387,46 @@ def main():
     parser.add_argument("--results", help="also copy the table and plots to this folder")
     args = parser.parse_args()
     arms = [Arm.parse(text) for text in args.arms]
+    task = Translation(args.pair) if args.task == "translation" else LanguageModel(args.lang)
     raw = Path(args.multi30k)
-    langs = tuple(args.pair.split("-"))
+    langs = task.langs if args.task == "translation" else (task.lang,)
     if not demo.has_all_files(raw, langs):
-        raise SystemExit(f"study: no Multi30k {args.pair} at {raw}; give --multi30k DIR")
-    work = Path(args.workdir).resolve() / args.pair
+        raise SystemExit(f"study: no Multi30k {'-'.join(langs)} at {raw}; give --multi30k DIR")
+    work = Path(args.workdir).resolve() / task.folder
     work.mkdir(parents=True, exist_ok=True)
     study_dir = work / args.schedule
     os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(args.threads)
-    data_bin = demo.prepare(raw, work, vocab_size=8000, langs=langs)
+    data_bin = task.prepare(raw, work)
     if not args.summarise_only:
         # The reference arm first: the other arms' "updates to reach" need it.
         plan = sorted(((arm, seed) for seed in args.seeds for arm in arms),
                       key=lambda job: (job[0].name != REFERENCE_ARM, job[1]))
         with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-            for job in [pool.submit(train_and_score, data_bin, work,
+            for job in [pool.submit(train_and_score, task, data_bin, work,
                                     study_dir / arm.folder / f"seed{seed}", arm, seed, args)
                         for arm, seed in plan]:
                 job.result()
-    rows, target, nll_lines, bleu_lines = summarise(study_dir, arms, args.seeds)
+    rows, target, nll_lines, bleu_lines = summarise(task, study_dir, arms, args.seeds)
     if not rows:
         raise SystemExit("study: no finished run yet")
-    title = f"Multi30k {args.pair}, schedule {args.schedule}"
+    title = (f"Multi30k {args.pair}, schedule {args.schedule}" if args.task == "translation"
+             else f"language model, Multi30k {args.lang}, schedule {args.schedule}")
     table = markdown(rows, target, title)
     outputs = {"md": study_dir / "study.md", "nll": study_dir / "study_valid_nll.png",
                "bleu": study_dir / "study_valid_bleu.png"}
     outputs["md"].write_text(table)
     plots.curve_panels({title: nll_lines}, "validation NLL (bits/token)",
                        str(outputs["nll"]), logx=False)
-    plots.curve_panels({title: bleu_lines}, "validation BLEU (greedy)",
-                       str(outputs["bleu"]), logx=False)
+    if bleu_lines:
+        plots.curve_panels({title: bleu_lines}, "validation BLEU (greedy)",
+                           str(outputs["bleu"]), logx=False)
+    else:
+        del outputs["bleu"]
     if args.results:
         results = Path(args.results)
         results.mkdir(parents=True, exist_ok=True)
         for path in outputs.values():
-            shutil.copy(path, results / f"{args.pair}_{args.schedule}_{path.name}")
+            shutil.copy(path, results / f"{task.folder}_{args.schedule}_{path.name}")
     print(table)
     print(f"outputs: {', '.join(str(p) for p in outputs.values())}; "
           f"command: {sys.executable} {' '.join(sys.argv)}")

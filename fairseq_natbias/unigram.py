@@ -259,9 +259,9 @@ class BlockSlicing:
         from fairseq.data.token_block_utils_fast import _get_slice_indices_fast
 
         sizes = _sentence_sizes(prefix)
-        if self.break_mode == "eos":
+        mode = str(self.break_mode or "none")  # fairseq passes a ChoiceEnum member
+        if mode == "eos":
             return len(sizes)
-        mode = self.break_mode or "none"
         return len(_get_slice_indices_fast(sizes, mode, self.tokens_per_sample, 1))
 
 

@@ -131,3 +131,26 @@ def toy_log_unigram(toy_text, toy_bin):
     from natbias_testing import reference_log_unigram
 
     return reference_log_unigram(toy_text / "train.tgt", Dictionary.load(str(toy_bin / "dict.tgt.txt")))
+
+
+# --- language modelling: fairseq-preprocess --only-source -------------------------
+
+
+def preprocess_lm(text_dir, dest, lang):
+    """``text_dir/{train,valid,test}.LANG`` binarised for --task language_modeling."""
+    fairseq("fairseq-preprocess", "--only-source",
+            "--trainpref", text_dir / f"train.{lang}", "--validpref", text_dir / f"valid.{lang}",
+            "--testpref", text_dir / f"test.{lang}", "--destdir", dest, "--workers", "1")
+    return dest
+
+
+@pytest.fixture(scope="session")
+def toy_lm_bin(tmp_path_factory, toy_text):
+    """The toy corpus's target side as language-model data."""
+    return preprocess_lm(toy_text, tmp_path_factory.mktemp("toy_lm_bin"), "tgt")
+
+
+@pytest.fixture(scope="session")
+def multi30k_lm_bin(tmp_path_factory, multi30k_text):
+    """Multi30k English (the joint SentencePiece pieces) as language-model data."""
+    return preprocess_lm(multi30k_text, tmp_path_factory.mktemp("multi30k_lm_bin"), "en")

@@ -55,6 +55,32 @@ def train(data, save_dir, *extra, arch="transformer_natbias", cwd=None, check=Tr
     )
 
 
+TINY_LM = [
+    "--decoder-layers", "2", "--decoder-embed-dim", "64", "--decoder-ffn-embed-dim", "128",
+    "--decoder-attention-heads", "2",
+]
+
+TINY_LM_TRAINING = [
+    "--task", "language_modeling", "--tokens-per-sample", "32",
+    "--cpu", "--seed", "1", "--num-workers", "0",
+    "--optimizer", "adam", "--adam-betas", "(0.9, 0.997)", "--lr", "1e-3",
+    "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "10",
+    "--criterion", "cross_entropy", "--max-tokens", "1024",
+    "--log-format", "simple", "--log-interval", "1",
+    "--no-epoch-checkpoints", "--no-progress-bar",
+]
+
+
+def train_lm(data, save_dir, *extra, arch="transformer_lm_natbias", cwd=None, check=True,
+             model=TINY_LM, max_update=4):
+    """fairseq-train --task language_modeling with a tiny transformer LM."""
+    return fairseq(
+        "fairseq-train", data, "--user-dir", "fairseq_natbias", "--arch", arch,
+        *model, *TINY_LM_TRAINING, "--save-dir", save_dir,
+        "--max-update", max_update, *extra, cwd=cwd, check=check,
+    )
+
+
 def log_records(text, tag):
     """Parse fairseq's simple-format log lines with this tag into dicts."""
     records = []

@@ -155,6 +155,35 @@ def prepare(raw, work, vocab_size, langs=LANGS):
     if (data_bin / f"test.{source}-{target}.{target}.bin").exists():
         say(f"preprocess: {data_bin} exists, skipped")
         return data_bin
+    text = encode_with_sentencepiece(raw, work, langs, vocab_size)
+    say("fairseq-preprocess (joined dictionary)")
+    run([tool("fairseq-preprocess"), "--source-lang", source, "--target-lang", target,
+         "--trainpref", f"{text}/train", "--validpref", f"{text}/valid",
+         "--testpref", f"{text}/test", "--destdir", str(data_bin),
+         "--joined-dictionary", "--workers", "2"], log_path=work / "preprocess.log")
+    return data_bin
+
+
+def prepare_lm(raw, work, vocab_size, lang="en"):
+    """One language's text for ``--task language_modeling``: SentencePiece on
+    it, then ``fairseq-preprocess --only-source``."""
+    data_bin = work / "data-bin"
+    if (data_bin / "test.bin").exists():
+        say(f"preprocess: {data_bin} exists, skipped")
+        return data_bin
+    text = encode_with_sentencepiece(raw, work, (lang,), vocab_size)
+    say("fairseq-preprocess --only-source (language model)")
+    run([tool("fairseq-preprocess"), "--only-source",
+         "--trainpref", f"{text}/train.{lang}", "--validpref", f"{text}/valid.{lang}",
+         "--testpref", f"{text}/test.{lang}", "--destdir", str(data_bin),
+         "--workers", "2"], log_path=work / "preprocess.log")
+    return data_bin
+
+
+def encode_with_sentencepiece(raw, work, langs, vocab_size):
+    """work/text/{split}.raw.{lang} and their pieces work/text/{split}.{lang},
+    with one SentencePiece unigram model (work/spm.model) trained on the
+    training text of every language in ``langs``."""
     import sentencepiece as spm
 
     text = work / "text"
@@ -163,9 +192,9 @@ def prepare(raw, work, vocab_size, langs=LANGS):
         for lang in langs:
             (text / f"{split}.raw.{lang}").write_text(
                 "\n".join(read_lines(raw_file(raw, split, lang))) + "\n", encoding="utf-8")
-    say(f"sentencepiece: joint unigram model, {vocab_size} pieces")
+    say(f"sentencepiece: {'joint ' if len(langs) > 1 else ''}unigram model, {vocab_size} pieces")
     spm.SentencePieceTrainer.train(
-        input=f"{text}/train.raw.{source},{text}/train.raw.{target}",
+        input=",".join(f"{text}/train.raw.{lang}" for lang in langs),
         model_prefix=str(work / "spm"),
         vocab_size=vocab_size, model_type="unigram", character_coverage=1.0,
         bos_id=-1, eos_id=-1, pad_id=-1, unk_id=0, minloglevel=2, hard_vocab_limit=False,
@@ -176,12 +205,7 @@ def prepare(raw, work, vocab_size, langs=LANGS):
             lines = (text / f"{split}.raw.{lang}").read_text(encoding="utf-8").splitlines()
             pieces = [" ".join(model.encode(line, out_type=str)) for line in lines]
             (text / f"{split}.{lang}").write_text("\n".join(pieces) + "\n", encoding="utf-8")
-    say("fairseq-preprocess (joined dictionary)")
-    run([tool("fairseq-preprocess"), "--source-lang", source, "--target-lang", target,
-         "--trainpref", f"{text}/train", "--validpref", f"{text}/valid",
-         "--testpref", f"{text}/test", "--destdir", str(data_bin),
-         "--joined-dictionary", "--workers", "2"], log_path=work / "preprocess.log")
-    return data_bin
+    return text
 
 
 def train(data_bin, run_dir, init, max_update):
@@ -247,10 +271,11 @@ def sacrebleu_scores(hypotheses, references):
 # --- report --------------------------------------------------------------------
 
 
-def validation_curve(run_dir):
-    """Validation NLL (bits/token) by update, update 0 from natbias-step0."""
+def validation_curve(run_dir, key="nll_loss"):
+    """Validation NLL (bits/token; logged as ``key``) by update, update 0 from
+    natbias-step0."""
     records = fairseq_logs.read_log(str(run_dir / "train.log"))
-    updates, values = fairseq_logs.series(records, fairseq_logs.VALID, "nll_loss")
+    updates, values = fairseq_logs.series(records, fairseq_logs.VALID, key)
     curve = {0: json.loads((run_dir / "step0.json").read_text())["nll"]}
     curve.update({int(u): float(v) for u, v in zip(updates, values)})
     return curve

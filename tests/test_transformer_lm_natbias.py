@@ -1,0 +1,216 @@
+"""transformer_lm_natbias with fairseq's language_modeling task: the bias is the
+log-unigram of the task's own next-token targets (checked against the targets
+fairseq's dataset yields), a fresh default model predicts the unigram on real
+text, and the real fairseq-train / fairseq-eval-lm / fairseq-validate and
+Python sampling work, with one-line errors for what cannot work."""
+
+import math
+import shutil
+
+import numpy as np
+import pytest
+import torch
+from fairseq.data import Dictionary
+
+from fairseq_natbias import numpy_compat, unigram
+from fairseq_natbias.cli.step0 import build_from_training_args, validation_divergence
+from natbias_testing import TINY_LM, fairseq, log_records, train_lm
+from test_unigram import hand_counts
+
+LM_TASK = ["--task", "language_modeling", "--tokens-per-sample", "32"]
+
+
+def build_lm(data, *options, arch="transformer_lm_natbias"):
+    """The model fairseq-train would build, without training it."""
+    argv = [str(data), "--user-dir", "fairseq_natbias", "--arch", arch, *TINY_LM, *LM_TASK,
+            "--cpu", "--seed", "1", "--save-dir", "/nonexistent/ckpt", *map(str, options)]
+    return build_from_training_args(argv)
+
+
+def targets_the_task_yields(task, split="train"):
+    """Independent count: every target token of every item fairseq's
+    language_modeling dataset gives the trainer (pads excluded)."""
+    task.load_dataset(split)
+    dataset = task.dataset(split)
+    counts = np.zeros(len(task.target_dictionary), dtype=np.int64)
+    for i in range(len(dataset)):
+        target = dataset[i]["target"].numpy()
+        counts += np.bincount(target[target != task.target_dictionary.pad()],
+                              minlength=len(counts))
+    return counts
+
+
+def log_unigram_of(counts, alpha=1.0):
+    counts = counts.astype(np.float64)
+    return np.log((counts + alpha) / (counts.sum() + alpha * len(counts)))
+
+
+@pytest.mark.parametrize("options", [
+    [],
+    ["--share-decoder-input-output-embed"],
+    ["--add-bos-token", "--sample-break-mode", "eos"],
+    ["--add-bos-token"],  # blocks of 32 tokens across sentences
+    ["--output-dictionary-size", "20"],
+], ids=["untied", "tied", "bos-eos-blocks", "bos-none-blocks", "output-dictionary-20"])
+def test_bias_is_log_unigram_of_the_tasks_targets(toy_lm_bin, options):
+    _, task, model = build_lm(toy_lm_bin, *options)
+    expected = targets_the_task_yields(task)
+    bias = model.decoder.output_projection.bias.detach().double().numpy()
+    assert len(bias) == len(task.target_dictionary)
+    np.testing.assert_allclose(bias, log_unigram_of(expected), atol=1e-5)
+
+
+def test_counts_are_the_hand_count_of_the_text(toy_text, toy_lm_bin):
+    """EOS included (one per line, which dict.txt drops); --add-bos-token with
+    --sample-break-mode eos adds one <s> per sentence."""
+    dictionary = Dictionary.load(str(toy_lm_bin / "dict.txt"))
+    hand = hand_counts(toy_text / "train.tgt", dictionary)
+    counts = unigram.count_lm_targets(str(toy_lm_bin), "train", len(dictionary))
+    np.testing.assert_array_equal(counts, hand)
+    with_bos = unigram.count_lm_targets(
+        str(toy_lm_bin), "train", len(dictionary),
+        bos_per_block=unigram.BlockSlicing("eos", 32), bos=dictionary.bos())
+    assert with_bos[dictionary.bos()] == hand[dictionary.eos()] == 400
+    folded = unigram.count_lm_targets(str(toy_lm_bin), "train", len(dictionary),
+                                      output_size=20, unk=dictionary.unk())
+    assert len(folded) == 20 and folded.sum() == hand.sum()
+    assert folded[dictionary.unk()] == hand[dictionary.unk()] + hand[20:].sum()
+
+
+@pytest.mark.parametrize("tying", [[], ["--share-decoder-input-output-embed"]],
+                         ids=["untied", "tied"])
+def test_default_lm_starts_at_the_unigram(multi30k_lm_bin, multi30k_text, tying):
+    """Fig. 1 at update 0 for a language model on real text (Multi30k English,
+    SentencePiece): validation NLL within 0.3 bits of the unigram's
+    cross-entropy with the default settings; the zero bias is far from it."""
+    dictionary = Dictionary.load(str(multi30k_lm_bin / "dict.txt"))
+    train = hand_counts(multi30k_text / "train.en", dictionary)
+    log_u = log_unigram_of(train)
+    _, task, model = build_lm(multi30k_lm_bin, *tying)
+    fresh = validation_divergence(task, model)
+    valid = targets_the_task_yields(task, "valid")
+    unigram_ce_bits = -(valid * log_u).sum() / valid.sum() / math.log(2)
+    _, task, zero = build_lm(multi30k_lm_bin, *tying, "--natbias-init", "zero")
+    zero_result = validation_divergence(task, zero)
+    assert fresh["tokens"] == valid.sum()
+    assert abs(fresh["nll"] - unigram_ce_bits) < 0.3, (fresh, unigram_ce_bits)
+    assert zero_result["nll"] > unigram_ce_bits + 3.0, zero_result
+
+
+@pytest.fixture(scope="module")
+def lm_run(toy_lm_bin, tmp_path_factory):
+    """2 updates, then resumed to 4; the log of each part."""
+    save_dir = tmp_path_factory.mktemp("lm_run")
+    first = train_lm(toy_lm_bin, save_dir, max_update=2)
+    after_two = torch.load(save_dir / "checkpoint_last.pt", map_location="cpu")["model"]
+    second = train_lm(toy_lm_bin, save_dir, max_update=4)
+    return save_dir, first.stdout + first.stderr, second.stdout + second.stderr, after_two
+
+
+def test_lm_trains_logs_and_resumes_without_recounting(lm_run):
+    save_dir, first, second, after_two = lm_run
+    assert "target unigram:" in first and "target unigram:" not in second
+    assert "@ 2 updates" in second
+    inner = log_records(second, "train_inner")
+    assert {"kl_unigram", "kl_uniform", "bias_kl", "bias_norm", "gain", "weight_norm"} <= set(inner[-1])
+    final = torch.load(save_dir / "checkpoint_last.pt", map_location="cpu")["model"]
+    key = "decoder.output_projection.bias"
+    assert not torch.equal(final[key], after_two[key])  # kept training the loaded bias
+    assert torch.equal(final["target_log_unigram"], after_two["target_log_unigram"])
+
+
+def test_eval_lm_and_validate_need_no_training_split(lm_run, toy_lm_bin, fresh_copy):
+    save_dir = lm_run[0]
+    data = fresh_copy(toy_lm_bin)
+    for path in data.glob("train.*"):
+        path.unlink()
+    evaluated = fairseq("fairseq-eval-lm", data, "--user-dir", "fairseq_natbias",
+                        "--path", save_dir / "checkpoint_last.pt", "--cpu",
+                        "--max-tokens", "1024", "--tokens-per-sample", "32")
+    assert "Perplexity" in evaluated.stderr + evaluated.stdout
+    assert "target unigram:" not in evaluated.stderr + evaluated.stdout
+    validated = fairseq("fairseq-validate", data, "--task", "language_modeling",
+                        "--user-dir", "fairseq_natbias", "--path",
+                        save_dir / "checkpoint_last.pt", "--cpu", "--max-tokens", "1024",
+                        "--tokens-per-sample", "32")
+    values = log_records(validated.stdout + validated.stderr, "valid")[-1]
+    assert values["kl_unigram"] >= 0 and values["kl_uniform"] > 0 and "bias_kl" in values
+
+
+def test_python_sampling_with_the_bias_scaled(lm_run, toy_lm_bin, fresh_copy):
+    """``from_pretrained`` with only the dictionary and the checkpoint; lambda
+    (Kobayashi et al.) through its overrides: lambda = 0 is the model without b."""
+    from fairseq_natbias.transformer_lm_natbias import TransformerLanguageModelNatbias
+
+    data = fresh_copy(toy_lm_bin)
+    for path in list(data.glob("train.*")) + list(data.glob("valid.*")):
+        path.unlink()
+    save_dir = lm_run[0]
+    hub = TransformerLanguageModelNatbias.from_pretrained(
+        str(save_dir), "checkpoint_last.pt", data_name_or_path=str(data))
+    torch.manual_seed(1)
+    sampled = hub.sample("t0 t1", sampling=True, sampling_topk=5, max_len_b=8)
+    assert sampled.startswith("t0 t1") and len(sampled.split()) > 2
+    scaled = TransformerLanguageModelNatbias.from_pretrained(
+        str(save_dir), "checkpoint_last.pt", data_name_or_path=str(data), natbias_bias_scale=0.0)
+    tokens = hub.encode("t0 t1 t2").unsqueeze(0)
+    with torch.no_grad():
+        plain_model, scaled_model = hub.models[0], scaled.models[0]  # in eval mode
+        logits = plain_model(tokens)[0]
+        bias = plain_model.decoder.output_projection.bias
+        expected = torch.log_softmax(logits - bias, dim=-1)
+        got = scaled_model.get_normalized_probs(scaled_model(tokens), log_probs=True)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("options, message", [
+    (["--adaptive-softmax-cutoff", "10,20"], "adaptive-softmax-cutoff"),
+    (["--adaptive-input", "--adaptive-input-cutoff", "10,20"], "--adaptive-input"),
+    (["--natbias-init", "file"], "needs --natbias-counts"),
+])
+def test_lm_bad_options_fail_with_one_line(toy_lm_bin, tmp_path, options, message):
+    result = train_lm(toy_lm_bin, tmp_path / "ckpt", *options, check=False)
+    assert result.returncode != 0
+    assert message in result.stderr.strip().splitlines()[-1]
+    assert "Traceback" not in result.stderr
+
+
+def test_lm_without_training_split_names_the_file(toy_lm_bin, fresh_copy, tmp_path):
+    data = fresh_copy(toy_lm_bin)
+    for path in data.glob("train.*"):
+        path.unlink()
+    result = train_lm(data, tmp_path / "ckpt", check=False)
+    last = result.stderr.strip().splitlines()[-1]
+    assert result.returncode != 0 and "train.bin" in last and "--only-source" in last
+
+
+def test_stock_lm_path_works_with_the_plugin_under_numpy_2(toy_lm_bin, tmp_path):
+    """fairseq 0.12 calls numpy.compat.long (--sample-break-mode eos), which
+    numpy 2 removed; with --user-dir fairseq_natbias stock transformer_lm trains."""
+    result = train_lm(toy_lm_bin, tmp_path / "ckpt", "--sample-break-mode", "eos",
+                      arch="transformer_lm", max_update=1)
+    assert "done training" in result.stderr + result.stdout
+
+
+def test_numpy_shim_only_adds_what_is_missing(monkeypatch):
+    import numpy
+
+    monkeypatch.delattr(numpy, "compat", raising=False)
+    assert numpy_compat.install() is True and numpy.compat.long is int
+    marker = numpy.compat
+    assert numpy_compat.install() is False and numpy.compat is marker
+
+
+def test_lm_presets_mirror_fairseq(toy_lm_bin):
+    """transformer_lm_natbias_gpt has transformer_lm_gpt's sizes (built, not trained)."""
+    argv = [str(toy_lm_bin), "--user-dir", "fairseq_natbias", *LM_TASK, "--cpu",
+            "--save-dir", "/nonexistent/ckpt"]
+    cfg, _, natbias = build_from_training_args([*argv, "--arch", "transformer_lm_natbias_gpt"])
+    _, _, stock = build_from_training_args([*argv, "--arch", "transformer_lm_gpt"])
+    stock_shapes = {k: v.shape for k, v in stock.state_dict().items()}
+    natbias_shapes = {k: v.shape for k, v in natbias.state_dict().items()}
+    extra = {"decoder.output_projection.bias", "decoder.output_projection.gain_param",
+             "target_log_unigram"}
+    assert set(natbias_shapes) - set(stock_shapes) == extra
+    assert all(natbias_shapes[k] == shape for k, shape in stock_shapes.items())
+    assert cfg.model.activation_fn == "gelu" and cfg.model.decoder_layers == 12
