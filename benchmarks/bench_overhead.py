@@ -1,12 +1,16 @@
 """Cost of the plugin against stock fairseq, side by side in one process.
 
-On Multi30k De-En (joint SentencePiece 8k, binarised once into --workdir), the
-same model sizes, seed and batches:
+On Multi30k (De-En translation, joint SentencePiece 8k; English for the
+language model, SentencePiece 8k; binarised once into --workdir), the same
+model sizes, seed and batches:
 
 * training update (forward, backward, Adam step through task.train_step):
-  stock ``transformer`` vs ``transformer_natbias --natbias-init unigram``
-  with the logging hook off, and with it on (stats on every update, the worst
-  case; by default they are computed every --log-interval updates);
+  stock ``transformer`` vs ``transformer_natbias`` with its DEFAULT settings
+  (unigram bias, weight init ``gain``, the logging hook computing its
+  statistics every --log-interval = 100 updates, as in fairseq-train), with
+  the hook every update (the worst case), and the ``fairseq`` weight init with
+  the hook off (the bias alone); the same for stock ``transformer_lm`` vs
+  ``transformer_lm_natbias`` (--suites lm);
 * generation, beam 5, sentences per second (fairseq's SequenceGenerator, all
   hypotheses forced to 40 tokens so that both models do the same work);
 * checkpoint load for generation (checkpoint_utils.load_model_ensemble).
@@ -19,6 +23,7 @@ all variants alike; the figures are medians and the ratios are against stock.
 
 import argparse
 import gzip
+import logging
 import os
 import statistics
 import subprocess
@@ -39,11 +44,29 @@ SIZES = ("--encoder-layers 2 --decoder-layers 2 --encoder-embed-dim 256 --decode
 COMMON = ("--cpu --seed 1 --optimizer adam --adam-betas (0.9,0.997) --lr 5e-4 "
           "--lr-scheduler inverse_sqrt --warmup-updates 100 "
           "--criterion label_smoothed_cross_entropy --label-smoothing 0.1 --max-tokens 2048").split()
-VARIANTS = {
-    "stock transformer": ["--arch", "transformer"],
-    "natbias unigram, hook off": ["--arch", "transformer_natbias", "--no-natbias-logging"],
-    "natbias unigram, hook on": ["--arch", "transformer_natbias",
-                                 "--natbias-stats-interval", "1"],  # worst case
+STOCK = "stock"
+DEFAULT = "natbias default"
+
+
+def variants_of(stock_arch, natbias_arch):
+    return {
+        STOCK: ["--arch", stock_arch],
+        DEFAULT: ["--arch", natbias_arch],  # hook every --log-interval (100) updates
+        "natbias default, hook every update": ["--arch", natbias_arch,
+                                               "--natbias-stats-interval", "1"],
+        "natbias bias only (fairseq init, no hook)": [
+            "--arch", natbias_arch, "--natbias-weight-init", "fairseq", "--no-natbias-logging"],
+    }
+
+
+LM_SIZES = ("--decoder-layers 2 --decoder-embed-dim 256 --decoder-ffn-embed-dim 1024 "
+            "--decoder-attention-heads 4 --share-decoder-input-output-embed").split()
+LM_COMMON = ("--cpu --seed 1 --optimizer adam --adam-betas (0.9,0.98) --lr 5e-4 "
+             "--lr-scheduler inverse_sqrt --warmup-updates 100 --task language_modeling "
+             "--tokens-per-sample 64 --criterion cross_entropy --max-tokens 2048").split()
+SUITES = {
+    "translation": (SIZES, COMMON, variants_of("transformer", "transformer_natbias")),
+    "lm": (LM_SIZES, LM_COMMON, variants_of("transformer_lm", "transformer_lm_natbias")),
 }
 
 
@@ -79,11 +102,11 @@ def prepare_data(multi30k, workdir):
 class Variant:
     """One model with its own task, criterion and optimizer."""
 
-    def __init__(self, data_bin, options, save_dir):
+    def __init__(self, data_bin, sizes, common, options, save_dir):
         from fairseq import optim
         from fairseq_natbias.cli.step0 import build_from_training_args
 
-        argv = [str(data_bin), "--user-dir", "fairseq_natbias", *SIZES, *COMMON, *options,
+        argv = [str(data_bin), "--user-dir", "fairseq_natbias", *sizes, *common, *options,
                 "--save-dir", str(save_dir)]
         self.cfg, self.task, self.model = build_from_training_args(argv)
         self.criterion = self.task.build_criterion(self.cfg.criterion)
@@ -167,11 +190,38 @@ def save_checkpoint(variant, path):
 
 
 def print_table(title, figures, unit, higher_is_better=False):
-    stock = figures["stock transformer"]
+    stock = figures[STOCK]
     print(f"\n{title}", flush=True)
     for name, value in figures.items():
         ratio = (stock / value) if higher_is_better else (value / stock)
-        print(f"  {name:28s} {value:10.4f} {unit}   cost ratio vs stock {ratio:.3f}x")
+        print(f"  {name:42s} {value:10.4f} {unit}   cost ratio vs stock {ratio:.3f}x")
+
+
+def run_suite(name, data_bin, workdir, args):
+    sizes, common, options_by_variant = SUITES[name]
+    variants = {variant: Variant(data_bin, sizes, common, options, workdir / "ckpt")
+                for variant, options in options_by_variant.items()}
+    first = next(iter(variants.values()))
+    batches = first.batches("train", args.updates, 2048)
+    for variant in variants.values():  # warm-up: allocator, Adam state
+        variant.train_update(batches[0])
+    stock_arch = options_by_variant[STOCK][1]
+    print(f"\n=== {name}: stock = --arch {stock_arch}", flush=True)
+    print_table("training update (median s/update)",
+                bench_training(variants, batches, args.rounds), "s")
+    if name != "translation":
+        return
+    samples = first.batches("test", 4, 1024)
+    generation = bench_generation({k: variants[k] for k in (STOCK, DEFAULT)},
+                                  samples, max(3, args.rounds // 2))
+    print_table("generation, beam 5 (median sentences/s)", generation, "sent/s",
+                higher_is_better=True)
+    checkpoints = {}
+    for variant in (STOCK, DEFAULT):
+        checkpoints[variant] = workdir / f"{variant.replace(' ', '_')}.pt"
+        save_checkpoint(variants[variant], checkpoints[variant])
+    print_table("checkpoint load for generation (median s)",
+                bench_loading(checkpoints, args.rounds), "s")
 
 
 def main():
@@ -182,38 +232,24 @@ def main():
     parser.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "natbias-bench"))
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--updates", type=int, default=10, help="batches per round")
+    parser.add_argument("--suites", nargs="+", default=list(SUITES), choices=list(SUITES))
+    parser.add_argument("--threads", type=int, default=max(1, os.cpu_count() or 1))
     args = parser.parse_args()
     multi30k = Path(args.multi30k)
     if not (multi30k / "train.de.gz").exists():
         sys.exit(f"bench_overhead: Multi30k not found at {multi30k}; pass --multi30k DIR")
-    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    torch.set_num_threads(args.threads)
+    logging.disable(logging.INFO)  # fairseq's per-model INFO lines would bury the tables
     workdir = Path(args.workdir)
-    data_bin = prepare_data(multi30k, workdir)
-    variants = {name: Variant(data_bin, options, workdir / "ckpt")
-                for name, options in VARIANTS.items()}
-    first = next(iter(variants.values()))
-    batches = first.batches("train", args.updates, 2048)
-    for variant in variants.values():  # warm-up: allocator, Adam state
-        variant.train_update(batches[0])
-    print(f"machine: {os.cpu_count()} CPU threads, torch {torch.__version__}", flush=True)
-    training = bench_training(variants, batches, args.rounds)
-    print_table("training update (median s/update)", training, "s")
-    every, off = training["natbias unigram, hook on"], training["natbias unigram, hook off"]
-    default = off + (every - off) / 100  # stats on 1 update in --log-interval 100
-    print(f"  {'hook on, default interval':28s} {default:10.4f} s   cost ratio vs stock "
-          f"{default / training['stock transformer']:.3f}x (derived: stats on 1 update in 100)",
-          flush=True)
-    samples = first.batches("test", 4, 1024)
-    generation = bench_generation(
-        {k: variants[k] for k in ("stock transformer", "natbias unigram, hook off")},
-        samples, max(3, args.rounds // 2))
-    print_table("generation, beam 5 (median sentences/s)", generation, "sent/s",
-                higher_is_better=True)
-    checkpoints = {}
-    for name in ("stock transformer", "natbias unigram, hook off"):
-        checkpoints[name] = workdir / f"{name.split(',')[0].replace(' ', '_')}.pt"
-        save_checkpoint(variants[name], checkpoints[name])
-    print_table("checkpoint load for generation (median s)", bench_loading(checkpoints, args.rounds), "s")
+    print(f"machine: {os.cpu_count()} CPU threads ({args.threads} used), "
+          f"torch {torch.__version__}", flush=True)
+    for name in args.suites:
+        if name == "translation":
+            data_bin = prepare_data(multi30k, workdir)
+        else:
+            from fairseq_natbias.cli import demo
+            data_bin = demo.prepare_lm(multi30k, workdir / "lm", vocab_size=8000, lang="en")
+        run_suite(name, data_bin, workdir, args)
     print(f"\ncommand: {sys.executable} {' '.join(sys.argv)}")
 
 

@@ -307,6 +307,25 @@ class NaturalBiasModel:
         setattr(args, COUNTED_MARKER, int(counts.sum()))
         return log_unigram, bias
 
+    def _apply(self, fn, *args, **kwargs):
+        """Keep ``target_log_unigram`` in float32 whatever the model is cast to
+        (fairseq's --fp16 calls ``.half()``, --bf16 ``.to(torch.bfloat16)``): it
+        is a statistic read by the logging hook, the logit adjustment and the
+        analysis tools, and bfloat16 would round the log-probability of a rare
+        token (~ -17 nats) to the nearest 0.125. The bias, a parameter, follows
+        the model's dtype like every other parameter (fairseq's half-precision
+        optimisers keep a float32 master copy of it)."""
+        # Taken out while fn casts the rest, then moved to the parameters'
+        # device only: casting it to half and back would lose the precision.
+        log_unigram = self._buffers.pop("target_log_unigram", None)
+        try:
+            module = super()._apply(fn, *args, **kwargs)
+        finally:
+            if log_unigram is not None:
+                device = next(self.parameters()).device
+                self._buffers["target_log_unigram"] = log_unigram.to(device, torch.float32)
+        return module
+
     def _mark_targets(self, net_output, target_tokens):
         """Tell the logging hook which positions are real targets: those where
         ``target_tokens`` (aligned with the targets, padded alike) is not pad."""
