@@ -36,8 +36,10 @@ GENERATE = ["--beam", "5", "--cpu", "--max-len-b", "10", "--required-batch-size-
 
 @pytest.mark.parametrize("weight_init", [[], ["--natbias-weight-init", "damped"]],
                          ids=["default", "damped"])
-@pytest.mark.parametrize("tying", [[], ["--share-decoder-input-output-embed"],
-                                   ["--share-all-embeddings"]])
+@pytest.mark.parametrize("tying", [
+    [], ["--share-decoder-input-output-embed"], ["--share-all-embeddings"],
+    ["--share-all-embeddings", "--encoder-normalize-before", "--decoder-normalize-before"],
+], ids=["untied", "decoder-tied", "all-tied", "all-tied-pre-norm"])
 def test_default_starts_at_the_unigram(multi30k_bin, multi30k_text, tying, weight_init):
     """Fig. 1 at update 0 with the DEFAULT settings (and ``damped``), on real
     text: a fresh unigram model's validation NLL is the unigram's

@@ -1,10 +1,12 @@
-"""natbias-demo (`make demo`): the paper's comparison in miniature, on the CPU.
+"""natbias-demo (`make demo`): what a user gets, in miniature, on the CPU.
 
-SentencePiece (joint) -> fairseq-preprocess -> train a small transformer_natbias
-with --natbias-init unigram and the same model with zero -> fairseq-generate
-(beam 5) -> a table of validation loss over updates and test BLEU/chrF from
-sacreBLEU, plus a plot. Every step is skipped when its output exists, and an
-interrupted training resumes from its last checkpoint.
+SentencePiece (joint) -> fairseq-preprocess -> train three small models with
+the same sizes, seed and batches: transformer_natbias with its DEFAULT
+settings (unigram bias, gain weight init), the same with --natbias-init zero,
+and stock fairseq --arch transformer -> fairseq-generate (beam 5) -> a table
+of validation NLL over updates and test BLEU/chrF from sacreBLEU, plus a plot.
+Every step is skipped when its output exists, and an interrupted training
+resumes from its last checkpoint.
 
 Data (German->English): --data DIR holding {train,val,test}.{de,en}[.gz] (or
 Multi30k's file names); else ../shared/data/multi30k; else Multi30k's public
@@ -30,7 +32,12 @@ from fairseq_natbias.analysis.sweep import quality
 MULTI30K_URL = "https://raw.githubusercontent.com/multi30k/dataset/master/data/task1/raw/"
 SPLIT_FILES = {"train": "train", "valid": "val", "test": "test_2016_flickr"}
 LANGS = ("de", "en")
-INITS = ("unigram", "zero")
+# The runs compared: name -> model options.
+ARMS = {
+    "unigram": ["--arch", "transformer_natbias"],  # the defaults: unigram bias, gain init
+    "zero": ["--arch", "transformer_natbias", "--natbias-init", "zero"],
+    "stock": ["--arch", "transformer"],  # fairseq's own, what a user would otherwise run
+}
 
 MODEL = ("--encoder-layers 2 --decoder-layers 2 --encoder-embed-dim 128 "
          "--decoder-embed-dim 128 --encoder-ffn-embed-dim 256 --decoder-ffn-embed-dim 256 "
@@ -209,6 +216,7 @@ def encode_with_sentencepiece(raw, work, langs, vocab_size):
 
 
 def train(data_bin, run_dir, init, max_update):
+    """Train the arm ``init`` (a key of ARMS) for max_update updates."""
     done = run_dir / "done"
     if done.exists():
         say(f"train [{init}]: finished before, skipped")
@@ -223,9 +231,10 @@ def train(data_bin, run_dir, init, max_update):
             say(f"train [{init}]: update {record.num_updates}/{max_update} "
                 f"valid NLL {record.values['nll_loss']} bits")
 
-    arguments = [str(data_bin), "--user-dir", "fairseq_natbias", "--arch",
-                 "transformer_natbias", "--natbias-init", init, *MODEL, *TRAINING,
-                 "--max-update", str(max_update), "--save-dir", str(run_dir)]
+    # --user-dir for stock too: it adds names only, and lets torch >= 2.6 load
+    # fairseq checkpoints (fairseq_natbias/checkpoint_loading.py).
+    arguments = [str(data_bin), "--user-dir", "fairseq_natbias", *ARMS[init], *MODEL,
+                 *TRAINING, "--max-update", str(max_update), "--save-dir", str(run_dir)]
     record_step0(arguments, run_dir / "step0.json")
     run([tool("fairseq-train"), *arguments], log_path=run_dir / "train.log", on_line=progress)
     done.touch()
@@ -282,19 +291,22 @@ def validation_curve(run_dir, key="nll_loss"):
 
 
 def report(work, results):
-    curves = {init: validation_curve(work / init) for init in INITS}
+    curves = {init: validation_curve(work / init) for init in ARMS}
     updates = sorted(set().union(*curves.values()))
     lines = ["## Validation NLL (bits/token) over updates", "",
-             "| update | " + " | ".join(INITS) + " |", "|---|" + "---|" * len(INITS)]
+             "| update | " + " | ".join(ARMS) + " |", "|---|" + "---|" * len(ARMS)]
     for update in updates:
-        cells = [f"{curves[i][update]:.3f}" if update in curves[i] else "" for i in INITS]
+        cells = [f"{curves[i][update]:.3f}" if update in curves[i] else "" for i in ARMS]
         lines.append(f"| {update} | " + " | ".join(cells) + " |")
-    lines += ["", "## Test (best checkpoint, beam 5)", "", "| init | BLEU | chrF |",
+    lines += ["", "## Test (best checkpoint, beam 5)", "", "| run | BLEU | chrF |",
               "|---|---|---|"]
-    for init in INITS:
+    for init in ARMS:
         lines.append(f"| {init} | {results[init]['bleu']} | {results[init]['chrf']} |")
-    lines += ["", f"BLEU signature: `{results[INITS[0]]['bleu_signature']}`",
-              f"chrF signature: `{results[INITS[0]]['chrf_signature']}`"]
+    first = results[next(iter(ARMS))]
+    lines += ["", "unigram: transformer_natbias with its default settings; zero: the same "
+              "with --natbias-init zero; stock: fairseq's --arch transformer, same sizes.",
+              "", f"BLEU signature: `{first['bleu_signature']}`",
+              f"chrF signature: `{first['chrf_signature']}`"]
     table = "\n".join(lines) + "\n"
     (work / "report.md").write_text(table)
     plot_curves(curves, work / "valid_nll.png")
@@ -302,7 +314,7 @@ def report(work, results):
 
 
 def plot_curves(curves, path):
-    lines = [{"label": f"bias: {init}", "x": sorted(curve),
+    lines = [{"label": init, "x": sorted(curve),
               "mean": [curve[u] for u in sorted(curve)],
               "low": [curve[u] for u in sorted(curve)],
               "high": [curve[u] for u in sorted(curve)]} for init, curve in curves.items()]
@@ -324,12 +336,12 @@ def main(argv=None):
     raw = find_raw_data(args.data, work)
     data_bin = prepare(raw, work, args.vocab_size)
     results = {}
-    for init in INITS:
+    for init in ARMS:
         train(data_bin, work / init, init, args.max_update)
         results[init] = evaluate(data_bin, work, work / init, init)
     print("\n" + report(work, results))
     say(f"done in {time.time() - started:.0f} s; outputs in {work}: report.md, "
-        f"valid_nll.png, {{unigram,zero}}/train.log, checkpoints, test.hyp")
+        f"valid_nll.png, {{{','.join(ARMS)}}}/train.log, checkpoints, test.hyp")
 
 
 if __name__ == "__main__":
