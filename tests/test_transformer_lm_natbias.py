@@ -4,6 +4,7 @@ fairseq's dataset yields), a fresh default model predicts the unigram on real
 text, and the real fairseq-train / fairseq-eval-lm / fairseq-validate and
 Python sampling work, with one-line errors for what cannot work."""
 
+import json
 import math
 import shutil
 
@@ -101,9 +102,11 @@ def test_default_lm_starts_at_the_unigram(multi30k_lm_bin, multi30k_text, tying)
 def lm_run(toy_lm_bin, tmp_path_factory):
     """2 updates, then resumed to 4; the log of each part."""
     save_dir = tmp_path_factory.mktemp("lm_run")
-    first = train_lm(toy_lm_bin, save_dir, max_update=2)
+    every = ["--validate-interval-updates", "1"]
+    first = train_lm(toy_lm_bin, save_dir, *every, max_update=2)
     after_two = torch.load(save_dir / "checkpoint_last.pt", map_location="cpu")["model"]
-    second = train_lm(toy_lm_bin, save_dir, max_update=4)
+    second = train_lm(toy_lm_bin, save_dir, *every, max_update=4)
+    (save_dir / "train.log").write_text(first.stdout + first.stderr + second.stdout + second.stderr)
     return save_dir, first.stdout + first.stderr, second.stdout + second.stderr, after_two
 
 
@@ -214,3 +217,28 @@ def test_lm_presets_mirror_fairseq(toy_lm_bin):
     assert set(natbias_shapes) - set(stock_shapes) == extra
     assert all(natbias_shapes[k] == shape for k, shape in stock_shapes.items())
     assert cfg.model.activation_fn == "gelu" and cfg.model.decoder_layers == 12
+
+
+def test_analysis_tools_work_on_a_language_model(lm_run, toy_lm_bin, tmp_path):
+    """natbias-step0, natbias-frequency (Fig. 4: bias kept and dropped),
+    natbias-dynamics and natbias-alc on an LM run, through their CLIs."""
+    import csv
+
+    save_dir = lm_run[0]
+    step0 = fairseq("natbias-step0", toy_lm_bin, "--user-dir", "fairseq_natbias",
+                    "--arch", "transformer_lm_natbias", *TINY_LM, *LM_TASK, "--cpu",
+                    "--save-dir", tmp_path / "fresh")
+    values = json.loads(step0.stdout.strip().splitlines()[-1])
+    assert abs(values["nll"] - values["unigram_ce"]) < 0.3
+    fairseq("natbias-frequency", toy_lm_bin, "--model", f"unigram={save_dir / 'checkpoint_last.pt'}",
+            "--out-dir", tmp_path / "fig4")
+    with open(tmp_path / "fig4/frequency_tokens.csv") as table:
+        rows = list(csv.DictReader(table))
+    assert rows and any(abs(float(r["avg_logprob_full"]) - float(r["avg_logprob_without_bias"])) > 0.1
+                        for r in rows)
+    assert (tmp_path / "fig4/frequency.png").stat().st_size > 5000
+    fairseq("natbias-dynamics", "--log", f"unigram={save_dir / 'train.log'}",
+            "--metrics", "kl_unigram", "gain", "valid_loss", "--out-dir", tmp_path / "dyn")
+    assert (tmp_path / "dyn/gain.png").exists() and (tmp_path / "dyn/valid_loss.png").exists()
+    alc = fairseq("natbias-alc", save_dir / "train.log", "--metric", "loss")
+    assert "ALC" in alc.stdout or "alc" in alc.stdout.lower()

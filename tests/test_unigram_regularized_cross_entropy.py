@@ -312,3 +312,17 @@ def test_stock_transformer_and_the_bound_in_the_log(tmp_path, toy_bin):
     warning = out.index("reached the bound --unigram-reg-clamp")
     assert warning < out.index("num_updates=1,")  # logged before update 1's line
     assert "kl_unigram" not in lines[1]  # the natbias hook belongs to transformer_natbias
+
+
+def test_language_model_counts_its_next_token_targets(toy_lm_bin, tmp_path):
+    """With --task language_modeling omega is the LM's target unigram (the
+    model's own bias counts the same): no warning that they differ, and the
+    term is logged."""
+    from natbias_testing import train_lm
+
+    result = train_lm(toy_lm_bin, tmp_path / "lm", *REG, "--label-smoothing", "0.1", "--unigram-reg-weight", "0.1",
+                      "--unigram-reg-updates", "2", "--no-save", max_update=2)
+    log = result.stdout + result.stderr
+    records = log_records(log, "train_inner")
+    assert [r["unigram_reg"] < 0 for r in records] == [True, True]
+    assert "target unigram differs" not in log
