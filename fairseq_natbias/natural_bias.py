@@ -28,6 +28,7 @@ its fairseq base class; what is counted follows the task
 (:func:`fairseq_natbias.unigram.count_training_targets`).
 """
 
+import argparse
 import logging
 import os
 from typing import Optional
@@ -75,7 +76,10 @@ class NaturalBiasError(ValueError):
 
 
 def add_args(parser) -> None:
-    group = parser.add_argument_group("natural bias (fairseq_natbias)")
+    # fairseq hands models its "Model-specific configuration" argument group;
+    # nesting a group in it is deprecated (Python 3.11), so add to it directly.
+    is_group = isinstance(parser, argparse._ArgumentGroup)
+    group = parser if is_group else parser.add_argument_group("natural bias (fairseq_natbias)")
     group.add_argument("--natbias-init", choices=BIAS_INITS,
                        help="output bias init: unigram (default), zero, none, file")
     group.add_argument("--natbias-counts", metavar="PATH",
@@ -135,10 +139,12 @@ def check_args(args) -> None:
         )
 
 
-def options_text(settings) -> str:
-    """``--natbias-init unigram --natbias-weight-init gain ...`` of a config."""
+def options_text(settings, names=STRUCTURAL) -> str:
+    """``--natbias-init unigram --natbias-weight-init gain ...``: the named
+    settings of a config as command-line options (the gain speed only with
+    the ``gain`` init, where it means something)."""
     parts = []
-    for name in STRUCTURAL:
+    for name in names:
         value = getattr(settings, name, None)
         if value is None or (name == "natbias_gain_speed"
                              and getattr(settings, "natbias_weight_init", None) != "gain"):
@@ -214,14 +220,13 @@ def reconcile_with_checkpoint(args, kind: str, path: str) -> None:
         if refused:
             raise NaturalBiasError(
                 f"{path} was trained with {options_text(saved)}; the command line "
-                f"asks for {_options_of(args, refused)}. Resuming would continue "
+                f"asks for {options_text(args, refused)}. Resuming would continue "
                 f"the checkpoint's model, not the one asked for. Give a new "
-                f"--save-dir to train {_options_of(args, refused)} from scratch, or "
+                f"--save-dir to train {options_text(args, refused)} from scratch, or "
                 f"drop those options (or give the checkpoint's) to resume."
             )
     for name in differing:
-        setattr(args, name, getattr(saved, name, None) if getattr(saved, name, None)
-                is not None else DEFAULTS[name])
+        setattr(args, name, getattr(saved, name))
     if kind == "finetune":
         ignored = [name for name in differing if name in explicit]
         logger.warning(
@@ -242,10 +247,6 @@ def _differs(args, saved, name) -> bool:
         return False  # no gain in the checkpoint: the speed means nothing
     value = getattr(saved, name, None)
     return value is not None and value != getattr(args, name)
-
-
-def _options_of(settings, names) -> str:
-    return " ".join(f"--{n.replace('_', '-')} {getattr(settings, n)}" for n in names)
 
 
 # --- the model -----------------------------------------------------------------
