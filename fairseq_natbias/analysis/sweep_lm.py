@@ -51,10 +51,18 @@ COLUMNS = ("lambda", "tau", "ref_nll", "chrF", "BLEU", "D1", "D2", "D3", "D4", "
 
 def load(checkpoint: str, data: str, setting: Setting):
     """The hub interface of ``checkpoint`` with the setting's overrides."""
+    from fairseq.models import ARCH_MODEL_REGISTRY
+
+    from fairseq_natbias.natural_bias import saved_model_args
     from fairseq_natbias.transformer_lm_natbias import TransformerLanguageModelNatbias
 
     if not os.path.isfile(checkpoint):
         raise AnalysisError(f"{checkpoint}: no such checkpoint")
+    arch = getattr(saved_model_args(checkpoint), "arch", None)
+    if ARCH_MODEL_REGISTRY.get(arch) is not TransformerLanguageModelNatbias:
+        raise AnalysisError(
+            f"{checkpoint} was trained with --arch {arch}, not a transformer_lm_natbias "
+            "language model; for a translation model use natbias-sweep")
     if not os.path.isfile(os.path.join(data, "dict.txt")):
         raise AnalysisError(
             f"{data} has no dict.txt: give the language model's data directory "
@@ -63,8 +71,6 @@ def load(checkpoint: str, data: str, setting: Setting):
     hub = TransformerLanguageModelNatbias.from_pretrained(
         folder, name, data_name_or_path=os.path.abspath(data),
         **{BIAS_SCALE: setting.lam, LOGIT_ADJUSTMENT: setting.tau})
-    if not hasattr(hub.models[0], "natbias_args"):
-        raise AnalysisError(f"{checkpoint} is not a transformer_lm_natbias checkpoint")
     return hub
 
 

@@ -32,3 +32,11 @@ def exit_on_bad_input(prog: str, run, args):
         return run(args)
     except (AnalysisError, UnigramError, OSError) as error:
         sys.exit(f"{prog}: error: {error}")
+
+
+def print_written(paths, table=None):
+    """The table (Markdown text) if given, then a ``wrote PATH`` line per output."""
+    if table is not None:
+        print(table)
+    for path in paths:
+        print(f"wrote {path}")

@@ -15,7 +15,7 @@ validation key with a valid_ prefix (valid_bleu, valid_loss). Writes one
 """
 
 from fairseq_natbias.analysis import AnalysisError, dynamics, runs
-from fairseq_natbias.cli.common import exit_on_bad_input, parser_for
+from fairseq_natbias.cli.common import exit_on_bad_input, parser_for, print_written
 
 PROG = "natbias-dynamics"
 SINGLE_LOGS_DATASET = "runs"
@@ -50,8 +50,7 @@ def run(args):
     result = dynamics.collect(grid, args.metrics)
     for note in result.notes:
         print(f"{PROG}: note: {note}")
-    for path in dynamics.write_dynamics(result, args.out_dir, logx=not args.linear_x):
-        print(f"wrote {path}")
+    print_written(dynamics.write_dynamics(result, args.out_dir, logx=not args.linear_x))
     return result
 
 

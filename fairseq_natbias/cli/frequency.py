@@ -19,7 +19,7 @@ target_log_unigram buffer if there is none). Natural logarithms throughout.
 import sys
 
 from fairseq_natbias.analysis import frequency
-from fairseq_natbias.cli.common import exit_on_bad_input, parser_for
+from fairseq_natbias.cli.common import exit_on_bad_input, parser_for, print_written
 
 PROG = "natbias-frequency"
 
@@ -69,8 +69,7 @@ def run(args):
         if not scores.has_bias:
             print(f"{scores.label}: the model has no output bias, so the bias-dropped "
                   "row equals the full model")
-    for path in frequency.write_outputs(analysis, args.out_dir):
-        print(f"wrote {path}")
+    print_written(frequency.write_outputs(analysis, args.out_dir))
     return analysis
 
 

@@ -24,7 +24,7 @@ alc_bleu.png, alc_chrf.png (those that have numbers).
 import sys
 
 from fairseq_natbias.analysis import alc, report
-from fairseq_natbias.cli.common import exit_on_bad_input, parser_for
+from fairseq_natbias.cli.common import exit_on_bad_input, parser_for, print_written
 
 PROG = "natbias-report"
 
@@ -43,9 +43,7 @@ def run(args):
         args.runs, args.max_updates or None,
         progress=lambda m: print(f"{PROG}: {m}", file=sys.stderr))
     paths = report.write_report(result, args.out_dir)
-    print(report.markdown(result))
-    for path in paths:
-        print(f"wrote {path}")
+    print_written(paths, report.markdown(result))
     return result
 
 

@@ -17,7 +17,9 @@ sweep.md and sweep.png.
 import sys
 
 from fairseq_natbias.analysis import distinct, sweep
-from fairseq_natbias.cli.common import exit_on_bad_input, parser_for, split_passthrough
+from fairseq_natbias.cli.common import (
+    exit_on_bad_input, parser_for, print_written, split_passthrough,
+)
 
 PROG = "natbias-sweep"
 
@@ -48,10 +50,8 @@ def run(args):
         progress=lambda m: print(f"{PROG}: {m}", file=sys.stderr),
     )
     paths = sweep.write_sweep(rows, args.out_dir)
-    with open(paths[1], encoding="utf-8") as table:
-        print(table.read())
-    for path in paths:
-        print(f"wrote {path}")
+    with open(paths[1], encoding="utf-8") as table:  # the Markdown table
+        print_written(paths, table.read())
     return rows
 
 

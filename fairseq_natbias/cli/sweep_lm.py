@@ -16,7 +16,7 @@ sweep_lm.png. See fairseq_natbias/analysis/sweep_lm.py for the measures.
 import sys
 
 from fairseq_natbias.analysis import distinct, sweep, sweep_lm
-from fairseq_natbias.cli.common import exit_on_bad_input, parser_for
+from fairseq_natbias.cli.common import exit_on_bad_input, parser_for, print_written
 
 PROG = "natbias-lm-sweep"
 
@@ -55,10 +55,8 @@ def run(args):
         progress=lambda m: print(f"{PROG}: {m}", file=sys.stderr),
     )
     paths = sweep_lm.write_sweep_lm(rows, args.out_dir)
-    with open(paths[1], encoding="utf-8") as table:
-        print(table.read())
-    for path in paths:
-        print(f"wrote {path}")
+    with open(paths[1], encoding="utf-8") as table:  # the Markdown table
+        print_written(paths, table.read())
     return rows
 
 
