@@ -1,9 +1,10 @@
 # lib.sh: the functions every fairseq-natbias recipe sources.
 #
-# A recipe (e.g. iwslt14_de_en/run.sh) sources this file first, then lists its
-# settings with their defaults, then calls `run_recipe`. Nothing here sets a
-# default for a recipe setting: the recipe's list is the one place to read them
-# (SMOKE=1 shrinks some, see smoke_settings).
+# A recipe (e.g. iwslt14_de_en/run.sh) sets what it changes of defaults.sh,
+# then sources this file with its arguments, then calls `run_recipe`. This file
+# sources defaults.sh (every setting with its default: the one place to read
+# them; SMOKE=1 shrinks some, see smoke_settings) and answers `run.sh --help`.
+# Nothing else here sets a default for a recipe setting.
 #
 # Layout under WORK_DIR (every step skips itself when its output is complete):
 #   download/                  what fetch_* downloaded
@@ -16,8 +17,12 @@
 
 NATBIAS_RECIPES=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 NATBIAS_REPO=$(dirname "$NATBIAS_RECIPES")
+# The recipe that sourced this file: --help reads its settings' comments.
+NATBIAS_RECIPE_FILE=${BASH_SOURCE[1]-}
 # Names of the variables the user gave in the environment: smoke_settings must
-# not override those. Taken now, before the recipe assigns its defaults.
+# not override those. Taken before defaults.sh assigns anything; the recipe's
+# own lines, run before this, only assign plain (unexported) shell variables,
+# which compgen -e does not list.
 NATBIAS_USER_VARS=" $(compgen -e | tr '\n' ' ') "
 
 # Use the repository's virtual environment when fairseq is not on PATH.
@@ -559,3 +564,47 @@ run_recipe() {
     done
     say "$RECIPE_NAME: done"
 }
+
+# --- settings: defaults.sh and run.sh --help -------------------------------------------
+
+# The comment ("# ...") of the line of FILE that sets NAME; fails when FILE
+# has no such line.
+setting_comment() {
+    local file=$1 name=$2 line
+    while IFS= read -r line; do
+        [[ $line == "$name=\${$name-"* ]] || continue
+        # The comment starts at the first " #": values hold no " #", comments may hold "}".
+        [[ $line =~ [[:space:]](#.*)$ ]] && echo "${BASH_REMATCH[1]}"
+        return 0
+    done <"$file"
+    return 1
+}
+
+# Every setting in defaults.sh's order and sections, as NAME=value (quoted when
+# it holds spaces, as in the files) and the comment of the line that set it:
+# the recipe's line when it has one, else defaults.sh's.
+print_settings() {
+    local defaults=$NATBIAS_RECIPES/defaults.sh setting='^([A-Z][A-Z0-9_]*)=\$\{' line name value comment
+    echo "# $NATBIAS_RECIPE_FILE: the environment's value, else the recipe's, else defaults.sh's"
+    if [[ ${SMOKE:-0} == 1 ]]; then echo "# SMOKE=1: [smoke: x] values unless given in the environment"; fi
+    while IFS= read -r line; do
+        if [[ $line == "# ---"* ]]; then printf '\n%s\n' "$line"; continue; fi
+        [[ $line =~ $setting ]] || continue
+        name=${BASH_REMATCH[1]}
+        value=${!name}
+        if [[ $value == *[[:space:]]* ]]; then value="\"$value\""; fi
+        comment=$(setting_comment "$NATBIAS_RECIPE_FILE" "$name") ||
+            comment=$(setting_comment "$defaults" "$name")
+        printf '%-39s %s\n' "$name=$value" "$comment"
+    done <"$defaults"
+}
+
+# Sourced after the recipe's lines: the environment, then the recipe, then these.
+source "$NATBIAS_RECIPES/defaults.sh"
+
+# Settings come from the environment; the only argument is --help (-h).
+case "${1-}" in
+    -h | --help) smoke_settings; print_settings; exit 0 ;;
+    "") ;;
+    *) die "usage: $0 [--help]; settings are given in the environment (see --help)" ;;
+esac

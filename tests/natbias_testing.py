@@ -163,10 +163,32 @@ def multi30k_has(*langs):
     return all((MULTI30K / f"train.{lang}.gz").exists() for lang in langs)
 
 
+# NAME=${NAME-value}  # comment. The value may hold "}" (work/${SRC}_${TGT}), the
+# comment too ("{lang}"): the value ends at the first "}" followed by the comment
+# or the line's end.
+SETTING_LINE = re.compile(r"^([A-Z][A-Z0-9_]*)=\$\{\1-(.*?)\}\s*(#.*)?$")
+
+
+def setting_lines(path):
+    """(name, value, comment) of each setting line of a recipe file (a run.sh or
+    recipes/defaults.sh), in order; value as written (quotes kept)."""
+    found = []
+    for line in Path(path).read_text(encoding="utf-8").splitlines():
+        if re.match(r"[A-Z][A-Z0-9_]*=\$\{", line):
+            match = SETTING_LINE.match(line)
+            assert match, f"{path}: not NAME=${{NAME-value}}  # comment: {line}"
+            found.append((match[1], match[2], match[3] or ""))
+    return found
+
+
 def recipe_settings(script=None):
-    """Names of the settings a recipe lists at its top (NAME=${NAME-default})."""
-    text = Path(script or RECIPES / "template" / "run.sh").read_text(encoding="utf-8")
-    return re.findall(r"^([A-Z][A-Z0-9_]*)=\$\{\1-", text, flags=re.M)
+    """Names of the settings a recipe uses: all of recipes/defaults.sh's, in its
+    order, then any its run.sh sets that defaults.sh lacks; defaults.sh's alone
+    without ``script``."""
+    names = [name for name, _, _ in setting_lines(RECIPES / "defaults.sh")]
+    if script:
+        names += [name for name, _, _ in setting_lines(script) if name not in names]
+    return names
 
 
 def recipe_env(env=None):
@@ -190,11 +212,11 @@ def _checked(script, result, check):
     return result
 
 
-def run_recipe(script, env=None, check=True, cwd=None):
-    """Run a recipe's entry script (bash, see recipe_env); returns the
-    CompletedProcess."""
+def run_recipe(script, env=None, check=True, cwd=None, args=()):
+    """Run a recipe's entry script (bash, see recipe_env) with ``args`` (e.g.
+    --help); returns the CompletedProcess."""
     result = subprocess.run(
-        ["bash", str(script)], cwd=cwd or REPO, env=recipe_env(env),
+        ["bash", str(script), *args], cwd=cwd or REPO, env=recipe_env(env),
         capture_output=True, text=True, timeout=900,
     )
     return _checked(script, result, check)

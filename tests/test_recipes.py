@@ -20,8 +20,10 @@ from natbias_testing import (
     RECIPES,
     epoch_batches,
     multi30k_has,
+    recipe_env,
     recipe_settings,
     run_recipe,
+    setting_lines,
     start_recipe,
     wait_recipe,
 )
@@ -30,6 +32,10 @@ INITS = ("unigram", "zero", "none")
 IWSLT = RECIPES / "iwslt14_de_en" / "run.sh"
 RECIPE_SCRIPTS = [RECIPES / name / "run.sh" for name in
                   ("iwslt14_de_en", "wmt14_de_en", "afromt", "template")]
+DEFAULTS = RECIPES / "defaults.sh"
+# The template's "set these three" lines: blanks for the user to fill in, empty
+# like their defaults on purpose.
+TEMPLATE_BLANKS = {"SRC", "TGT", "RAW_DIR"}
 
 
 def skip_without(*langs):
@@ -64,17 +70,22 @@ def start_iwslt(root):
 
 def start_template(root):
     """recipes/template copied out of the repository and set up for Multi30k
-    Fr-En by editing its settings, as a user would; one seed, with
-    test_2017_flickr as the out-of-domain test."""
+    Fr-En by editing its settings and adding lines for others of defaults.sh,
+    as a user would; one seed, with test_2017_flickr as the out-of-domain test."""
     shutil.copytree(RECIPES / "template", root / "fr_en")
     script = root / "fr_en" / "run.sh"
     text = script.read_text(encoding="utf-8")
-    for name, value in (("SRC", "fr"), ("TGT", "en"), ("RAW_DIR", MULTI30K),
-                        ("RAW_VALID", "val"), ("RAW_TEST", "test_2016_flickr"),
-                        ("OOD_TEST", MULTI30K / "test_2017_flickr")):
+    for name, value in (("SRC", "fr"), ("TGT", "en"), ("RAW_DIR", MULTI30K)):
         text, n = re.subn(rf"^{name}=\$\{{{name}-[^}}]*\}}", f"{name}=${{{name}-{value}}}",
                           text, flags=re.M)
         assert n == 1, name
+    added = ""
+    for name, value in (("RAW_VALID", "val"), ("RAW_TEST", "test_2016_flickr"),
+                        ("OOD_TEST", MULTI30K / "test_2017_flickr")):
+        assert not re.search(rf"^{name}=", text, flags=re.M), name
+        added += f"{name}=${{{name}-{value}}}\n"
+    text, n = re.subn(r"^(RAW_DIR=.*\n)", lambda m: m[1] + added, text, flags=re.M)
+    assert n == 1
     script.write_text(text, encoding="utf-8")
     # The copy lives outside the repository: it is told where lib.sh is.
     env = {"RECIPES_DIR": RECIPES, "SEEDS": "1"}
@@ -256,15 +267,11 @@ def test_template_needs_its_pair_and_data(tmp_path):
 # --- the library, without training ------------------------------------------------
 
 
-def lib(snippet, tmp_path, env=None, defaults=False):
-    """Run bash code with recipes/lib.sh sourced (and, with defaults, the
-    template's settings at their defaults); returns stdout."""
-    settings = ""
-    if defaults:
-        settings = "\n".join(line for line in (RECIPES / "template" / "run.sh").read_text().splitlines()
-                             if re.match(r"[A-Z][A-Z0-9_]*=\$\{", line)) + "\n"
+def lib(snippet, tmp_path, env=None):
+    """Run bash code with recipes/lib.sh sourced (which sets every setting of
+    defaults.sh not in the environment); returns stdout."""
     result = subprocess.run(
-        ["bash", "-c", f"set -euo pipefail; source {RECIPES / 'lib.sh'}\n{settings}{snippet}"],
+        ["bash", "-c", f"set -euo pipefail; source {RECIPES / 'lib.sh'}\n{snippet}"],
         cwd=tmp_path, env=dict(os.environ, **(env or {})),
         capture_output=True, text=True, timeout=120,
     )
@@ -324,7 +331,7 @@ def test_appendix_variants_pass_their_options(tmp_path):
     show = 'train_args {} 1 run; printf "%s\\n" "${{ARGS[@]}}"; echo ==='
     out = lib("SRC=de TGT=en DIR=$PWD NGPUS=0 UNIGRAM_REG_WEIGHT=0.3 UNIGRAM_REG_UPDATES=500; "
               + "; ".join(show.format(name) for name in ("none-unireg", "file", "zero")),
-              tmp_path, defaults=True)
+              tmp_path)
     unireg, file, zero = (args.split("\n") for args in out.strip("=\n").split("\n===\n"))
 
     def value(args, option):
@@ -345,7 +352,8 @@ def test_appendix_variants_pass_their_options(tmp_path):
     assert "--fp16" not in zero  # CPU
 
 
-@pytest.mark.parametrize("script", RECIPE_SCRIPTS + [RECIPES / "lib.sh", RECIPES / "slurm.sbatch"],
+@pytest.mark.parametrize("script", RECIPE_SCRIPTS + [RECIPES / "lib.sh", DEFAULTS,
+                                               RECIPES / "slurm.sbatch"],
                          ids=lambda p: str(Path(p).relative_to(RECIPES)))
 def test_scripts_parse(script):
     subprocess.run(["bash", "-n", str(script)], check=True)
@@ -353,12 +361,122 @@ def test_scripts_parse(script):
 
 def test_every_recipe_lists_every_setting():
     """Each recipe lists, at its top, every variable lib.sh reads from it."""
-    internal = {"NATBIAS_RECIPES", "NATBIAS_REPO", "NATBIAS_USER_VARS", "PATH", "SRC",
-                "TGT", "DIR", "RUNS", "ARGS", "DATASET", "RECIPE_NAME", "PYTHONPATH",
-                "PYTHONWARNINGS", "OMP_NUM_THREADS",
-                "CUDA_VISIBLE_DEVICES", "AFROMT_DATA_ID", "AFROMT_REPO_RAW", "BASH_SOURCE"}
+    internal = {"NATBIAS_RECIPES", "NATBIAS_REPO", "NATBIAS_USER_VARS", "NATBIAS_RECIPE_FILE",
+                "PATH", "SRC", "TGT", "DIR", "RUNS", "ARGS", "DATASET", "RECIPE_NAME",
+                "PYTHONPATH", "PYTHONWARNINGS", "OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES",
+                "AFROMT_DATA_ID", "AFROMT_REPO_RAW", "BASH_SOURCE", "BASH_REMATCH"}
     read = set(re.findall(r"\$\{?([A-Z][A-Z0-9_]+)", (RECIPES / "lib.sh").read_text())) - internal
     for script in RECIPE_SCRIPTS:
         listed = recipe_settings(script)
         assert len(listed) == len(set(listed)), script
         assert read <= set(listed), (script, sorted(read - set(listed)))
+
+
+# --- settings: defaults.sh, each recipe's departures from it, run.sh --help --------
+
+
+def unquoted(value):
+    return value[1:-1] if len(value) >= 2 and value[0] == value[-1] == '"' else value
+
+
+def expected_settings(script, env):
+    """{name: (value, comment)} as run.sh --help should print them: the
+    environment's value, else the recipe's, else defaults.sh's (with $NAME and
+    ${NAME} of earlier settings expanded, as bash does), and the comment of the
+    recipe's line when it sets the name, else defaults.sh's."""
+    recipe = {name: (value, comment) for name, value, comment in setting_lines(script)}
+    expected = {}
+    for name, value, comment in setting_lines(DEFAULTS):
+        value, comment = recipe.get(name, (value, comment))
+        value = re.sub(r"\$\{?([A-Z][A-Z0-9_]*)\}?", lambda m: expected[m[1]][0], unquoted(value))
+        expected[name] = (env.get(name, value), comment)
+    return expected
+
+
+def printed_settings(output):
+    """{name: (value, comment)} of run.sh --help's NAME=value   # comment lines."""
+    printed = {}
+    for line in output.splitlines():
+        match = re.fullmatch(r'([A-Z][A-Z0-9_]*)=("[^"]*"|\S*)\s*(#.*)?', line)
+        if match:
+            assert match[1] not in printed, line
+            printed[match[1]] = (unquoted(match[2]), match[3] or "")
+    return printed
+
+
+@pytest.mark.parametrize("script", RECIPE_SCRIPTS, ids=lambda p: p.parent.name)
+def test_help_prints_every_setting_as_it_would_be_used(script, tmp_path):
+    """--help lists defaults.sh's settings in its order and sections, each with
+    the environment's value, else the recipe's, else the default, and the
+    comment of the line it comes from; and runs nothing."""
+    env = {"SMOKE": "0", "SEEDS": "7 8"}
+    result = run_recipe(script, env, cwd=tmp_path, args=["--help"])
+    printed = printed_settings(result.stdout)
+    given = {k: v for k, v in recipe_env(env).items() if k in recipe_settings()}
+    expected = expected_settings(script, given)
+    assert list(printed) == list(expected) == recipe_settings(script)
+    for name in expected:
+        assert printed[name] == expected[name], name
+    assert printed["SEEDS"][0] == "7 8" and printed["NGPUS"][0] == "0"  # the environment's
+    sections = [line for line in DEFAULTS.read_text().splitlines() if line.startswith("# --- ")]
+    assert [line for line in result.stdout.splitlines() if line.startswith("# --- ")] == sections
+    assert list(tmp_path.iterdir()) == []  # nothing made
+
+
+def test_help_shows_recipe_values_over_defaults(tmp_path):
+    wmt = printed_settings(run_recipe(RECIPES / "wmt14_de_en" / "run.sh", {"SMOKE": "0"},
+                                      cwd=tmp_path, args=["-h"]).stdout)
+    assert wmt["MAX_UPDATE"] == ("300000", next(c for n, _, c in setting_lines(
+        RECIPES / "wmt14_de_en" / "run.sh") if n == "MAX_UPDATE"))
+    assert wmt["LR"][0] == "7e-4" and wmt["WARMUP"][0] == "4000"
+    template = printed_settings(run_recipe(RECIPES / "template" / "run.sh",
+                                           {"SMOKE": "0", "SRC": "fr", "TGT": "en"},
+                                           cwd=tmp_path, args=["--help"]).stdout)
+    assert template["PAIRS"][0] == "fr-en" and template["WORK_DIR"][0] == "work/fr_en"
+    assert template["SPM_VOCAB"][0] == "8000"
+
+
+def test_help_under_smoke_shows_smoke_values_unless_given(tmp_path):
+    """SMOKE=1: a smoke value wins over the recipe's own value (WMT's 300000
+    updates), never over the environment's."""
+    wmt = RECIPES / "wmt14_de_en" / "run.sh"
+    smoke = printed_settings(run_recipe(wmt, {}, cwd=tmp_path, args=["--help"]).stdout)
+    assert smoke["MAX_UPDATE"][0] == "30" and smoke["SPM_VOCAB"][0] == "1000"
+    assert smoke["SAVE_INTERVAL_UPDATES"][0] == "0" and smoke["LR"][0] == "1e-3"
+    given = printed_settings(run_recipe(wmt, {"MAX_UPDATE": "7", "LR": "2e-4"},
+                                        cwd=tmp_path, args=["--help"]).stdout)
+    assert given["MAX_UPDATE"][0] == "7" and given["LR"][0] == "2e-4"
+    assert given["SPM_VOCAB"][0] == "1000"
+
+
+def test_other_arguments_are_refused(tmp_path):
+    result = run_recipe(IWSLT, cwd=tmp_path, args=["--seeds"], check=False)
+    assert result.returncode != 0 and "usage:" in result.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("script", RECIPE_SCRIPTS + [DEFAULTS],
+                         ids=lambda p: str(Path(p).relative_to(RECIPES)))
+def test_every_setting_is_defined_once(script):
+    """A recipe sets only names defaults.sh defines (a typo would be a new,
+    unused variable), each once, and only to a value other than the default."""
+    defaults = {name: unquoted(value) for name, value, _ in setting_lines(DEFAULTS)}
+    names = [name for name, _, _ in setting_lines(script)]
+    assert len(names) == len(set(names)), script
+    if script == DEFAULTS:
+        return
+    assert set(names) <= set(defaults), sorted(set(names) - set(defaults))
+    blanks = TEMPLATE_BLANKS if script.parent.name == "template" else set()
+    same = [name for name, value, _ in setting_lines(script)
+            if unquoted(value) == defaults[name] and name not in blanks]
+    assert not same, f"{script} repeats the default of {same}"
+
+
+def test_smoke_settings_are_documented():
+    """Each setting SMOKE=1 changes says so ([smoke: x]) in the comment --help
+    shows, for every recipe."""
+    smoke = re.findall(r"^\s*smoke_default (\w+)", (RECIPES / "lib.sh").read_text(), flags=re.M)
+    assert "MAX_UPDATE" in smoke and "NGPUS" in smoke
+    for script in RECIPE_SCRIPTS:
+        comments = {name: comment for name, (_, comment) in expected_settings(script, {}).items()}
+        assert not [n for n in smoke if "[smoke:" not in comments[n]], script
