@@ -95,3 +95,19 @@ def test_missing_files_are_named(lm_checkpoint, toy_bin, tmp_path):
     no_dict = fairseq("natbias-lm-sweep", toy_bin, lm_checkpoint, "--out-dir",
                       tmp_path / "out", check=False)
     assert "has no dict.txt" in no_dict.stderr and "Traceback" not in no_dict.stderr
+
+
+def test_beam_search_continuations(lm_checkpoint, toy_lm_bin, tmp_path):
+    """Beam search (deterministic: two runs agree) with only dict.txt and the
+    test split beside the checkpoint."""
+    data = tmp_path / "data"
+    data.mkdir()
+    for name in ("dict.txt", "test.bin", "test.idx"):
+        (data / name).write_bytes((toy_lm_bin / name).read_bytes())
+    outputs = []
+    for run in ("a", "b"):
+        fairseq("natbias-lm-sweep", data, lm_checkpoint, "--lambdas", "0.5", "--decoding", "beam",
+                "--beam", "3", "--prompt-tokens", "2", "--max-continuation", "6",
+                "--out-dir", tmp_path / run)
+        outputs.append((tmp_path / run / "continuations.beam.lambda0.5.tau0.txt").read_text())
+    assert outputs[0] == outputs[1] and outputs[0].strip()
