@@ -57,6 +57,7 @@ machine two 1-thread runs beat one 2-thread run after the other).
 
 import argparse
 import json
+import math
 import os
 import re
 import shutil
@@ -358,7 +359,42 @@ def markdown(rows, target, title):
     if translation:
         out += [f"test BLEU signature: `{rows[0]['signatures'][0]}`; "
                 f"chrF: `{rows[0]['signatures'][1]}`"]
-    return "\n".join(out) + "\n"
+    return "\n".join(out + comparisons(rows)) + "\n"
+
+
+# Pairs of arms compared in the text under the table: the bias under one weight
+# init, and the default against stock fairseq.
+COMPARED = (("gain/unigram", "gain/zero"), ("fairseq/unigram", "fairseq/zero"),
+            ("gain/unigram", "stock"), ("gain/zero", "stock"))
+
+
+def comparisons(rows):
+    """Differences of means with the standard error of the difference
+    (sqrt(se_a^2 + se_b^2), seeds independent), and the mean ratio of updates
+    to reach stock's last validation NLL."""
+    by_arm = {row["arm"]: row for row in rows}
+    keys = (("alc_bleu", "ALC of valid BLEU"), ("bleu", "test BLEU"), ("test_ppl", "test ppl"),
+            ("alc", "ALC of valid NLL"))
+    lines = []
+    for a, b in COMPARED:
+        if a not in by_arm or b not in by_arm:
+            continue
+        parts = []
+        for key, label in keys:
+            if key not in by_arm[a]:
+                continue
+            x, y = by_arm[a][key], by_arm[b][key]
+            se = math.sqrt(x.stderr ** 2 + y.stderr ** 2)  # nan with a single seed
+            spread = (f" (s.e. {se:.3f}, {(x.mean - y.mean) / se:.1f} s.e.)"
+                      if math.isfinite(se) and se > 0 else " (one seed: no s.e.)")
+            parts.append(f"{label} {x.mean - y.mean:+.3f}{spread}")
+        reach = [r for r in by_arm[a]["reach"] if math.isfinite(r)]
+        if reach and by_arm[a]["reach"]:
+            parts.append(f"updates to reach stock: {np.mean(reach) / by_arm[a]['final_update']:.2f}x"
+                         f" of {by_arm[a]['final_update']}"
+                         + ("" if len(reach) == len(by_arm[a]["reach"]) else " (some never)"))
+        lines.append(f"- {a} − {b}: " + "; ".join(parts))
+    return ["", "Differences:"] + lines if lines else []
 
 
 def main():
