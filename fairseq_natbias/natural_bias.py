@@ -31,6 +31,7 @@ its fairseq base class; what is counted follows the task
 import argparse
 import logging
 import os
+import zipfile
 from typing import Optional
 
 import torch
@@ -185,10 +186,18 @@ def checkpoint_to_load(args):
 def saved_model_args(path: str):
     """The model config a fairseq checkpoint was trained with (None if the
     file holds none). Memory-mapped: the weights are not read."""
-    try:
+    if zipfile.is_zipfile(path):  # what torch.save has written since torch 1.6
         state = torch.load(path, map_location="cpu", mmap=True)
-    except RuntimeError:  # an old, non-zip checkpoint cannot be memory-mapped
-        state = torch.load(path, map_location="cpu")
+    else:  # an older pickle cannot be memory-mapped; anything else is no checkpoint
+        try:
+            state = torch.load(path, map_location="cpu")
+        except Exception as error:  # unpickling garbage fails in any way
+            raise NaturalBiasError(
+                f"{path} is not a fairseq checkpoint ({type(error).__name__}); give a "
+                "checkpoint_*.pt written by fairseq-train") from None
+    if not isinstance(state, dict):
+        raise NaturalBiasError(f"{path} holds a {type(state).__name__}, not a fairseq "
+                               "checkpoint; give a checkpoint_*.pt written by fairseq-train")
     cfg = state.get("cfg")
     if cfg is not None and cfg.get("model") is not None:
         return cfg["model"]

@@ -14,6 +14,7 @@ import torch
 from fairseq.data import Dictionary
 
 from fairseq_natbias.cli.step0 import validation_divergence
+from fairseq_natbias.natural_bias import NaturalBiasError, saved_model_args
 from natbias_testing import fairseq, log_records, train
 from test_transformer_natbias import build, hand_log_unigram
 from test_unigram import hand_counts
@@ -145,6 +146,24 @@ def test_resuming_with_other_settings_is_refused(toy_bin, tmp_path, unigram_run,
     assert "--natbias-init unigram --natbias-weight-init gain --natbias-gain-speed 20" in message
     assert asked in message and "--save-dir" in message
     assert "Traceback" not in result.stderr
+
+
+def test_resuming_from_a_file_that_is_no_checkpoint_says_so(toy_bin, tmp_path):
+    save_dir = tmp_path / "ckpt"
+    save_dir.mkdir()
+    (save_dir / "checkpoint_last.pt").write_bytes(b"not a checkpoint\n" * 4)
+    result = train(toy_bin, save_dir, max_update=2, check=False)
+    assert result.returncode != 0
+    message = result.stderr.strip().splitlines()[-1]
+    assert "checkpoint_last.pt is not a fairseq checkpoint" in message
+    assert "Traceback" not in result.stderr
+
+
+def test_saved_model_args_refuses_a_pickle_of_something_else(tmp_path):
+    path = tmp_path / "list.pt"
+    torch.save([1, 2, 3], path)
+    with pytest.raises(NaturalBiasError, match="holds a list, not a fairseq checkpoint"):
+        saved_model_args(str(path))
 
 
 def test_resuming_with_the_same_settings_given_explicitly_works(toy_bin, tmp_path, unigram_run):
