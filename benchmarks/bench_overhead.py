@@ -59,7 +59,10 @@ def variants_of(stock_arch, natbias_arch):
     }
 
 
+# Dims and pre-norm explicit so stock transformer_lm builds the same network
+# (see LanguageModel.options in study_learning_efficiency.py).
 LM_SIZES = ("--decoder-layers 2 --decoder-embed-dim 256 --decoder-ffn-embed-dim 1024 "
+            "--decoder-input-dim 256 --decoder-output-dim 256 --decoder-normalize-before "
             "--decoder-attention-heads 4 --share-decoder-input-output-embed").split()
 LM_COMMON = ("--cpu --seed 1 --optimizer adam --adam-betas (0.9,0.98) --lr 5e-4 "
              "--lr-scheduler inverse_sqrt --warmup-updates 100 --task language_modeling "

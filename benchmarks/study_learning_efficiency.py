@@ -122,7 +122,14 @@ class LanguageModel:
     name = "lm"
     stock_arch, natbias_arch = "transformer_lm", "transformer_lm_natbias"
     loss_key = "loss"  # cross_entropy's loss, bits
+    # Input/output dims and pre-norm spelt out: fairseq 0.12 builds stock
+    # ``--arch transformer_lm`` from its dataclass defaults (512-dim input and
+    # output embeddings, post-norm) whatever --decoder-embed-dim says, while
+    # transformer_lm_natbias applies base_lm_architecture as fairseq meant
+    # (dims follow the embedding, pre-norm). Explicit, both build one network.
     options = ["--decoder-layers", "2", "--decoder-embed-dim", "128",
+               "--decoder-input-dim", "128", "--decoder-output-dim", "128",
+               "--decoder-normalize-before",
                "--decoder-ffn-embed-dim", "256", "--decoder-attention-heads", "4",
                "--share-decoder-input-output-embed"]
 

@@ -219,6 +219,33 @@ def test_lm_presets_mirror_fairseq(toy_lm_bin):
     assert cfg.model.activation_fn == "gelu" and cfg.model.decoder_layers == 12
 
 
+def test_stock_transformer_lm_is_the_same_network_given_its_dims_and_norm(toy_lm_bin):
+    """fairseq 0.12's --arch transformer_lm skips base_lm_architecture (post-norm,
+    512-wide input/output embeddings whatever --decoder-embed-dim says); ours
+    applies it. With the three options explicit, only the bias and gain differ
+    (docs/language_models.md), as the study and the overhead benchmark rely on."""
+    argv = [str(toy_lm_bin), "--user-dir", "fairseq_natbias", *LM_TASK, "--cpu", *TINY_LM,
+            "--save-dir", "/nonexistent/ckpt"]
+    explicit = ["--decoder-input-dim", "64", "--decoder-output-dim", "64",
+                "--decoder-normalize-before"]
+
+    def shapes(arch, *options):
+        model = build_from_training_args([*argv, "--arch", arch, *options])[2]
+        return {k: v.shape for k, v in model.state_dict().items()}
+
+    natbias = shapes("transformer_lm_natbias")
+    assert natbias == shapes("transformer_lm_natbias", *explicit)
+    assert "decoder.layer_norm.weight" in natbias  # pre-norm: a final layer norm
+    stock_implicit = shapes("transformer_lm")
+    assert "decoder.layer_norm.weight" not in stock_implicit
+    assert stock_implicit["decoder.embed_tokens.weight"][1] == 512
+    stock = shapes("transformer_lm", *explicit)
+    extra = {"decoder.output_projection.bias", "decoder.output_projection.gain_param",
+             "target_log_unigram"}
+    assert set(natbias) - set(stock) == extra and set(stock) <= set(natbias)
+    assert all(natbias[k] == shape for k, shape in stock.items())
+
+
 def test_analysis_tools_work_on_a_language_model(lm_run, toy_lm_bin, tmp_path):
     """natbias-step0, natbias-frequency (Fig. 4: bias kept and dropped),
     natbias-dynamics and natbias-alc on an LM run, through their CLIs."""
