@@ -11,6 +11,9 @@ PY  := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
 SOURCES := setup.py $(shell find fairseq_natbias -name '*.py' 2>/dev/null)
 PYTEST_ARGS ?=
+# The tests mostly wait on single-threaded fairseq subprocesses: one pytest
+# worker per core, whole modules per worker (module fixtures built once).
+TEST_WORKERS ?= 2
 
 .PHONY: install test demo clean-venv
 
@@ -32,7 +35,7 @@ $(VENV)/.installed: $(VENV)/.deps $(SOURCES)
 	@touch $@
 
 test: install
-	$(PY) -m pytest tests $(PYTEST_ARGS)
+	$(PY) -m pytest tests -n $(TEST_WORKERS) --dist loadscope $(PYTEST_ARGS)
 
 demo: install
 	$(PY) -m fairseq_natbias.cli.demo $(DEMO_ARGS)
