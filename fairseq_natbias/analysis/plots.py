@@ -119,7 +119,7 @@ def curve_panels(
             ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         ax.set_xlabel("training updates")
         ax.set_ylabel(ylabel)
-        ax.set_title(dataset)
+        ax.set_title(dataset, fontsize="medium")  # long names fit a narrow panel
         ax.legend(fontsize="small")
     if title:
         fig.suptitle(title)
