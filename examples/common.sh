@@ -1,0 +1,58 @@
+# The plumbing shared by the example scripts, examples/*/run.sh: each sources
+# it right after its settings block. Only plumbing lives here (--help, messages,
+# finding the tools, logs); the fairseq commands stay in the scripts, to be read
+# and copied. Sourced, not run: "$0" is the script that sources it.
+
+# This script's folder, the repository root, and the example's name (its
+# folder's), which say and die put in front of every message.
+HERE=$(cd "$(dirname "$0")" && pwd)
+REPO=$(cd "$(dirname "$0")/../.." && pwd)
+EXAMPLE=$(basename "$HERE")
+
+# example_help "$@": on -h or --help, print the script's opening comment and
+# its settings lines (NAME=${NAME-default}  # meaning), then exit. The settings
+# stay in each script, so a reader sees them there, and this list cannot go stale.
+example_help() {
+    if [[ ${1-} == -h || ${1-} == --help ]]; then
+        sed -n '2,/^set -euo/{/^#/s/^# \{0,1\}//p}' "$0"
+        echo; echo "Settings (environment variable, default, meaning):"
+        grep -E '^[A-Z_]+=\$\{' "$0"
+        exit 0
+    fi
+}
+
+# Progress to stderr, stamped; an error as one line naming the script, then exit 1.
+say() { printf '[%s %(%H:%M:%S)T] %s\n' "$EXAMPLE" -1 "$*" >&2; }
+die() { printf 'examples/%s/run.sh: error: %s\n' "$EXAMPLE" "$*" >&2; exit 1; }
+
+# example_needs TOOL PACKAGES: use the repository's virtual environment when
+# TOOL is not on PATH (as after `make install` without activating it); without
+# either, say in one line how to get it rather than fail later with a traceback.
+example_needs() {
+    command -v "$1" >/dev/null || PATH=$REPO/.venv/bin:$PATH
+    command -v "$1" >/dev/null || die "$1 not found: activate the environment with $2 (make install; source .venv/bin/activate)"
+}
+
+# logged LOG COMMAND...: a command's output goes to LOG (fairseq is verbose);
+# on failure its last lines are shown, with the log's name.
+logged() {
+    local log=$1; shift
+    "$@" >"$log" 2>&1 || { tail -n 15 "$log" >&2; die "$(basename "$1") failed; its log: $log"; }
+}
+
+# text_file STEM: STEM or STEM.gz, whichever exists (status 1 if neither, for
+# the script's own message).
+text_file() {
+    local path
+    for path in "$1" "$1.gz"; do
+        [[ -f $path ]] && { echo "$path"; return; }
+    done
+    return 1
+}
+
+# first_lines N FILE: FILE's first N lines (0: all), FILE plain or .gz.
+# awk, not head: head would close the pipe early, which pipefail reports.
+first_lines() {
+    if [[ $2 == *.gz ]]; then gzip -dc "$2"; else cat "$2"; fi |
+        awk -v n="$1" 'n == 0 || NR <= n'
+}

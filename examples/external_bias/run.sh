@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# The natural bias counted on an external corpus (Meister et al., 2023, App.
+# A.7): b = log p_unigram of target-language text that is not the parallel
+# training data, e.g. a large monolingual corpus of the same language.
+#
+#   examples/translation/run.sh                                      # first: data-bin, spm.model
+#   EXTERNAL_TEXT=news.en.gz examples/external_bias/run.sh
+#
+# Steps: encode EXTERNAL_TEXT with the translation example's SentencePiece
+# model -> natbias-count --dict data-bin/dict.$TGT.txt --text external.tok ->
+# fairseq-train --natbias-init file --natbias-counts external.counts (the
+# translation example's model and training settings: give the same
+# environment) -> fairseq-generate (beam 5) -> sacreBLEU, next to the
+# translation example's scores. Each step skips itself when its output exists.
+#
+# Outputs in WORK: external.counts (one "symbol count" line per dictionary
+# entry), runs/file/{checkpoint_best.pt, train.log, test.hyp, test.scores}.
+set -euo pipefail
+
+# --- inputs ----------------------------------------------------------------------
+TRANSLATION_WORK=${TRANSLATION_WORK-work/examples/translation}  # WORK of examples/translation/run.sh (data-bin, spm.model, raw/)
+SRC=${SRC-de}                       # source language of that data
+TGT=${TGT-en}                       # target language: the external text's language
+EXTERNAL_TEXT=${EXTERNAL_TEXT-$(dirname "$0")/../../../shared/data/multi30k/train.$TGT.gz}  # raw target-language text, one sentence a line (.gz allowed); the default stands in for a real external corpus
+EXTERNAL_LINES=${EXTERNAL_LINES-0}  # first N lines of it only (0: all)
+WORK=${WORK-work/examples/external_bias}  # everything this script writes
+# --- model and training: examples/translation/run.sh's defaults ---------------------------
+LAYERS=${LAYERS-2}                  # encoder and decoder layers
+EMBED_DIM=${EMBED_DIM-128}          # d, embeddings shared by encoder, decoder and output layer
+FFN_DIM=${FFN_DIM-256}              # feed-forward width
+HEADS=${HEADS-4}                    # attention heads
+MAX_UPDATE=${MAX_UPDATE-250}        # training updates
+MAX_TOKENS=${MAX_TOKENS-3000}       # tokens per batch
+LR=${LR-1e-3}                       # peak learning rate (inverse square root schedule)
+WARMUP=${WARMUP-100}                # warm-up updates
+SEED=${SEED-1}                      # the translation example's seed: the runs differ in the bias alone
+TRAIN_ARGS=${TRAIN_ARGS-}           # more fairseq-train options
+BEAM=${BEAM-5}                      # beam size
+
+# The examples' shared plumbing: --help, say, die, logged, first_lines, REPO.
+source "$(dirname "$0")/../common.sh"
+example_help "$@"
+example_needs fairseq-train "fairseq and fairseq_natbias"
+SPM_TEXT=$REPO/examples/translation/spm_text.py
+DATA_BIN=$TRANSLATION_WORK/data-bin
+RUN=$WORK/runs/file
+
+# --- what this needs -------------------------------------------------------------------
+[[ -f $DATA_BIN/dict.$TGT.txt && -f $TRANSLATION_WORK/spm.model ]] ||
+    die "TRANSLATION_WORK=$TRANSLATION_WORK has no data-bin/dict.$TGT.txt and spm.model: run examples/translation/run.sh first (same WORK, SRC, TGT)"
+[[ -f $EXTERNAL_TEXT ]] ||
+    die "EXTERNAL_TEXT=$EXTERNAL_TEXT: no such file; set EXTERNAL_TEXT to raw $TGT text, one sentence a line (.gz allowed)"
+mkdir -p "$WORK"
+
+# --- 1. the external text as the model's pieces ----------------------------------------------
+if [[ -f $WORK/spm/external.$TGT ]]; then
+    say "sentencepiece: $WORK/spm/external.$TGT exists, skipped"
+else
+    say "sentencepiece: encoding $EXTERNAL_TEXT with $TRANSLATION_WORK/spm.model"
+    mkdir -p "$WORK/raw"
+    first_lines "$EXTERNAL_LINES" "$EXTERNAL_TEXT" >"$WORK/raw/external.$TGT"
+    python "$SPM_TEXT" encode --model "$TRANSLATION_WORK/spm.model" --output-dir "$WORK/spm" \
+        "$WORK/raw/external.$TGT"
+fi
+
+# --- 2. count it against the target dictionary (one EOS per line, unknown pieces as <unk>) ----------
+if [[ -f $WORK/external.counts ]]; then
+    say "natbias-count: $WORK/external.counts exists, skipped"
+else
+    natbias-count --dict "$DATA_BIN/dict.$TGT.txt" --text "$WORK/spm/external.$TGT" \
+        --output "$WORK/external.counts.part" >&2
+    mv "$WORK/external.counts.part" "$WORK/external.counts"
+fi
+
+# --- 3. train with b = log p_unigram of the external counts (add-one smoothed) ------------------------
+if [[ -f $RUN/train.done ]]; then
+    say "train [file]: finished before, skipped"
+else
+    mkdir -p "$RUN"
+    say "train [file]: $MAX_UPDATE updates, bias from $WORK/external.counts (log: $RUN/train.log)"
+    # shellcheck disable=SC2086  # TRAIN_ARGS is a list of options
+    logged "$RUN/train.log" fairseq-train "$DATA_BIN" --user-dir fairseq_natbias \
+        --arch transformer_natbias --natbias-init file --natbias-counts "$WORK/external.counts" \
+        --encoder-layers "$LAYERS" --decoder-layers "$LAYERS" \
+        --encoder-embed-dim "$EMBED_DIM" --decoder-embed-dim "$EMBED_DIM" \
+        --encoder-ffn-embed-dim "$FFN_DIM" --decoder-ffn-embed-dim "$FFN_DIM" \
+        --encoder-attention-heads "$HEADS" --decoder-attention-heads "$HEADS" \
+        --share-all-embeddings --dropout 0.1 \
+        --optimizer adam --adam-betas '(0.9, 0.997)' --lr "$LR" \
+        --lr-scheduler inverse_sqrt --warmup-updates "$WARMUP" \
+        --criterion label_smoothed_cross_entropy --label-smoothing 0.1 \
+        --max-tokens "$MAX_TOKENS" --max-update "$MAX_UPDATE" --seed "$SEED" \
+        --save-dir "$RUN" --no-epoch-checkpoints --num-workers 0 \
+        --log-format simple --log-interval 25 --no-progress-bar $TRAIN_ARGS
+    touch "$RUN/train.done"
+fi
+
+# --- 4. translate and score, as examples/translation/run.sh does ---------------------------------------
+if [[ -f $RUN/test.hyp ]]; then
+    say "generate [file]: $RUN/test.hyp exists, skipped"
+else
+    say "generate [file]: beam $BEAM on the test set"
+    logged "$RUN/generate.log" fairseq-generate "$DATA_BIN" --user-dir fairseq_natbias \
+        --path "$RUN/checkpoint_best.pt" --gen-subset test --beam "$BEAM" --lenpen 1 \
+        --max-len-a 1.2 --max-len-b 10 --batch-size 128 --required-batch-size-multiple 1 \
+        --remove-bpe sentencepiece --num-workers 0
+    mv "$RUN/generate.log" "$RUN/test.gen"
+    grep '^D-' "$RUN/test.gen" | cut -c3- | LC_ALL=C sort -n -k1,1 | cut -f3 >"$RUN/test.hyp"
+fi
+sacrebleu "$TRANSLATION_WORK/raw/test.$TGT" -i "$RUN/test.hyp" -m bleu chrf -f text >"$RUN/test.scores"
+say "test scores (best checkpoint, beam $BEAM), with the translation example's runs:"
+for scores in "$RUN/test.scores" "$TRANSLATION_WORK"/runs/*/test.scores; do
+    [[ -f $scores ]] || continue
+    init=$(basename "$(dirname "$scores")")
+    sed -e "s/^ */[$init] /" "$scores"
+done

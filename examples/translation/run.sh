@@ -1,0 +1,160 @@
+#!/usr/bin/env bash
+# Translation with the natural bias, end to end: joint SentencePiece ->
+# fairseq-preprocess --joined-dictionary -> fairseq-train --arch
+# transformer_natbias with --natbias-init unigram and, to compare, zero ->
+# fairseq-generate (beam 5) -> sacreBLEU (BLEU and chrF with signatures).
+#
+#   examples/translation/run.sh                                  # Multi30k De->En, as `make demo`
+#   DATA=~/corpus SRC=fr TGT=en TRAIN=train VALID=dev TEST=test examples/translation/run.sh
+#   MAX_UPDATE=2000 INITS=unigram WORK=work/fr_en examples/translation/run.sh
+#
+# DATA holds raw (untokenised) text, one sentence a line, the two languages
+# line-aligned: $TRAIN.$SRC, $TRAIN.$TGT, $VALID.*, $TEST.* (.gz allowed).
+# Every setting below can be given in the environment. Each step skips itself
+# when its output exists (remove WORK, or a part of it, to redo it); an
+# interrupted training resumes from its checkpoint_last.pt.
+#
+# Outputs in WORK: spm.model, data-bin/, runs/<init>/{checkpoint_best.pt,
+# train.log, test.gen, test.hyp, test.scores}.
+set -euo pipefail
+
+# --- data ------------------------------------------------------------------------
+DATA=${DATA-$(dirname "$0")/../../../shared/data/multi30k}  # raw parallel text (default: Multi30k beside the repository)
+SRC=${SRC-de}                       # source language, as in the file names
+TGT=${TGT-en}                       # target language
+TRAIN=${TRAIN-train}                # training file name, without .<lang>[.gz]
+VALID=${VALID-val}                  # validation file name (Multi30k: val)
+TEST=${TEST-test_2016_flickr}       # test file name (Multi30k: test_2016_flickr)
+TRAIN_LINES=${TRAIN_LINES-0}        # first N training pairs only (0: all)
+EVAL_LINES=${EVAL_LINES-0}          # first N validation and test pairs only (0: all)
+VOCAB=${VOCAB-8000}                 # joint SentencePiece vocabulary size
+WORK=${WORK-work/examples/translation}  # everything this script writes
+# --- model and training: `make demo`'s sizes -----------------------------------------
+INITS=${INITS-"unigram zero"}       # --natbias-init values to train, one run each (also: none)
+LAYERS=${LAYERS-2}                  # encoder and decoder layers
+EMBED_DIM=${EMBED_DIM-128}          # d, embeddings shared by encoder, decoder and output layer
+FFN_DIM=${FFN_DIM-256}              # feed-forward width
+HEADS=${HEADS-4}                    # attention heads
+MAX_UPDATE=${MAX_UPDATE-250}        # training updates (a few hundred: a CPU demo, not a good model)
+MAX_TOKENS=${MAX_TOKENS-3000}       # tokens per batch
+LR=${LR-1e-3}                       # peak learning rate (inverse square root schedule)
+WARMUP=${WARMUP-100}                # warm-up updates
+SEED=${SEED-1}                      # the same seed for every run: they differ in the bias alone
+TRAIN_ARGS=${TRAIN_ARGS-}           # more fairseq-train options, e.g. "--cpu" or "--natbias-weight-init damped"
+# --- evaluation -------------------------------------------------------------------------
+BEAM=${BEAM-5}                      # beam size
+
+# The examples' shared plumbing: --help, say, die, logged, text_file, first_lines, HERE.
+source "$(dirname "$0")/../common.sh"
+example_help "$@"
+example_needs fairseq-train "fairseq and fairseq_natbias"
+
+raw_file() {  # DATA/<name>.<lang> or .gz, whichever exists
+    text_file "$DATA/$1.$2" ||
+        die "DATA=$DATA has no $1.$2[.gz]: set DATA to a folder with $TRAIN, $VALID and $TEST .{$SRC,$TGT}[.gz] (names: TRAIN, VALID, TEST; languages: SRC, TGT)"
+}
+
+# --- 1. raw text: the first TRAIN_LINES / EVAL_LINES lines of each file --------------------
+stage_text() {
+    [[ -d $DATA ]] || die "DATA=$DATA: no such folder; set DATA to your raw parallel text (see --help)"
+    local split name lines lang path
+    for split in TRAIN VALID TEST; do
+        for lang in "$SRC" "$TGT"; do raw_file "${!split}" "$lang" >/dev/null; done
+    done
+    [[ -f $WORK/raw/test.$TGT ]] && { say "raw text: $WORK/raw exists, skipped"; return; }
+    mkdir -p "$WORK/raw"
+    for split in train valid test; do
+        name=${split^^} && name=${!name}  # TRAIN, VALID, TEST
+        lines=$([[ $split == train ]] && echo "$TRAIN_LINES" || echo "$EVAL_LINES")
+        # test.$TGT last: its presence means the staging is complete.
+        for lang in "$SRC" "$TGT"; do
+            path=$(raw_file "$name" "$lang")
+            first_lines "$lines" "$path" >"$WORK/raw/$split.$lang.part"
+            mv "$WORK/raw/$split.$lang.part" "$WORK/raw/$split.$lang"
+        done
+    done
+    say "raw text: $(wc -l <"$WORK/raw/train.$SRC") training pairs staged in $WORK/raw"
+}
+
+# --- 2. one joint SentencePiece model, the text as pieces -------------------------------------
+sentencepiece() {
+    [[ -f $WORK/spm/test.$TGT ]] && { say "sentencepiece: $WORK/spm exists, skipped"; return; }
+    say "sentencepiece: joint unigram model of $VOCAB pieces on the training text"
+    python "$HERE/spm_text.py" train --model-prefix "$WORK/spm" --vocab-size "$VOCAB" \
+        "$WORK/raw/train.$SRC" "$WORK/raw/train.$TGT"
+    python "$HERE/spm_text.py" encode --model "$WORK/spm.model" --output-dir "$WORK/spm.part" \
+        "$WORK"/raw/{train,valid,test}."$SRC" "$WORK"/raw/{train,valid,test}."$TGT"
+    rm -rf "$WORK/spm" && mv "$WORK/spm.part" "$WORK/spm"
+}
+
+# --- 3. binarise with one dictionary for both languages (the embeddings are shared) -----------------
+preprocess() {
+    [[ -f $WORK/data-bin/test.$SRC-$TGT.$TGT.bin ]] && { say "preprocess: $WORK/data-bin exists, skipped"; return; }
+    say "fairseq-preprocess --joined-dictionary"
+    rm -rf "$WORK/data-bin"  # fairseq-preprocess refuses to overwrite a dictionary
+    logged "$WORK/preprocess.log" fairseq-preprocess --source-lang "$SRC" --target-lang "$TGT" \
+        --trainpref "$WORK/spm/train" --validpref "$WORK/spm/valid" --testpref "$WORK/spm/test" \
+        --destdir "$WORK/data-bin" --joined-dictionary --workers 2
+}
+
+# --- 4. train: the bias of the unigram run is counted from data-bin/train.*.$TGT -----------------------
+train() {
+    local init=$1 run=$WORK/runs/$1
+    [[ -f $run/train.done ]] && { say "train [$init]: finished before, skipped"; return; }
+    mkdir -p "$run"
+    say "train [$init]: $MAX_UPDATE updates (log: $run/train.log)"
+    # shellcheck disable=SC2086  # TRAIN_ARGS is a list of options
+    logged "$run/train.log" fairseq-train "$WORK/data-bin" --user-dir fairseq_natbias \
+        --arch transformer_natbias --natbias-init "$init" \
+        --encoder-layers "$LAYERS" --decoder-layers "$LAYERS" \
+        --encoder-embed-dim "$EMBED_DIM" --decoder-embed-dim "$EMBED_DIM" \
+        --encoder-ffn-embed-dim "$FFN_DIM" --decoder-ffn-embed-dim "$FFN_DIM" \
+        --encoder-attention-heads "$HEADS" --decoder-attention-heads "$HEADS" \
+        --share-all-embeddings --dropout 0.1 \
+        --optimizer adam --adam-betas '(0.9, 0.997)' --lr "$LR" \
+        --lr-scheduler inverse_sqrt --warmup-updates "$WARMUP" \
+        --criterion label_smoothed_cross_entropy --label-smoothing 0.1 \
+        --max-tokens "$MAX_TOKENS" --max-update "$MAX_UPDATE" --seed "$SEED" \
+        --save-dir "$run" --no-epoch-checkpoints --num-workers 0 \
+        --log-format simple --log-interval 25 --no-progress-bar $TRAIN_ARGS
+    touch "$run/train.done"
+    say "train [$init]: last validation: $(grep '| valid |' "$run/train.log" | tail -n 1 | sed 's/.*| valid | //')"
+}
+
+# --- 5. translate the test set with the best checkpoint ----------------------------------------------
+generate() {
+    local init=$1 run=$WORK/runs/$1
+    [[ -f $run/test.hyp ]] && { say "generate [$init]: $run/test.hyp exists, skipped"; return; }
+    say "generate [$init]: beam $BEAM on the test set"
+    # --required-batch-size-multiple 1: fairseq 0.12 drops a last partial batch otherwise.
+    # --max-len-a/-b: a barely trained model would otherwise ramble up to 200 tokens.
+    logged "$run/generate.log" fairseq-generate "$WORK/data-bin" --user-dir fairseq_natbias \
+        --path "$run/checkpoint_best.pt" --gen-subset test --beam "$BEAM" --lenpen 1 \
+        --max-len-a 1.2 --max-len-b 10 --batch-size 128 --required-batch-size-multiple 1 \
+        --remove-bpe sentencepiece --num-workers 0
+    mv "$run/generate.log" "$run/test.gen"
+    # D-<id>: the detokenised hypothesis; fairseq prints them by length, we want id order.
+    grep '^D-' "$run/test.gen" | cut -c3- | LC_ALL=C sort -n -k1,1 | cut -f3 >"$run/test.hyp.part"
+    mv "$run/test.hyp.part" "$run/test.hyp"
+}
+
+# --- 6. score against the raw references --------------------------------------------------------------
+score() {
+    local init=$1 run=$WORK/runs/$1
+    local hyps refs
+    hyps=$(wc -l <"$run/test.hyp") refs=$(wc -l <"$WORK/raw/test.$TGT")
+    [[ $hyps == "$refs" ]] || die "$run/test.hyp has $hyps lines, the references $refs: remove it to translate again"
+    sacrebleu "$WORK/raw/test.$TGT" -i "$run/test.hyp" -m bleu chrf -f text >"$run/test.scores"
+    sed -e "s/^ */[$init] /" "$run/test.scores"
+}
+
+mkdir -p "$WORK"
+stage_text
+sentencepiece
+preprocess
+for init in $INITS; do
+    train "$init"
+    generate "$init"
+done
+say "test scores (best checkpoint, beam $BEAM):"
+for init in $INITS; do score "$init"; done
