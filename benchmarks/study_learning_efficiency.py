@@ -23,6 +23,9 @@ schedules (``--schedule``)
     ``paper``  lr 5e-4, inverse-sqrt warm-up 4,000 updates from 1e-7 (the
                paper's sec. 4.1 schedule, as in the recipes)
 
+--untied drops the embedding sharing (an untied output projection); its runs
+and results are named ``<schedule>-untied``.
+
 Measured per run, validating every --validate-every updates:
 
 * validation NLL at update 0 (natbias-step0) and over updates, with the
@@ -89,6 +92,9 @@ REFERENCE_ARM = "stock"
 EVAL_BLEU = ["--eval-bleu", "--eval-bleu-args", '{"beam": 1, "max_len_a": 1.2, "max_len_b": 10}',
              "--eval-bleu-remove-bpe", "sentencepiece",
              "--best-checkpoint-metric", "bleu", "--maximize-best-checkpoint-metric"]
+
+
+TYING_OPTIONS = ("--share-all-embeddings", "--share-decoder-input-output-embed")
 
 
 class Translation:
@@ -222,7 +228,7 @@ def training_arguments(task, data_bin, run_dir, arm, seed, args):
 
 def train_and_score(task, data_bin, work, run_dir, arm, seed, args):
     """One run, start to test score; each step skipped when its output exists."""
-    name = f"{task.folder} {args.schedule} {arm.name} seed{seed}"
+    name = f"{task.folder} {args.schedule}{'-untied' if args.untied else ''} {arm.name} seed{seed}"
     if not (run_dir / "done").exists():
         run_dir.mkdir(parents=True, exist_ok=True)
         arguments = training_arguments(task, data_bin, run_dir, arm, seed, args)
@@ -428,16 +434,22 @@ def main():
     parser.add_argument("--summarise-only", action="store_true",
                         help="no training: the table and plots of the finished runs")
     parser.add_argument("--results", help="also copy the table and plots to this folder")
+    parser.add_argument("--untied", action="store_true",
+                        help="untied output projection (no embedding sharing); runs and "
+                             "results are named <schedule>-untied")
     args = parser.parse_args()
     arms = [Arm.parse(text) for text in args.arms]
     task = Translation(args.pair) if args.task == "translation" else LanguageModel(args.lang)
+    if args.untied:
+        task.options = [o for o in task.options if o not in TYING_OPTIONS]
     raw = Path(args.multi30k)
     langs = task.langs if args.task == "translation" else (task.lang,)
     if not demo.has_all_files(raw, langs):
         raise SystemExit(f"study: no Multi30k {'-'.join(langs)} at {raw}; give --multi30k DIR")
     work = Path(args.workdir).resolve() / task.folder
     work.mkdir(parents=True, exist_ok=True)
-    study_dir = work / args.schedule
+    setting = args.schedule + ("-untied" if args.untied else "")
+    study_dir = work / setting
     os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(args.threads)
     data_bin = task.prepare(raw, work)
     if not args.summarise_only:
@@ -452,8 +464,8 @@ def main():
     rows, target, nll_lines, bleu_lines = summarise(task, study_dir, arms, args.seeds)
     if not rows:
         raise SystemExit("study: no finished run yet")
-    title = (f"Multi30k {args.pair}, schedule {args.schedule}" if args.task == "translation"
-             else f"language model, Multi30k {args.lang}, schedule {args.schedule}")
+    title = (f"Multi30k {args.pair}, schedule {setting}" if args.task == "translation"
+             else f"language model, Multi30k {args.lang}, schedule {setting}")
     table = markdown(rows, target, title)
     outputs = {"md": study_dir / "study.md", "nll": study_dir / "study_valid_nll.png",
                "bleu": study_dir / "study_valid_bleu.png"}
@@ -469,7 +481,7 @@ def main():
         results = Path(args.results)
         results.mkdir(parents=True, exist_ok=True)
         for path in outputs.values():
-            shutil.copy(path, results / f"{task.folder}_{args.schedule}_{path.name}")
+            shutil.copy(path, results / f"{task.folder}_{setting}_{path.name}")
     print(table)
     print(f"outputs: {', '.join(str(p) for p in outputs.values())}; "
           f"command: {sys.executable} {' '.join(sys.argv)}")
