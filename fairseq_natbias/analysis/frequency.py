@@ -30,6 +30,7 @@ All logarithms are natural. A model without an output bias (``--natbias-init
 none``, or fairseq's own transformer) gives the same numbers in both rows.
 """
 
+import glob
 import logging
 import os
 import pickle
@@ -108,6 +109,13 @@ def load_checkpoint(path: str, data: str, split: str, use_cuda: bool):
 
 
 def load_split(task, split) -> None:
+    data = unigram.task_config(task).data
+    # Checked before fairseq opens it: numpy cannot memory-map an empty .bin,
+    # and fairseq's half-built dataset then fails again in its __del__.
+    first_dir = str(data).split(":")[0]
+    bins = glob.glob(os.path.join(first_dir, f"{split}.bin")) + glob.glob(os.path.join(first_dir, f"{split}.*.bin"))
+    if any(os.path.getsize(path) == 0 for path in bins):
+        raise AnalysisError(f"the {split} split of {data} is empty: nothing to score")
     try:
         task.load_dataset(split)
     except ValueError as error:  # numpy cannot memory-map an empty .bin file
