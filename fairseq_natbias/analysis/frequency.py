@@ -118,11 +118,8 @@ def load_split(task, split) -> None:
         raise AnalysisError(f"the {split} split of {data} is empty: nothing to score")
     try:
         task.load_dataset(split)
-    except ValueError as error:  # numpy cannot memory-map an empty .bin file
-        if "empty file" in str(error):
-            raise AnalysisError(
-                f"the {split} split of {unigram.task_config(task).data} is empty: nothing to score") from None
-        raise AnalysisError(f"cannot read the {split} split of {unigram.task_config(task).data}: {error}") from None
+    except ValueError as error:
+        raise AnalysisError(f"cannot read the {split} split of {data}: {error}") from None
 
 
 def check_dictionaries(model_state, task, path, data) -> None:
