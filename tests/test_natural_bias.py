@@ -94,13 +94,55 @@ def test_v010_fixture_matches_the_toy_corpus(toy_bin):
         assert filecmp.cmp(toy_bin / name, V010 / name, shallow=False), name
 
 
-def test_v010_checkpoint_generates_byte_identically(toy_bin, tmp_path):
+def test_v010_checkpoint_builds_its_own_model_exactly(toy_bin):
     """A checkpoint trained by 0.1.0 (default weight init ``fairseq``) is
-    built with its own settings: the same translations and scores, byte for
-    byte, as 0.1.0 printed."""
+    built with its own init: no gain, every tensor the one it saved."""
+    import fairseq_natbias  # noqa: F401  (registers the architecture)
+    from fairseq import checkpoint_utils
+
+    path = V010 / "checkpoint_last.pt"
+    models, cfg, _ = checkpoint_utils.load_model_ensemble_and_task(
+        [str(path)], arg_overrides={"data": str(toy_bin)})
+    saved = torch.load(path, map_location="cpu", weights_only=False)["model"]
+    built = models[0].state_dict()
+    assert cfg.model.natbias_weight_init == "fairseq"
+    assert not [name for name, _ in models[0].named_parameters() if "gain" in name]
+    assert sorted(built) == sorted(saved)
+    assert all(torch.equal(built[name], saved[name]) for name in saved)
+
+
+def _generate_lines(text):
+    """fairseq-generate's lines, with the sentence scores of H-/D- lines as
+    floats: the text (ids, tokens, 4-decimal positional scores, BLEU) is
+    compared exactly, the full-precision scores to 1e-6."""
+    lines = []
+    for line in text.splitlines():
+        fields = line.split("\t")
+        if fields[0][:2] in ("H-", "D-"):
+            lines.append((fields[0], float(fields[1]), *fields[2:]))
+        else:
+            lines.append((line,))
+    return lines
+
+
+def test_v010_checkpoint_generates_as_v010_did(toy_bin):
+    """The same translations, positional scores and BLEU line as 0.1.0
+    printed (tests/fixtures/v0.1.0/generate.out). The full-precision sentence
+    scores are compared to 1e-6, not bit for bit: their last bits depend on
+    the CPU's float kernels (the fixture was recorded on another CPU; on this
+    one 0.1.0's own code prints the same digits as today's, checked by hand
+    with a worktree of c0d37c9), not on this package."""
     result = fairseq("fairseq-generate", toy_bin, "--user-dir", "fairseq_natbias",
                      "--path", V010 / "checkpoint_last.pt", *GENERATE)
-    assert result.stdout == (V010 / "generate.out").read_text()
+    got = _generate_lines(result.stdout)
+    expected = _generate_lines((V010 / "generate.out").read_text())
+    assert len(got) == len(expected)
+    for got_line, expected_line in zip(got, expected):
+        if len(expected_line) > 1:  # an H- or D- line
+            assert got_line[0] == expected_line[0] and got_line[2:] == expected_line[2:]
+            assert got_line[1] == pytest.approx(expected_line[1], abs=1e-6), expected_line[0]
+        else:
+            assert got_line == expected_line
 
 
 def test_v010_checkpoint_resumes_with_its_own_weight_init(toy_bin, tmp_path):
