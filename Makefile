@@ -35,7 +35,7 @@ $(VENV)/.installed: $(VENV)/.deps $(SOURCES)
 	@touch $@
 
 test: install
-	$(PY) -m pytest tests -n $(TEST_WORKERS) --dist loadscope $(PYTEST_ARGS)
+	$(PY) -m pytest tests -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder $(PYTEST_ARGS)
 
 demo: install
 	$(PY) -m fairseq_natbias.cli.demo $(DEMO_ARGS)
