@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from fairseq import checkpoint_utils
 from fairseq.data import Dictionary
 
 from fairseq_natbias.cli.step0 import validation_divergence
@@ -103,9 +104,6 @@ def test_v010_fixture_matches_the_toy_corpus(toy_bin):
 def test_v010_checkpoint_builds_its_own_model_exactly(toy_bin):
     """A checkpoint trained by 0.1.0 (default weight init ``fairseq``) is
     built with its own init: no gain, every tensor the one it saved."""
-    import fairseq_natbias  # noqa: F401  (registers the architecture)
-    from fairseq import checkpoint_utils
-
     path = V010 / "checkpoint_last.pt"
     models, cfg, _ = checkpoint_utils.load_model_ensemble_and_task(
         [str(path)], arg_overrides={"data": str(toy_bin)})

@@ -241,14 +241,14 @@ def test_two_cpu_processes_train_one_model(iwslt):
 
 def test_template_trains_a_new_pair(template):
     assert "fr-en" in template.output
-    for run in [template.runs / "unigram" / "seed1"]:
-        for name in ("checkpoint_best.pt", "train.log", "test.hyp", "ood.hyp"):
-            assert (run / name).is_file(), run / name
-        for eval_set in ("test", "ood"):
-            for metric in ("bleu", "chrf"):
-                result = json.loads((run / f"{eval_set}.{metric}.json").read_text(encoding="utf-8"))
-                assert result["signature"].startswith("nrefs:1|case:mixed")
-        assert "natbias_init=" in (run / "train.log").read_text(encoding="utf-8")
+    run = template.runs / "unigram" / "seed1"
+    for name in ("checkpoint_best.pt", "train.log", "test.hyp", "ood.hyp"):
+        assert (run / name).is_file(), run / name
+    for eval_set in ("test", "ood"):
+        for metric in ("bleu", "chrf"):
+            result = json.loads((run / f"{eval_set}.{metric}.json").read_text(encoding="utf-8"))
+            assert result["signature"].startswith("nrefs:1|case:mixed")
+    assert "natbias_init=" in (run / "train.log").read_text(encoding="utf-8")
     rows = table_rows(template.pair / "results.md")
     assert set(rows) == {"unigram"}
     header = next(l for l in (template.pair / "results.md").read_text(encoding="utf-8").splitlines()
