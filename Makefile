@@ -19,12 +19,25 @@ TEST_WORKERS ?= 2
 
 install: $(VENV)/.installed
 
+# fairseq declares torchaudio, which text never uses and which would pull in
+# another multi-GB torch: fairseq goes in last and --no-deps. pip would then
+# report the missing torchaudio as an "ERROR: pip's dependency resolver ..."
+# whenever a later install touches a package fairseq depends on, which a
+# newcomer reads as a failed install. So the installs that resolve skip that
+# report (--no-warn-conflicts) and `pip check` runs once at the end instead:
+# any other conflict is printed as pip words it, the known torchaudio one is
+# replaced by one line saying why it is harmless.
+TORCHAUDIO_NOTE := == note: pip check names torchaudio (declared by fairseq) as missing: left out on purpose, text never imports it (docs/installation.md)
+
 $(VENV)/.deps: requirements.txt Makefile
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	@echo "== installing torch ($(TORCH_SPEC)), fairseq ($(FAIRSEQ_SPEC), --no-deps) and requirements into $(VENV)"
-	@$(PY) -c "import torch" 2>/dev/null || $(PIP) install "$(TORCH_SPEC)"
+	@echo "== installing torch ($(TORCH_SPEC)), requirements, then fairseq ($(FAIRSEQ_SPEC), --no-deps) into $(VENV)"
+	@$(PY) -c "import torch" 2>/dev/null || $(PIP) install --no-warn-conflicts "$(TORCH_SPEC)"
+	$(PIP) install --no-warn-conflicts -r requirements.txt setuptools wheel
 	$(PIP) install --no-deps "$(FAIRSEQ_SPEC)"
-	$(PIP) install -r requirements.txt setuptools wheel
+	@check=$$($(PY) -m pip check 2>&1); \
+	printf '%s\n' "$$check" | grep -v -e 'requires torchaudio' -e '^No broken requirements' -e '^$$' || true; \
+	case "$$check" in *'requires torchaudio'*) echo "$(TORCHAUDIO_NOTE)";; esac
 	@touch $@
 
 # A regular (not editable) install: fairseq resolves `--user-dir

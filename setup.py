@@ -3,7 +3,14 @@
 fairseq itself is not listed: both repackages that install on Python 3.11
 (ve-fairseq, fairseq-fixed) declare torchaudio, which text never needs and
 which pulls in a different multi-GB torch. `make install` installs
-`ve-fairseq==0.12.3 --no-deps` plus the runtime needs listed here.
+`ve-fairseq==0.12.3 --no-deps` plus the runtime needs listed here; into an
+environment that already has fairseq, `pip install --no-deps` this package
+(docs/installation.md).
+
+python_requires: what is tested. The fairseq 0.12 builds that install on
+current Python (ve-fairseq 0.12.3) ship wheels for CPython 3.11 and 3.12 only;
+the official fairseq 0.12.2 does not install on 3.11 and was never tried on
+3.10 with this package.
 """
 
 from setuptools import find_packages, setup
@@ -22,11 +29,24 @@ FAIRSEQ_RUNTIME = [
 
 setup(
     name="fairseq-natbias",
-    version="0.2.0",
+    version="0.3.0",
     description="Log-unigram output-bias initialisation for fairseq (Meister et al., ACL 2023)",
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
-    python_requires=">=3.10",
+    author="the fairseq-natbias authors",
+    license="MIT",
+    license_files=["LICENSE"],
+    python_requires=">=3.11,<3.13",
+    classifiers=[
+        "Development Status :: 4 - Beta",
+        "Intended Audience :: Science/Research",
+        "Operating System :: POSIX :: Linux",
+        "Programming Language :: Python :: 3",
+        "Programming Language :: Python :: 3.11",
+        "Programming Language :: Python :: 3.12",
+        "Topic :: Scientific/Engineering :: Artificial Intelligence",
+        "Topic :: Text Processing :: Linguistic",
+    ],
     packages=find_packages(include=["fairseq_natbias", "fairseq_natbias.*"]),
     install_requires=[
         "torch>=2.0",
@@ -49,6 +69,7 @@ setup(
             "natbias-sweep=fairseq_natbias.cli.sweep:main",
             "natbias-lm-sweep=fairseq_natbias.cli.sweep_lm:main",
             "natbias-distinct=fairseq_natbias.cli.distinct:main",
+            "natbias-average-checkpoints=fairseq_natbias.cli.average_checkpoints:main",
         ]
     },
 )

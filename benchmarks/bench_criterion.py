@@ -37,7 +37,9 @@ from pathlib import Path
 
 import torch
 
+# Use this checkout's fairseq_natbias (also the one --user-dir names below).
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
 BIN = Path(sys.executable).parent
 
 CONFIGS = {
@@ -103,10 +105,9 @@ def synthetic_corpus(root: Path, vocab: int, sentences: int, seed: int) -> Path:
 
 
 def build(data: Path, save_dir: Path, options, args):
-    from fairseq import options as fairseq_options
-    from fairseq import tasks
-    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
     from fairseq.trainer import Trainer
+
+    from fairseq_natbias.pipeline import build_from_training_args
 
     command = [
         str(data), "--user-dir", str(REPO / "fairseq_natbias"), "--arch", args.arch,
@@ -115,10 +116,7 @@ def build(data: Path, save_dir: Path, options, args):
         "--label-smoothing", "0.1", "--max-tokens", str(args.max_tokens),
         "--save-dir", str(save_dir), "--num-workers", "0", *options,
     ]
-    parsed = fairseq_options.parse_args_and_arch(fairseq_options.get_training_parser(), command)
-    cfg = convert_namespace_to_omegaconf(parsed)
-    task = tasks.setup_task(cfg.task)
-    model = task.build_model(cfg.model)
+    cfg, task, model = build_from_training_args(command)
     trainer = Trainer(cfg, task, model, task.build_criterion(cfg.criterion))
     trainer.begin_epoch(1)  # where the criterion counts its unigram
     return trainer

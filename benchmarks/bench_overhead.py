@@ -22,11 +22,9 @@ all variants alike; the figures are medians and the ratios are against stock.
 """
 
 import argparse
-import gzip
 import logging
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -37,6 +35,8 @@ import torch
 # Use this checkout's fairseq_natbias (also the one --user-dir fairseq_natbias names).
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+from fairseq_natbias import pipeline  # noqa: E402
 
 SIZES = ("--encoder-layers 2 --decoder-layers 2 --encoder-embed-dim 256 --decoder-embed-dim 256 "
          "--encoder-ffn-embed-dim 1024 --decoder-ffn-embed-dim 1024 "
@@ -73,45 +73,15 @@ SUITES = {
 }
 
 
-def prepare_data(multi30k, workdir):
-    data_bin = workdir / "data-bin"
-    if (data_bin / "test.de-en.en.bin").exists():
-        return data_bin
-    import sentencepiece as spm
-
-    text = workdir / "text"
-    text.mkdir(parents=True, exist_ok=True)
-    for split, name in (("train", "train"), ("valid", "val"), ("test", "test_2016_flickr")):
-        for lang in ("de", "en"):
-            with gzip.open(multi30k / f"{name}.{lang}.gz", "rt", encoding="utf-8") as f:
-                (text / f"{split}.raw.{lang}").write_text(f.read(), encoding="utf-8")
-    spm.SentencePieceTrainer.train(
-        input=f"{text}/train.raw.de,{text}/train.raw.en", model_prefix=str(workdir / "spm"),
-        vocab_size=8000, model_type="unigram", character_coverage=1.0, bos_id=-1,
-        eos_id=-1, pad_id=-1, unk_id=0, minloglevel=2)
-    model = spm.SentencePieceProcessor(model_file=str(workdir / "spm.model"))
-    for split in ("train", "valid", "test"):
-        for lang in ("de", "en"):
-            lines = (text / f"{split}.raw.{lang}").read_text(encoding="utf-8").splitlines()
-            (text / f"{split}.{lang}").write_text(
-                "\n".join(" ".join(model.encode(l, out_type=str)) for l in lines) + "\n")
-    subprocess.run([str(Path(sys.executable).parent / "fairseq-preprocess"), "--source-lang", "de",
-                    "--target-lang", "en", "--trainpref", f"{text}/train", "--validpref",
-                    f"{text}/valid", "--testpref", f"{text}/test", "--destdir", str(data_bin),
-                    "--joined-dictionary", "--workers", "2"], check=True, capture_output=True)
-    return data_bin
-
-
 class Variant:
     """One model with its own task, criterion and optimizer."""
 
     def __init__(self, data_bin, sizes, common, options, save_dir):
         from fairseq import optim
-        from fairseq_natbias.cli.step0 import build_from_training_args
 
         argv = [str(data_bin), "--user-dir", "fairseq_natbias", *sizes, *common, *options,
                 "--save-dir", str(save_dir)]
-        self.cfg, self.task, self.model = build_from_training_args(argv)
+        self.cfg, self.task, self.model = pipeline.build_from_training_args(argv)
         self.criterion = self.task.build_criterion(self.cfg.criterion)
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = optim.build_optimizer(self.cfg.optimizer, params)
@@ -248,10 +218,9 @@ def main():
           f"torch {torch.__version__}", flush=True)
     for name in args.suites:
         if name == "translation":
-            data_bin = prepare_data(multi30k, workdir)
+            data_bin = pipeline.prepare(multi30k, workdir, vocab_size=8000, langs=("de", "en"))
         else:
-            from fairseq_natbias.cli import demo
-            data_bin = demo.prepare_lm(multi30k, workdir / "lm", vocab_size=8000, lang="en")
+            data_bin = pipeline.prepare_lm(multi30k, workdir / "lm", vocab_size=8000, lang="en")
         run_suite(name, data_bin, workdir, args)
     print(f"\ncommand: {sys.executable} {' '.join(sys.argv)}")
 

@@ -28,7 +28,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench_counting import write_synthetic_split  # noqa: E402
-from fairseq_natbias.cli.step0 import build_from_training_args  # noqa: E402
+from fairseq_natbias.pipeline import build_from_training_args  # noqa: E402
 
 
 def make_data(folder: Path, vocab: int) -> None:

@@ -18,6 +18,7 @@ arms
                                 e.g. ``gain/unigram``, ``fairseq/zero``
     ``gain@G0,C/BIAS``          the ``gain`` init with ``--natbias-gain-init G0
                                 --natbias-gain-speed C`` (for screening)
+    ``gain@G0,C,FORM/BIAS``     ... and ``--natbias-gain-form FORM`` (exp or linear)
 schedules (``--schedule``)
     ``short``  lr 1e-3, inverse-sqrt warm-up 100 updates (the demo's)
     ``paper``  lr 5e-4, inverse-sqrt warm-up 4,000 updates from 1e-7 (the
@@ -76,9 +77,11 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from fairseq_natbias import pipeline  # noqa: E402
 from fairseq_natbias.analysis import alc, fairseq_logs, plots  # noqa: E402
 from fairseq_natbias.analysis.stats import mean_stderr  # noqa: E402
-from fairseq_natbias.cli import demo  # noqa: E402
+from fairseq_natbias.data_fetch import has_all_files  # noqa: E402
+from fairseq_natbias.pipeline import say  # noqa: E402
 
 SCHEDULES = {
     "short": {"--lr": "1e-3", "--warmup-updates": "100"},
@@ -103,20 +106,20 @@ class Translation:
     name = "translation"
     stock_arch, natbias_arch = "transformer", "transformer_natbias"
     loss_key = "nll_loss"  # label_smoothed_cross_entropy's NLL, bits
-    options = [*demo.MODEL, *EVAL_BLEU]
+    options = [*pipeline.MODEL, *EVAL_BLEU]
 
     def __init__(self, pair):
         self.langs = tuple(pair.split("-"))
         self.folder = pair
 
     def prepare(self, raw, work):
-        return demo.prepare(raw, work, vocab_size=8000, langs=self.langs)
+        return pipeline.prepare(raw, work, vocab_size=8000, langs=self.langs)
 
     def training(self):
-        return list(demo.TRAINING)
+        return list(pipeline.TRAINING)
 
     def evaluate(self, data_bin, work, run_dir, name):
-        demo.evaluate(data_bin, work, run_dir, name, target=self.langs[1])
+        pipeline.evaluate(data_bin, work, run_dir, name, target=self.langs[1])
 
     def test_scores(self, run_dir):
         return json.loads((run_dir / "test_scores.json").read_text())
@@ -144,10 +147,10 @@ class LanguageModel:
         self.folder = f"lm-{lang}"
 
     def prepare(self, raw, work):
-        return demo.prepare_lm(raw, work, vocab_size=8000, lang=self.lang)
+        return pipeline.prepare_lm(raw, work, vocab_size=8000, lang=self.lang)
 
     def training(self):
-        training = list(demo.TRAINING)
+        training = list(pipeline.TRAINING)
         for option in ("--criterion", "--label-smoothing"):
             index = training.index(option)
             del training[index:index + 2]
@@ -159,11 +162,11 @@ class LanguageModel:
         scores_path = run_dir / "test_scores.json"
         if scores_path.exists():
             return
-        demo.say(f"eval-lm [{name}]: test split")
-        output = demo.run([demo.tool("fairseq-eval-lm"), str(data_bin), "--user-dir",
-                           "fairseq_natbias", "--path", str(run_dir / "checkpoint_best.pt"),
-                           "--gen-subset", "test", "--cpu", "--max-tokens", "4096",
-                           "--tokens-per-sample", "64", "--num-workers", "0"])
+        say(f"eval-lm [{name}]: test split")
+        output = pipeline.run([pipeline.tool("fairseq-eval-lm"), str(data_bin), "--user-dir",
+                               "fairseq_natbias", "--path", str(run_dir / "checkpoint_best.pt"),
+                               "--gen-subset", "test", "--cpu", "--max-tokens", "4096",
+                               "--tokens-per-sample", "64", "--num-workers", "0"])
         match = re.search(r"Loss \(base 2\): ([\d.]+), Perplexity: ([\d.]+)", output)
         if not match:
             raise SystemExit(f"study: no loss in fairseq-eval-lm's output:\n{output[-2000:]}")
@@ -182,16 +185,19 @@ class Arm:
     bias: Optional[str] = None
     gain_init: Optional[str] = None
     gain_speed: Optional[str] = None
+    gain_form: Optional[str] = None
 
     @classmethod
     def parse(cls, text):
         if text == REFERENCE_ARM:
             return cls(text)
-        match = re.fullmatch(r"(\w+)(?:@([\d.e-]+),([\d.e-]+))?/(unigram|zero|none)", text)
+        match = re.fullmatch(
+            r"(\w+)(?:@([\d.e-]+),([\d.e-]+)(?:,(exp|linear))?)?/(unigram|zero|none)", text)
         if not match:
-            raise SystemExit(f"study: bad arm {text!r}: give stock, WINIT/BIAS or gain@G0,C/BIAS")
-        weight_init, gain_init, gain_speed, bias = match.groups()
-        return cls(text, weight_init, bias, gain_init, gain_speed)
+            raise SystemExit(f"study: bad arm {text!r}: give stock, WINIT/BIAS, "
+                             "gain@G0,C/BIAS or gain@G0,C,FORM/BIAS")
+        weight_init, gain_init, gain_speed, gain_form, bias = match.groups()
+        return cls(text, weight_init, bias, gain_init, gain_speed, gain_form)
 
     @property
     def folder(self):
@@ -205,6 +211,8 @@ class Arm:
         if self.gain_init:
             options += ["--natbias-gain-init", self.gain_init,
                         "--natbias-gain-speed", self.gain_speed]
+        if self.gain_form:
+            options += ["--natbias-gain-form", self.gain_form]
         return options
 
 
@@ -219,11 +227,9 @@ def training_arguments(task, data_bin, run_dir, arm, seed, args):
             training[training.index(option) + 1] = str(value)
         else:
             training += [option, str(value)]
-    # --user-dir for stock too: it registers new names only, and lets torch >=
-    # 2.6 load fairseq checkpoints (fairseq_natbias/checkpoint_loading.py).
-    return [str(data_bin), "--user-dir", "fairseq_natbias", *arm.model_arguments(task),
-            *task.options, *training, "--max-update", str(args.max_update),
-            "--save-dir", str(run_dir)]
+    return pipeline.train_command(data_bin, run_dir,
+                                  [*arm.model_arguments(task), *task.options, *training],
+                                  args.max_update)
 
 
 def train_and_score(task, data_bin, work, run_dir, arm, seed, args):
@@ -232,22 +238,20 @@ def train_and_score(task, data_bin, work, run_dir, arm, seed, args):
     if not (run_dir / "done").exists():
         run_dir.mkdir(parents=True, exist_ok=True)
         arguments = training_arguments(task, data_bin, run_dir, arm, seed, args)
-        demo.record_step0(arguments, run_dir / "step0.json")
+        # Update 0 first, so that the time said is training's alone
+        # (pipeline.train finds it recorded).
+        pipeline.record_step0(arguments, run_dir / "step0.json")
         started = time.time()
-        demo.say(f"{name}: training, {args.max_update} updates")
+        say(f"{name}: training, {args.max_update} updates")
 
-        def progress(line):
-            record = fairseq_logs.parse_line(line.rstrip("\n"))
-            if record and record.tag == fairseq_logs.VALID and task.loss_key in record.values:
-                bleu = record.values.get("bleu")
-                demo.say(f"{name}: update {record.num_updates}/{args.max_update} valid NLL "
-                         f"{record.values[task.loss_key]:.3f}"
-                         + (f" BLEU {bleu:.2f}" if bleu is not None else ""))
+        def progress(record):
+            bleu = record.values.get("bleu")
+            say(f"{name}: update {record.num_updates}/{args.max_update} valid NLL "
+                f"{record.values[task.loss_key]:.3f}"
+                + (f" BLEU {bleu:.2f}" if bleu is not None else ""))
 
-        demo.run([demo.tool("fairseq-train"), *arguments], log_path=run_dir / "train.log",
-                 on_line=progress)
-        (run_dir / "done").touch()
-        demo.say(f"{name}: trained in {time.time() - started:.0f} s")
+        pipeline.train(arguments, run_dir, pipeline.on_validation(task.loss_key, progress))
+        say(f"{name}: trained in {time.time() - started:.0f} s")
     task.evaluate(data_bin, work, run_dir, name)
     for checkpoint in run_dir.glob("checkpoint_*_*.pt"):  # interval checkpoints
         checkpoint.unlink()
@@ -257,7 +261,7 @@ def curve(run_dir, key="nll_loss", loss_key="nll_loss"):
     """Validation curve of key; the NLL (``loss_key``) starts at update 0 (the
     demo's curve)."""
     if key == loss_key:
-        by_update = demo.validation_curve(run_dir, loss_key)
+        by_update = pipeline.validation_curve(run_dir, loss_key)
         updates = sorted(by_update)
         return np.array(updates, dtype=np.float64), np.array([by_update[u] for u in updates])
     records = fairseq_logs.read_log(str(run_dir / "train.log"))
@@ -444,7 +448,7 @@ def main():
         task.options = [o for o in task.options if o not in TYING_OPTIONS]
     raw = Path(args.multi30k)
     langs = task.langs if args.task == "translation" else (task.lang,)
-    if not demo.has_all_files(raw, langs):
+    if not has_all_files(raw, langs):
         raise SystemExit(f"study: no Multi30k {'-'.join(langs)} at {raw}; give --multi30k DIR")
     work = Path(args.workdir).resolve() / task.folder
     work.mkdir(parents=True, exist_ok=True)

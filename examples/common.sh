@@ -33,6 +33,24 @@ example_needs() {
     command -v "$1" >/dev/null || die "$1 not found: activate the environment with $2 (make install; source .venv/bin/activate)"
 }
 
+# example_data LANG...: set DATA, the folder of raw text the example reads.
+# DATA given: it must be a folder (the script itself then checks the file
+# names, which TRAIN, VALID, TEST make configurable). DATA empty: the folder
+# `make demo` would use, found by the same code (fairseq_natbias/data_fetch.py):
+# $NATBIAS_MULTI30K, ../shared/data/multi30k, Multi30k downloaded into
+# DATA_CACHE, or a synthetic corpus there, announced as such.
+example_data() {
+    if [[ -n ${DATA-} ]]; then
+        [[ ! -f $DATA ]] || die "DATA=$DATA is a file, not a folder: set DATA to the folder holding the text files (see --help), or leave it empty to use Multi30k"
+        [[ -d $DATA ]] || die "DATA=$DATA: no such folder; set DATA to your raw text (see --help), or leave it empty to use Multi30k"
+        return 0
+    fi
+    # The module prints the folder on stdout, its progress on stderr, and on
+    # bad input one error line naming this script.
+    DATA=$(python -m fairseq_natbias.data_fetch --langs "$@" --prog "examples/$EXAMPLE/run.sh" \
+        "$DATA_CACHE") || exit 1
+}
+
 # logged LOG COMMAND...: a command's output goes to LOG (fairseq is verbose);
 # on failure its last lines are shown, with the log's name.
 logged() {

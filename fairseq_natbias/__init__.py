@@ -8,7 +8,7 @@
 
 import os
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 
 def plugin_dir() -> str:

@@ -1,19 +1,41 @@
-"""Lets torch >= 2.6 load fairseq checkpoints.
+"""Reading fairseq checkpoints: the one place that does it for the package.
 
-torch 2.6 made ``torch.load(weights_only=True)`` the default; fairseq 0.12
-calls ``torch.load`` without the argument, and its checkpoints pickle the
-training configuration as an ``argparse.Namespace`` (and, after training with
-``--eval-bleu``, numpy arrays of BLEU statistics in the saved metrics), so
-``fairseq-generate`` and resuming fail with an unpickling error. We allow-list
-exactly those types (what ``torch.serialization.get_unsafe_globals_in_checkpoint``
-names for ``transformer_natbias`` checkpoints), which keeps weights-only
-loading (no arbitrary code from a checkpoint) instead of switching it off.
+Allow-listing (on import). torch 2.6 made ``torch.load(weights_only=True)``
+the default; fairseq 0.12 calls ``torch.load`` without the argument, and its
+checkpoints pickle the training configuration as an ``argparse.Namespace``
+(and, after training with ``--eval-bleu``, numpy arrays of BLEU statistics in
+the saved metrics), so ``fairseq-generate`` and resuming fail with an
+unpickling error. We allow-list exactly those types (what
+``torch.serialization.get_unsafe_globals_in_checkpoint`` names for
+``transformer_natbias`` checkpoints), which keeps weights-only loading (no
+arbitrary code from a checkpoint) instead of switching it off.
+
+Reading. :func:`read_checkpoint` (the saved dictionary, memory-mapped),
+:func:`saved_model_args` (the model configuration trained with),
+:func:`has_output_bias`, :func:`check_natbias_checkpoint` (is it one of ours),
+:func:`read_with_fairseq` (fairseq's own reading, for
+``load_model_ensemble_and_task``) and :func:`load_hub` (fairseq's hub
+interface). A file they cannot use raises :class:`CheckpointError`, whose
+message names the fix.
 """
 
 import argparse
+import os
+import pickle
+import zipfile
+from typing import Optional
 
 import numpy
 import torch
+
+from fairseq_natbias.analysis import AnalysisError
+
+WEIGHTS_ONLY_HINT = (
+    "torch's weights-only loading refused the checkpoint: it holds objects beyond "
+    "those fairseq_natbias allow-lists for fairseq checkpoints (checkpoint_loading.py). "
+    "For a checkpoint you trust, set TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1"
+)
+WRITTEN_BY_FAIRSEQ = "give a checkpoint_*.pt written by fairseq-train"
 
 
 def _numpy_array_globals():
@@ -30,3 +52,136 @@ FAIRSEQ_CHECKPOINT_GLOBALS = [argparse.Namespace, *_numpy_array_globals()]
 
 if hasattr(torch.serialization, "add_safe_globals"):
     torch.serialization.add_safe_globals(FAIRSEQ_CHECKPOINT_GLOBALS)
+
+
+class CheckpointError(AnalysisError):
+    """A file that cannot serve as the checkpoint asked for; the message names
+    the fix. An AnalysisError (so a ValueError): the analysis tools print it
+    as one line, and fairseq-train's model building (natural_bias) turns
+    ValueErrors into a one-line exit too."""
+
+
+# --- the saved dictionary -----------------------------------------------------
+
+
+def require_file(path: str) -> None:
+    if os.path.isdir(path):
+        raise CheckpointError(f"{path} is a directory: give the checkpoint file in it "
+                              "(e.g. checkpoint_best.pt)")
+    if not os.path.isfile(path):
+        raise CheckpointError(f"{path}: no such checkpoint; train a model first or give "
+                              "the path of a checkpoint_*.pt written by fairseq-train")
+
+
+def read_checkpoint(path: str) -> dict:
+    """What fairseq saved (``model``, ``cfg`` or ``args``, ...), on the CPU.
+    Memory-mapped when the file is a zip archive (what torch.save has written
+    since torch 1.6): tensors are read only when touched, so reading the
+    configuration of a large checkpoint costs next to nothing."""
+    require_file(path)
+    is_archive = zipfile.is_zipfile(path)
+    try:
+        state = torch.load(path, map_location="cpu", mmap=is_archive)
+    except Exception as error:  # unpickling a file that is no checkpoint fails in any way
+        raise refusal(path, error) from None
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{path} holds a {type(state).__name__}, not a fairseq "
+                              f"checkpoint; {WRITTEN_BY_FAIRSEQ}")
+    return state
+
+
+def refusal(path: str, error: Exception) -> CheckpointError:
+    """Why torch could not load ``path``, as the error to raise."""
+    if not zipfile.is_zipfile(path):
+        return not_a_checkpoint(path, "not a torch.save archive")
+    if "weights only" in str(error).lower():
+        return CheckpointError(f"{path}: {WEIGHTS_ONLY_HINT}")
+    text = str(error).strip()
+    return not_a_checkpoint(path, text.splitlines()[0] if text else type(error).__name__)
+
+
+def not_a_checkpoint(path: str, reason: str) -> CheckpointError:
+    return CheckpointError(f"{path} is not a fairseq checkpoint ({reason}); {WRITTEN_BY_FAIRSEQ}")
+
+
+def saved_model_args(path: str):
+    """The model configuration a fairseq checkpoint was trained with
+    (``cfg.model``; ``args`` for checkpoints from before fairseq's hydra
+    configs), None if it holds neither. The weights are not read."""
+    state = read_checkpoint(path)
+    cfg = state.get("cfg")
+    if cfg is not None and cfg.get("model") is not None:
+        return cfg["model"]
+    return state.get("args")
+
+
+def has_output_bias(path: str) -> Optional[bool]:
+    """Whether the checkpoint's output layer has a bias (None: not readable here)."""
+    try:
+        state = read_checkpoint(path)
+    except CheckpointError:
+        return None
+    return "decoder.output_projection.bias" in state.get("model", {})
+
+
+def check_natbias_checkpoint(path: str):
+    """``(arch, model class)`` of a checkpoint trained with a fairseq_natbias
+    architecture; a CheckpointError, naming the fix, for a missing file, a
+    file that is no fairseq checkpoint, or a checkpoint of another model."""
+    from fairseq.models import ARCH_MODEL_REGISTRY
+
+    from fairseq_natbias.natural_bias import NaturalBiasModel
+
+    saved = saved_model_args(path)
+    if saved is None:
+        raise not_a_checkpoint(path, "it holds no training configuration")
+    arch = getattr(saved, "arch", None)
+    model_class = ARCH_MODEL_REGISTRY.get(arch)
+    if model_class is None or not issubclass(model_class, NaturalBiasModel):
+        raise CheckpointError(
+            f"{path} was trained with --arch {arch}, not a fairseq_natbias model: give a "
+            "checkpoint trained with --user-dir fairseq_natbias --arch transformer_natbias "
+            "(or transformer_lm_natbias)")
+    return arch, model_class
+
+
+# --- through fairseq ----------------------------------------------------------
+
+
+def read_with_fairseq(path: str, arg_overrides: dict) -> dict:
+    """fairseq's own reading (``checkpoint_utils.load_checkpoint_to_cpu``: the
+    state upgraded to this fairseq's format, ``arg_overrides`` applied), what
+    ``load_model_ensemble_and_task(..., state=)`` takes; this module's errors."""
+    from fairseq import checkpoint_utils
+
+    require_file(path)
+    try:
+        return checkpoint_utils.load_checkpoint_to_cpu(path, arg_overrides)
+    except pickle.UnpicklingError as error:
+        raise refusal(path, error) from None
+
+
+def load_hub(model_class, checkpoint: str, data: str, **overrides):
+    """fairseq's hub interface (``from_pretrained``) of ``checkpoint`` with the
+    data directory holding its dictionaries, in eval mode; ``overrides`` go to
+    ``from_pretrained`` (the model's settings, a BPE)."""
+    if not os.path.isdir(data):
+        raise AnalysisError(f"{data}: no such data directory; give the fairseq-preprocess "
+                            "output the model was trained on (its dict.*.txt)")
+    folder, name = os.path.split(os.path.abspath(checkpoint))
+    try:
+        # An absolute data path: fairseq reads one starting with "." as
+        # relative to the checkpoint's folder.
+        hub = model_class.from_pretrained(folder, name, data_name_or_path=os.path.abspath(data),
+                                          **overrides)
+    except FileNotFoundError as error:
+        raise AnalysisError(f"{data}: {error.strerror or error}: {error.filename or ''}; give "
+                            "the data directory the model was trained on") from None
+    except RuntimeError as error:
+        if "size mismatch" not in str(error):
+            raise
+        raise AnalysisError(
+            f"mismatched dictionaries: {checkpoint} was trained with other dictionaries "
+            f"than those in {data}; use the data directory the model was trained on") from None
+    hub.eval()
+    return hub

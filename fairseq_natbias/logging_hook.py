@@ -15,7 +15,10 @@ bits, like fairseq's ``loss``:
 
 The per-token divergences reuse the log-probabilities the criterion asks the
 model for (``get_normalized_probs``): no second softmax, only an ``exp`` and two
-reductions over the vocabulary, in float32 whatever the model's precision. They
+reductions over the vocabulary, in float32 whatever the model's precision, a
+chunk of tokens at a time (``STATS_CHUNK_ELEMENTS`` float32 entries per
+temporary, three temporaries: ~100 MiB at most instead of two tokens x |V|
+float32 tensors, 2 GiB for 8k tokens and a 32k vocabulary). They
 are accumulated as tensors on the model's device (no host synchronisation per
 step; the numbers are read once, when a log line is written) and travel in
 the logging outputs as sums with a token count, so fairseq's own reduction across micro-batches
@@ -45,6 +48,8 @@ logger = logging.getLogger(__name__)
 LN2 = math.log(2.0)
 TARGET_MASK_KEY = "natbias_target_mask"
 SUM_KEYS = ("natbias_kl_unigram", "natbias_kl_uniform", "natbias_tokens")
+# float32 entries in one chunk of the per-token statistics (32 MiB a temporary).
+STATS_CHUNK_ELEMENTS = 1 << 23
 
 
 def kl_from_log_probs(log_p: torch.Tensor, log_q: torch.Tensor) -> torch.Tensor:
@@ -58,6 +63,7 @@ class BiasDivergenceHook:
         self.model = model
         self.stats_interval = max(1, int(stats_interval))
         self.armed = False
+        self.chunk_elements = STATS_CHUNK_ELEMENTS
         self._log_bias_now = False
         self._sums = dict.fromkeys(SUM_KEYS, 0.0)
         if model.decoder.output_projection.bias is None:
@@ -127,18 +133,33 @@ class BiasDivergenceHook:
         if mask is None:
             return
         with torch.no_grad():
-            log_p = lprobs.detach().float()
-            log_u = self.model.target_log_unigram.to(log_p.device)
-            p = log_p.exp()
-            neg_entropy = (p * log_p).sum(-1)
+            sums = self.divergence_sums(lprobs.detach(), mask)
+        # Tensors on the model's device: summing them forces no host sync.
+        for key, value in zip(SUM_KEYS, sums):
+            self._sums[key] = self._sums[key] + value
+
+    def divergence_sums(self, lprobs: torch.Tensor, mask: torch.Tensor):
+        """Sums over the unmasked positions of KL(p || unigram) and
+        KL(p || uniform) in nats, and their count, as float32 tensors, computed
+        ``chunk_elements`` float32 entries at a time:
+
+            KL(p || q) = sum_v p(v) log p(v) - sum_v p(v) log q(v)
+        """
+        vocab = lprobs.size(-1)
+        log_p = lprobs.reshape(-1, vocab)
+        weights = mask.reshape(-1)
+        log_u = self.model.target_log_unigram.to(log_p.device, torch.float32)
+        rows = max(1, self.chunk_elements // vocab)
+        kl_unigram = kl_uniform = log_p.new_zeros((), dtype=torch.float32)
+        for start in range(0, log_p.size(0), rows):
+            chunk = log_p[start:start + rows].float()
+            p = chunk.exp()
+            neg_entropy = (p * chunk).sum(-1)
             cross_unigram = torch.matmul(p, log_u)
-            weights = mask.to(log_p.dtype)
-            kl_unigram = ((neg_entropy - cross_unigram) * weights).sum()
-            kl_uniform = ((neg_entropy + math.log(log_p.size(-1))) * weights).sum()
-            # Tensors on the model's device: summing them forces no host sync.
-            self._sums["natbias_kl_unigram"] = self._sums["natbias_kl_unigram"] + kl_unigram
-            self._sums["natbias_kl_uniform"] = self._sums["natbias_kl_uniform"] + kl_uniform
-            self._sums["natbias_tokens"] = self._sums["natbias_tokens"] + weights.sum()
+            w = weights[start:start + rows].to(torch.float32)
+            kl_unigram = kl_unigram + ((neg_entropy - cross_unigram) * w).sum()
+            kl_uniform = kl_uniform + ((neg_entropy + math.log(vocab)) * w).sum()
+        return kl_unigram, kl_uniform, weights.sum().to(torch.float32)
 
     def bias_statistics(self) -> dict:
         decoder = self.model.decoder

@@ -31,12 +31,11 @@ its fairseq base class; what is counted follows the task
 import argparse
 import logging
 import os
-import zipfile
 from typing import Optional
 
 import torch
 
-from fairseq_natbias import output_projection, unigram
+from fairseq_natbias import checkpoint_loading, output_projection, unigram
 from fairseq_natbias.logging_hook import TARGET_MASK_KEY, BiasDivergenceHook
 
 logger = logging.getLogger(__name__)
@@ -53,7 +52,13 @@ COUNTED_MARKER = "natbias_target_tokens"
 DEFAULTED_RECORD = "natbias_defaulted"
 # Settings that change what the saved parameters mean; a checkpoint is only
 # loaded into a model built with the same ones.
-STRUCTURAL = ("natbias_init", "natbias_weight_init", "natbias_gain_speed")
+STRUCTURAL = ("natbias_init", "natbias_weight_init", "natbias_gain_speed",
+              "natbias_gain_form")
+# What a checkpoint that predates a structural setting was trained with:
+# 0.2.0's gain was linear in its parameter (g = C u).
+LEGACY_STRUCTURAL = {"natbias_gain_form": "linear"}
+# Settings that only mean something with the gain.
+GAIN_SETTINGS = ("natbias_gain_speed", "natbias_gain_form")
 
 DEFAULTS = {
     "natbias_init": "unigram",
@@ -62,7 +67,8 @@ DEFAULTS = {
     "natbias_freeze": False,
     "natbias_weight_init": output_projection.DEFAULT_WEIGHT_INIT,
     "natbias_gain_init": output_projection.DEFAULT_GAIN_INIT,
-    "natbias_gain_speed": output_projection.DEFAULT_GAIN_SPEED,
+    "natbias_gain_speed": None,  # the form's default: output_projection.DEFAULT_GAIN_SPEEDS
+    "natbias_gain_form": output_projection.DEFAULT_GAIN_FORM,
     "natbias_feature_gain": 0.1,
     "no_natbias_logging": False,
     "natbias_stats_interval": None,
@@ -98,8 +104,11 @@ def add_args(parser) -> None:
                        help="starting value of the gain g on W phi with "
                             "--natbias-weight-init gain (default 0.05)")
     group.add_argument("--natbias-gain-speed", type=float, metavar="C",
-                       help="g = C * u with u the learnt parameter: Adam moves g "
-                            "about C learning rates per update (default 20)")
+                       help="Adam moves log g (form exp) or g (form linear) about C "
+                            "learning rates per update (default 50 for exp, 20 for linear)")
+    group.add_argument("--natbias-gain-form", choices=output_projection.GAIN_FORMS,
+                       help="g = exp(C*u), positive at any speed (default), or "
+                            "g = C*u (linear, fairseq-natbias 0.2.0's)")
     group.add_argument("--natbias-feature-gain", type=float, metavar="G",
                        help="initial gain of the norm producing phi with "
                             "--natbias-weight-init damped (default 0.1)")
@@ -112,12 +121,28 @@ def add_args(parser) -> None:
 
 def set_defaults(args) -> None:
     """Fill the options the command line left unset (None), and record which
-    (the first time only: a config read back from a checkpoint keeps its record)."""
+    (the first time only: a config read back from a checkpoint keeps its record).
+    A config read back from a checkpoint of an earlier version gets the
+    structural settings that version had (:data:`LEGACY_STRUCTURAL`)."""
+    if getattr(args, COUNTED_MARKER, None) is not None:
+        with_legacy_settings(args)
     defaulted = [name for name in DEFAULTS if getattr(args, name, None) is None]
     if getattr(args, DEFAULTED_RECORD, None) is None:
         setattr(args, DEFAULTED_RECORD, defaulted)
     for name in defaulted:
         setattr(args, name, DEFAULTS[name])
+    if args.natbias_gain_speed is None:
+        args.natbias_gain_speed = output_projection.DEFAULT_GAIN_SPEEDS[args.natbias_gain_form]
+
+
+def with_legacy_settings(settings):
+    """Fill in, on a saved config, the structural settings its version did
+    not record; returns it."""
+    if getattr(settings, "natbias_init", None) is not None:
+        for name, value in LEGACY_STRUCTURAL.items():
+            if getattr(settings, name, None) is None:
+                setattr(settings, name, value)
+    return settings
 
 
 def check_args(args) -> None:
@@ -126,6 +151,12 @@ def check_args(args) -> None:
             "the natural bias does not support --adaptive-softmax-cutoff: it is "
             "one vector over the whole target vocabulary, which an adaptive "
             "softmax splits into clusters. Drop the option."
+        )
+    if (getattr(args, "quant_noise_scalar", 0) or 0) > 0:
+        raise NaturalBiasError(
+            "the natural bias does not support --quant-noise-scalar: fairseq's "
+            "scalar quantizer swaps the output projection for its own IntLinear, "
+            "which has no gain and no float32 bias. Drop the option."
         )
     unigram.check_smoothing(args.natbias_smoothing)
     if args.natbias_init == "file" and not args.natbias_counts:
@@ -142,12 +173,12 @@ def check_args(args) -> None:
 
 def options_text(settings, names=STRUCTURAL) -> str:
     """``--natbias-init unigram --natbias-weight-init gain ...``: the named
-    settings of a config as command-line options (the gain speed only with
-    the ``gain`` init, where it means something)."""
+    settings of a config as command-line options (the gain's speed and form
+    only with the ``gain`` init, where they mean something)."""
     parts = []
     for name in names:
         value = getattr(settings, name, None)
-        if value is None or (name == "natbias_gain_speed"
+        if value is None or (name in GAIN_SETTINGS
                              and getattr(settings, "natbias_weight_init", None) != "gain"):
             continue
         parts.append(f"--{name.replace('_', '-')} {value:g}" if isinstance(value, float)
@@ -161,47 +192,42 @@ def options_text(settings, names=STRUCTURAL) -> str:
 def checkpoint_to_load(args):
     """``(kind, path)`` when the parameters built now will be overwritten from
     a checkpoint, else None. ``kind``: ``config`` (the config itself came from
-    a checkpoint: generation, eval-lm), ``resume`` or ``finetune`` (fairseq's
-    own restore rules: checkpoint_last in --save-dir wins, then
-    --finetune-from-model; --restore-file with a --reset-* flag fine-tunes)."""
+    a checkpoint: generation, eval-lm), ``resume`` or ``finetune``, by
+    fairseq's own restore rules (``checkpoint_utils.load_checkpoint``):
+    checkpoint_last in --save-dir wins; on a first launch --continue-once,
+    then --finetune-from-model; a non-default --restore-file has the
+    --checkpoint-suffix put before its ``.pt``. A checkpoint loaded with a
+    --reset-* flag is fine-tuned, otherwise resumed."""
     if getattr(args, COUNTED_MARKER, None) is not None:
         return "config", None
     save_dir = getattr(args, "save_dir", "checkpoints")
     restore_file = getattr(args, "restore_file", "checkpoint_last.pt")
     suffix = getattr(args, "checkpoint_suffix", "") or ""
+    resets = ("reset_optimizer", "reset_lr_scheduler", "reset_meters", "reset_dataloader")
+    kind = "finetune" if any(getattr(args, r, False) for r in resets) else "resume"
     if restore_file == "checkpoint_last.pt":
         last = os.path.join(save_dir, f"checkpoint_last{suffix}.pt")
         if os.path.exists(last):
-            return "resume", last
+            return kind, last
+        continue_once = getattr(args, "continue_once", None)
+        if continue_once is not None:  # fairseq loads it, or fails saying it is missing
+            return (kind, continue_once) if os.path.exists(continue_once) else None
         finetune = getattr(args, "finetune_from_model", None)
         if finetune and os.path.exists(finetune):
             return "finetune", finetune
         return None
-    if not os.path.exists(restore_file):
-        return None
-    resets = ("reset_optimizer", "reset_lr_scheduler", "reset_meters", "reset_dataloader")
-    return ("finetune" if any(getattr(args, r, False) for r in resets) else "resume"), restore_file
+    restore_file = restore_file.replace(".pt", suffix + ".pt")
+    return (kind, restore_file) if os.path.exists(restore_file) else None
 
 
 def saved_model_args(path: str):
     """The model config a fairseq checkpoint was trained with (None if the
-    file holds none). Memory-mapped: the weights are not read."""
-    if zipfile.is_zipfile(path):  # what torch.save has written since torch 1.6
-        state = torch.load(path, map_location="cpu", mmap=True)
-    else:  # an older pickle cannot be memory-mapped; anything else is no checkpoint
-        try:
-            state = torch.load(path, map_location="cpu")
-        except Exception as error:  # unpickling garbage fails in any way
-            raise NaturalBiasError(
-                f"{path} is not a fairseq checkpoint ({type(error).__name__}); give a "
-                "checkpoint_*.pt written by fairseq-train") from None
-    if not isinstance(state, dict):
-        raise NaturalBiasError(f"{path} holds a {type(state).__name__}, not a fairseq "
-                               "checkpoint; give a checkpoint_*.pt written by fairseq-train")
-    cfg = state.get("cfg")
-    if cfg is not None and cfg.get("model") is not None:
-        return cfg["model"]
-    return state.get("args")  # checkpoints from before fairseq's hydra configs
+    file holds none), read by :mod:`fairseq_natbias.checkpoint_loading`; a
+    file that is no checkpoint is a :class:`NaturalBiasError` naming the fix."""
+    try:
+        return checkpoint_loading.saved_model_args(path)
+    except checkpoint_loading.CheckpointError as error:
+        raise NaturalBiasError(str(error)) from None
 
 
 def reconcile_with_checkpoint(args, kind: str, path: str) -> None:
@@ -214,6 +240,8 @@ def reconcile_with_checkpoint(args, kind: str, path: str) -> None:
     checkpoint's settings are taken and the log says what becomes of the bias.
     """
     saved = saved_model_args(path)
+    if saved is not None:
+        saved = with_legacy_settings(saved)
     if saved is None or getattr(saved, "natbias_init", None) is None:
         arch = getattr(saved, "arch", "unknown")
         raise NaturalBiasError(
@@ -252,8 +280,8 @@ def reconcile_with_checkpoint(args, kind: str, path: str) -> None:
 
 
 def _differs(args, saved, name) -> bool:
-    if name == "natbias_gain_speed" and getattr(saved, "natbias_weight_init", None) != "gain":
-        return False  # no gain in the checkpoint: the speed means nothing
+    if name in GAIN_SETTINGS and getattr(saved, "natbias_weight_init", None) != "gain":
+        return False  # no gain in the checkpoint: its speed and form mean nothing
     value = getattr(saved, name, None)
     return value is not None and value != getattr(args, name)
 
@@ -292,7 +320,7 @@ class NaturalBiasModel:
         output_projection.attach_output_bias(decoder, bias, freeze=args.natbias_freeze)
         if args.natbias_weight_init == "gain":
             output_projection.add_output_gain(decoder, args.natbias_gain_init,
-                                              args.natbias_gain_speed)
+                                              args.natbias_gain_speed, args.natbias_gain_form)
         self.register_buffer("target_log_unigram", log_unigram)
         self.natbias_args = args  # read by _controlled_logits (--model-overrides)
         self.natbias_hook = None
@@ -322,9 +350,8 @@ class NaturalBiasModel:
         (fairseq's --fp16 calls ``.half()``, --bf16 ``.to(torch.bfloat16)``): it
         is a statistic read by the logging hook, the logit adjustment and the
         analysis tools, and bfloat16 would round the log-probability of a rare
-        token (~ -17 nats) to the nearest 0.125. The bias, a parameter, follows
-        the model's dtype like every other parameter (fairseq's half-precision
-        optimisers keep a float32 master copy of it)."""
+        token (~ -17 nats) to the nearest 0.125. The bias and the gain
+        parameter stay float32 too (:class:`output_projection.OutputProjection`)."""
         # Taken out while fn casts the rest, then moved to the parameters'
         # device only: casting it to half and back would lose the precision.
         log_unigram = self._buffers.pop("target_log_unigram", None)

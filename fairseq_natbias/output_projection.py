@@ -15,18 +15,21 @@ way whatever the bias, so that unigram / zero / none differ in the bias alone:
 ``gain`` (default)
     fairseq's own W, and one learnt scalar gain g on the contextual logits::
 
-        logits = g * W phi + b,      g = speed * u   (u the learnt parameter)
+        logits = g * W phi + b,      g = exp(C * u)   (u the learnt parameter)
 
     g starts at ``--natbias-gain-init`` (0.05), so a fresh model predicts
-    softmax(b), the unigram (Fig. 1 at update 0), and ``speed``
-    (``--natbias-gain-speed``, 20) makes Adam, whose steps on u are about one
-    learning rate whatever the gradient's scale, move g about ``speed``
-    learning rates per update: the contextual logits regrow within tens of
-    updates instead of the hundreds ``damped`` needs. Adam's steps on W and phi
-    are not slowed by the small g (Adam divides the gradient by its own scale).
-    g multiplies phi before the projection (W (g phi) + b), which costs a
-    (tokens x d) product, not a (tokens x |V|) one. Chosen as the default by the
-    learning-efficiency study (docs/weight_init.md).
+    softmax(b), the unigram (Fig. 1 at update 0), and the speed C
+    (``--natbias-gain-speed``, 50) makes Adam, whose steps on u are about one
+    learning rate whatever the gradient's scale, move log g about C learning
+    rates per update: the contextual logits regrow within tens of updates
+    instead of the hundreds ``damped`` needs, and g stays positive at any
+    speed (``--natbias-gain-form linear``, g = C * u, is 0.2.0's form, which
+    moves g itself C learning rates per update and which a fast C could
+    drive through 0). Adam's steps on W and phi are not slowed by
+    the small g (Adam divides the gradient by its own scale). g multiplies phi
+    before the projection (W (g phi) + b), which costs a (tokens x d) product,
+    not a (tokens x |V|) one. Chosen as the default by the learning-efficiency
+    study (docs/weight_init.md).
 ``fairseq``
     fairseq's own init, untouched: N(0, d^-1/2) untied, the embedding when tied.
     The model is the stock transformer plus a bias. A fresh tied model predicts
@@ -59,49 +62,143 @@ logger = logging.getLogger(__name__)
 WEIGHT_INITS = ("gain", "fairseq", "damped", "paper")
 DEFAULT_WEIGHT_INIT = "gain"
 DEFAULT_GAIN_INIT = 0.05
-DEFAULT_GAIN_SPEED = 20.0
+GAIN_FORMS = ("exp", "linear")
+DEFAULT_GAIN_FORM = "exp"
+# The default speed C of each form (measured: docs/weight_init.md). exp's C
+# moves log g, so it needs a larger C than linear's to regrow g from 0.05 as
+# fast: with C = 20 it reached stock's validation NLL 45 updates later than
+# with C = 50 (728 against 683 of 1,000, short schedule, seed 1).
+DEFAULT_GAIN_SPEEDS = {"exp": 50.0, "linear": 20.0}
+DEFAULT_GAIN_SPEED = DEFAULT_GAIN_SPEEDS[DEFAULT_GAIN_FORM]
 
 
-class GainedLinear(nn.Linear):
-    """``W (g x) + b``: fairseq's output projection with a learnt scalar gain
-    ``g = speed * u`` on its input (weight init ``gain``).
+class OutputProjection(nn.Linear):
+    """``W x + b``: fairseq's output projection with the natural bias b.
 
-    Built around the decoder's existing weight (and bias) Parameters, so tied
-    embeddings stay tied and no random numbers are drawn: every other
-    parameter is the one the stock model draws with the same seed. Its state
-    keys are ``weight``, ``bias`` (when there is one) and ``gain_param`` (u).
+    Built around the decoder's existing weight Parameter, so tied embeddings
+    stay tied and no random numbers are drawn. b (and the gain parameter of
+    :class:`GainedLinear`) stay float32 when the model is cast to half
+    precision (``_apply``): fairseq's ``--memory-efficient-fp16``/``-bf16``
+    keep no float32 master copy, and a rare token's bias (|b| >= 8, where
+    fp16's spacing is 0.0078 and bfloat16's 0.0625) could not move by Adam
+    steps of one learning rate. Under plain ``--fp16`` it costs 2|V| bytes.
+    The forward casts b to the features' dtype, so the logits are as before.
     """
 
-    def __init__(self, weight: nn.Parameter, bias: Optional[nn.Parameter],
-                 gain_init: float, speed: float):
+    def __init__(self, weight: nn.Parameter, bias: Optional[nn.Parameter]):
         nn.Module.__init__(self)  # not nn.Linear's: it would draw a new W
         self.out_features, self.in_features = weight.shape
         self.weight = weight
         self.bias = bias
+
+    float32_parameters = ("bias",)
+
+    def _bias_like(self, features: torch.Tensor) -> Optional[torch.Tensor]:
+        return None if self.bias is None else self.bias.to(features.dtype)
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        return F.linear(features, self.weight, self._bias_like(features))
+
+    def _apply(self, fn, *args, **kwargs):
+        # Taken out while fn casts the weight, then moved to its device only:
+        # casting them to half and back would lose their precision.
+        kept = {name: self._parameters.pop(name) for name in self.float32_parameters
+                if self._parameters.get(name) is not None}
+        try:
+            module = super()._apply(fn, *args, **kwargs)
+        finally:
+            for name, param in kept.items():
+                param.data = param.data.to(device=self.weight.device, dtype=torch.float32)
+                self._parameters[name] = param
+        return module
+
+
+class _ScaleByGain(torch.autograd.Function):
+    """``features * g`` whose backward reduces g's gradient in float32 and
+    hands the optimiser that gradient divided by a constant (``grad_divisor``).
+
+    Why: g's gradient is a sum over every target token and every feature (a
+    (tokens x d) reduction, ~4e4 for 3.9k tokens at d 512 before fairseq
+    divides by the sample size), where every other gradient sums over tokens
+    only. Under ``--fp16`` (loss-scaled, gradients in half precision) that sum
+    overflows 65,504 at the loss scale stock fairseq runs at; in float32 it
+    cannot. Divided by C * d it is the mean of what d per-feature gains
+    (like a layer norm's) would get, commensurate with the rest of the
+    network, so ``grad_norm`` and ``--clip-norm`` measure and clip the network
+    as in stock fairseq instead of a term ~50 times larger. Adam's update
+    (like Adagrad's and Adafactor's) is invariant to a constant scale of a
+    parameter's gradient, so g moves as with the true gradient (tested).
+    """
+
+    @staticmethod
+    def forward(ctx, features, gain, grad_divisor: float):
+        ctx.save_for_backward(features, gain)
+        ctx.grad_divisor = grad_divisor
+        return features * gain.to(features.dtype)
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        features, gain = ctx.saved_tensors
+        grad_features = grad_gain = None
+        if ctx.needs_input_grad[0]:
+            grad_features = grad_output * gain.to(grad_output.dtype)
+        if ctx.needs_input_grad[1]:
+            total = torch.dot(grad_output.reshape(-1).float(), features.reshape(-1).float())
+            grad_gain = (total / ctx.grad_divisor).reshape(gain.shape).to(gain.dtype)
+        return grad_features, grad_gain, None
+
+
+class GainedLinear(OutputProjection):
+    """``W (g x) + b``: the output projection with a learnt scalar gain g on
+    its input (weight init ``gain``); g = exp(C u) (``exp``, the default) or
+    g = C u (``linear``, 0.2.0's).
+
+    u draws no random numbers: every other parameter is the one the stock
+    model draws with the same seed. Its state keys are ``weight``, ``bias``
+    (when there is one) and ``gain_param`` (u, float32 like b).
+    """
+
+    float32_parameters = ("bias", "gain_param")
+
+    def __init__(self, weight: nn.Parameter, bias: Optional[nn.Parameter],
+                 gain_init: float, speed: float, form: str = DEFAULT_GAIN_FORM):
+        super().__init__(weight, bias)
+        if form not in GAIN_FORMS:
+            raise ValueError(f"--natbias-gain-form {form!r}: choose one of {', '.join(GAIN_FORMS)}")
         self.speed = float(speed)
+        self.form = form
         self.gain_param = nn.Parameter(
-            torch.tensor(float(gain_init) / self.speed, dtype=weight.dtype,
+            torch.tensor(self._parameter_for(float(gain_init)), dtype=torch.float32,
                          device=weight.device)
         )
 
+    def _parameter_for(self, gain: float) -> float:
+        if self.form == "linear":
+            return gain / self.speed
+        return math.log(gain) / self.speed
+
     def gain(self) -> torch.Tensor:
-        return self.gain_param * self.speed
+        if self.form == "linear":
+            return self.gain_param * self.speed
+        return torch.exp(self.gain_param * self.speed)
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
-        return F.linear(features * self.gain().to(features.dtype), self.weight, self.bias)
+        scaled = _ScaleByGain.apply(features, self.gain(), self.speed * self.in_features)
+        return F.linear(scaled, self.weight, self._bias_like(scaled))
 
     def extra_repr(self) -> str:
-        return super().extra_repr() + f", gain=speed*u, speed={self.speed:g}"
+        return super().extra_repr() + f", gain={self.form}, speed={self.speed:g}"
 
 
-def add_output_gain(decoder, gain_init: float, speed: float) -> GainedLinear:
+def add_output_gain(decoder, gain_init: float, speed: float,
+                    form: str = DEFAULT_GAIN_FORM) -> GainedLinear:
     """Replace ``decoder.output_projection`` by a :class:`GainedLinear` that
     shares its weight and bias."""
     for name, value in (("--natbias-gain-init", gain_init), ("--natbias-gain-speed", speed)):
         if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
             raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
     projection = decoder.output_projection
-    gained = GainedLinear(projection.weight, projection.bias, gain_init, speed)
+    gained = GainedLinear(projection.weight, projection.bias, gain_init, speed, form)
     decoder.output_projection = gained
     return gained
 
@@ -125,7 +222,8 @@ def contextual_weight_norm(decoder) -> float:
 def attach_output_bias(
     decoder, values: Optional[torch.Tensor], freeze: bool = False
 ) -> None:
-    """Give ``decoder.output_projection`` a bias initialised to ``values``.
+    """Give ``decoder.output_projection`` a bias initialised to ``values``
+    (float32 whatever the model's dtype: see :class:`OutputProjection`).
 
     ``values=None`` leaves the projection without a bias (the paper's "no bias"
     baseline, fairseq's default).
@@ -138,9 +236,8 @@ def attach_output_bias(
             f"bias has {tuple(values.shape)} entries, the output layer "
             f"{projection.out_features}"
         )
-    projection.bias = nn.Parameter(
-        values.to(projection.weight.dtype).clone(), requires_grad=not freeze
-    )
+    bias = nn.Parameter(values.to(torch.float32).clone(), requires_grad=not freeze)
+    decoder.output_projection = OutputProjection(projection.weight, bias)
 
 
 def output_bias(decoder) -> Optional[torch.Tensor]:

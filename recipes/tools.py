@@ -10,7 +10,9 @@
     jsonl-text   the "text" field of JSON-lines files (.gz allowed), e.g. C4 shards
     free-port    an unused TCP port on this machine
 
-Only the standard library and sentencepiece: it runs before anything is trained.
+The standard library and sentencepiece; score and table also use the package's
+readers (fairseq_natbias.analysis: generate output, score files, mean and
+standard error), which import neither torch nor fairseq.
 """
 
 import argparse
@@ -107,12 +109,11 @@ def cmd_spm_encode(args):
 
 def _hypotheses(generate_output, expect):
     """fairseq-generate prints H-<id> lines in batch order; sort them by id."""
-    hyps = {}
-    with open(generate_output, encoding="utf-8") as f:
-        for line in f:
-            if line.startswith("H-"):
-                head, _score, *text = line.rstrip("\n").split("\t")
-                hyps[int(head[2:])] = text[0] if text else ""
+    from fairseq_natbias.analysis.generate_output import parse_generate_output
+
+    with open(generate_output, encoding="utf-8") as lines:
+        sentences = parse_generate_output(lines)
+    hyps = {i: s.hypothesis for i, s in sentences.items() if s.hypothesis is not None}
     if sorted(hyps) != list(range(expect)):
         sys.exit(f"tools.py score: {len(hyps)} hypotheses in {generate_output}, "
                  f"expected ids 0..{expect - 1}")
@@ -140,15 +141,10 @@ def cmd_score(args):
 
 
 def _cell(values):
-    """Mean ± standard error over seeds (the package's one implementation)."""
+    """Mean ± standard error over seeds, as the package's natbias-report computes it."""
     from fairseq_natbias.analysis.stats import mean_stderr
 
-    if not values:
-        return "–"
-    summary = mean_stderr(values)
-    if summary.n < 2:
-        return f"{summary.mean:.2f}"
-    return f"{summary.mean:.2f} ± {summary.stderr:.2f}"
+    return mean_stderr(values).format(2, count=False, missing="–")
 
 
 def _seed_number(path):
@@ -159,6 +155,8 @@ def _seed_number(path):
 def cmd_table(args):
     """One row per init (RUNS/<init>/seed<k>/<set>.<metric>.json), one column
     per evaluation set and metric; the signatures below the table."""
+    from fairseq_natbias.analysis.runs import read_test_score
+
     runs = Path(args.runs)
     order = {name: i for i, name in enumerate(args.order)}
     inits = sorted((d for d in runs.iterdir() if d.is_dir()),
@@ -170,11 +168,10 @@ def cmd_table(args):
         scores = {c: [] for c in columns}
         for seed in seeds:
             for eval_set, metric in columns:
-                path = seed / f"{eval_set}.{metric}.json"
-                if path.exists():
-                    result = json.loads(path.read_text(encoding="utf-8"))
-                    scores[eval_set, metric].append(float(result["score"]))
-                    signatures[metric] = result["signature"]
+                score = read_test_score(str(seed), metric, eval_set)
+                if score is not None:
+                    scores[eval_set, metric].append(score.value)
+                    signatures[metric] = score.signature
                     present.add(eval_set)
         done = max((len(v) for v in scores.values()), default=0)
         rows.append((init.name, done, scores))

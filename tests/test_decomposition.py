@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from fairseq_natbias.analysis import AnalysisError, decomposition
-from fairseq_natbias.cli.step0 import build_from_training_args
+from fairseq_natbias.pipeline import build_from_training_args
 from natbias_testing import TINY_LM, TINY_MODEL, train, train_lm
 
 IDENTITY_TOLERANCE = 1e-5

@@ -4,12 +4,18 @@ settings (Multi30k's first 2,000 pairs, SentencePiece 1000, d 32, one layer,
 and prints, each output checked against a computation of its own; and per
 example one bad input: one line saying what is wrong, a non-zero exit, no
 traceback. The translation example's work folder is shared by the examples
-built on it (python_api, external_bias, frequency_analysis)."""
+built on it (python_api, external_bias, frequency_analysis).
+
+Without DATA the examples find their data as `make demo` does
+(fairseq_natbias/data_fetch.py): tested here without Multi30k, from a copy of
+examples/ with no ../shared beside it and no network (a file:// address
+stands in for Multi30k's; the synthetic fallback when it fails)."""
 
 import csv
 import gzip
 import os
 import re
+import shutil
 import subprocess
 import sys
 from collections import Counter
@@ -46,8 +52,9 @@ def example_settings():
     return names | {"WORK"}
 
 
-def run_example(command, env=None, cwd=None):
-    clean = {k: v for k, v in os.environ.items() if k not in example_settings()}
+def run_example(command, env=None, cwd=None, unset=()):
+    clean = {k: v for k, v in os.environ.items()
+             if k not in example_settings() and k not in unset}
     clean.update(PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
                  OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
     clean.update({k: str(v) for k, v in (env or {}).items()})
@@ -351,3 +358,164 @@ def test_sampling_refuses_a_translation_checkpoint(translation, language_model):
                           "--checkpoint", translation_work / "runs/zero/checkpoint_best.pt",
                           "--data-bin", work / "data-bin", "--spm-model", work / "spm.model"])
     assert_one_line_error(result, "sample.py", "is a translation model")
+
+
+# --- data found as `make demo` finds it, on a fresh clone ------------------------------
+
+
+FRESH = {**TINY, "INITS": "unigram", "MAX_UPDATE": 2}
+
+
+def fresh_clone(tmp_path):
+    """examples/ alone in a folder with no ../shared beside it: the installed
+    package serves --user-dir fairseq_natbias and the data helper."""
+    clone = tmp_path / "clone"
+    shutil.copytree(EXAMPLES, clone / "examples", ignore=shutil.ignore_patterns("__pycache__"))
+    return clone
+
+
+def test_translation_on_a_fresh_clone_falls_back_to_the_synthetic_corpus(tmp_path):
+    clone = fresh_clone(tmp_path)
+    assert not (clone.parent / "shared").exists() and not (clone / "fairseq_natbias").exists()
+    env = {**FRESH, "NATBIAS_MULTI30K_URL": (tmp_path / "offline").as_uri()}
+    result = succeeded(run_example(["bash", "examples/translation/run.sh"], env,
+                                   cwd=clone, unset=("NATBIAS_MULTI30K",)))
+    assert "download failed" in result.stderr
+    assert "using a small SYNTHETIC corpus" in result.stderr
+    # DATA_CACHE and WORK: the defaults, relative to where the script ran
+    synthetic = clone / "work/examples/data/synthetic"
+    staged = clone / "work/examples/translation/raw"
+    for name, split, lines in (("train", "train", TRAIN_LINES), ("val", "valid", EVAL_LINES),
+                               ("test_2016_flickr", "test", EVAL_LINES)):
+        for lang in ("de", "en"):
+            expected = (synthetic / f"{name}.{lang}").read_text().splitlines()[:lines]
+            assert (staged / f"{split}.{lang}").read_text().splitlines() == expected
+    scores = [m[1] for m in map(SCORE_LINE.match, result.stdout.splitlines()) if m]
+    assert scores == ["unigram", "unigram"]  # BLEU and chrF
+    assert (clone / "work/examples/translation/runs/unigram/checkpoint_best.pt").exists()
+    again = succeeded(run_example(["bash", "examples/translation/run.sh"], env,
+                                  cwd=clone, unset=("NATBIAS_MULTI30K",)))
+    # staged before: the data is not looked for (or downloaded) again
+    assert "data:" not in again.stderr and "raw text: work/examples/translation/raw exists, skipped" \
+        in again.stderr
+
+
+def test_data_is_a_file(tmp_path):
+    data = tmp_path / "train.de"
+    data.write_text("ein Hund\n")
+    result = run_example(["bash", SCRIPTS["translation"]], {"DATA": data, "WORK": tmp_path / "w"})
+    assert_one_line_error(result, "examples/translation/run.sh",
+                          f"DATA={data} is a file, not a folder")
+    assert not (tmp_path / "w/raw").exists()
+
+
+def test_natbias_multi30k_without_the_files(tmp_path):
+    """A data variable set by hand and wrong is refused, not silently replaced
+    by a download."""
+    (tmp_path / "m30k").mkdir()
+    (tmp_path / "m30k/train.en.gz").write_bytes(b"")
+    result = run_example(["bash", SCRIPTS["language_model"]],
+                         {"NATBIAS_MULTI30K": tmp_path / "m30k", "WORK": tmp_path / "w",
+                          "DATA_CACHE": tmp_path / "cache"})
+    assert_one_line_error(result, "examples/language_model/run.sh",
+                          f"NATBIAS_MULTI30K={tmp_path / 'm30k'} has no val.en, test_2016_flickr.en")
+    assert not (tmp_path / "cache").exists()
+
+
+@pytest.mark.parametrize("name", ["external_bias", "frequency_analysis"])
+def test_run_before_the_translation_example(name, tmp_path):
+    result = run_example(["bash", SCRIPTS[name]], {"TRANSLATION_WORK": tmp_path / "nothing",
+                                                    "WORK": tmp_path / "w", "OUT": tmp_path / "o"})
+    assert_one_line_error(result, f"examples/{name}/run.sh", "run examples/translation/run.sh first")
+
+
+def test_decompose_before_the_translation_example(tmp_path):
+    result = run_example([sys.executable, DECOMPOSE], {"WORK": tmp_path})
+    assert_one_line_error(result, "decompose.py", "no such checkpoint",
+                          "run examples/translation/run.sh first")
+
+
+# --- fairseq_natbias/data_fetch.py in process ---------------------------------------------
+
+
+@pytest.fixture
+def no_local_multi30k(tmp_path, monkeypatch):
+    """No NATBIAS_MULTI30K, no ../shared from the working directory."""
+    monkeypatch.delenv("NATBIAS_MULTI30K", raising=False)
+    monkeypatch.chdir(tmp_path)
+    messages = []
+    return messages.append, messages
+
+
+def write_mirror(folder, langs=("de", "en"), skip=()):
+    """A tiny Multi30k-named corpus, gzipped, as at Multi30k's address."""
+    folder.mkdir()
+    for name in ("train", "val", "test_2016_flickr"):
+        for lang in langs:
+            if f"{name}.{lang}" not in skip:
+                with gzip.open(folder / f"{name}.{lang}.gz", "wt", encoding="utf-8") as f:
+                    f.write(f"{name} {lang} one\n{name} {lang} two\n")
+
+
+def test_download_from_a_mirror_then_reuse(tmp_path, monkeypatch, no_local_multi30k):
+    from fairseq_natbias import data_fetch
+
+    say, messages = no_local_multi30k
+    write_mirror(tmp_path / "mirror")
+    monkeypatch.setenv("NATBIAS_MULTI30K_URL", (tmp_path / "mirror").as_uri())
+    found = data_fetch.find_raw_data(None, tmp_path / "cache", ("de", "en"), say=say)
+    assert found == tmp_path / "cache/download"
+    for path in (tmp_path / "mirror").iterdir():
+        assert (found / path.name).read_bytes() == path.read_bytes()
+    assert data_fetch.read_lines(data_fetch.raw_file(found, "valid", "en")) == ["val en one",
+                                                                               "val en two"]
+    monkeypatch.setenv("NATBIAS_MULTI30K_URL", (tmp_path / "gone").as_uri())
+    assert data_fetch.find_raw_data(None, tmp_path / "cache", ("de", "en"), say=say) == found
+    assert "downloaded before" in messages[-1]
+
+
+def test_a_failed_download_keeps_complete_files_and_falls_back(tmp_path, monkeypatch,
+                                                                no_local_multi30k):
+    from fairseq_natbias import data_fetch
+
+    say, messages = no_local_multi30k
+    write_mirror(tmp_path / "mirror", skip=("test_2016_flickr.en",))
+    monkeypatch.setenv("NATBIAS_MULTI30K_URL", (tmp_path / "mirror").as_uri())
+    found = data_fetch.find_raw_data(None, tmp_path / "cache", ("de", "en"), say=say)
+    assert found == tmp_path / "cache/synthetic"
+    assert any("download failed" in m for m in messages)
+    assert "SYNTHETIC" in messages[-1]
+    downloaded = sorted(p.name for p in (tmp_path / "cache/download").iterdir())
+    assert downloaded == sorted(p.name for p in (tmp_path / "mirror").iterdir())  # no .part
+    assert data_fetch.has_all_files(found, ("de", "en"))
+    train = [data_fetch.read_lines(data_fetch.raw_file(found, "train", lang)) for lang in ("de", "en")]
+    assert len(train[0]) == len(train[1]) > 1000  # line-aligned
+
+
+@pytest.mark.parametrize("case", ["file", "missing", "incomplete", "variable"])
+def test_bad_data_folders_are_refused(case, tmp_path, monkeypatch, no_local_multi30k):
+    from fairseq_natbias import data_fetch
+
+    say, _ = no_local_multi30k
+    write_mirror(tmp_path / "partial", skip=("val.de", "test_2016_flickr.de"))
+    given, expected = {
+        "file": (tmp_path / "partial/train.de.gz", "is a file, not a folder"),
+        "missing": (tmp_path / "absent", "no such folder"),
+        "incomplete": (tmp_path / "partial", "has no val.de, test_2016_flickr.de[.gz]"),
+        "variable": (None, "NATBIAS_MULTI30K="),
+    }[case]
+    if case == "variable":
+        monkeypatch.setenv("NATBIAS_MULTI30K", str(tmp_path / "partial"))
+    with pytest.raises(data_fetch.DataError, match=re.escape(expected)) as raised:
+        data_fetch.find_raw_data(given, tmp_path / "cache", ("de", "en"), say=say)
+    assert "{train,val,test_2016_flickr}.{de,en}[.gz]" in str(raised.value)  # the fix
+    assert "\n" not in str(raised.value)
+    assert not (tmp_path / "cache").exists()  # nothing downloaded instead
+
+
+def test_the_demo_uses_the_same_helper(tmp_path):
+    from fairseq_natbias.cli import demo
+
+    (tmp_path / "text").write_text("x\n")
+    with pytest.raises(SystemExit, match=r"^natbias-demo: error: --data=.* is a file, not a folder"):
+        demo.find_raw_data(str(tmp_path / "text"), tmp_path)

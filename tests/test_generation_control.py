@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fairseq_natbias.analysis import sweep
+from fairseq_natbias.checkpoint_loading import has_output_bias
 from fairseq_natbias.cli import sweep as sweep_cli
 from natbias_testing import BIN, fairseq, train
 
@@ -44,13 +44,13 @@ def _test_batch(task):
 
 def _contextual_logits(model, sample):
     """g W phi computed by hand: the decoder's features times W, no bias, times
-    the gain g = speed * u (the default weight init ``gain``)."""
+    the gain g = exp(speed * u) (the default weight init ``gain``, form ``exp``)."""
     net_input = sample["net_input"]
     encoder_out = model.encoder(net_input["src_tokens"], src_lengths=net_input["src_lengths"])
     features, _ = model.decoder(net_input["prev_output_tokens"], encoder_out=encoder_out,
                                 features_only=True)
     projection = model.decoder.output_projection
-    gain = projection.gain_param.item() * model.args.natbias_gain_speed
+    gain = math.exp(projection.gain_param.item() * model.args.natbias_gain_speed)
     return gain * F.linear(features, projection.weight)
 
 
@@ -200,7 +200,7 @@ def test_sweep_refuses_bad_settings_and_an_empty_test_set(unigram_checkpoint, to
     _empty_split(data)
     with pytest.raises(SystemExit, match="natbias-sweep: error: the test split of .* is empty"):
         sweep_cli.main([str(data), str(unigram_checkpoint), "--out-dir", str(tmp_path)])
-    assert sweep.checkpoint_has_bias(str(unigram_checkpoint)) is True
+    assert has_output_bias(str(unigram_checkpoint)) is True
 
 
 def test_console_script_help(capsys):

@@ -89,7 +89,8 @@ def test_gained_projection_is_g_w_phi_plus_b_and_keeps_the_tie():
     assert decoder.output_projection is gained
     assert gained.weight is decoder.embed_tokens.weight  # still tied
     assert gained.bias is not None and torch.equal(gained.bias, values)
-    assert gained.gain_param.item() == pytest.approx(0.05 / 20.0)
+    assert gained.gain_param.item() == pytest.approx(math.log(0.05) / 20.0)  # g = exp(C u)
+    assert gained.gain_param.dtype == torch.float32
     features = torch.randn(3, 16)
     expected = 0.05 * (features @ decoder.embed_tokens.weight.T) + values
     torch.testing.assert_close(gained(features), expected, atol=1e-6, rtol=1e-6)
@@ -111,25 +112,128 @@ def test_adding_the_gain_draws_no_random_numbers():
     assert torch.equal(after, torch.rand(1))
 
 
-def test_one_adam_update_moves_the_gain_by_speed_times_lr():
+def _one_adam_update(speed, form, lr=1e-3):
+    torch.manual_seed(0)
+    decoder = FakeDecoder()
+    gained = output_projection.add_output_gain(decoder, 0.05, speed, form)
+    optimizer = torch.optim.Adam([gained.gain_param], lr=lr, betas=(0.9, 0.997), eps=1e-8)
+    features = torch.randn(8, 16)
+    targets = torch.randint(0, 50, (8,))
+    torch.nn.functional.cross_entropy(gained(features), targets).backward()
+    grad_sign = torch.sign(gained.gain_param.grad).item()
+    optimizer.step()
+    return output_projection.output_gain(decoder).item(), grad_sign
+
+
+@pytest.mark.parametrize("speed", [1.0, 20.0, 50.0])
+def test_one_adam_update_moves_the_gain_by_speed_times_lr(speed):
     """The documented speed: Adam's first step on u is lr * sign(grad) (its
-    bias-corrected m / sqrt(v) is grad / |grad|), so g = speed * u moves by
-    exactly speed * lr, whatever the gradient's size; a plain scalar gain
-    (speed 1) would move by lr."""
+    bias-corrected m / sqrt(v) is grad / |grad|), whatever the gradient's
+    size, so g = exp(C u) moves log g by exactly C * lr, and 0.2.0's
+    g = C u moves g by C * lr."""
     lr = 1e-3
-    for speed in (1.0, 20.0, 50.0):
-        torch.manual_seed(0)
-        decoder = FakeDecoder()
-        gained = output_projection.add_output_gain(decoder, 0.05, speed)
-        optimizer = torch.optim.Adam([gained.gain_param], lr=lr, betas=(0.9, 0.997), eps=1e-8)
-        features = torch.randn(8, 16)
-        targets = torch.randint(0, 50, (8,))
-        loss = torch.nn.functional.cross_entropy(gained(features), targets)
-        loss.backward()
-        grad_sign = torch.sign(gained.gain_param.grad).item()
-        optimizer.step()
-        moved = output_projection.output_gain(decoder).item() - 0.05
-        assert moved == pytest.approx(-grad_sign * speed * lr, rel=1e-4)
+    gain, sign = _one_adam_update(speed, "exp", lr)
+    assert math.log(gain / 0.05) == pytest.approx(-sign * speed * lr, rel=1e-4)
+    gain, sign = _one_adam_update(speed, "linear", lr)
+    assert gain - 0.05 == pytest.approx(-sign * speed * lr, rel=1e-4)
+
+
+def _true_gain_gradient(gained, features, targets):
+    """d loss / d u by plain autograd through g = exp(C u) and W (g phi) + b,
+    with none of the projection's own backward."""
+    u = gained.gain_param.detach().clone().requires_grad_()
+    gain = torch.exp(u * gained.speed)
+    logits = torch.nn.functional.linear(features * gain, gained.weight, gained.bias)
+    torch.nn.functional.cross_entropy(logits, targets, reduction="sum").backward()
+    return u.grad
+
+
+def test_the_gain_gradient_is_the_true_one_divided_by_speed_times_width():
+    """What the optimiser sees for u: dL/du / (C d), d the feature width
+    (see _ScaleByGain for why); every other gradient untouched."""
+    torch.manual_seed(0)
+    decoder = FakeDecoder()
+    output_projection.attach_output_bias(decoder, torch.linspace(-5, -1, 50))
+    gained = output_projection.add_output_gain(decoder, 0.05, 20.0)
+    features = torch.randn(32, 16, requires_grad=True)
+    targets = torch.randint(0, 50, (32,))
+    torch.nn.functional.cross_entropy(gained(features), targets, reduction="sum").backward()
+    true = _true_gain_gradient(gained, features.detach(), targets)
+    torch.testing.assert_close(gained.gain_param.grad, true / (20.0 * 16), rtol=1e-5, atol=0)
+    plain = features.detach().clone().requires_grad_()
+    logits = torch.nn.functional.linear(plain * 0.05, gained.weight, gained.bias)
+    torch.nn.functional.cross_entropy(logits, targets, reduction="sum").backward()
+    torch.testing.assert_close(features.grad, plain.grad, rtol=1e-5, atol=1e-7)
+
+
+def test_adam_moves_the_gain_as_with_the_true_gradient():
+    """Adam is invariant to a constant scale of a parameter's gradient: ten
+    updates with the divided gradient give the u of ten with the true one."""
+    torch.manual_seed(0)
+    decoder = FakeDecoder()
+    gained = output_projection.add_output_gain(decoder, 0.05, 20.0)
+    batches = [(torch.randn(16, 16), torch.randint(0, 50, (16,))) for _ in range(10)]
+    ours = torch.optim.Adam([gained.gain_param], lr=1e-2, betas=(0.9, 0.98))
+    reference_u = gained.gain_param.detach().clone().requires_grad_()
+    reference = torch.optim.Adam([reference_u], lr=1e-2, betas=(0.9, 0.98))
+    for features, targets in batches:
+        ours.zero_grad()
+        torch.nn.functional.cross_entropy(gained(features), targets, reduction="sum").backward()
+        ours.step()
+        reference.zero_grad()
+        gain = torch.exp(reference_u * 20.0)
+        logits = torch.nn.functional.linear(features * gain, gained.weight)
+        torch.nn.functional.cross_entropy(logits, targets, reduction="sum").backward()
+        reference.step()
+    assert gained.gain_param.item() != pytest.approx(math.log(0.05) / 20.0, abs=1e-3)  # it moved
+    assert gained.gain_param.item() == pytest.approx(reference_u.item(), rel=1e-5)
+
+
+def test_the_gain_gradient_is_reduced_in_float32_under_fp16():
+    """A (tokens x d) sum of fp16 products overflows 65,504 (4096 tokens x
+    512 features x 2 here, as a loss-scaled fp16 backward meets it), the same
+    sum in float32 does not."""
+    features = torch.ones(4096, 512, dtype=torch.float16)
+    gain = torch.tensor(0.05, requires_grad=True)
+    upstream = torch.full((4096, 512), 2.0, dtype=torch.float16)
+    naive = gain.detach().clone().requires_grad_()
+    (features * naive.to(torch.float16)).backward(upstream)
+    assert not torch.isfinite(naive.grad)  # what 0.2.0's gain met
+    scaled = output_projection._ScaleByGain.apply(features, gain, 1.0)
+    scaled.backward(upstream)
+    assert scaled.dtype == torch.float16
+    assert gain.grad.item() == 2.0 * 4096 * 512
+
+
+def test_a_half_model_keeps_bias_and_gain_in_float32():
+    decoder = FakeDecoder(dim=16)
+    values = torch.linspace(-20, -1, 50)
+    output_projection.attach_output_bias(decoder, values)
+    gained = output_projection.add_output_gain(decoder, 0.05, 20.0)
+    decoder.half()
+    assert gained.weight.dtype == torch.float16
+    assert gained.bias.dtype == gained.gain_param.dtype == torch.float32
+    assert torch.equal(gained.bias, values)  # not rounded to fp16 and back
+    features = torch.randn(4, 16).half()
+    logits = gained(features)
+    assert logits.dtype == torch.float16
+    expected = (0.05 * features.float()) @ gained.weight.float().T + values
+    torch.testing.assert_close(logits.float(), expected, atol=2e-2, rtol=1e-2)
+    decoder.float()
+    assert gained.weight.dtype == torch.float32 and torch.equal(gained.bias, values)
+
+
+def test_the_exp_gain_stays_positive_where_the_linear_one_flips():
+    """Adam pushed down for 500 updates at C = 100, lr 1e-3: the linear gain
+    crosses 0 (after 0.05 / (100 * 1e-3) = 0.5 updates' worth), exp's cannot."""
+    for form, positive in (("exp", True), ("linear", False)):
+        gained = output_projection.add_output_gain(FakeDecoder(), 0.05, 100.0, form)
+        optimizer = torch.optim.Adam([gained.gain_param], lr=1e-3)
+        for _ in range(500):
+            optimizer.zero_grad()
+            gained.gain().backward()  # d g / d u > 0: Adam lowers g
+            optimizer.step()
+        assert (gained.gain().item() > 0) == positive, form
 
 
 @pytest.mark.parametrize("option, value", [("gain_init", 0.0), ("gain_init", float("nan")),

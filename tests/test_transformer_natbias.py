@@ -168,6 +168,7 @@ def test_user_dir_works_from_another_directory(toy_bin, tmp_path):
 
 @pytest.mark.parametrize("options, message", [
     (["--adaptive-softmax-cutoff", "10,20"], "adaptive-softmax-cutoff"),
+    (["--quant-noise-scalar", "0.1"], "--quant-noise-scalar"),
     (["--natbias-init", "file"], "needs --natbias-counts"),
     (["--natbias-smoothing", "-1"], "natbias-smoothing must be"),
     (["--natbias-init", "file", "--natbias-counts", "/no/such.counts"], "no such file"),

@@ -21,7 +21,8 @@ set -euo pipefail
 TRANSLATION_WORK=${TRANSLATION_WORK-work/examples/translation}  # WORK of examples/translation/run.sh (data-bin, spm.model, raw/)
 SRC=${SRC-de}                       # source language of that data
 TGT=${TGT-en}                       # target language: the external text's language
-EXTERNAL_TEXT=${EXTERNAL_TEXT-$(dirname "$0")/../../../shared/data/multi30k/train.$TGT.gz}  # raw target-language text, one sentence a line (.gz allowed); the default stands in for a real external corpus
+EXTERNAL_TEXT=${EXTERNAL_TEXT-}     # raw target-language text, one sentence a line (.gz allowed); empty: all of $TRAIN.$TGT in the translation example's data (DATA and TRAIN as given to it; by default Multi30k's train.en), a stand-in for a real external corpus
+DATA_CACHE=${DATA_CACHE-work/examples/data}  # with EXTERNAL_TEXT and DATA empty: where Multi30k is downloaded (or a synthetic corpus written)
 EXTERNAL_LINES=${EXTERNAL_LINES-0}  # first N lines of it only (0: all)
 WORK=${WORK-work/examples/external_bias}  # everything this script writes
 # --- model and training: examples/translation/run.sh's defaults ---------------------------
@@ -37,7 +38,7 @@ SEED=${SEED-1}                      # the translation example's seed: the runs d
 TRAIN_ARGS=${TRAIN_ARGS-}           # more fairseq-train options
 BEAM=${BEAM-5}                      # beam size
 
-# The examples' shared plumbing: --help, say, die, logged, first_lines, REPO.
+# The examples' shared plumbing: --help, say, die, example_data, logged, text_file, first_lines, REPO.
 source "$(dirname "$0")/../common.sh"
 example_help "$@"
 example_needs fairseq-train "fairseq and fairseq_natbias"
@@ -48,6 +49,13 @@ RUN=$WORK/runs/file
 # --- what this needs -------------------------------------------------------------------
 [[ -f $DATA_BIN/dict.$TGT.txt && -f $TRANSLATION_WORK/spm.model ]] ||
     die "TRANSLATION_WORK=$TRANSLATION_WORK has no data-bin/dict.$TGT.txt and spm.model: run examples/translation/run.sh first (same WORK, SRC, TGT)"
+if [[ -z $EXTERNAL_TEXT ]]; then
+    # The translation example's data, found the same way (DATA empty: as `make demo` does).
+    DATA=${DATA-}
+    example_data "$TGT"
+    EXTERNAL_TEXT=$(text_file "$DATA/${TRAIN-train}.$TGT") ||
+        die "DATA=$DATA has no ${TRAIN-train}.$TGT[.gz]: set EXTERNAL_TEXT to raw $TGT text, one sentence a line (.gz allowed)"
+fi
 [[ -f $EXTERNAL_TEXT ]] ||
     die "EXTERNAL_TEXT=$EXTERNAL_TEXT: no such file; set EXTERNAL_TEXT to raw $TGT text, one sentence a line (.gz allowed)"
 mkdir -p "$WORK"

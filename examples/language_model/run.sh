@@ -10,9 +10,12 @@
 #   DATA=~/text LANG_ID=fr TRAIN=train VALID=dev TEST=test examples/language_model/run.sh
 #
 # DATA holds raw text, one sentence a line: $TRAIN.$LANG_ID, $VALID.$LANG_ID,
-# $TEST.$LANG_ID (.gz allowed). Every setting below can be given in the
-# environment. Each step skips itself when its output exists (remove WORK, or
-# a part of it, to redo it).
+# $TEST.$LANG_ID (.gz allowed); with the defaults train.en, val.en,
+# test_2016_flickr.en (Multi30k's names). Without DATA the data is found as
+# `make demo` finds it: $NATBIAS_MULTI30K, ../shared/data/multi30k, else
+# Multi30k downloaded into DATA_CACHE, else a synthetic corpus (announced).
+# Every setting below can be given in the environment. Each step skips itself
+# when its output exists (remove WORK, or a part of it, to redo it).
 #
 # Outputs in WORK: spm.model, data-bin/, runs/<init>/{checkpoint_best.pt,
 # train.log, eval_lm.log, samples.txt, sweep/ (sweep_lm.md, .tsv, .png,
@@ -20,7 +23,8 @@
 set -euo pipefail
 
 # --- data ------------------------------------------------------------------------
-DATA=${DATA-$(dirname "$0")/../../../shared/data/multi30k}  # raw text (default: Multi30k beside the repository)
+DATA=${DATA-}                       # folder of raw text; empty: Multi30k, found or downloaded as by `make demo`
+DATA_CACHE=${DATA_CACHE-work/examples/data}  # with DATA empty: where Multi30k is downloaded (or a synthetic corpus written)
 LANG_ID=${LANG_ID-en}               # the language, as in the file names
 TRAIN=${TRAIN-train}                # training file name, without .<lang>[.gz]
 VALID=${VALID-val}                  # validation file name (Multi30k: val)
@@ -47,7 +51,7 @@ PROMPT=${PROMPT-"A man"}            # text sample.py continues
 LAMBDAS=${LAMBDAS-"1 0.5 0"}        # output-bias scales for sample.py and natbias-lm-sweep
 SWEEP_ARGS=${SWEEP_ARGS-}           # more natbias-lm-sweep options, e.g. "--decoding beam"
 
-# The examples' shared plumbing: --help, say, die, logged, text_file, first_lines, HERE, REPO.
+# The examples' shared plumbing: --help, say, die, example_data, logged, text_file, first_lines, HERE, REPO.
 source "$(dirname "$0")/../common.sh"
 example_help "$@"
 example_needs fairseq-train "fairseq and fairseq_natbias"
@@ -59,7 +63,9 @@ raw_file() {  # DATA/<name>.<lang> or .gz, whichever exists
 
 # --- 1. raw text, the first TRAIN_LINES / EVAL_LINES lines --------------------------------------
 stage_text() {
-    [[ -d $DATA ]] || die "DATA=$DATA: no such folder; set DATA to your raw text (see --help)"
+    # Staged before from the default data: done, without looking for it again.
+    [[ -z $DATA && -f $WORK/raw/test.$LANG_ID ]] && { say "raw text: $WORK/raw exists, skipped"; return; }
+    example_data "$LANG_ID"
     local split name path lines
     for split in TRAIN VALID TEST; do raw_file "${!split}" >/dev/null; done
     [[ -f $WORK/raw/test.$LANG_ID ]] && { say "raw text: $WORK/raw exists, skipped"; return; }

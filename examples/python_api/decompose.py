@@ -109,6 +109,10 @@ def main(argv=None):
     from fairseq_natbias.analysis import AnalysisError
 
     logging.getLogger().setLevel(logging.WARNING)  # fairseq logs every loaded option at INFO
+    if not os.path.exists(args.checkpoint) and args.checkpoint == parse_args([]).checkpoint:
+        # The default path: the translation example has not run (with this WORK).
+        sys.exit(f"decompose.py: error: {args.checkpoint}: no such checkpoint; run "
+                 "examples/translation/run.sh first (same WORK), or give --checkpoint")
     try:
         run(args)
     except AnalysisError as error:

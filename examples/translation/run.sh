@@ -9,7 +9,11 @@
 #   MAX_UPDATE=2000 INITS=unigram WORK=work/fr_en examples/translation/run.sh
 #
 # DATA holds raw (untokenised) text, one sentence a line, the two languages
-# line-aligned: $TRAIN.$SRC, $TRAIN.$TGT, $VALID.*, $TEST.* (.gz allowed).
+# line-aligned: $TRAIN.$SRC, $TRAIN.$TGT, $VALID.*, $TEST.* (.gz allowed);
+# with the defaults train.de, train.en, val.de, val.en, test_2016_flickr.de,
+# test_2016_flickr.en (Multi30k's names). Without DATA the data is found as
+# `make demo` finds it: $NATBIAS_MULTI30K, ../shared/data/multi30k, else
+# Multi30k downloaded into DATA_CACHE, else a synthetic corpus (announced).
 # Every setting below can be given in the environment. Each step skips itself
 # when its output exists (remove WORK, or a part of it, to redo it); an
 # interrupted training resumes from its checkpoint_last.pt.
@@ -19,7 +23,8 @@
 set -euo pipefail
 
 # --- data ------------------------------------------------------------------------
-DATA=${DATA-$(dirname "$0")/../../../shared/data/multi30k}  # raw parallel text (default: Multi30k beside the repository)
+DATA=${DATA-}                       # folder of raw parallel text; empty: Multi30k, found or downloaded as by `make demo`
+DATA_CACHE=${DATA_CACHE-work/examples/data}  # with DATA empty: where Multi30k is downloaded (or a synthetic corpus written)
 SRC=${SRC-de}                       # source language, as in the file names
 TGT=${TGT-en}                       # target language
 TRAIN=${TRAIN-train}                # training file name, without .<lang>[.gz]
@@ -44,7 +49,7 @@ TRAIN_ARGS=${TRAIN_ARGS-}           # more fairseq-train options, e.g. "--cpu" o
 # --- evaluation -------------------------------------------------------------------------
 BEAM=${BEAM-5}                      # beam size
 
-# The examples' shared plumbing: --help, say, die, logged, text_file, first_lines, HERE.
+# The examples' shared plumbing: --help, say, die, example_data, logged, text_file, first_lines, HERE.
 source "$(dirname "$0")/../common.sh"
 example_help "$@"
 example_needs fairseq-train "fairseq and fairseq_natbias"
@@ -56,7 +61,9 @@ raw_file() {  # DATA/<name>.<lang> or .gz, whichever exists
 
 # --- 1. raw text: the first TRAIN_LINES / EVAL_LINES lines of each file --------------------
 stage_text() {
-    [[ -d $DATA ]] || die "DATA=$DATA: no such folder; set DATA to your raw parallel text (see --help)"
+    # Staged before from the default data: done, without looking for it again.
+    [[ -z $DATA && -f $WORK/raw/test.$TGT ]] && { say "raw text: $WORK/raw exists, skipped"; return; }
+    example_data "$SRC" "$TGT"
     local split name lines lang path
     for split in TRAIN VALID TEST; do
         for lang in "$SRC" "$TGT"; do raw_file "${!split}" "$lang" >/dev/null; done
@@ -125,6 +132,8 @@ train() {
 generate() {
     local init=$1 run=$WORK/runs/$1
     [[ -f $run/test.hyp ]] && { say "generate [$init]: $run/test.hyp exists, skipped"; return; }
+    [[ -f $run/checkpoint_best.pt ]] ||
+        die "$run/checkpoint_best.pt: no such checkpoint, though $run/train.done says [$init] was trained; remove $run/train.done to train it again"
     say "generate [$init]: beam $BEAM on the test set"
     # --required-batch-size-multiple 1: fairseq 0.12 drops a last partial batch otherwise.
     # --max-len-a/-b: a barely trained model would otherwise ramble up to 200 tokens.

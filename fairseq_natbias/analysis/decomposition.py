@@ -37,21 +37,17 @@ context term is the whole log-probability.
 """
 
 import os
-import zipfile
 from dataclasses import dataclass
 from typing import List, NamedTuple, Optional
 
 import torch
 
 from fairseq_natbias.analysis import AnalysisError
+# check_natbias_checkpoint is re-exported: the examples and users' scripts call it from here.
+from fairseq_natbias.checkpoint_loading import check_natbias_checkpoint, load_hub
 
 NO_BIAS_NOTE = ("the model has no output bias (--natbias-init none): all of "
                 "log p(y) is context; the frequency and normaliser terms are 0")
-WEIGHTS_ONLY_HINT = (
-    "torch's weights-only loading refused it: it holds objects beyond those "
-    "fairseq_natbias allow-lists for fairseq checkpoints (checkpoint_loading.py). "
-    "For a checkpoint you trust, set TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1"
-)
 COLUMNS = ("log_p", "context", "frequency", "normaliser")
 
 
@@ -201,79 +197,16 @@ def _teacher_forcing(model, decoder, target, source):
 # --- loading a checkpoint ----------------------------------------------------------
 
 
-def check_natbias_checkpoint(path: str):
-    """``(arch, model class)`` of a fairseq_natbias checkpoint; AnalysisError,
-    naming the fix, for a missing file, a file that is not a fairseq
-    checkpoint, or a checkpoint of another model."""
-    from fairseq.models import ARCH_MODEL_REGISTRY
-
-    from fairseq_natbias.natural_bias import NaturalBiasModel, saved_model_args
-
-    if os.path.isdir(path):
-        raise AnalysisError(f"{path} is a directory: give the checkpoint file in it "
-                            "(e.g. checkpoint_best.pt)")
-    if not os.path.isfile(path):
-        raise AnalysisError(f"{path}: no such checkpoint; train a model first or give "
-                            "the path of a checkpoint_*.pt written by fairseq-train")
-    try:
-        saved = saved_model_args(path)
-    except Exception as error:  # pickle fails in any way on a file that is not one
-        if not zipfile.is_zipfile(path):  # what torch.save has written since torch 1.6
-            raise _not_a_checkpoint(path, "not a torch.save archive") from None
-        if "weights only" in str(error).lower():
-            raise AnalysisError(f"{path}: {WEIGHTS_ONLY_HINT}") from None
-        raise _not_a_checkpoint(path, _first_line(error)) from None
-    if saved is None:
-        raise _not_a_checkpoint(path, "it holds no training configuration")
-    arch = getattr(saved, "arch", None)
-    model_class = ARCH_MODEL_REGISTRY.get(arch)
-    if model_class is None or not issubclass(model_class, NaturalBiasModel):
-        raise AnalysisError(
-            f"{path} was trained with --arch {arch}, not a fairseq_natbias model: give a "
-            "checkpoint trained with --user-dir fairseq_natbias --arch transformer_natbias "
-            "(or transformer_lm_natbias)")
-    return arch, model_class
-
-
-def _first_line(error) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
-
-
-def _not_a_checkpoint(path, reason):
-    return AnalysisError(f"{path} is not a fairseq checkpoint ({reason}); give a "
-                         "checkpoint_*.pt written by fairseq-train")
-
-
 def load_model(checkpoint: str, data: str, sentencepiece_model: Optional[str] = None,
                **overrides):
     """fairseq's hub interface (``from_pretrained``) for a fairseq_natbias
     checkpoint with its data directory (the dictionaries) and, for text in
     and out, its SentencePiece model; ``overrides`` go to ``from_pretrained``."""
     _, model_class = check_natbias_checkpoint(checkpoint)
-    if not os.path.isdir(data):
-        raise AnalysisError(f"{data}: no such data directory; give the fairseq-preprocess "
-                            "output the model was trained on (its dict.*.txt)")
     if sentencepiece_model is not None:
         if not os.path.isfile(sentencepiece_model):
             raise AnalysisError(f"{sentencepiece_model}: no such SentencePiece model; give "
                                 "the .model file the training text was encoded with")
         overrides.update(bpe="sentencepiece",
                          sentencepiece_model=os.path.abspath(sentencepiece_model))
-    folder, name = os.path.split(os.path.abspath(checkpoint))
-    try:
-        # An absolute data path: fairseq reads one starting with "." as
-        # relative to the checkpoint's folder.
-        hub = model_class.from_pretrained(folder, name, data_name_or_path=os.path.abspath(data),
-                                          **overrides)
-    except FileNotFoundError as error:
-        raise AnalysisError(f"{data}: {error.strerror or error}: {error.filename or ''}; give "
-                            "the data directory the model was trained on") from None
-    except RuntimeError as error:
-        if "size mismatch" not in str(error):
-            raise
-        raise AnalysisError(
-            f"mismatched dictionaries: {checkpoint} was trained with other dictionaries "
-            f"than those in {data}; use the data directory the model was trained on") from None
-    hub.eval()
-    return hub
+    return load_hub(model_class, checkpoint, data, **overrides)

@@ -33,24 +33,18 @@ none``, or fairseq's own transformer) gives the same numbers in both rows.
 import glob
 import logging
 import os
-import pickle
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 
-from fairseq_natbias import unigram
+from fairseq_natbias import checkpoint_loading, unigram
 from fairseq_natbias.analysis import AnalysisError, plots
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_BINS = 20
-WEIGHTS_ONLY_HINT = (
-    "torch's weights-only loading refused the checkpoint: it holds objects beyond "
-    "those fairseq_natbias allow-lists for fairseq checkpoints (checkpoint_loading.py). "
-    "For a checkpoint you trust, set TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1"
-)
 NO_BIAS_NOTE = "no output bias: same as the full model"
 
 
@@ -90,12 +84,7 @@ def load_checkpoint(path: str, data: str, split: str, use_cuda: bool):
     from fairseq import checkpoint_utils, tasks
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
-    if not os.path.isfile(path):
-        raise AnalysisError(f"{path}: no such checkpoint")
-    try:
-        state = checkpoint_utils.load_checkpoint_to_cpu(path, {"data": data})
-    except pickle.UnpicklingError:
-        raise AnalysisError(f"{path}: {WEIGHTS_ONLY_HINT}") from None
+    state = checkpoint_loading.read_with_fairseq(path, {"data": data})
     cfg = state.get("cfg") or convert_namespace_to_omegaconf(state["args"])
     task = tasks.setup_task(cfg.task)
     check_dictionaries(state["model"], task, path, data)

@@ -32,8 +32,8 @@ from typing import List, Optional, Sequence
 from fairseq_natbias.analysis import AnalysisError
 
 LOG_NAME = "train.log"
+# The test set's; read_test_score falls back to test.json holding both.
 SCORE_FILES = {"bleu": "test.bleu.json", "chrf": "test.chrf.json"}
-COMBINED_SCORE_FILE = "test.json"
 SEED_DIR = re.compile(r"^seed[-_]?(?P<seed>\d+)$")
 INIT_ORDER = ("none", "zero", "unigram", "file")
 
@@ -98,12 +98,13 @@ def init_rank(init: str):
     return (INIT_ORDER.index(init) if init in INIT_ORDER else len(INIT_ORDER), init)
 
 
-def read_test_score(run_dir: str, metric: str) -> Optional[Score]:
-    """The test ``metric`` (``bleu`` or ``chrf``) of one run, None if absent."""
-    path = os.path.join(run_dir, SCORE_FILES[metric])
+def read_test_score(run_dir: str, metric: str, eval_set: str = "test") -> Optional[Score]:
+    """The ``metric`` (``bleu`` or ``chrf``) of one run on ``eval_set`` (the
+    recipes score an out-of-domain set ``ood`` too), None if absent."""
+    path = os.path.join(run_dir, f"{eval_set}.{metric}.json")
     if os.path.isfile(path):
         return _score_from_json(_load_json(path), metric, path)
-    combined = os.path.join(run_dir, COMBINED_SCORE_FILE)
+    combined = os.path.join(run_dir, f"{eval_set}.json")
     if os.path.isfile(combined):
         entries = _load_json(combined)
         if isinstance(entries, dict):

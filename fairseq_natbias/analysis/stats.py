@@ -13,12 +13,15 @@ class MeanStderr:
     stderr: float  # nan for a single value
     n: int
 
-    def format(self, digits: int = 2) -> str:
+    def format(self, digits: int = 2, count: bool = True, missing: str = "n/a") -> str:
+        """``mean ± stderr (n=N)``, the count left out without ``count``;
+        ``missing`` when there is no value."""
         if self.n == 0:
-            return "n/a"
+            return missing
         if self.n == 1 or not math.isfinite(self.stderr):
-            return f"{self.mean:.{digits}f} (n=1)"
-        return f"{self.mean:.{digits}f} ± {self.stderr:.{digits}f} (n={self.n})"
+            return f"{self.mean:.{digits}f}" + (" (n=1)" if count else "")
+        return (f"{self.mean:.{digits}f} ± {self.stderr:.{digits}f}"
+                + (f" (n={self.n})" if count else ""))
 
 
 def mean_stderr(values: Sequence[float]) -> MeanStderr:

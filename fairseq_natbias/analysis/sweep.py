@@ -45,9 +45,8 @@ import time
 from dataclasses import dataclass
 from typing import List, Optional, Sequence
 
-from fairseq_natbias import plugin_dir
+from fairseq_natbias import checkpoint_loading, plugin_dir
 from fairseq_natbias.analysis import AnalysisError, distinct, plots
-from fairseq_natbias.analysis.frequency import WEIGHTS_ONLY_HINT
 from fairseq_natbias.analysis.generate_output import read_generate_output
 
 BIAS_SCALE = "natbias_bias_scale"
@@ -127,7 +126,8 @@ def run_generate(command: List[str], output_path: str) -> None:
         result = subprocess.run(command, stdout=out, stderr=subprocess.PIPE, text=True, env=env)
     if result.returncode != 0:
         if "Weights only load failed" in result.stderr:
-            raise AnalysisError(f"fairseq-generate could not load the checkpoint: {WEIGHTS_ONLY_HINT}")
+            raise AnalysisError("fairseq-generate could not load the checkpoint: "
+                                + checkpoint_loading.WEIGHTS_ONLY_HINT)
         tail = "\n    ".join(result.stderr.strip().splitlines()[-STDERR_TAIL_LINES:])
         raise AnalysisError(
             f"fairseq-generate failed (exit {result.returncode}):\n    {tail}\n"
@@ -167,23 +167,9 @@ def quality(hypotheses: List[str], references: List[str]) -> dict:
 # --- the sweep ------------------------------------------------------------------------
 
 
-def checkpoint_has_bias(path: str) -> Optional[bool]:
-    """Whether the checkpoint's output layer has a bias (None: unreadable here)."""
-    import pickle
-
-    import torch
-
-    try:
-        state = torch.load(path, map_location="cpu", mmap=True)
-    except (pickle.UnpicklingError, RuntimeError, OSError):
-        return None
-    return "decoder.output_projection.bias" in state.get("model", {})
-
-
 def sweep(data: str, checkpoint: str, grid: Sequence[Setting], out_dir: str,
           generate_args: Sequence[str] = (), tokenize: str = "13a", progress=None) -> List[dict]:
-    if not os.path.isfile(checkpoint):
-        raise AnalysisError(f"{checkpoint}: no such checkpoint")
+    checkpoint_loading.require_file(checkpoint)
     split = _gen_subset(generate_args)
     expected = split_sentences(data, split)
     if expected == 0:

@@ -40,6 +40,7 @@ from typing import List, Sequence
 
 import torch
 
+from fairseq_natbias import checkpoint_loading
 from fairseq_natbias.analysis import AnalysisError, distinct, plots
 from fairseq_natbias.analysis.sweep import BIAS_SCALE, LOGIT_ADJUSTMENT, Setting, quality
 
@@ -53,12 +54,9 @@ def load(checkpoint: str, data: str, setting: Setting):
     """The hub interface of ``checkpoint`` with the setting's overrides."""
     from fairseq.models import ARCH_MODEL_REGISTRY
 
-    from fairseq_natbias.natural_bias import saved_model_args
     from fairseq_natbias.transformer_lm_natbias import TransformerLanguageModelNatbias
 
-    if not os.path.isfile(checkpoint):
-        raise AnalysisError(f"{checkpoint}: no such checkpoint")
-    arch = getattr(saved_model_args(checkpoint), "arch", None)
+    arch = getattr(checkpoint_loading.saved_model_args(checkpoint), "arch", None)
     if ARCH_MODEL_REGISTRY.get(arch) is not TransformerLanguageModelNatbias:
         raise AnalysisError(
             f"{checkpoint} was trained with --arch {arch}, not a transformer_lm_natbias "
@@ -67,11 +65,8 @@ def load(checkpoint: str, data: str, setting: Setting):
         raise AnalysisError(
             f"{data} has no dict.txt: give the language model's data directory "
             "(fairseq-preprocess --only-source output)")
-    folder, name = os.path.split(os.path.abspath(checkpoint))
-    hub = TransformerLanguageModelNatbias.from_pretrained(
-        folder, name, data_name_or_path=os.path.abspath(data),
-        **{BIAS_SCALE: setting.lam, LOGIT_ADJUSTMENT: setting.tau})
-    return hub
+    return checkpoint_loading.load_hub(TransformerLanguageModelNatbias, checkpoint, data,
+                                       **{BIAS_SCALE: setting.lam, LOGIT_ADJUSTMENT: setting.tau})
 
 
 def split_sentences(data: str, split: str, dictionary) -> List[torch.Tensor]:

@@ -12,7 +12,7 @@ BLEU is in the logs when training ran with ``--eval-bleu``.
 
 from fairseq_natbias.analysis import alc
 from fairseq_natbias.analysis.stats import mean_stderr
-from fairseq_natbias.cli.common import exit_on_bad_input, parser_for
+from fairseq_natbias.cli.common import parser_for, run_tool
 
 PROG = "natbias-alc"
 
@@ -42,8 +42,7 @@ def run(args):
 
 
 def main(argv=None):
-    args = build_parser().parse_args(argv)
-    exit_on_bad_input(PROG, run, args)
+    run_tool(PROG, build_parser, run, argv)
 
 
 if __name__ == "__main__":

@@ -22,16 +22,35 @@ def split_passthrough(argv):
     return argv, []
 
 
+def run_tool(prog: str, build_parser, run, argv=None) -> None:
+    """A console script's main: parse ``argv`` (None: the command line), then
+    ``run`` under :func:`exit_on_bad_input`. Returns None: the installed
+    script passes main's value to sys.exit, which would print anything else."""
+    exit_on_bad_input(prog, run, build_parser().parse_args(argv))
+
+
 def exit_on_bad_input(prog: str, run, args):
     """Run ``run(args)``; bad input (an AnalysisError, a UnigramError, a file
     that cannot be read) ends the program with ``prog: error: ...``."""
-    from fairseq_natbias.unigram import UnigramError
-
     logging.getLogger().setLevel(logging.WARNING)
     try:
         return run(args)
-    except (AnalysisError, UnigramError, OSError) as error:
+    except _bad_input_errors() as error:  # evaluated once run has raised
         sys.exit(f"{prog}: error: {error}")
+
+
+def _bad_input_errors():
+    """The exception types that mean bad input. UnigramError only once
+    fairseq_natbias.unigram is imported (it cannot have been raised before):
+    importing it here would import torch into the tools that only read logs."""
+    unigram = sys.modules.get("fairseq_natbias.unigram")
+    return (AnalysisError, OSError) + ((unigram.UnigramError,) if unigram else ())
+
+
+def progress_on_stderr(prog: str):
+    """A ``progress`` callback for the analysis functions: ``prog: message``
+    on stderr, leaving stdout to the results."""
+    return lambda message: print(f"{prog}: {message}", file=sys.stderr)
 
 
 def print_written(paths, table=None):

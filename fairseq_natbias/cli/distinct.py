@@ -8,7 +8,7 @@
 
 from fairseq_natbias.analysis import distinct
 from fairseq_natbias.analysis.generate_output import parse_generate_output
-from fairseq_natbias.cli.common import exit_on_bad_input, parser_for
+from fairseq_natbias.cli.common import parser_for, run_tool
 
 PROG = "natbias-distinct"
 
@@ -40,8 +40,7 @@ def run(args):
 
 
 def main(argv=None):
-    args = build_parser().parse_args(argv)
-    exit_on_bad_input(PROG, run, args)
+    run_tool(PROG, build_parser, run, argv)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ validation key with a valid_ prefix (valid_bleu, valid_loss). Writes one
 """
 
 from fairseq_natbias.analysis import AnalysisError, dynamics, runs
-from fairseq_natbias.cli.common import exit_on_bad_input, parser_for, print_written
+from fairseq_natbias.cli.common import parser_for, print_written, run_tool
 
 PROG = "natbias-dynamics"
 SINGLE_LOGS_DATASET = "runs"
@@ -55,8 +55,7 @@ def run(args):
 
 
 def main(argv=None):
-    args = build_parser().parse_args(argv)
-    exit_on_bad_input(PROG, run, args)
+    run_tool(PROG, build_parser, run, argv)
 
 
 if __name__ == "__main__":

@@ -16,10 +16,9 @@ unigram is counted in the data directory's train split (the model's
 target_log_unigram buffer if there is none). Natural logarithms throughout.
 """
 
-import sys
 
 from fairseq_natbias.analysis import frequency
-from fairseq_natbias.cli.common import exit_on_bad_input, parser_for, print_written
+from fairseq_natbias.cli.common import parser_for, print_written, progress_on_stderr, run_tool
 
 PROG = "natbias-frequency"
 
@@ -60,7 +59,7 @@ def run(args):
     use_cuda = torch.cuda.is_available() and not args.cpu
     analysis = frequency.analyse(
         labelled_checkpoints(args.model), args.data, args.gen_subset, args.bins,
-        args.max_tokens, use_cuda, progress=lambda m: print(f"{PROG}: {m}", file=sys.stderr),
+        args.max_tokens, use_cuda, progress=progress_on_stderr(PROG),
     )
     for scores in analysis.scores:
         print(f"{scores.label}: {scores.sentences} sentences, "
@@ -74,8 +73,7 @@ def run(args):
 
 
 def main(argv=None):
-    args = build_parser().parse_args(argv)
-    exit_on_bad_input(PROG, run, args)
+    run_tool(PROG, build_parser, run, argv)
 
 
 if __name__ == "__main__":

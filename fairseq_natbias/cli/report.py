@@ -21,10 +21,9 @@ Written to --out-dir: report.md, runs.tsv, test_bleu.png, test_chrf.png,
 alc_bleu.png, alc_chrf.png (those that have numbers).
 """
 
-import sys
 
 from fairseq_natbias.analysis import alc, report
-from fairseq_natbias.cli.common import exit_on_bad_input, parser_for, print_written
+from fairseq_natbias.cli.common import parser_for, print_written, progress_on_stderr, run_tool
 
 PROG = "natbias-report"
 
@@ -41,15 +40,14 @@ def build_parser():
 def run(args):
     result = report.build_report(
         args.runs, args.max_updates or None,
-        progress=lambda m: print(f"{PROG}: {m}", file=sys.stderr))
+        progress=progress_on_stderr(PROG))
     paths = report.write_report(result, args.out_dir)
     print_written(paths, report.markdown(result))
     return result
 
 
 def main(argv=None):
-    args = build_parser().parse_args(argv)
-    exit_on_bad_input(PROG, run, args)
+    run_tool(PROG, build_parser, run, argv)
 
 
 if __name__ == "__main__":

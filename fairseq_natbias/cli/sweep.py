@@ -15,10 +15,12 @@ sweep.md and sweep.png.
 """
 
 import sys
+from pathlib import Path
 
 from fairseq_natbias.analysis import distinct, sweep
+from fairseq_natbias.checkpoint_loading import has_output_bias
 from fairseq_natbias.cli.common import (
-    exit_on_bad_input, parser_for, print_written, split_passthrough,
+    exit_on_bad_input, parser_for, print_written, progress_on_stderr, split_passthrough,
 )
 
 PROG = "natbias-sweep"
@@ -41,17 +43,16 @@ def build_parser():
 
 def run(args):
     grid = sweep.settings(args.lambdas, args.taus)
-    if sweep.checkpoint_has_bias(args.checkpoint) is False and any(s.lam != 1 for s in grid):
+    if has_output_bias(args.checkpoint) is False and any(s.lam != 1 for s in grid):
         print(f"{PROG}: note: {args.checkpoint} has no output bias, so lambda changes "
               "nothing; only tau does", file=sys.stderr)
     rows = sweep.sweep(
         args.data, args.checkpoint, grid, args.out_dir,
         ["--gen-subset", args.gen_subset, *args.generate_args], args.tokenize,
-        progress=lambda m: print(f"{PROG}: {m}", file=sys.stderr),
+        progress=progress_on_stderr(PROG),
     )
     paths = sweep.write_sweep(rows, args.out_dir)
-    with open(paths[1], encoding="utf-8") as table:  # the Markdown table
-        print_written(paths, table.read())
+    print_written(paths, Path(paths[1]).read_text(encoding="utf-8"))  # the Markdown table
     return rows
 
 

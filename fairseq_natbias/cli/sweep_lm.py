@@ -13,10 +13,10 @@ continuations.<decoding>.lambda<l>.tau<t>.txt, sweep_lm.tsv, sweep_lm.md,
 sweep_lm.png. See fairseq_natbias/analysis/sweep_lm.py for the measures.
 """
 
-import sys
+from pathlib import Path
 
 from fairseq_natbias.analysis import distinct, sweep, sweep_lm
-from fairseq_natbias.cli.common import exit_on_bad_input, parser_for, print_written
+from fairseq_natbias.cli.common import parser_for, print_written, progress_on_stderr, run_tool
 
 PROG = "natbias-lm-sweep"
 
@@ -52,17 +52,15 @@ def run(args):
         prompt_tokens=args.prompt_tokens, decoding=args.decoding,
         max_continuation=args.max_continuation, beam=args.beam, topk=args.sampling_topk,
         topp=args.sampling_topp, seed=args.seed, tokenize=args.tokenize,
-        progress=lambda m: print(f"{PROG}: {m}", file=sys.stderr),
+        progress=progress_on_stderr(PROG),
     )
     paths = sweep_lm.write_sweep_lm(rows, args.out_dir)
-    with open(paths[1], encoding="utf-8") as table:  # the Markdown table
-        print_written(paths, table.read())
+    print_written(paths, Path(paths[1]).read_text(encoding="utf-8"))  # the Markdown table
     return rows
 
 
 def main(argv=None):
-    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
-    exit_on_bad_input(PROG, run, args)
+    run_tool(PROG, build_parser, run, argv)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,225 @@
+"""natbias-average-checkpoints: average the parameters of fairseq checkpoints
+(the same command line as fairseq's scripts/average_checkpoints.py).
+
+    natbias-average-checkpoints --inputs ckpt/checkpoint_1_2000.pt ckpt/checkpoint_2_4000.pt \\
+        --output ckpt/averaged.pt
+    natbias-average-checkpoints --inputs ckpt --num-update-checkpoints 5 --output ckpt/avg5.pt
+    natbias-average-checkpoints --inputs ckpt --num-epoch-checkpoints 5 --output ckpt/avg5.pt
+
+Why not fairseq's own script: the pip wheels of fairseq 0.12 do not ship it
+(it lives in fairseq's source tree), and under torch >= 2.6 it cannot unpickle
+the configuration fairseq saves (an argparse.Namespace) unless
+fairseq_natbias, which allow-lists it, is imported first. This tool imports
+it, and before averaging refuses checkpoints whose parameters do not mean the
+same thing: different architectures, different vocabularies, or different
+natural-bias settings (--natbias-init, --natbias-weight-init, the gain speed),
+where an average would be a model nobody trained.
+
+Each floating-point tensor becomes the mean over the inputs (accumulated in
+float64, stored in its own dtype); a tensor of another type (a counter) must
+be equal in every input. Everything else in the output (configuration,
+optimizer state, training progress) is the first input's, as in fairseq's
+script, so fairseq-generate, fairseq-eval-lm and the hub load it like any
+checkpoint.
+"""
+
+import os
+import re
+import sys
+
+PROG = "natbias-average-checkpoints"
+
+
+class AverageError(ValueError):
+    """Inputs that cannot be averaged; the message names the fix."""
+
+
+def build_parser():
+    from fairseq_natbias.cli.common import parser_for
+
+    parser = parser_for(PROG, __doc__)
+    parser.add_argument("--inputs", required=True, nargs="+", metavar="PATH",
+                        help="checkpoint files; or one folder with --num-*-checkpoints")
+    parser.add_argument("--output", required=True, metavar="FILE",
+                        help="where the averaged checkpoint is written")
+    count = parser.add_mutually_exclusive_group()
+    count.add_argument("--num-epoch-checkpoints", type=int, metavar="N",
+                       help="average the last N checkpoint<epoch>.pt of the folder --inputs")
+    count.add_argument("--num-update-checkpoints", type=int, metavar="N",
+                       help="average the last N checkpoint_<epoch>_<update>.pt of the "
+                            "folder --inputs")
+    parser.add_argument("--checkpoint-upper-bound", type=int, metavar="K",
+                        help="with --num-*-checkpoints: only epochs (updates) up to K")
+    return parser
+
+
+def last_checkpoints(folder, n, by_update, upper_bound=None):
+    """The newest ``n`` epoch (or update) checkpoints in ``folder``, newest first."""
+    pattern = re.compile(r"checkpoint_\d+_(\d+)\.pt" if by_update else r"checkpoint(\d+)\.pt")
+    kind = "checkpoint_<epoch>_<update>.pt" if by_update else "checkpoint<epoch>.pt"
+    if not os.path.isdir(folder):
+        raise AverageError(f"{folder} is not a folder: with --num-"
+                           f"{'update' if by_update else 'epoch'}-checkpoints give "
+                           "--inputs the save dir holding the checkpoints")
+    found = []
+    for name in os.listdir(folder):
+        match = pattern.fullmatch(name)
+        if match and (upper_bound is None or int(match[1]) <= upper_bound):
+            found.append((int(match[1]), name))
+    if len(found) < n:
+        raise AverageError(
+            f"{folder} holds {len(found)} {kind} files{' up to ' + str(upper_bound) if upper_bound is not None else ''}, "
+            f"fewer than the {n} asked for: ask for fewer, or train with "
+            f"{'--save-interval-updates' if by_update else 'epoch checkpoints (no --no-epoch-checkpoints)'}")
+    return [os.path.join(folder, name) for _, name in sorted(found, reverse=True)[:n]]
+
+
+def input_paths(args):
+    if args.checkpoint_upper_bound is not None and not (
+            args.num_epoch_checkpoints or args.num_update_checkpoints):
+        raise AverageError("--checkpoint-upper-bound needs --num-epoch-checkpoints or "
+                           "--num-update-checkpoints")
+    count = args.num_update_checkpoints or args.num_epoch_checkpoints
+    if count:
+        if len(args.inputs) != 1:
+            raise AverageError("with --num-*-checkpoints give --inputs one folder (the save dir)")
+        return last_checkpoints(args.inputs[0], count, bool(args.num_update_checkpoints),
+                                args.checkpoint_upper_bound)
+    for path in args.inputs:
+        if os.path.isdir(path):
+            raise AverageError(f"{path} is a folder: give checkpoint files, or the folder "
+                               "with --num-epoch-checkpoints N / --num-update-checkpoints N")
+    if len(args.inputs) < 2:
+        raise AverageError("one checkpoint is nothing to average: give two or more")
+    return list(args.inputs)
+
+
+# --- what must agree --------------------------------------------------------------
+
+
+def settings(path):
+    """What an input's parameters mean: (arch, natural-bias settings as options text)."""
+    from fairseq_natbias.natural_bias import STRUCTURAL, NaturalBiasError, options_text, saved_model_args
+
+    try:
+        saved = saved_model_args(path)
+    except NaturalBiasError as error:  # missing, or no checkpoint: one line naming the fix
+        raise AverageError(str(error)) from None
+    if saved is None:
+        raise AverageError(f"{path} holds no training configuration: give checkpoint_*.pt "
+                           "files written by fairseq-train")
+    natbias = options_text(saved, STRUCTURAL) if getattr(saved, "natbias_init", None) else ""
+    return getattr(saved, "arch", None), natbias
+
+
+def check_same_settings(paths):
+    first_arch, first_natbias = settings(paths[0])
+    for path in paths[1:]:
+        arch, natbias = settings(path)
+        if arch != first_arch:
+            raise AverageError(
+                f"{paths[0]} is --arch {first_arch}, {path} is --arch {arch}: average only "
+                "checkpoints of one model (e.g. of one training run)")
+        if natbias != first_natbias:
+            raise AverageError(
+                f"{paths[0]} was trained with {first_natbias or 'no natural bias'}, {path} with "
+                f"{natbias or 'no natural bias'}: averaging them mixes biases that mean different "
+                "things; average checkpoints of one run (or of runs with the same --natbias-* options)")
+
+
+def vocabulary_sizes(params):
+    """Entries of each dictionary, from the rows of the token embeddings
+    (encoder.embed_tokens, decoder.embed_tokens; a language model has one)."""
+    return {name.split(".")[0]: tuple(tensor.shape)[0] for name, tensor in params.items()
+            if name.endswith("embed_tokens.weight")}
+
+
+def _sizes_text(sizes):
+    return ", ".join(f"{side} {entries}" for side, entries in sorted(sizes.items()))
+
+
+def check_same_parameters(first, path, params, first_path):
+    """Same vocabularies, parameter names and shapes."""
+    sizes, first_sizes = vocabulary_sizes(params), vocabulary_sizes(first)
+    if sizes != first_sizes:
+        raise AverageError(
+            f"{first_path} and {path} have different vocabularies ({_sizes_text(first_sizes)} "
+            f"against {_sizes_text(sizes)} entries): average only checkpoints trained on one "
+            "dictionary (one data-bin)")
+    if params.keys() != first.keys():
+        missing = sorted(set(first) ^ set(params))[:3]
+        raise AverageError(f"{first_path} and {path} hold different parameters "
+                           f"({', '.join(missing)} ...): average only checkpoints of one model")
+    for name, tensor in params.items():
+        if tensor.shape != first[name].shape:
+            raise AverageError(
+                f"{first_path} and {path} differ in the shape of {name} ({tuple(first[name].shape)} "
+                f"and {tuple(tensor.shape)}): average only checkpoints of one model")
+
+
+# --- averaging --------------------------------------------------------------------
+
+
+def load(path):
+    """The checkpoint's saved dictionary, read by the package's one loader."""
+    from fairseq_natbias.checkpoint_loading import CheckpointError, read_checkpoint
+
+    try:
+        return read_checkpoint(path)
+    except CheckpointError as error:
+        raise AverageError(str(error)) from None
+
+
+def average(paths):
+    """The first checkpoint's state with each model tensor averaged over ``paths``."""
+    import torch
+
+    check_same_settings(paths)
+    state = load(paths[0])
+    first = state["model"]
+    sums = {name: t.double() for name, t in first.items() if t.is_floating_point()}
+    for path in paths[1:]:
+        params = load(path)["model"]
+        check_same_parameters(first, path, params, paths[0])
+        for name, tensor in params.items():
+            if name in sums:
+                sums[name] += tensor.double()
+            elif not torch.equal(tensor, first[name]):
+                raise AverageError(
+                    f"{name} ({tensor.dtype}) differs between {paths[0]} and {path} and "
+                    "cannot be averaged: average only checkpoints of one model")
+        del params  # one input's weights in memory at a time, besides the sums
+    state["model"] = {name: (sums[name] / len(paths)).to(first[name].dtype) if name in sums
+                      else first[name] for name in first}
+    return state
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    import logging
+    import warnings
+
+    warnings.filterwarnings("ignore")  # hydra's and torch's deprecation notices inside fairseq
+    # fairseq and torch before the plugin's own modules: with both imported,
+    # fairseq_natbias has registered its models and allow-listed what fairseq
+    # pickles into a checkpoint, so torch.load can read the saved config.
+    import fairseq  # noqa: F401
+    import torch
+
+    import fairseq_natbias  # noqa: F401
+
+    logging.getLogger().setLevel(logging.WARNING)
+    try:
+        paths = input_paths(args)
+        state = average(paths)
+    except AverageError as error:
+        sys.exit(f"{PROG}: error: {error}")
+    output_dir = os.path.dirname(os.path.abspath(args.output))
+    os.makedirs(output_dir, exist_ok=True)
+    torch.save(state, args.output)
+    print(f"averaged {len(paths)} checkpoints: {' '.join(paths)}")
+    print(f"wrote {args.output}")
+
+
+if __name__ == "__main__":
+    main()

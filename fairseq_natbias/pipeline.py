@@ -1,0 +1,301 @@
+"""The pipeline steps that natbias-demo (cli/demo.py) and the learning-efficiency
+study (benchmarks/study_learning_efficiency.py) share, each through the real
+command a user would type (the shell front ends in recipes/ and examples/
+show those commands)::
+
+    raw text (found by fairseq_natbias.data_fetch)
+      -> SentencePiece            encode_with_sentencepiece
+      -> fairseq-preprocess       prepare (translation), prepare_lm (--only-source)
+      -> natbias-step0, fairseq-train
+                                  train_command (MODEL, TRAINING: the demo's sizes
+                                  and options), train
+      -> fairseq-generate, sacreBLEU
+                                  evaluate, sacrebleu_scores
+      -> validation NLL by update validation_curve
+
+Every step skips its work when its output exists, and an interrupted
+fairseq-train resumes from its checkpoint_last.pt (fairseq's own rule).
+Messages go to stdout as ``[natbias-demo HH:MM:SS] ...`` (the study prints
+them too). In process: :func:`build_from_training_args`, the task and model
+``fairseq-train`` would build, and :func:`validation_divergence`, what
+natbias-step0 reports on them (also used by the benchmarks).
+"""
+
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from fairseq_natbias.analysis import fairseq_logs
+from fairseq_natbias.analysis.generate_output import parse_generate_output
+from fairseq_natbias.analysis.sweep import quality
+from fairseq_natbias.data_fetch import LANGS, SPLIT_FILES, raw_file, read_lines
+
+MODEL = ("--encoder-layers 2 --decoder-layers 2 --encoder-embed-dim 128 "
+         "--decoder-embed-dim 128 --encoder-ffn-embed-dim 256 --decoder-ffn-embed-dim 256 "
+         "--encoder-attention-heads 4 --decoder-attention-heads 4 --share-all-embeddings").split()
+TRAINING = ("--cpu --seed 1 --optimizer adam --adam-betas (0.9,0.997) --lr 1e-3 "
+            "--lr-scheduler inverse_sqrt --warmup-updates 100 --dropout 0.1 "
+            "--criterion label_smoothed_cross_entropy --label-smoothing 0.1 "
+            "--max-tokens 3000 --log-format json --log-interval 25 --num-workers 0 "
+            "--no-epoch-checkpoints --save-interval-updates 50 "
+            "--keep-interval-updates 1 --validate-interval-updates 50 "
+            "--no-progress-bar").split()
+LN2 = math.log(2.0)
+
+
+def say(message):
+    print(f"[natbias-demo {time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def tool(name):
+    """The command ``name`` (fairseq-train, natbias-step0, ...) of this Python environment."""
+    return str(Path(sys.executable).parent / name)
+
+
+def run(command, log_path=None, on_line=None):
+    """Run a real CLI; stream its output into log_path and to on_line."""
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, env=env) as process:
+        log = open(log_path, "a", encoding="utf-8", buffering=1) if log_path else None
+        lines = []
+        for line in process.stdout:
+            lines.append(line)
+            if log:
+                log.write(line)
+            if on_line:
+                on_line(line)
+        if log:
+            log.close()
+    if process.returncode != 0:
+        tail = "".join(lines[-30:])
+        raise SystemExit(f"natbias-demo: {Path(command[0]).name} failed:\n{tail}")
+    return "".join(lines)
+
+
+# --- SentencePiece and fairseq-preprocess ----------------------------------------
+
+
+def prepare(raw, work, vocab_size, langs=LANGS):
+    """Joint SentencePiece over both sides, then fairseq-preprocess with one
+    joined dictionary; ``langs`` is (source, target)."""
+    source, target = langs
+    data_bin = work / "data-bin"
+    if (data_bin / f"test.{source}-{target}.{target}.bin").exists():
+        say(f"preprocess: {data_bin} exists, skipped")
+        return data_bin
+    text = encode_with_sentencepiece(raw, work, langs, vocab_size)
+    say("fairseq-preprocess (joined dictionary)")
+    run([tool("fairseq-preprocess"), "--source-lang", source, "--target-lang", target,
+         "--trainpref", f"{text}/train", "--validpref", f"{text}/valid",
+         "--testpref", f"{text}/test", "--destdir", str(data_bin),
+         "--joined-dictionary", "--workers", "2"], log_path=work / "preprocess.log")
+    return data_bin
+
+
+def prepare_lm(raw, work, vocab_size, lang="en"):
+    """One language's text for ``--task language_modeling``: SentencePiece on
+    it, then ``fairseq-preprocess --only-source``."""
+    data_bin = work / "data-bin"
+    if (data_bin / "test.bin").exists():
+        say(f"preprocess: {data_bin} exists, skipped")
+        return data_bin
+    text = encode_with_sentencepiece(raw, work, (lang,), vocab_size)
+    say("fairseq-preprocess --only-source (language model)")
+    run([tool("fairseq-preprocess"), "--only-source",
+         "--trainpref", f"{text}/train.{lang}", "--validpref", f"{text}/valid.{lang}",
+         "--testpref", f"{text}/test.{lang}", "--destdir", str(data_bin),
+         "--workers", "2"], log_path=work / "preprocess.log")
+    return data_bin
+
+
+def encode_with_sentencepiece(raw, work, langs, vocab_size):
+    """work/text/{split}.raw.{lang} and their pieces work/text/{split}.{lang},
+    with one SentencePiece unigram model (work/spm.model) trained on the
+    training text of every language in ``langs``."""
+    import sentencepiece as spm
+
+    text = work / "text"
+    text.mkdir(parents=True, exist_ok=True)
+    for split in SPLIT_FILES:
+        for lang in langs:
+            (text / f"{split}.raw.{lang}").write_text(
+                "\n".join(read_lines(raw_file(raw, split, lang))) + "\n", encoding="utf-8")
+    say(f"sentencepiece: {'joint ' if len(langs) > 1 else ''}unigram model, {vocab_size} pieces")
+    spm.SentencePieceTrainer.train(
+        input=",".join(f"{text}/train.raw.{lang}" for lang in langs),
+        model_prefix=str(work / "spm"),
+        vocab_size=vocab_size, model_type="unigram", character_coverage=1.0,
+        bos_id=-1, eos_id=-1, pad_id=-1, unk_id=0, minloglevel=2, hard_vocab_limit=False,
+    )
+    model = spm.SentencePieceProcessor(model_file=str(work / "spm.model"))
+    for split in SPLIT_FILES:
+        for lang in langs:
+            lines = (text / f"{split}.raw.{lang}").read_text(encoding="utf-8").splitlines()
+            pieces = [" ".join(model.encode(line, out_type=str)) for line in lines]
+            (text / f"{split}.{lang}").write_text("\n".join(pieces) + "\n", encoding="utf-8")
+    return text
+
+
+# --- training ------------------------------------------------------------------
+
+
+def train_command(data_bin, run_dir, options, max_update):
+    """fairseq-train's arguments: ``options`` (model, training) on ``data_bin``
+    for ``max_update`` updates, saving into ``run_dir``."""
+    # --user-dir for stock fairseq too: it registers new names only, and lets
+    # torch >= 2.6 load fairseq checkpoints (fairseq_natbias/checkpoint_loading.py).
+    return [str(data_bin), "--user-dir", "fairseq_natbias", *options,
+            "--max-update", str(max_update), "--save-dir", str(run_dir)]
+
+
+def train(arguments, run_dir, on_line=None):
+    """natbias-step0 (update 0), then fairseq-train ``arguments`` with its
+    output in run_dir/train.log and each line to ``on_line``; run_dir/done
+    marks the run finished (the callers skip a finished run, saying so)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    record_step0(arguments, run_dir / "step0.json")
+    run([tool("fairseq-train"), *arguments], log_path=run_dir / "train.log", on_line=on_line)
+    (run_dir / "done").touch()
+
+
+def record_step0(arguments, path):
+    """Validation NLL before any update (fairseq first validates after training)."""
+    if path.exists():
+        return
+    output = run([tool("natbias-step0"), *arguments])
+    path.write_text([line for line in output.splitlines() if line.startswith("{")][-1])
+
+
+def on_validation(key, report):
+    """An ``on_line`` for :func:`run`: ``report(record)`` for each validation
+    line of fairseq-train's output that logs ``key``."""
+    def on_line(line):
+        record = fairseq_logs.parse_line(line.rstrip("\n"))
+        if record and record.tag == fairseq_logs.VALID and key in record.values:
+            report(record)
+
+    return on_line
+
+
+def validation_curve(run_dir, key="nll_loss"):
+    """Validation NLL (bits/token; logged as ``key``) by update, update 0 from
+    natbias-step0."""
+    records = fairseq_logs.read_log(str(run_dir / "train.log"))
+    updates, values = fairseq_logs.series(records, fairseq_logs.VALID, key)
+    curve = {0: json.loads((run_dir / "step0.json").read_text())["nll"]}
+    curve.update({int(u): float(v) for u, v in zip(updates, values)})
+    return curve
+
+
+# --- fairseq-generate and sacreBLEU --------------------------------------------
+
+
+def evaluate(data_bin, work, run_dir, name, target=LANGS[1]):
+    """Test BLEU/chrF of run_dir/checkpoint_best.pt (beam 5), kept in
+    run_dir/test_scores.json; the detokenised hypotheses in run_dir/test.hyp."""
+    scores_path = run_dir / "test_scores.json"
+    if scores_path.exists():
+        say(f"generate [{name}]: scored before, skipped")
+        return json.loads(scores_path.read_text())
+    say(f"generate [{name}]: beam 5 on the test set, then sacreBLEU")
+    output = run([tool("fairseq-generate"), str(data_bin), "--user-dir", "fairseq_natbias",
+                  "--path", str(run_dir / "checkpoint_best.pt"), "--beam", "5",
+                  "--lenpen", "1.0", "--max-len-a", "1.2", "--max-len-b", "10",
+                  "--required-batch-size-multiple", "1",
+                  "--cpu", "--batch-size", "128",
+                  "--remove-bpe", "sentencepiece", "--num-workers", "0"])
+    sentences = parse_generate_output(output.splitlines())
+    ordered = [(sentences[i].detokenized if i in sentences else None) or ""
+               for i in range(len(sentences))]
+    (run_dir / "test.hyp").write_text("\n".join(ordered) + "\n", encoding="utf-8")
+    references = (work / f"text/test.raw.{target}").read_text(encoding="utf-8").splitlines()
+    scores = sacrebleu_scores(ordered, references[: len(ordered)])
+    scores_path.write_text(json.dumps(scores, indent=1))
+    return scores
+
+
+def sacrebleu_scores(hypotheses, references):
+    """BLEU and chrF with their signatures (natbias-sweep's scorer)."""
+    scores = quality(hypotheses, references)
+    return {"bleu": round(scores["BLEU"], 2), "bleu_signature": scores["bleu_signature"],
+            "chrf": round(scores["chrF"], 2), "chrf_signature": scores["chrf_signature"]}
+
+
+# --- in process ------------------------------------------------------------------
+
+
+def build_from_training_args(argv):
+    """Task and model exactly as ``fairseq-train ARGV`` would build them."""
+    from fairseq import options, tasks, utils
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+    argv = _this_plugin_as_user_dir(argv)
+    saved_argv, sys.argv = sys.argv, [sys.argv[0], *argv]  # fairseq reads --user-dir there too
+    try:
+        parser = options.get_training_parser()
+        args = options.parse_args_and_arch(parser, input_args=argv)
+    finally:
+        sys.argv = saved_argv
+    cfg = convert_namespace_to_omegaconf(args)
+    utils.import_user_module(cfg.common)
+    utils.set_torch_seed(cfg.common.seed)
+    task = tasks.setup_task(cfg.task)
+    model = task.build_model(cfg.model)
+    return cfg, task, model
+
+
+def _this_plugin_as_user_dir(argv):
+    """``--user-dir .../fairseq_natbias`` names this package, already imported
+    here: point it at this very copy, which fairseq accepts."""
+    from fairseq_natbias import plugin_dir
+
+    argv = list(argv)
+    for i, arg in enumerate(argv[:-1]):
+        if arg == "--user-dir" and os.path.basename(os.path.normpath(argv[i + 1])) == "fairseq_natbias":
+            argv[i + 1] = plugin_dir()
+    return argv
+
+
+def validation_divergence(task, model, split="valid", max_tokens=4000):
+    """Token-weighted NLL, unigram cross-entropy and KL(model || unigram), bits
+    (what natbias-step0 prints for a freshly built model)."""
+    import torch
+
+    task.load_dataset(split, combine=False, epoch=1)
+    dataset = task.dataset(split)
+    iterator = task.get_batch_iterator(
+        dataset, max_tokens=max_tokens, ignore_invalid_inputs=True,
+    ).next_epoch_itr(shuffle=False)
+    log_unigram = model.target_log_unigram if hasattr(model, "target_log_unigram") else None
+    pad = task.target_dictionary.pad()
+    totals = {"nll": 0.0, "unigram_ce": 0.0, "kl_unigram": 0.0, "tokens": 0}
+    model.eval()
+    with torch.no_grad():
+        for sample in iterator:
+            _accumulate(model, sample, pad, log_unigram, totals)
+    tokens = totals.pop("tokens")
+    if tokens == 0:
+        raise SystemExit(f"natbias-step0: the {split} split has no target tokens")
+    result = {key: value / tokens / LN2 for key, value in totals.items()}
+    result["tokens"] = tokens
+    if log_unigram is None:
+        del result["unigram_ce"], result["kl_unigram"]
+    return result
+
+
+def _accumulate(model, sample, pad, log_unigram, totals):
+    net_output = model(**sample["net_input"])
+    log_p = model.get_normalized_probs(net_output, log_probs=True).float()
+    target = sample["target"]
+    mask = target.ne(pad)
+    totals["nll"] -= log_p.gather(-1, target.unsqueeze(-1)).squeeze(-1)[mask].sum().item()
+    totals["tokens"] += int(mask.sum())
+    if log_unigram is not None:
+        totals["unigram_ce"] -= log_unigram[target[mask]].sum().item()
+        kl = (log_p.exp() * (log_p - log_unigram)).sum(-1)
+        totals["kl_unigram"] += kl[mask].sum().item()

@@ -1,0 +1,101 @@
+"""checkpoint_loading: the one reader of fairseq checkpoints, and its refusals.
+
+Uses the v0.1.0 fixture checkpoint (tests/fixtures/v0.1.0): a real
+transformer_natbias checkpoint whose configuration is an argparse.Namespace.
+"""
+
+import argparse
+import datetime
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from fairseq_natbias import checkpoint_loading
+from fairseq_natbias.analysis import AnalysisError
+from fairseq_natbias.checkpoint_loading import CheckpointError
+
+FIXTURE = Path(__file__).parent / "fixtures/v0.1.0/checkpoint_last.pt"
+
+
+@pytest.fixture(scope="module")
+def fixture_state():
+    return checkpoint_loading.read_checkpoint(str(FIXTURE))
+
+
+def _saved(tmp_path, state, name="changed.pt"):
+    path = tmp_path / name
+    torch.save(state, path)
+    return str(path)
+
+
+def test_reads_what_fairseq_saved_under_weights_only_loading(fixture_state, tmp_path):
+    """argparse.Namespace (the configuration) and numpy arrays (what
+    --eval-bleu leaves in the metrics) are allow-listed: torch's default
+    weights-only loading reads them."""
+    saved = checkpoint_loading.saved_model_args(str(FIXTURE))
+    assert isinstance(saved, argparse.Namespace)
+    assert (saved.arch, saved.natbias_init) == ("transformer_natbias", "unigram")
+    with_numpy = dict(fixture_state, extra_state={"bleu_counts": np.arange(4)})
+    state = torch.load(_saved(tmp_path, with_numpy), map_location="cpu")  # weights_only default
+    assert state["extra_state"]["bleu_counts"].tolist() == [0, 1, 2, 3]
+
+
+def test_the_configuration_comes_from_cfg_else_from_args(fixture_state, tmp_path):
+    model_args = checkpoint_loading.saved_model_args(str(FIXTURE))
+    as_args = {k: v for k, v in fixture_state.items() if k != "cfg"}
+    as_args["args"] = model_args
+    assert checkpoint_loading.saved_model_args(_saved(tmp_path, as_args)).arch == model_args.arch
+    neither = {k: v for k, v in fixture_state.items() if k not in ("cfg", "args")}
+    assert checkpoint_loading.saved_model_args(_saved(tmp_path, neither)) is None
+
+
+def test_output_bias_is_read_from_the_state(fixture_state, tmp_path):
+    assert checkpoint_loading.has_output_bias(str(FIXTURE)) is True
+    model = {k: v for k, v in fixture_state["model"].items()
+             if k != "decoder.output_projection.bias"}
+    assert checkpoint_loading.has_output_bias(
+        _saved(tmp_path, dict(fixture_state, model=model))) is False
+    garbage = tmp_path / "garbage.pt"
+    garbage.write_bytes(b"not a checkpoint\n")
+    assert checkpoint_loading.has_output_bias(str(garbage)) is None
+
+
+def test_files_that_are_no_checkpoint_are_named_with_the_fix(tmp_path):
+    garbage = tmp_path / "garbage.pt"
+    garbage.write_bytes(b"not a checkpoint\n" * 4)
+    refusals = {
+        str(tmp_path / "missing.pt"): "missing.pt: no such checkpoint; train a model first",
+        str(tmp_path): "is a directory: give the checkpoint file in it",
+        str(garbage): r"garbage.pt is not a fairseq checkpoint \(not a torch.save archive\)",
+        _saved(tmp_path, [1, 2, 3]): "holds a list, not a fairseq checkpoint",
+    }
+    for path, message in refusals.items():
+        with pytest.raises(CheckpointError, match=message):
+            checkpoint_loading.saved_model_args(path)
+    # One line for the analysis tools (AnalysisError) and for fairseq-train's
+    # model building, which reports ValueErrors without a traceback.
+    assert issubclass(CheckpointError, AnalysisError) and issubclass(CheckpointError, ValueError)
+
+
+def test_types_nobody_allow_listed_get_the_hint(fixture_state, tmp_path):
+    dated = _saved(tmp_path, dict(fixture_state, when=datetime.date(2023, 7, 9)))
+    for read in (checkpoint_loading.read_checkpoint,
+                 lambda path: checkpoint_loading.read_with_fairseq(path, {})):
+        with pytest.raises(CheckpointError, match="weights-only loading refused the checkpoint.*"
+                                                  "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1"):
+            read(dated)
+
+
+def test_natbias_checkpoints_are_told_from_others(fixture_state, tmp_path):
+    arch, model_class = checkpoint_loading.check_natbias_checkpoint(str(FIXTURE))
+    assert (arch, model_class.__name__) == ("transformer_natbias", "TransformerNatbiasModel")
+    stock_cfg = dict(fixture_state["cfg"])
+    stock_cfg["model"] = argparse.Namespace(**dict(vars(stock_cfg["model"]), arch="transformer"))
+    stock = _saved(tmp_path, dict(fixture_state, cfg=stock_cfg))
+    with pytest.raises(CheckpointError, match="--arch transformer, not a fairseq_natbias model"):
+        checkpoint_loading.check_natbias_checkpoint(stock)
+    bare = _saved(tmp_path, {"model": fixture_state["model"]}, "bare.pt")
+    with pytest.raises(CheckpointError, match="holds no training configuration"):
+        checkpoint_loading.check_natbias_checkpoint(bare)
