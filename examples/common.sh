@@ -58,6 +58,28 @@ logged() {
     "$@" >"$log" 2>&1 || { tail -n 15 "$log" >&2; die "$(basename "$1") failed; its log: $log"; }
 }
 
+# fairseq-train of the small translation model both translation examples
+# train (the sizes and schedule are their settings): RUN DATA_BIN, then the
+# --natbias-* options of the run. What a user would type, in one place.
+train_translation() {
+    local run=$1 data_bin=$2
+    shift 2
+    # shellcheck disable=SC2086  # TRAIN_ARGS is a list of options
+    logged "$run/train.log" fairseq-train "$data_bin" --user-dir fairseq_natbias \
+        --arch transformer_natbias "$@" \
+        --encoder-layers "$LAYERS" --decoder-layers "$LAYERS" \
+        --encoder-embed-dim "$EMBED_DIM" --decoder-embed-dim "$EMBED_DIM" \
+        --encoder-ffn-embed-dim "$FFN_DIM" --decoder-ffn-embed-dim "$FFN_DIM" \
+        --encoder-attention-heads "$HEADS" --decoder-attention-heads "$HEADS" \
+        --share-all-embeddings --dropout 0.1 \
+        --optimizer adam --adam-betas '(0.9, 0.997)' --lr "$LR" \
+        --lr-scheduler inverse_sqrt --warmup-updates "$WARMUP" \
+        --criterion label_smoothed_cross_entropy --label-smoothing 0.1 \
+        --max-tokens "$MAX_TOKENS" --max-update "$MAX_UPDATE" --seed "$SEED" \
+        --save-dir "$run" --no-epoch-checkpoints --num-workers 0 \
+        --log-format simple --log-interval 25 --no-progress-bar $TRAIN_ARGS
+}
+
 # text_file STEM: STEM or STEM.gz, whichever exists (status 1 if neither, for
 # the script's own message).
 text_file() {

@@ -55,7 +55,8 @@ DEFAULTED_RECORD = "natbias_defaulted"
 STRUCTURAL = ("natbias_init", "natbias_weight_init", "natbias_gain_speed",
               "natbias_gain_form")
 # What a checkpoint that predates a structural setting was trained with:
-# 0.2.0's gain was linear in its parameter (g = C u).
+# 0.2.0's gain was linear in its parameter (g = C u), before the form could be
+# chosen (today's default too, but a default may change; the record may not).
 LEGACY_STRUCTURAL = {"natbias_gain_form": "linear"}
 # Settings that only mean something with the gain.
 GAIN_SETTINGS = ("natbias_gain_speed", "natbias_gain_form")
@@ -104,11 +105,11 @@ def add_args(parser) -> None:
                        help="starting value of the gain g on W phi with "
                             "--natbias-weight-init gain (default 0.05)")
     group.add_argument("--natbias-gain-speed", type=float, metavar="C",
-                       help="Adam moves log g (form exp) or g (form linear) about C "
-                            "learning rates per update (default 50 for exp, 20 for linear)")
+                       help="Adam moves g (form linear) or log g (form exp) about C "
+                            "learning rates per update (default 20 for linear, 100 for exp)")
     group.add_argument("--natbias-gain-form", choices=output_projection.GAIN_FORMS,
-                       help="g = exp(C*u), positive at any speed (default), or "
-                            "g = C*u (linear, fairseq-natbias 0.2.0's)")
+                       help="g = C*u (linear, the default) or g = exp(C*u) (exp: "
+                            "positive at any speed)")
     group.add_argument("--natbias-feature-gain", type=float, metavar="G",
                        help="initial gain of the norm producing phi with "
                             "--natbias-weight-init damped (default 0.1)")

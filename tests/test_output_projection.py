@@ -89,7 +89,10 @@ def test_gained_projection_is_g_w_phi_plus_b_and_keeps_the_tie():
     assert decoder.output_projection is gained
     assert gained.weight is decoder.embed_tokens.weight  # still tied
     assert gained.bias is not None and torch.equal(gained.bias, values)
-    assert gained.gain_param.item() == pytest.approx(math.log(0.05) / 20.0)  # g = exp(C u)
+    assert gained.gain_param.item() == pytest.approx(0.05 / 20.0)  # g = C u, the default
+    exp_gain = output_projection.add_output_gain(FakeDecoder(), 0.05, 20.0, "exp")
+    assert exp_gain.gain_param.item() == pytest.approx(math.log(0.05) / 20.0)  # g = exp(C u)
+    assert exp_gain.gain().item() == pytest.approx(0.05)
     assert gained.gain_param.dtype == torch.float32
     features = torch.randn(3, 16)
     expected = 0.05 * (features @ decoder.embed_tokens.weight.T) + values
@@ -138,23 +141,27 @@ def test_one_adam_update_moves_the_gain_by_speed_times_lr(speed):
     assert gain - 0.05 == pytest.approx(-sign * speed * lr, rel=1e-4)
 
 
+GAIN_OF = {"linear": lambda u, speed: u * speed, "exp": lambda u, speed: torch.exp(u * speed)}
+
+
 def _true_gain_gradient(gained, features, targets):
-    """d loss / d u by plain autograd through g = exp(C u) and W (g phi) + b,
-    with none of the projection's own backward."""
+    """d loss / d u by plain autograd through g(u) and W (g phi) + b, with
+    none of the projection's own backward."""
     u = gained.gain_param.detach().clone().requires_grad_()
-    gain = torch.exp(u * gained.speed)
+    gain = GAIN_OF[gained.form](u, gained.speed)
     logits = torch.nn.functional.linear(features * gain, gained.weight, gained.bias)
     torch.nn.functional.cross_entropy(logits, targets, reduction="sum").backward()
     return u.grad
 
 
-def test_the_gain_gradient_is_the_true_one_divided_by_speed_times_width():
+@pytest.mark.parametrize("form", output_projection.GAIN_FORMS)
+def test_the_gain_gradient_is_the_true_one_divided_by_speed_times_width(form):
     """What the optimiser sees for u: dL/du / (C d), d the feature width
     (see _ScaleByGain for why); every other gradient untouched."""
     torch.manual_seed(0)
     decoder = FakeDecoder()
     output_projection.attach_output_bias(decoder, torch.linspace(-5, -1, 50))
-    gained = output_projection.add_output_gain(decoder, 0.05, 20.0)
+    gained = output_projection.add_output_gain(decoder, 0.05, 20.0, form)
     features = torch.randn(32, 16, requires_grad=True)
     targets = torch.randint(0, 50, (32,))
     torch.nn.functional.cross_entropy(gained(features), targets, reduction="sum").backward()
@@ -166,12 +173,14 @@ def test_the_gain_gradient_is_the_true_one_divided_by_speed_times_width():
     torch.testing.assert_close(features.grad, plain.grad, rtol=1e-5, atol=1e-7)
 
 
-def test_adam_moves_the_gain_as_with_the_true_gradient():
+@pytest.mark.parametrize("form", output_projection.GAIN_FORMS)
+def test_adam_moves_the_gain_as_with_the_true_gradient(form):
     """Adam is invariant to a constant scale of a parameter's gradient: ten
     updates with the divided gradient give the u of ten with the true one."""
     torch.manual_seed(0)
     decoder = FakeDecoder()
-    gained = output_projection.add_output_gain(decoder, 0.05, 20.0)
+    gained = output_projection.add_output_gain(decoder, 0.05, 20.0, form)
+    start = gained.gain_param.item()
     batches = [(torch.randn(16, 16), torch.randint(0, 50, (16,))) for _ in range(10)]
     ours = torch.optim.Adam([gained.gain_param], lr=1e-2, betas=(0.9, 0.98))
     reference_u = gained.gain_param.detach().clone().requires_grad_()
@@ -181,11 +190,11 @@ def test_adam_moves_the_gain_as_with_the_true_gradient():
         torch.nn.functional.cross_entropy(gained(features), targets, reduction="sum").backward()
         ours.step()
         reference.zero_grad()
-        gain = torch.exp(reference_u * 20.0)
+        gain = GAIN_OF[form](reference_u, 20.0)
         logits = torch.nn.functional.linear(features * gain, gained.weight)
         torch.nn.functional.cross_entropy(logits, targets, reduction="sum").backward()
         reference.step()
-    assert gained.gain_param.item() != pytest.approx(math.log(0.05) / 20.0, abs=1e-3)  # it moved
+    assert gained.gain_param.item() != pytest.approx(start, abs=1e-3)  # it moved
     assert gained.gain_param.item() == pytest.approx(reference_u.item(), rel=1e-5)
 
 

@@ -86,20 +86,7 @@ if [[ -f $RUN/train.done ]]; then
 else
     mkdir -p "$RUN"
     say "train [file]: $MAX_UPDATE updates, bias from $WORK/external.counts (log: $RUN/train.log)"
-    # shellcheck disable=SC2086  # TRAIN_ARGS is a list of options
-    logged "$RUN/train.log" fairseq-train "$DATA_BIN" --user-dir fairseq_natbias \
-        --arch transformer_natbias --natbias-init file --natbias-counts "$WORK/external.counts" \
-        --encoder-layers "$LAYERS" --decoder-layers "$LAYERS" \
-        --encoder-embed-dim "$EMBED_DIM" --decoder-embed-dim "$EMBED_DIM" \
-        --encoder-ffn-embed-dim "$FFN_DIM" --decoder-ffn-embed-dim "$FFN_DIM" \
-        --encoder-attention-heads "$HEADS" --decoder-attention-heads "$HEADS" \
-        --share-all-embeddings --dropout 0.1 \
-        --optimizer adam --adam-betas '(0.9, 0.997)' --lr "$LR" \
-        --lr-scheduler inverse_sqrt --warmup-updates "$WARMUP" \
-        --criterion label_smoothed_cross_entropy --label-smoothing 0.1 \
-        --max-tokens "$MAX_TOKENS" --max-update "$MAX_UPDATE" --seed "$SEED" \
-        --save-dir "$RUN" --no-epoch-checkpoints --num-workers 0 \
-        --log-format simple --log-interval 25 --no-progress-bar $TRAIN_ARGS
+    train_translation "$RUN" "$DATA_BIN" --natbias-init file --natbias-counts "$WORK/external.counts"
     touch "$RUN/train.done"
 fi
 

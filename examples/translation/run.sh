@@ -110,20 +110,7 @@ train() {
     [[ -f $run/train.done ]] && { say "train [$init]: finished before, skipped"; return; }
     mkdir -p "$run"
     say "train [$init]: $MAX_UPDATE updates (log: $run/train.log)"
-    # shellcheck disable=SC2086  # TRAIN_ARGS is a list of options
-    logged "$run/train.log" fairseq-train "$WORK/data-bin" --user-dir fairseq_natbias \
-        --arch transformer_natbias --natbias-init "$init" \
-        --encoder-layers "$LAYERS" --decoder-layers "$LAYERS" \
-        --encoder-embed-dim "$EMBED_DIM" --decoder-embed-dim "$EMBED_DIM" \
-        --encoder-ffn-embed-dim "$FFN_DIM" --decoder-ffn-embed-dim "$FFN_DIM" \
-        --encoder-attention-heads "$HEADS" --decoder-attention-heads "$HEADS" \
-        --share-all-embeddings --dropout 0.1 \
-        --optimizer adam --adam-betas '(0.9, 0.997)' --lr "$LR" \
-        --lr-scheduler inverse_sqrt --warmup-updates "$WARMUP" \
-        --criterion label_smoothed_cross_entropy --label-smoothing 0.1 \
-        --max-tokens "$MAX_TOKENS" --max-update "$MAX_UPDATE" --seed "$SEED" \
-        --save-dir "$run" --no-epoch-checkpoints --num-workers 0 \
-        --log-format simple --log-interval 25 --no-progress-bar $TRAIN_ARGS
+    train_translation "$run" "$WORK/data-bin" --natbias-init "$init"
     touch "$run/train.done"
     say "train [$init]: last validation: $(grep '| valid |' "$run/train.log" | tail -n 1 | sed 's/.*| valid | //')"
 }
