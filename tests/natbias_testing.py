@@ -13,6 +13,23 @@ BIN = Path(sys.executable).parent
 # given in NATBIAS_MULTI30K.
 MULTI30K = Path(os.environ.get("NATBIAS_MULTI30K", REPO.parent / "shared/data/multi30k"))
 
+def write_multi30k_slice(root, counts):
+    """The first ``counts[name]`` lines of Multi30k's German and English
+    ``name`` splits, as plain text in ``root`` (skips the test without the data)."""
+    import gzip
+
+    import pytest
+
+    if not (MULTI30K / "train.de.gz").exists():
+        pytest.skip(f"Multi30k not found at {MULTI30K} (set NATBIAS_MULTI30K)")
+    for name, count in counts.items():
+        for lang in ("de", "en"):
+            with gzip.open(MULTI30K / f"{name}.{lang}.gz", "rt", encoding="utf-8") as f:
+                lines = [next(f) for _ in range(count)]
+            (Path(root) / f"{name}.{lang}").write_text("".join(lines), encoding="utf-8")
+    return root
+
+
 TINY_MODEL = [
     "--encoder-layers", "2", "--decoder-layers", "2",
     "--encoder-embed-dim", "64", "--decoder-embed-dim", "64",

@@ -1,27 +1,18 @@
 """natbias-demo (`make demo`) end to end on a small slice of real text."""
 
-import gzip
 import json
 import subprocess
 
 import pytest
 
-from natbias_testing import BIN, MULTI30K
+from natbias_testing import BIN, write_multi30k_slice
 
 SLICE = {"train": 3000, "val": 100, "test_2016_flickr": 100}
 
 
 @pytest.fixture(scope="module")
 def multi30k_slice(tmp_path_factory):
-    if not (MULTI30K / "train.de.gz").exists():
-        pytest.skip(f"Multi30k not found at {MULTI30K} (set NATBIAS_MULTI30K)")
-    root = tmp_path_factory.mktemp("multi30k_slice")
-    for name, count in SLICE.items():
-        for lang in ("de", "en"):
-            with gzip.open(MULTI30K / f"{name}.{lang}.gz", "rt", encoding="utf-8") as f:
-                lines = [next(f) for _ in range(count)]
-            (root / f"{name}.{lang}").write_text("".join(lines), encoding="utf-8")
-    return root
+    return write_multi30k_slice(tmp_path_factory.mktemp("multi30k_slice"), SLICE)
 
 
 def natbias_demo(data, output):

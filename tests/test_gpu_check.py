@@ -2,7 +2,6 @@
 and the whole script with --smoke (CPU) on a slice of real Multi30k: table,
 figures read back from the logs, finished runs skipped, the no-GPU stop."""
 
-import gzip
 import importlib.util
 import json
 import os
@@ -12,7 +11,7 @@ import sys
 
 import pytest
 
-from natbias_testing import MULTI30K, REPO
+from natbias_testing import REPO, write_multi30k_slice
 
 SCRIPT = REPO / "benchmarks" / "gpu_check.py"
 SLICE = {"train": 1500, "val": 60, "test_2016_flickr": 40}
@@ -176,15 +175,7 @@ def test_gpu_table_names_the_gpu_and_marks_the_targets():
 
 @pytest.fixture(scope="module")
 def multi30k_slice(tmp_path_factory):
-    if not (MULTI30K / "train.de.gz").exists():
-        pytest.skip(f"Multi30k not found at {MULTI30K} (set NATBIAS_MULTI30K)")
-    root = tmp_path_factory.mktemp("multi30k_slice")
-    for name, count in SLICE.items():
-        for lang in ("de", "en"):
-            with gzip.open(MULTI30K / f"{name}.{lang}.gz", "rt", encoding="utf-8") as f:
-                lines = [next(f) for _ in range(count)]
-            (root / f"{name}.{lang}").write_text("".join(lines), encoding="utf-8")
-    return root
+    return write_multi30k_slice(tmp_path_factory.mktemp("multi30k_slice"), SLICE)
 
 
 def run_script(*args, check=True):

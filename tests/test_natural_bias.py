@@ -142,14 +142,20 @@ def test_v020_checkpoint_resumes_with_its_linear_gain_whatever_the_default(monke
     assert (args.natbias_gain_form, args.natbias_gain_speed) == ("linear", 20)
 
 
-def test_v020_checkpoint_resumes_through_fairseq_train(toy_bin, tmp_path):
+def _resume_fixture(fixture, toy_bin, tmp_path):
+    """fairseq-train resumes the fixture's checkpoint (4 updates) to update 6;
+    returns the log and the checkpoint it wrote."""
     save_dir = tmp_path / "ckpt"
     save_dir.mkdir()
-    shutil.copy(V020 / "checkpoint_last.pt", save_dir / "checkpoint_last.pt")
+    shutil.copy(fixture / "checkpoint_last.pt", save_dir / "checkpoint_last.pt")
     result = train(toy_bin, save_dir, *V010_MODEL, model=[], max_update=6)
     log = result.stdout + result.stderr
     assert "@ 4 updates" in log  # really resumed
-    state = torch.load(save_dir / "checkpoint_last.pt", map_location="cpu")
+    return log, torch.load(save_dir / "checkpoint_last.pt", map_location="cpu")
+
+
+def test_v020_checkpoint_resumes_through_fairseq_train(toy_bin, tmp_path):
+    _, state = _resume_fixture(V020, toy_bin, tmp_path)
     assert state["cfg"]["model"].natbias_gain_form == "linear"  # now recorded
     assert state["optimizer_history"][-1]["num_updates"] == 6
 
@@ -205,14 +211,8 @@ def test_old_checkpoint_generates_as_its_version_did(toy_bin, fixture):
 
 
 def test_v010_checkpoint_resumes_with_its_own_weight_init(toy_bin, tmp_path):
-    save_dir = tmp_path / "ckpt"
-    save_dir.mkdir()
-    shutil.copy(V010 / "checkpoint_last.pt", save_dir / "checkpoint_last.pt")
-    result = train(toy_bin, save_dir, *V010_MODEL, model=[], max_update=6)
-    log = result.stdout + result.stderr
-    assert "@ 4 updates" in log  # really resumed
+    log, state = _resume_fixture(V010, toy_bin, tmp_path)
     assert "with its own --natbias-init unigram --natbias-weight-init fairseq" in log
-    state = torch.load(save_dir / "checkpoint_last.pt", map_location="cpu")
     assert state["cfg"]["model"].natbias_weight_init == "fairseq"
     assert "decoder.output_projection.gain_param" not in state["model"]
     assert state["optimizer_history"][-1]["num_updates"] == 6
