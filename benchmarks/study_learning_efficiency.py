@@ -27,6 +27,16 @@ schedules (``--schedule``)
 --untied drops the embedding sharing (an untied output projection); its runs
 and results are named ``<schedule>-untied``.
 
+--converge trains each run to convergence instead of for a fixed 1,000
+updates: validation every 250 updates (and at each epoch's end, fairseq's
+rule), the best checkpoint by validation NLL, and fairseq's ``--patience``
+(default 6 validations without a lower NLL) stops the run, capped at 12,000
+updates; no BLEU during training (it would cost more than the training
+between validations); the best checkpoint scored on test_2016_flickr and
+test_2017_flickr. "Updates to reach" then aims at stock's best validation
+NLL, and its ratio is to stock's update of that best. Runs and results are
+named ``<schedule>-converge``.
+
 Measured per run, validating every --validate-every updates:
 
 * validation NLL at update 0 (natbias-step0) and over updates, with the
@@ -57,6 +67,8 @@ machine two 1-thread runs beat one 2-thread run after the other).
         --arms stock gain/unigram gain/zero gain/none fairseq/unigram fairseq/zero fairseq/none
     .venv/bin/python benchmarks/study_learning_efficiency.py --task lm --lang en \\
         --seeds 1 2 3 --arms stock gain/unigram gain/zero fairseq/unigram
+    .venv/bin/python benchmarks/study_learning_efficiency.py --pair fr-en --converge \\
+        --seeds 1 2 3 --arms stock gain/unigram gain/zero
 """
 
 import argparse
@@ -98,6 +110,24 @@ EVAL_BLEU = ["--eval-bleu", "--eval-bleu-args", '{"beam": 1, "max_len_a": 1.2, "
 
 
 TYING_OPTIONS = ("--share-all-embeddings", "--share-decoder-input-output-embed")
+# --converge scores the best checkpoint on both Multi30k test sets (the first
+# is the data-bin's own test split).
+CONVERGE_TEST_SETS = ("test_2016_flickr", "test_2017_flickr")
+
+
+def converge_options(options, loss_key):
+    """The task's options for a --converge run: no BLEU during training (at
+    every validation it would cost more than the training between them), the
+    best checkpoint by validation NLL, which --patience watches."""
+    kept, skip = [], 0
+    for option in options:
+        if skip:
+            skip -= 1
+        elif option in EVAL_BLEU and option.startswith("--"):
+            skip = 0 if option in ("--eval-bleu", "--maximize-best-checkpoint-metric") else 1
+        else:
+            kept.append(option)
+    return [*kept, "--best-checkpoint-metric", loss_key]
 
 
 class Translation:
@@ -108,21 +138,36 @@ class Translation:
     loss_key = "nll_loss"  # label_smoothed_cross_entropy's NLL, bits
     options = [*pipeline.MODEL, *EVAL_BLEU]
 
-    def __init__(self, pair):
+    def __init__(self, pair, extra_test_sets=()):
         self.langs = tuple(pair.split("-"))
         self.folder = pair
+        self.extra_test_sets = tuple(extra_test_sets)
 
     def prepare(self, raw, work):
-        return pipeline.prepare(raw, work, vocab_size=8000, langs=self.langs)
+        data_bin = pipeline.prepare(raw, work, vocab_size=8000, langs=self.langs)
+        for test_set in self.extra_test_sets:
+            pipeline.prepare_test_set(raw, work, data_bin, self.langs, test_set)
+        return data_bin
 
     def training(self):
         return list(pipeline.TRAINING)
 
     def evaluate(self, data_bin, work, run_dir, name):
         pipeline.evaluate(data_bin, work, run_dir, name, target=self.langs[1])
+        for test_set in self.extra_test_sets:
+            pipeline.evaluate(data_bin, work, run_dir, name, target=self.langs[1],
+                              test_set=test_set)
 
     def test_scores(self, run_dir):
-        return json.loads((run_dir / "test_scores.json").read_text())
+        scores = json.loads((run_dir / "test_scores.json").read_text())
+        for test_set in self.extra_test_sets:
+            extra = json.loads((run_dir / f"{test_set}_scores.json").read_text())
+            scores.update({f"{key}_{test_set}": value for key, value in extra.items()})
+        return scores
+
+    def finished(self, run_dir):
+        return all((run_dir / name).exists() for name in
+                   ["test_scores.json", *(f"{t}_scores.json" for t in self.extra_test_sets)])
 
 
 class LanguageModel:
@@ -174,6 +219,9 @@ class LanguageModel:
 
     def test_scores(self, run_dir):
         return json.loads((run_dir / "test_scores.json").read_text())
+
+    def finished(self, run_dir):
+        return (run_dir / "test_scores.json").exists()
 
 
 @dataclass(frozen=True)
@@ -285,8 +333,8 @@ def last_gain(run_dir):
     return float(gains[-1]) if len(gains) else None
 
 
-def finished(run_dir):
-    return (run_dir / "done").exists() and (run_dir / "test_scores.json").exists()
+def finished(task, run_dir):
+    return (run_dir / "done").exists() and task.finished(run_dir)
 
 
 def band(curves):
@@ -298,19 +346,24 @@ def band(curves):
     return grid, mean, se
 
 
-def summarise(task, study_dir, arms, seeds):
-    """Rows of the table and the curves of the plots, over finished runs."""
-    runs = {arm: [r for r in (study_dir / arm.folder / f"seed{s}" for s in seeds) if finished(r)]
+def summarise(task, study_dir, arms, seeds, converge=False):
+    """Rows of the table and the curves of the plots, over finished runs.
+    The target of "updates to reach" is stock's validation NLL at its last
+    update, or, with ``converge``, at its best."""
+    runs = {arm: [r for r in (study_dir / arm.folder / f"seed{s}" for s in seeds)
+                  if finished(task, r)]
             for arm in arms}
     runs = {arm: dirs for arm, dirs in runs.items() if dirs}
     reference = next((dirs for arm, dirs in runs.items() if arm.name == REFERENCE_ARM), None)
     loss = task.loss_key
-    target = (float(np.mean([curve(r, loss, loss)[1][-1] for r in reference]))
+    pick = np.min if converge else (lambda values: values[-1])
+    target = (float(np.mean([pick(curve(r, loss, loss)[1]) for r in reference]))
               if reference else None)
+    with_bleu_curves = task.name == "translation" and not converge
     rows, nll_lines, bleu_lines = [], [], []
     for arm, run_dirs in runs.items():
         nll = [curve(r, loss, loss) for r in run_dirs]
-        bleu = [curve(r, "bleu", loss) for r in run_dirs] if task.name == "translation" else []
+        bleu = [curve(r, "bleu", loss) for r in run_dirs] if with_bleu_curves else []
         scores = [task.test_scores(r) for r in run_dirs]
         step0 = [json.loads((r / "step0.json").read_text()) for r in run_dirs]
         gains = [g for g in (last_gain(r) for r in run_dirs) if g is not None]
@@ -326,18 +379,31 @@ def summarise(task, study_dir, arms, seeds):
             "final_nll": mean_stderr([v[-1] for _, v in nll]),
             "gain": mean_stderr(gains) if gains else None,
         }
+        if converge:
+            row.update({
+                "best_nll": mean_stderr([float(np.min(v)) for _, v in nll]),
+                "best_update": [int(u[np.argmin(v)]) for u, v in nll],
+                "last_update": [int(u[-1]) for u, _ in nll],
+            })
         if task.name == "translation":
             row.update({
-                "alc_bleu": mean_stderr([alc.area_under_learning_curve(u, v).alc
-                                         for u, v in bleu]),
-                "final_bleu": mean_stderr([v[-1] for _, v in bleu]),
                 "bleu": mean_stderr([s["bleu"] for s in scores]),
                 "chrf": mean_stderr([s["chrf"] for s in scores]),
                 "signatures": (scores[0]["bleu_signature"], scores[0]["chrf_signature"]),
             })
+            for test_set in task.extra_test_sets:
+                row.update({f"{key}_{test_set}": mean_stderr([s[f"{key}_{test_set}"]
+                                                               for s in scores])
+                            for key in ("bleu", "chrf")})
         else:
             row.update({"test_nll": mean_stderr([s["nll"] for s in scores]),
                         "test_ppl": mean_stderr([s["ppl"] for s in scores])})
+        if with_bleu_curves:
+            row.update({
+                "alc_bleu": mean_stderr([alc.area_under_learning_curve(u, v).alc
+                                         for u, v in bleu]),
+                "final_bleu": mean_stderr([v[-1] for _, v in bleu]),
+            })
         rows.append(row)
         for lines, curves in ((nll_lines, nll), (bleu_lines, bleu)):
             if not curves:
@@ -379,19 +445,63 @@ def markdown(rows, target, title):
     return "\n".join(out + comparisons(rows)) + "\n"
 
 
+def markdown_converged(rows, target, title, test_sets):
+    """The table of a --converge study: best validation NLL, when each run got
+    there and stopped, and test scores of the best checkpoint on each test set."""
+    reach_head = (f"updates to reach stock's best valid NLL ({target:.3f}), per seed"
+                  if target is not None else "updates to reach stock's best")
+    translation = bool(rows) and "bleu" in rows[0]
+    columns = ["arm", "n", "valid NLL at update 0", reach_head, "best valid NLL",
+               "update of the best, per seed", "last update (stopped), per seed"]
+    columns += ([f"{name} {metric}" for name in test_sets for metric in ("BLEU", "chrF")]
+                if translation else ["test NLL (eval-lm)", "test perplexity"])
+    columns += ["gain g at the end"]
+    out = [f"### {title}", "", "| " + " | ".join(columns) + " |", "|---" * len(columns) + "|"]
+    for row in rows:
+        reach = ", ".join("never" if r == float("inf") else f"{r:.0f}" for r in row["reach"])
+        cells = [row["arm"], str(row["n"]), row["step0"].format(3), reach,
+                 row["best_nll"].format(3), ", ".join(map(str, row["best_update"])),
+                 ", ".join(map(str, row["last_update"]))]
+        if translation:
+            for index, _ in enumerate(test_sets):
+                suffix = "" if index == 0 else f"_{test_sets[index]}"
+                cells += [row[f"bleu{suffix}"].format(2), row[f"chrf{suffix}"].format(2)]
+        else:
+            cells += [row["test_nll"].format(3), row["test_ppl"].format(2)]
+        cells += [row["gain"].format(2) if row["gain"] else ""]
+        out.append("| " + " | ".join(cells) + " |")
+    ce = [row["unigram_ce"] for row in rows if row["unigram_ce"]]
+    if ce:
+        out += ["", f"Unigram cross-entropy of the validation targets: {ce[0].mean:.3f} bits."]
+    out += ["Each run stopped when its validation NLL had not improved for the patience "
+            "(fairseq's --patience) or at the update cap; its best checkpoint (lowest "
+            "validation NLL) is scored, beam 5. Mean ± standard error over seeds."]
+    if translation:
+        out += [f"BLEU signature: `{rows[0]['signatures'][0]}`; "
+                f"chrF: `{rows[0]['signatures'][1]}`"]
+    reference = next((row for row in rows if row["arm"] == REFERENCE_ARM), None)
+    stock_best = float(np.mean(reference["best_update"])) if reference else None
+    return "\n".join(out + comparisons(rows, stock_best)) + "\n"
+
+
 # Pairs of arms compared in the text under the table: the bias under one weight
 # init, and the default against stock fairseq.
 COMPARED = (("gain/unigram", "gain/zero"), ("fairseq/unigram", "fairseq/zero"),
             ("gain/unigram", "stock"), ("gain/zero", "stock"))
 
 
-def comparisons(rows):
+def comparisons(rows, reference_updates=None):
     """Differences of means with the standard error of the difference
     (sqrt(se_a^2 + se_b^2), seeds independent), and the mean ratio of updates
-    to reach stock's last validation NLL."""
+    to reach stock's last validation NLL to the updates of a run, or, given
+    ``reference_updates`` (a --converge study), to stock's mean update of its
+    best validation NLL."""
     by_arm = {row["arm"]: row for row in rows}
-    keys = (("alc_bleu", "ALC of valid BLEU"), ("bleu", "test BLEU"), ("test_ppl", "test ppl"),
-            ("alc", "ALC of valid NLL"))
+    test_sets = sorted(key[len("bleu_"):] for key in (rows[0] if rows else {})
+                       if key.startswith("bleu_"))
+    keys = (("alc_bleu", "ALC of valid BLEU"), ("bleu", "test BLEU"),
+            *((f"bleu_{t}", f"{t} BLEU") for t in test_sets), ("test_ppl", "test ppl"),
+            ("alc", "ALC of valid NLL"), ("best_nll", "best valid NLL"))
     lines = []
     for a, b in COMPARED:
         if a not in by_arm or b not in by_arm:
@@ -407,8 +517,10 @@ def comparisons(rows):
             parts.append(f"{label} {x.mean - y.mean:+.3f}{spread}")
         reach = [r for r in by_arm[a]["reach"] if math.isfinite(r)]
         if reach and by_arm[a]["reach"]:
-            parts.append(f"updates to reach stock: {np.mean(reach) / by_arm[a]['final_update']:.2f}x"
-                         f" of {by_arm[a]['final_update']}"
+            span = reference_updates or by_arm[a]["final_update"]
+            of = (f"stock's {span:.0f} to its best" if reference_updates
+                  else f"{by_arm[a]['final_update']}")
+            parts.append(f"updates to reach stock: {np.mean(reach) / span:.2f}x of {of}"
                          + ("" if len(reach) == len(by_arm[a]["reach"]) else " (some never)"))
         lines.append(f"- {a} − {b}: " + "; ".join(parts))
     return ["", "Differences:"] + lines if lines else []
@@ -430,9 +542,18 @@ def main():
         "stock", "gain/unigram", "gain/zero", "gain/none",
         "fairseq/unigram", "fairseq/zero", "fairseq/none"])
     parser.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3])
-    parser.add_argument("--max-update", type=int, default=1000)
+    parser.add_argument("--max-update", type=int,
+                        help="updates per run (default 1000; with --converge, the cap: 12000)")
     parser.add_argument("--max-tokens", type=int, default=1500)
-    parser.add_argument("--validate-every", type=int, default=50)
+    parser.add_argument("--validate-every", type=int,
+                        help="updates between validations (default 50; with --converge 250)")
+    parser.add_argument("--converge", action="store_true",
+                        help="train each run until its validation NLL has not improved for "
+                             "--patience validations (best checkpoint: lowest validation NLL; "
+                             "no BLEU during training; translation also scored on "
+                             "test_2017_flickr); runs and results are named <setting>-converge")
+    parser.add_argument("--patience", type=int, default=6,
+                        help="with --converge: validations without improvement before a run stops")
     parser.add_argument("--jobs", type=int, default=2, help="trainings side by side")
     parser.add_argument("--threads", type=int, default=1, help="CPU threads per training")
     parser.add_argument("--summarise-only", action="store_true",
@@ -443,34 +564,45 @@ def main():
                              "results are named <schedule>-untied")
     args = parser.parse_args()
     arms = [Arm.parse(text) for text in args.arms]
-    task = Translation(args.pair) if args.task == "translation" else LanguageModel(args.lang)
+    if args.max_update is None:
+        args.max_update = 12000 if args.converge else 1000
+    if args.validate_every is None:
+        args.validate_every = 250 if args.converge else 50
+    task = (Translation(args.pair, CONVERGE_TEST_SETS[1:] if args.converge else ())
+            if args.task == "translation" else LanguageModel(args.lang))
     if args.untied:
         task.options = [o for o in task.options if o not in TYING_OPTIONS]
+    if args.converge:
+        task.options = [*converge_options(task.options, task.loss_key), "--patience",
+                        str(args.patience)]
     raw = Path(args.multi30k)
     langs = task.langs if args.task == "translation" else (task.lang,)
     if not has_all_files(raw, langs):
         raise SystemExit(f"study: no Multi30k {'-'.join(langs)} at {raw}; give --multi30k DIR")
     work = Path(args.workdir).resolve() / task.folder
     work.mkdir(parents=True, exist_ok=True)
-    setting = args.schedule + ("-untied" if args.untied else "")
+    setting = args.schedule + ("-untied" if args.untied else "") + ("-converge" if args.converge else "")
     study_dir = work / setting
     os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(args.threads)
     data_bin = task.prepare(raw, work)
     if not args.summarise_only:
-        # The reference arm first: the other arms' "updates to reach" need it.
+        # Seed by seed, the reference arm first in each: a study cut short
+        # still compares the arms (the others' "updates to reach" need stock).
         plan = sorted(((arm, seed) for seed in args.seeds for arm in arms),
-                      key=lambda job: (job[0].name != REFERENCE_ARM, job[1]))
+                      key=lambda job: (job[1], job[0].name != REFERENCE_ARM))
         with ThreadPoolExecutor(max_workers=args.jobs) as pool:
             for job in [pool.submit(train_and_score, task, data_bin, work,
                                     study_dir / arm.folder / f"seed{seed}", arm, seed, args)
                         for arm, seed in plan]:
                 job.result()
-    rows, target, nll_lines, bleu_lines = summarise(task, study_dir, arms, args.seeds)
+    rows, target, nll_lines, bleu_lines = summarise(task, study_dir, arms, args.seeds,
+                                                    args.converge)
     if not rows:
         raise SystemExit("study: no finished run yet")
     title = (f"Multi30k {args.pair}, schedule {setting}" if args.task == "translation"
              else f"language model, Multi30k {args.lang}, schedule {setting}")
-    table = markdown(rows, target, title)
+    table = (markdown_converged(rows, target, title, CONVERGE_TEST_SETS) if args.converge
+             else markdown(rows, target, title))
     outputs = {"md": study_dir / "study.md", "nll": study_dir / "study_valid_nll.png",
                "bleu": study_dir / "study_valid_bleu.png"}
     outputs["md"].write_text(table)

@@ -96,3 +96,41 @@ first_lines() {
     if [[ $2 == *.gz ]]; then gzip -dc "$2"; else cat "$2"; fi |
         awk -v n="$1" 'n == 0 || NR <= n'
 }
+
+# stage_text LANG...: the raw text the example trains on, in WORK/raw/
+# {train,valid,test}.LANG: the first TRAIN_LINES (training) and EVAL_LINES
+# (validation, test) lines of DATA/{TRAIN,VALID,TEST}.LANG[.gz] (0: all), DATA
+# as example_data sets it. The last language's test file is written last: its
+# presence means the staging is complete, and a second run skips it.
+stage_text() {
+    local last=${*: -1} split name lines lang path
+    # Staged before from the default data: done, without looking for it again.
+    [[ -z ${DATA-} && -f $WORK/raw/test.$last ]] && { say "raw text: $WORK/raw exists, skipped"; return; }
+    example_data "$@"
+    for split in TRAIN VALID TEST; do
+        for lang in "$@"; do
+            text_file "$DATA/${!split}.$lang" >/dev/null ||
+                die "DATA=$DATA has no ${!split}.$lang[.gz]: set DATA to a folder with $TRAIN, $VALID and $TEST .{${*// /,}}[.gz] (file names: TRAIN, VALID, TEST)"
+        done
+    done
+    [[ -f $WORK/raw/test.$last ]] && { say "raw text: $WORK/raw exists, skipped"; return; }
+    mkdir -p "$WORK/raw"
+    for split in train valid test; do
+        name=${split^^} && name=${!name}  # TRAIN, VALID, TEST
+        lines=$([[ $split == train ]] && echo "$TRAIN_LINES" || echo "$EVAL_LINES")
+        for lang in "$@"; do
+            path=$(text_file "$DATA/$name.$lang")
+            first_lines "$lines" "$path" >"$WORK/raw/$split.$lang.part"
+            mv "$WORK/raw/$split.$lang.part" "$WORK/raw/$split.$lang"
+        done
+    done
+    say "raw text: $(wc -l <"$WORK/raw/train.$1") training lines staged in $WORK/raw"
+}
+
+# in_id_order GEN HYP: the detokenised hypotheses (D-<id> lines) of
+# fairseq-generate's output GEN, one a line in the order of the input (fairseq
+# prints them by length), written to HYP (whole, or not at all).
+in_id_order() {
+    grep '^D-' "$1" | cut -c3- | LC_ALL=C sort -n -k1,1 | cut -f3 >"$2.part"
+    mv "$2.part" "$2"
+}

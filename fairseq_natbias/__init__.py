@@ -6,9 +6,23 @@
         --arch transformer_lm_natbias ...
 """
 
+import importlib
 import os
+import sys
 
-__version__ = "0.3.0"
+__version__ = "0.3.1"
+
+# The modules whose import registers something with fairseq (the two
+# architectures and their models, the criterion), and the two compatibility
+# shims every process that loads a checkpoint needs. fairseq's registries fill
+# as these modules are imported, which is how --user-dir works.
+REGISTERED_MODULES = ("checkpoint_loading", "numpy_compat", "transformer_lm_natbias",
+                      "transformer_natbias", "unigram_regularized_cross_entropy")
+# Console scripts that only read logs and write tables and plots: a process
+# started as one of them skips the registration, so it starts without torch or
+# fairseq (about 5 s on a laptop-class CPU). Any other process, fairseq's own
+# CLIs with --user-dir included, registers on import.
+LOG_ONLY_TOOLS = frozenset({"natbias-alc", "natbias-dynamics", "natbias-report"})
 
 
 def plugin_dir() -> str:
@@ -17,19 +31,27 @@ def plugin_dir() -> str:
     second copy of a user module under the same name)."""
     return os.path.dirname(os.path.abspath(__file__))
 
-try:
-    import fairseq  # noqa: F401
-except ImportError as error:  # pragma: no cover - exercised by hand
-    raise ImportError(
-        "fairseq_natbias needs fairseq, which is not installed. Install it with\n"
-        "    pip install --no-deps ve-fairseq==0.12.3\n"
-        "    pip install hydra-core omegaconf bitarray regex sacrebleu cython "
-        "cffi scikit-learn tqdm packaging\n"
-        "or run `make install` in the fairseq-natbias repository."
-    ) from error
 
-from fairseq_natbias import checkpoint_loading  # noqa: E402,F401
-from fairseq_natbias import numpy_compat  # noqa: E402,F401
-from fairseq_natbias import transformer_lm_natbias  # noqa: E402,F401
-from fairseq_natbias import transformer_natbias  # noqa: E402,F401
-from fairseq_natbias import unigram_regularized_cross_entropy  # noqa: E402,F401
+def register():
+    """Register the architectures, models and criterion with fairseq (import
+    them); a second call does nothing."""
+    try:
+        import fairseq  # noqa: F401
+    except ImportError as error:  # pragma: no cover - exercised by hand
+        raise ImportError(
+            "fairseq_natbias needs fairseq, which is not installed. Install it with\n"
+            "    pip install --no-deps ve-fairseq==0.12.3\n"
+            "    pip install hydra-core omegaconf bitarray regex sacrebleu cython "
+            "cffi scikit-learn tqdm packaging\n"
+            "or run `make install` in the fairseq-natbias repository."
+        ) from error
+    for name in REGISTERED_MODULES:
+        importlib.import_module(f"{__name__}.{name}")
+
+
+def started_as_log_only_tool() -> bool:
+    return bool(sys.argv) and os.path.basename(sys.argv[0]) in LOG_ONLY_TOOLS
+
+
+if not started_as_log_only_tool():
+    register()

@@ -195,14 +195,23 @@ def validation_curve(run_dir, key="nll_loss"):
 # --- fairseq-generate and sacreBLEU --------------------------------------------
 
 
-def evaluate(data_bin, work, run_dir, name, target=LANGS[1]):
+def evaluate(data_bin, work, run_dir, name, target=LANGS[1], test_set=None):
     """Test BLEU/chrF of run_dir/checkpoint_best.pt (beam 5), kept in
-    run_dir/test_scores.json; the detokenised hypotheses in run_dir/test.hyp."""
-    scores_path = run_dir / "test_scores.json"
+    run_dir/test_scores.json; the detokenised hypotheses in run_dir/test.hyp.
+    ``test_set`` (a Multi30k file stem such as ``test_2017_flickr``, prepared
+    by :func:`prepare_test_set`) scores that set instead, into
+    run_dir/<test_set>_scores.json and run_dir/<test_set>.hyp."""
+    stem = test_set or "test"
+    scores_path = run_dir / ("test_scores.json" if test_set is None else f"{stem}_scores.json")
     if scores_path.exists():
-        say(f"generate [{name}]: scored before, skipped")
+        say(f"generate [{name}]: {'' if test_set is None else stem + ' '}scored before, skipped")
         return json.loads(scores_path.read_text())
-    say(f"generate [{name}]: beam 5 on the test set, then sacreBLEU")
+    if test_set is not None:
+        data_bin, text = work / f"data-bin-{stem}", work / f"text-{stem}"
+    else:
+        text = work / "text"
+    say(f"generate [{name}]: beam 5 on {'the test set' if test_set is None else stem}, "
+        "then sacreBLEU")
     output = run([tool("fairseq-generate"), str(data_bin), "--user-dir", "fairseq_natbias",
                   "--path", str(run_dir / "checkpoint_best.pt"), "--beam", "5",
                   "--lenpen", "1.0", "--max-len-a", "1.2", "--max-len-b", "10",
@@ -212,11 +221,42 @@ def evaluate(data_bin, work, run_dir, name, target=LANGS[1]):
     sentences = parse_generate_output(output.splitlines())
     ordered = [(sentences[i].detokenized if i in sentences else None) or ""
                for i in range(len(sentences))]
-    (run_dir / "test.hyp").write_text("\n".join(ordered) + "\n", encoding="utf-8")
-    references = (work / f"text/test.raw.{target}").read_text(encoding="utf-8").splitlines()
+    (run_dir / f"{stem}.hyp").write_text("\n".join(ordered) + "\n", encoding="utf-8")
+    references = (text / f"test.raw.{target}").read_text(encoding="utf-8").splitlines()
     scores = sacrebleu_scores(ordered, references[: len(ordered)])
     scores_path.write_text(json.dumps(scores, indent=1))
     return scores
+
+
+def prepare_test_set(raw, work, data_bin, langs, test_set):
+    """A further test set (a Multi30k file stem, e.g. ``test_2017_flickr``)
+    encoded with work/spm.model and binarised with data_bin's dictionaries
+    into work/data-bin-<test_set> (as its ``test`` split), for
+    :func:`evaluate`'s ``test_set``."""
+    import sentencepiece as spm
+
+    source, target = langs
+    destination, text = work / f"data-bin-{test_set}", work / f"text-{test_set}"
+    if (destination / f"test.{source}-{target}.{target}.bin").exists():
+        return destination
+    text.mkdir(parents=True, exist_ok=True)
+    model = spm.SentencePieceProcessor(model_file=str(work / "spm.model"))
+    for lang in langs:
+        path = next((Path(raw) / f"{test_set}.{lang}{suffix}" for suffix in (".gz", "")
+                     if (Path(raw) / f"{test_set}.{lang}{suffix}").exists()), None)
+        if path is None:
+            raise SystemExit(f"natbias-demo: no {test_set}.{lang}[.gz] in {raw}")
+        lines = read_lines(path)
+        (text / f"test.raw.{lang}").write_text("\n".join(lines) + "\n", encoding="utf-8")
+        pieces = [" ".join(model.encode(line, out_type=str)) for line in lines]
+        (text / f"test.{lang}").write_text("\n".join(pieces) + "\n", encoding="utf-8")
+    say(f"fairseq-preprocess {test_set} with {data_bin}'s dictionaries")
+    run([tool("fairseq-preprocess"), "--source-lang", source, "--target-lang", target,
+         "--testpref", f"{text}/test", "--destdir", str(destination),
+         "--srcdict", str(data_bin / f"dict.{source}.txt"),
+         "--tgtdict", str(data_bin / f"dict.{target}.txt"), "--workers", "2"],
+        log_path=work / f"preprocess-{test_set}.log")
+    return destination
 
 
 def sacrebleu_scores(hypotheses, references):
@@ -234,7 +274,7 @@ def build_from_training_args(argv):
     from fairseq import options, tasks, utils
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
-    argv = _this_plugin_as_user_dir(argv)
+    argv = this_plugin_as_user_dir(argv)
     saved_argv, sys.argv = sys.argv, [sys.argv[0], *argv]  # fairseq reads --user-dir there too
     try:
         parser = options.get_training_parser()
@@ -249,7 +289,7 @@ def build_from_training_args(argv):
     return cfg, task, model
 
 
-def _this_plugin_as_user_dir(argv):
+def this_plugin_as_user_dir(argv):
     """``--user-dir .../fairseq_natbias`` names this package, already imported
     here: point it at this very copy, which fairseq accepts."""
     from fairseq_natbias import plugin_dir

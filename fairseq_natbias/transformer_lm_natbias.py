@@ -32,7 +32,7 @@ from fairseq.models.transformer_lm import (
     TransformerLanguageModelConfig,
 )
 
-from fairseq_natbias import natural_bias
+from fairseq_natbias import natural_bias, natural_bias_options
 
 
 @register_model("transformer_lm_natbias")
@@ -41,7 +41,7 @@ class TransformerLanguageModelNatbias(natural_bias.NaturalBiasModel, Transformer
     def add_args(cls, parser):
         # fairseq's transformer_lm options, left unset so the presets fill them.
         gen_parser_from_dataclass(parser, TransformerLanguageModelConfig(), delete_default=True)
-        natural_bias.add_args(parser)
+        natural_bias_options.add_args(parser)
 
     @classmethod
     def build_model(cls, args, task):
@@ -81,7 +81,7 @@ def _dataclass_defaults(args):
 
 def _natbias_lm(fairseq_preset):
     def architecture(args):
-        natural_bias.set_defaults(args)
+        natural_bias_options.set_defaults(args)
         fairseq_preset(args)
         _dataclass_defaults(args)
 

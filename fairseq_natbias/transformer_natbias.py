@@ -12,7 +12,7 @@ registers the model and the paper's presets.
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer import TransformerModel, base_architecture
 
-from fairseq_natbias import natural_bias
+from fairseq_natbias import natural_bias, natural_bias_options
 
 
 @register_model("transformer_natbias")
@@ -20,7 +20,7 @@ class TransformerNatbiasModel(natural_bias.NaturalBiasModel, TransformerModel):
     @classmethod
     def add_args(cls, parser):
         super().add_args(parser)
-        natural_bias.add_args(parser)
+        natural_bias_options.add_args(parser)
 
     def forward(self, src_tokens, src_lengths, prev_output_tokens, **kwargs):
         net_output = super().forward(src_tokens, src_lengths, prev_output_tokens, **kwargs)
@@ -34,7 +34,7 @@ class TransformerNatbiasModel(natural_bias.NaturalBiasModel, TransformerModel):
 @register_model_architecture("transformer_natbias", "transformer_natbias")
 def natbias_base_architecture(args):
     """Transformer base (Vaswani et al., 2017): d=512, FFN 2048, 8 heads, 6+6."""
-    natural_bias.set_defaults(args)
+    natural_bias_options.set_defaults(args)
     base_architecture(args)
 
 

@@ -5,8 +5,13 @@ import random
 import shutil
 
 import pytest
+import torch
 
 from natbias_testing import MULTI30K, fairseq
+
+# One thread per pytest worker (make test runs one worker per core), for the
+# fairseq runs in this process as for the subprocesses (OMP_NUM_THREADS=1).
+torch.set_num_threads(1)
 
 
 # The modules that take longest (measured with --durations), longest first.
@@ -15,7 +20,7 @@ from natbias_testing import MULTI30K, fairseq
 # ones leaves short ones to fill the end instead of one worker finishing a
 # two-minute module alone (xdist's own reordering goes by number of tests).
 LONGEST_FIRST = [
-    "test_recipes.py", "test_natural_bias.py", "test_examples.py",
+    "test_recipes.py", "test_natural_bias.py", "test_checkpoint_settings.py", "test_examples.py",
     "test_half_precision.py", "test_transformer_natbias.py", "test_checkpoint_tools.py",
     "test_transformer_lm_natbias.py", "test_demo.py",
     "test_sweep_lm.py", "test_unigram_regularized_cross_entropy.py",

@@ -4,14 +4,12 @@ import numpy as np
 from fairseq.data import Dictionary
 
 from fairseq_natbias import unigram
-from natbias_testing import BIN
+from natbias_testing import fairseq
 from test_unigram import hand_counts
-import subprocess
 
 
 def natbias_count(*args):
-    return subprocess.run([str(BIN / "natbias-count"), *map(str, args)],
-                          capture_output=True, text=True)
+    return fairseq("natbias-count", *args, check=False)
 
 
 def test_counts_from_text_and_from_binarised_data_agree(toy_bin, toy_text, tmp_path):

@@ -5,8 +5,6 @@ against a computation that does not go through the module: the decoder's
 features through g W by hand, log_softmax(b), beam search's own scores."""
 
 import math
-from concurrent.futures import ThreadPoolExecutor
-
 import pytest
 import torch
 
@@ -35,8 +33,7 @@ def checkpoints(toy_bin, toy_lm_bin, tmp_path_factory):
             train_lm(toy_lm_bin, save_dir, "--natbias-init", init, max_update=4)
         return save_dir / "checkpoint_last.pt"
 
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        return dict(zip(MODELS, pool.map(run, MODELS)))
+    return {model: run(model) for model in MODELS}
 
 
 @pytest.fixture(scope="module")

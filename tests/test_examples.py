@@ -102,7 +102,7 @@ def translation(multi30k, tmp_path_factory):
 
 
 def test_translation_trains_both_biases_translates_and_scores(translation):
-    from fairseq_natbias.natural_bias import saved_model_args
+    from fairseq_natbias.checkpoint_settings import saved_model_args
 
     result, work, _ = translation
     staged = (work / "raw/train.de").read_text().splitlines()
@@ -237,7 +237,7 @@ def external(translation):
 def test_external_bias_counts_the_external_text_and_trains_with_it(external):
     from fairseq.data import Dictionary
 
-    from fairseq_natbias.natural_bias import saved_model_args
+    from fairseq_natbias.checkpoint_settings import saved_model_args
 
     result, work, translation_work = external
     dictionary = Dictionary.load(str(translation_work / "data-bin/dict.en.txt"))

@@ -3,8 +3,6 @@ tau log p_unigram, set through fairseq's --model-overrides, and natbias-sweep.""
 
 import math
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
-from importlib.metadata import entry_points
 
 import numpy as np
 import pytest
@@ -13,7 +11,7 @@ import torch.nn.functional as F
 
 from fairseq_natbias.checkpoint_loading import has_output_bias
 from fairseq_natbias.cli import sweep as sweep_cli
-from natbias_testing import BIN, fairseq, train
+from natbias_testing import console_script_help, fairseq, train
 
 GENERATE_ARGS = ["--beam", "2", "--batch-size", "20", "--max-len-a", "0", "--max-len-b", "12"]
 
@@ -150,9 +148,8 @@ def _run_plain_generate_and_sweep(checkpoint, data, plain, out):
         sweep_cli.main([str(data), str(checkpoint), "--lambdas", "0", "1",
                         "--out-dir", str(out), "--", *GENERATE_ARGS])
 
-    with ThreadPoolExecutor(max_workers=2) as pool:  # two cores: both at once
-        for job in [pool.submit(plain_generate), pool.submit(run_sweep)]:
-            job.result()
+    plain_generate()
+    run_sweep()
 
 
 def test_sweep_runs_fairseq_generate_and_reports_quality_and_diversity(
@@ -204,10 +201,6 @@ def test_sweep_refuses_bad_settings_and_an_empty_test_set(unigram_checkpoint, to
     assert has_output_bias(str(unigram_checkpoint)) is True
 
 
-def test_console_script_help(capsys):
+def test_console_script_help():
     """The installed script runs this package's main; --help describes the tool."""
-    (entry,) = [e for e in entry_points(group="console_scripts") if e.name == "natbias-sweep"]
-    assert (BIN / "natbias-sweep").is_file()
-    with pytest.raises(SystemExit) as done:
-        entry.load()(["--help"])
-    assert done.value.code == 0 and "natbias_logit_adjustment" in capsys.readouterr().out
+    assert "natbias_logit_adjustment" in console_script_help("natbias-sweep")

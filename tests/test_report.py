@@ -4,13 +4,12 @@ import json
 import math
 import statistics
 import subprocess
-from importlib.metadata import entry_points
 
 import pytest
 
 from fairseq_natbias.analysis import AnalysisError, report, runs
 from fairseq_natbias.cli import report as report_cli
-from natbias_testing import BIN
+from natbias_testing import BIN, console_script_help
 
 # dataset -> init -> per-seed (test BLEU, test chrF, constant validation BLEU)
 GRID = {
@@ -126,10 +125,6 @@ def test_unusable_grids_are_refused_with_a_reason(tmp_path):
         report.build_report([str(tmp_path)])
 
 
-def test_console_script_help(capsys):
+def test_console_script_help():
     """The installed script runs this package's main; --help describes the tool."""
-    (entry,) = [e for e in entry_points(group="console_scripts") if e.name == "natbias-report"]
-    assert (BIN / "natbias-report").is_file()
-    with pytest.raises(SystemExit) as done:
-        entry.load()(["--help"])
-    assert done.value.code == 0 and "RUNS/<dataset>/<init>/seed<k>/" in capsys.readouterr().out
+    assert "RUNS/<dataset>/<init>/seed<k>/" in console_script_help("natbias-report")

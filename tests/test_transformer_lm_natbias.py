@@ -6,7 +6,6 @@ Python sampling work, with one-line errors for what cannot work."""
 
 import json
 import math
-import shutil
 
 import numpy as np
 import pytest

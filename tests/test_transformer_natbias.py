@@ -10,7 +10,7 @@ import torch
 from fairseq.data import Dictionary
 
 from fairseq_natbias import unigram
-from fairseq_natbias.cli.step0 import build_from_training_args, validation_divergence
+from fairseq_natbias.cli.step0 import build_from_training_args
 from natbias_testing import TINY_MODEL, fairseq, train
 from test_unigram import hand_counts
 

@@ -38,7 +38,7 @@ SEED=${SEED-1}                      # the translation example's seed: the runs d
 TRAIN_ARGS=${TRAIN_ARGS-}           # more fairseq-train options
 BEAM=${BEAM-5}                      # beam size
 
-# The examples' shared plumbing: --help, say, die, example_data, logged, text_file, first_lines, REPO.
+# The examples' shared plumbing: --help, say, die, example_data, logged, in_id_order, text_file, first_lines, REPO.
 source "$(dirname "$0")/../common.sh"
 example_help "$@"
 example_needs fairseq-train "fairseq and fairseq_natbias"
@@ -100,7 +100,7 @@ else
         --max-len-a 1.2 --max-len-b 10 --batch-size 128 --required-batch-size-multiple 1 \
         --remove-bpe sentencepiece --num-workers 0
     mv "$RUN/generate.log" "$RUN/test.gen"
-    grep '^D-' "$RUN/test.gen" | cut -c3- | LC_ALL=C sort -n -k1,1 | cut -f3 >"$RUN/test.hyp"
+    in_id_order "$RUN/test.gen" "$RUN/test.hyp"
 fi
 sacrebleu "$TRANSLATION_WORK/raw/test.$TGT" -i "$RUN/test.hyp" -m bleu chrf -f text >"$RUN/test.scores"
 say "test scores (best checkpoint, beam $BEAM), with the translation example's runs:"

@@ -51,33 +51,13 @@ PROMPT=${PROMPT-"A man"}            # text sample.py continues
 LAMBDAS=${LAMBDAS-"1 0.5 0"}        # output-bias scales for sample.py and natbias-lm-sweep
 SWEEP_ARGS=${SWEEP_ARGS-}           # more natbias-lm-sweep options, e.g. "--decoding beam"
 
-# The examples' shared plumbing: --help, say, die, example_data, logged, text_file, first_lines, HERE, REPO.
+# The examples' shared plumbing: --help, say, die, example_data, stage_text, logged, text_file, first_lines, HERE, REPO.
 source "$(dirname "$0")/../common.sh"
 example_help "$@"
 example_needs fairseq-train "fairseq and fairseq_natbias"
 
-raw_file() {  # DATA/<name>.<lang> or .gz, whichever exists
-    text_file "$DATA/$1.$LANG_ID" ||
-        die "DATA=$DATA has no $1.$LANG_ID[.gz]: set DATA to a folder with $TRAIN, $VALID and $TEST .$LANG_ID[.gz] (names: TRAIN, VALID, TEST; language: LANG_ID)"
-}
-
 # --- 1. raw text, the first TRAIN_LINES / EVAL_LINES lines --------------------------------------
-stage_text() {
-    # Staged before from the default data: done, without looking for it again.
-    [[ -z $DATA && -f $WORK/raw/test.$LANG_ID ]] && { say "raw text: $WORK/raw exists, skipped"; return; }
-    example_data "$LANG_ID"
-    local split name path lines
-    for split in TRAIN VALID TEST; do raw_file "${!split}" >/dev/null; done
-    [[ -f $WORK/raw/test.$LANG_ID ]] && { say "raw text: $WORK/raw exists, skipped"; return; }
-    mkdir -p "$WORK/raw"
-    for split in train valid test; do  # test last: its presence means the staging is complete
-        name=${split^^} && name=${!name}
-        lines=$([[ $split == train ]] && echo "$TRAIN_LINES" || echo "$EVAL_LINES")
-        path=$(raw_file "$name")
-        first_lines "$lines" "$path" >"$WORK/raw/$split.$LANG_ID.part"
-        mv "$WORK/raw/$split.$LANG_ID.part" "$WORK/raw/$split.$LANG_ID"
-    done
-}
+# (examples/common.sh's stage_text)
 
 # --- 2. SentencePiece on this one language ------------------------------------------------------------
 sentencepiece() {
@@ -170,7 +150,7 @@ sweep() {
 }
 
 mkdir -p "$WORK"
-stage_text
+stage_text "$LANG_ID"
 sentencepiece
 preprocess
 for init in $INITS; do

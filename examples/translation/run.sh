@@ -49,39 +49,13 @@ TRAIN_ARGS=${TRAIN_ARGS-}           # more fairseq-train options, e.g. "--cpu" o
 # --- evaluation -------------------------------------------------------------------------
 BEAM=${BEAM-5}                      # beam size
 
-# The examples' shared plumbing: --help, say, die, example_data, logged, text_file, first_lines, HERE.
+# The examples' shared plumbing: --help, say, die, example_data, stage_text, logged, in_id_order, text_file, first_lines, HERE.
 source "$(dirname "$0")/../common.sh"
 example_help "$@"
 example_needs fairseq-train "fairseq and fairseq_natbias"
 
-raw_file() {  # DATA/<name>.<lang> or .gz, whichever exists
-    text_file "$DATA/$1.$2" ||
-        die "DATA=$DATA has no $1.$2[.gz]: set DATA to a folder with $TRAIN, $VALID and $TEST .{$SRC,$TGT}[.gz] (names: TRAIN, VALID, TEST; languages: SRC, TGT)"
-}
-
 # --- 1. raw text: the first TRAIN_LINES / EVAL_LINES lines of each file --------------------
-stage_text() {
-    # Staged before from the default data: done, without looking for it again.
-    [[ -z $DATA && -f $WORK/raw/test.$TGT ]] && { say "raw text: $WORK/raw exists, skipped"; return; }
-    example_data "$SRC" "$TGT"
-    local split name lines lang path
-    for split in TRAIN VALID TEST; do
-        for lang in "$SRC" "$TGT"; do raw_file "${!split}" "$lang" >/dev/null; done
-    done
-    [[ -f $WORK/raw/test.$TGT ]] && { say "raw text: $WORK/raw exists, skipped"; return; }
-    mkdir -p "$WORK/raw"
-    for split in train valid test; do
-        name=${split^^} && name=${!name}  # TRAIN, VALID, TEST
-        lines=$([[ $split == train ]] && echo "$TRAIN_LINES" || echo "$EVAL_LINES")
-        # test.$TGT last: its presence means the staging is complete.
-        for lang in "$SRC" "$TGT"; do
-            path=$(raw_file "$name" "$lang")
-            first_lines "$lines" "$path" >"$WORK/raw/$split.$lang.part"
-            mv "$WORK/raw/$split.$lang.part" "$WORK/raw/$split.$lang"
-        done
-    done
-    say "raw text: $(wc -l <"$WORK/raw/train.$SRC") training pairs staged in $WORK/raw"
-}
+# (examples/common.sh's stage_text)
 
 # --- 2. one joint SentencePiece model, the text as pieces -------------------------------------
 sentencepiece() {
@@ -129,9 +103,7 @@ generate() {
         --max-len-a 1.2 --max-len-b 10 --batch-size 128 --required-batch-size-multiple 1 \
         --remove-bpe sentencepiece --num-workers 0
     mv "$run/generate.log" "$run/test.gen"
-    # D-<id>: the detokenised hypothesis; fairseq prints them by length, we want id order.
-    grep '^D-' "$run/test.gen" | cut -c3- | LC_ALL=C sort -n -k1,1 | cut -f3 >"$run/test.hyp.part"
-    mv "$run/test.hyp.part" "$run/test.hyp"
+    in_id_order "$run/test.gen" "$run/test.hyp"
 }
 
 # --- 6. score against the raw references --------------------------------------------------------------
@@ -145,7 +117,7 @@ score() {
 }
 
 mkdir -p "$WORK"
-stage_text
+stage_text "$SRC" "$TGT"
 sentencepiece
 preprocess
 for init in $INITS; do

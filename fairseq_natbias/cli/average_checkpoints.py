@@ -99,7 +99,8 @@ def input_paths(args):
 
 def settings(path):
     """What an input's parameters mean: (arch, natural-bias settings as options text)."""
-    from fairseq_natbias.natural_bias import STRUCTURAL, NaturalBiasError, options_text, saved_model_args
+    from fairseq_natbias.checkpoint_settings import saved_model_args
+    from fairseq_natbias.natural_bias_options import STRUCTURAL, NaturalBiasError, options_text
 
     try:
         saved = saved_model_args(path)

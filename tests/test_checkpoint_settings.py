@@ -1,0 +1,254 @@
+"""A checkpoint's natural-bias settings for the model that loads it
+(fairseq_natbias/checkpoint_settings.py): earlier versions' checkpoints load,
+resume and generate as before; resuming with other settings is refused in one
+line, by every way fairseq resumes; fine-tuning says what it does with the bias."""
+
+import argparse
+import filecmp
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from fairseq import checkpoint_utils
+
+from fairseq_natbias import checkpoint_settings, natural_bias_options
+from fairseq_natbias.checkpoint_settings import saved_model_args
+from fairseq_natbias.natural_bias_options import NaturalBiasError
+from natbias_testing import fairseq, train
+
+FIXTURES = Path(__file__).parent / "fixtures"
+V010 = FIXTURES / "v0.1.0"
+V020 = FIXTURES / "v0.2.0"  # made with the same model and commands as v0.1.0's
+# The model of the v0.1.0 checkpoint (its README says how it was made).
+V010_MODEL = [
+    "--encoder-layers", "1", "--decoder-layers", "1",
+    "--encoder-embed-dim", "16", "--decoder-embed-dim", "16",
+    "--encoder-ffn-embed-dim", "32", "--decoder-ffn-embed-dim", "32",
+    "--encoder-attention-heads", "2", "--decoder-attention-heads", "2",
+    "--share-decoder-input-output-embed",
+]
+GENERATE = ["--beam", "5", "--cpu", "--max-len-b", "10", "--required-batch-size-multiple", "1"]
+
+
+# --- checkpoints of earlier versions ----------------------------------------------------
+
+
+@pytest.mark.parametrize("fixture", [V010, V020], ids=["v0.1.0", "v0.2.0"])
+def test_old_fixtures_match_the_toy_corpus(toy_bin, fixture):
+    for name in ("dict.src.txt", "dict.tgt.txt"):
+        assert filecmp.cmp(toy_bin / name, fixture / name, shallow=False), name
+
+
+def test_v020_checkpoint_builds_its_linear_gain_exactly(toy_bin):
+    """0.2.0's gain was g = C u; its checkpoint recorded no gain form. Loaded
+    now it gets the linear form, so g = 20 u (0.0381) as it trained to."""
+    path = V020 / "checkpoint_last.pt"
+    models, cfg, _ = checkpoint_utils.load_model_ensemble_and_task(
+        [str(path)], arg_overrides={"data": str(toy_bin)})
+    saved = torch.load(path, map_location="cpu", weights_only=False)["model"]
+    built = models[0].state_dict()
+    assert cfg.model.natbias_weight_init == "gain" and cfg.model.natbias_gain_form == "linear"
+    assert sorted(built) == sorted(saved)
+    assert all(torch.equal(built[name], saved[name]) for name in saved)
+    u = saved["decoder.output_projection.gain_param"].item()
+    gain = models[0].decoder.output_projection.gain().item()
+    assert gain == pytest.approx(20.0 * u, rel=1e-6)
+    assert gain < 0.05  # it dipped in its 4 updates; exp(20 u) would be ~1.0
+
+
+def test_v020_checkpoint_resumes_with_its_linear_gain_whatever_the_default(monkeypatch):
+    """0.2.0 recorded no gain form: resuming reads it as linear even where
+    the default form is another, and takes it (the option was defaulted)."""
+    monkeypatch.setitem(natural_bias_options.DEFAULTS, "natbias_gain_form", "exp")
+    args = argparse.Namespace()
+    natural_bias_options.set_defaults(args)
+    assert args.natbias_gain_form == "exp" and args.natbias_gain_speed == 100
+    checkpoint_settings.reconcile_with_checkpoint(args, "resume", str(V020 / "checkpoint_last.pt"))
+    assert (args.natbias_gain_form, args.natbias_gain_speed) == ("linear", 20)
+
+
+def _resume_fixture(fixture, toy_bin, tmp_path):
+    """fairseq-train resumes the fixture's checkpoint (4 updates) to update 6;
+    returns the log and the checkpoint it wrote."""
+    save_dir = tmp_path / "ckpt"
+    save_dir.mkdir()
+    shutil.copy(fixture / "checkpoint_last.pt", save_dir / "checkpoint_last.pt")
+    result = train(toy_bin, save_dir, *V010_MODEL, model=[], max_update=6)
+    log = result.stdout + result.stderr
+    assert "@ 4 updates" in log  # really resumed
+    return log, torch.load(save_dir / "checkpoint_last.pt", map_location="cpu")
+
+
+def test_v020_checkpoint_resumes_through_fairseq_train(toy_bin, tmp_path):
+    _, state = _resume_fixture(V020, toy_bin, tmp_path)
+    assert state["cfg"]["model"].natbias_gain_form == "linear"  # now recorded
+    assert state["optimizer_history"][-1]["num_updates"] == 6
+
+
+def test_v010_checkpoint_builds_its_own_model_exactly(toy_bin):
+    """A checkpoint trained by 0.1.0 (default weight init ``fairseq``) is
+    built with its own init: no gain, every tensor the one it saved."""
+    path = V010 / "checkpoint_last.pt"
+    models, cfg, _ = checkpoint_utils.load_model_ensemble_and_task(
+        [str(path)], arg_overrides={"data": str(toy_bin)})
+    saved = torch.load(path, map_location="cpu", weights_only=False)["model"]
+    built = models[0].state_dict()
+    assert cfg.model.natbias_weight_init == "fairseq"
+    assert not [name for name, _ in models[0].named_parameters() if "gain" in name]
+    assert sorted(built) == sorted(saved)
+    assert all(torch.equal(built[name], saved[name]) for name in saved)
+
+
+def _generate_lines(text):
+    """fairseq-generate's lines, with the sentence scores of H-/D- lines as
+    floats: the text (ids, tokens, 4-decimal positional scores, BLEU) is
+    compared exactly, the full-precision scores to 1e-6."""
+    lines = []
+    for line in text.splitlines():
+        fields = line.split("\t")
+        if fields[0][:2] in ("H-", "D-"):
+            lines.append((fields[0], float(fields[1]), *fields[2:]))
+        else:
+            lines.append((line,))
+    return lines
+
+
+@pytest.mark.parametrize("fixture", [V010, V020], ids=["v0.1.0", "v0.2.0"])
+def test_old_checkpoint_generates_as_its_version_did(toy_bin, fixture):
+    """The same translations, positional scores and BLEU line as the version
+    that trained the checkpoint printed (``generate.out`` beside it). The
+    full-precision sentence scores are compared to 1e-6, not bit for bit:
+    their last bits depend on the CPU's float kernels (the v0.1.0 fixture was
+    recorded on another CPU; on this one 0.1.0's own code prints the same
+    digits as today's, checked by hand with a worktree of c0d37c9), not on
+    this package."""
+    result = fairseq("fairseq-generate", toy_bin, "--user-dir", "fairseq_natbias",
+                     "--path", fixture / "checkpoint_last.pt", *GENERATE)
+    got = _generate_lines(result.stdout)
+    expected = _generate_lines((fixture / "generate.out").read_text())
+    assert len(got) == len(expected)
+    for got_line, expected_line in zip(got, expected):
+        if len(expected_line) > 1:  # an H- or D- line
+            assert got_line[0] == expected_line[0] and got_line[2:] == expected_line[2:]
+            assert got_line[1] == pytest.approx(expected_line[1], abs=1e-6), expected_line[0]
+        else:
+            assert got_line == expected_line
+
+
+def test_v010_checkpoint_resumes_with_its_own_weight_init(toy_bin, tmp_path):
+    log, state = _resume_fixture(V010, toy_bin, tmp_path)
+    assert "with its own --natbias-init unigram --natbias-weight-init fairseq" in log
+    assert state["cfg"]["model"].natbias_weight_init == "fairseq"
+    assert "decoder.output_projection.gain_param" not in state["model"]
+    assert state["optimizer_history"][-1]["num_updates"] == 6
+
+
+# --- resuming and fine-tuning with other settings --------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def unigram_run(toy_bin, tmp_path_factory):
+    """One update of the default model (unigram bias, gain init)."""
+    save_dir = tmp_path_factory.mktemp("unigram_run")
+    train(toy_bin, save_dir, max_update=1)
+    return save_dir / "checkpoint_last.pt"
+
+
+@pytest.mark.parametrize("options, asked", [
+    (["--natbias-init", "zero"], "--natbias-init zero"),
+    (["--natbias-init", "none"], "--natbias-init none"),
+    (["--natbias-weight-init", "fairseq"], "--natbias-weight-init fairseq"),
+    (["--natbias-gain-speed", "50"], "--natbias-gain-speed 50"),
+    (["--natbias-gain-form", "exp"], "--natbias-gain-form exp"),
+])
+def test_resuming_with_other_settings_is_refused(toy_bin, tmp_path, unigram_run,
+                                                 options, asked):
+    save_dir = tmp_path / "ckpt"
+    save_dir.mkdir()
+    shutil.copy(unigram_run, save_dir / "checkpoint_last.pt")
+    result = train(toy_bin, save_dir, *options, max_update=2, check=False)
+    assert result.returncode != 0
+    message = result.stderr.strip().splitlines()[-1]
+    assert message.startswith("fairseq_natbias: error: ")
+    assert ("--natbias-init unigram --natbias-weight-init gain --natbias-gain-speed 20 "
+            "--natbias-gain-form linear") in message
+    assert asked in message and "--save-dir" in message
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("how", ["continue-once", "restore-file-with-suffix"])
+def test_every_way_fairseq_resumes_is_checked(toy_bin, tmp_path, unigram_run, how):
+    """fairseq loads --continue-once on a first launch, and a non-default
+    --restore-file with the --checkpoint-suffix put before its .pt: a bias
+    setting that disagrees with that checkpoint is refused there too."""
+    save_dir = tmp_path / "ckpt"
+    if how == "continue-once":
+        options = ["--continue-once", unigram_run]
+    else:
+        shutil.copy(unigram_run, tmp_path / "start-x.pt")
+        options = ["--restore-file", tmp_path / "start.pt", "--checkpoint-suffix=-x"]
+    result = train(toy_bin, save_dir, "--natbias-init", "zero", *options, max_update=2,
+                   check=False)
+    assert result.returncode != 0
+    message = result.stderr.strip().splitlines()[-1]
+    assert message.startswith("fairseq_natbias: error: ") and "--natbias-init zero" in message
+    assert "Traceback" not in result.stderr
+
+
+def test_resuming_from_a_file_that_is_no_checkpoint_says_so(toy_bin, tmp_path):
+    save_dir = tmp_path / "ckpt"
+    save_dir.mkdir()
+    (save_dir / "checkpoint_last.pt").write_bytes(b"not a checkpoint\n" * 4)
+    result = train(toy_bin, save_dir, max_update=2, check=False)
+    assert result.returncode != 0
+    message = result.stderr.strip().splitlines()[-1]
+    assert "checkpoint_last.pt is not a fairseq checkpoint" in message
+    assert "Traceback" not in result.stderr
+
+
+def test_saved_model_args_refuses_a_pickle_of_something_else(tmp_path):
+    path = tmp_path / "list.pt"
+    torch.save([1, 2, 3], path)
+    with pytest.raises(NaturalBiasError, match="holds a list, not a fairseq checkpoint"):
+        saved_model_args(str(path))
+
+
+def test_resuming_with_the_same_settings_given_explicitly_works(toy_bin, tmp_path, unigram_run):
+    save_dir = tmp_path / "ckpt"
+    save_dir.mkdir()
+    shutil.copy(unigram_run, save_dir / "checkpoint_last.pt")
+    result = train(toy_bin, save_dir, "--natbias-init", "unigram",
+                   "--natbias-weight-init", "gain", max_update=2)
+    assert "@ 1 updates" in result.stdout + result.stderr
+
+
+def test_finetuning_keeps_the_checkpoint_bias_and_says_so(toy_bin, tmp_path, unigram_run):
+    result = train(toy_bin, tmp_path / "finetuned", "--natbias-init", "zero",
+                   "--finetune-from-model", unigram_run, max_update=2)
+    log = result.stdout + result.stderr
+    assert "fine-tuning from" in log and "not re-initialised or recounted" in log
+    assert "--natbias-init on the command line ignored" in log
+    trained = torch.load(unigram_run, map_location="cpu")["model"]
+    state = torch.load(tmp_path / "finetuned/checkpoint_last.pt", map_location="cpu")
+    assert state["cfg"]["model"].natbias_init == "unigram"
+    # Fine-tuning started from the trained bias (1 more update moves it a little).
+    bias = state["model"]["decoder.output_projection.bias"]
+    torch.testing.assert_close(bias, trained["decoder.output_projection.bias"],
+                               atol=5e-3, rtol=0)
+
+
+def test_resumed_run_still_generates_without_training_data(toy_bin, fresh_copy, tmp_path):
+    """A checkpoint written after resuming keeps the counted marker: a model
+    built from its config loads weights instead of counting."""
+    data = fresh_copy(toy_bin)
+    train(data, tmp_path / "ckpt", max_update=1)
+    train(data, tmp_path / "ckpt", max_update=2)
+    for path in data.glob("train.*"):
+        path.unlink()
+    moved = tmp_path / "moved.pt"
+    shutil.move(tmp_path / "ckpt/checkpoint_last.pt", moved)
+    shutil.rmtree(tmp_path / "ckpt")
+    result = fairseq("fairseq-generate", data, "--user-dir", "fairseq_natbias",
+                     "--path", moved, *GENERATE)
+    assert "Translated 20 sentences" in result.stderr

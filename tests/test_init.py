@@ -1,0 +1,95 @@
+"""The package's import: what registers with fairseq, and the log-only tools
+that start without torch or fairseq (fairseq_natbias/__init__.py)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import fairseq_natbias
+from natbias_testing import BIN
+
+
+def _simple_log(points):
+    return "".join(
+        f"2026-01-01 10:00:00 | INFO | train_inner | epoch 001:  {u:5d} / 9 loss=4.4, "
+        f"kl_unigram=0.5, kl_uniform=1.2, bias_norm=30.0, bias_kl=0.1, num_updates={u}\n"
+        f"2026-01-01 10:00:00 | INFO | valid | epoch 001 | valid on 'valid' subset | "
+        f"loss 4.5 | bleu {bleu} | num_updates {u}\n" for u, bleu in points)
+
+
+def _top_level_imports(stderr):
+    """Top-level module names from ``python -X importtime``'s report."""
+    names = set()
+    for line in stderr.splitlines():
+        if line.startswith("import time:") and "|" in line:
+            names.add(line.rsplit("|", 1)[1].strip().split(".")[0])
+    return names
+
+
+def _run_profiled(tool, *args):
+    env = dict(os.environ, PYTHONPROFILEIMPORTTIME="1", PYTHONWARNINGS="ignore")
+    return subprocess.run([str(BIN / tool), *map(str, args)], capture_output=True, text=True,
+                          env=env, timeout=120)
+
+
+def test_log_only_tools_do_their_work_without_torch_or_fairseq(tmp_path):
+    """The installed console scripts, as a user starts them."""
+    log = tmp_path / "grid" / "toy" / "unigram" / "seed1" / "train.log"
+    log.parent.mkdir(parents=True)
+    log.write_text(_simple_log([(4, 10.0), (8, 20.0)]))
+    (log.parent / "test.bleu.json").write_text(json.dumps(
+        {"name": "BLEU", "score": 30.0, "signature": "nrefs:1|tok:13a"}))
+    (log.parent / "test.chrf.json").write_text("50.0\n")
+    runs = {
+        "natbias-alc": [log, "--max-updates", "0"],
+        "natbias-dynamics": ["--log", f"unigram={log}", "--metrics", "bias_kl",
+                             "--out-dir", tmp_path / "dynamics"],
+        "natbias-report": [tmp_path / "grid", "--out-dir", tmp_path / "report"],
+    }
+    assert set(runs) == fairseq_natbias.LOG_ONLY_TOOLS
+    for tool, args in runs.items():
+        done = _run_profiled(tool, *args)
+        assert done.returncode == 0, f"{tool}: {done.stdout}{done.stderr[-2000:]}"
+        imported = _top_level_imports(done.stderr)
+        assert "numpy" in imported, tool  # the report is read: the tool did import
+        assert not imported & {"torch", "fairseq"}, (tool, imported & {"torch", "fairseq"})
+    # Their outputs: the ALC of the curve (10 at 4, 20 at 8, over 4..8: 15) ...
+    alc_line = subprocess.run([str(BIN / "natbias-alc"), str(log), "--max-updates", "0"],
+                              capture_output=True, text=True, check=True).stdout.splitlines()[0]
+    assert alc_line.split("\t")[1].startswith("15.0000")
+    # ... a plot and a table.
+    assert (tmp_path / "dynamics" / "bias_kl.png").stat().st_size > 10_000
+    assert any(path.suffix == ".md" for path in (tmp_path / "report").iterdir())
+
+
+def test_any_other_process_registers_on_import():
+    """fairseq's CLIs import the package by --user-dir: registration must not wait."""
+    code = ("import sys; sys.argv = ['fairseq-train']; import fairseq_natbias\n"
+            "from fairseq.models import ARCH_MODEL_REGISTRY\n"
+            "from fairseq.criterions import CRITERION_REGISTRY\n"
+            "print('transformer_natbias' in ARCH_MODEL_REGISTRY,"
+            " 'transformer_lm_natbias' in ARCH_MODEL_REGISTRY,"
+            " 'unigram_regularized_cross_entropy' in CRITERION_REGISTRY)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout
+    assert out.split() == ["True", "True", "True"]
+
+
+def test_register_twice_is_harmless():
+    from fairseq.models import ARCH_MODEL_REGISTRY
+
+    fairseq_natbias.register()
+    fairseq_natbias.register()
+    assert "transformer_natbias" in ARCH_MODEL_REGISTRY
+
+
+def test_one_version_everywhere():
+    """The package, setup.py and CITATION.cff name the same version."""
+    import re
+
+    from natbias_testing import REPO
+
+    setup = re.search(r'version="([^"]+)"', (REPO / "setup.py").read_text())[1]
+    citation = re.search(r"^version: (\S+)$", (REPO / "CITATION.cff").read_text(), re.M)[1]
+    assert fairseq_natbias.__version__ == setup == citation

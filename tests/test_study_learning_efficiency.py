@@ -1,0 +1,78 @@
+"""benchmarks/study_learning_efficiency.py's arithmetic on runs written here:
+the options of a --converge run, and the table of a converged study (stock's
+best validation NLL as the target, the update of each run's best, the ratio to
+stock's best update, both test sets), checked against values worked by hand."""
+
+import importlib.util
+import json
+
+import pytest
+
+from natbias_testing import REPO
+
+SIGNATURES = {"bleu_signature": "nrefs:1|tok:13a", "chrf_signature": "nrefs:1|nc:6"}
+
+
+@pytest.fixture(scope="module")
+def study():
+    spec = importlib.util.spec_from_file_location(
+        "study_learning_efficiency", REPO / "benchmarks" / "study_learning_efficiency.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _write_run(run_dir, curve, bleu_2016, bleu_2017, step0=8.0):
+    """A finished --converge run: fairseq's json valid lines, update 0 and scores."""
+    run_dir.mkdir(parents=True)
+    (run_dir / "train.log").write_text("".join(
+        f'2026-11-23 16:34:33 | INFO | valid | {{"epoch": 1, "valid_loss": "{nll + 1}", '
+        f'"valid_nll_loss": "{nll}", "valid_num_updates": "{update}"}}\n'
+        for update, nll in curve))
+    (run_dir / "step0.json").write_text(json.dumps({"nll": step0, "unigram_ce": 8.1}))
+    (run_dir / "test_scores.json").write_text(json.dumps(
+        {"bleu": bleu_2016, "chrf": 50.0, **SIGNATURES}))
+    (run_dir / "test_2017_flickr_scores.json").write_text(json.dumps(
+        {"bleu": bleu_2017, "chrf": 45.0, **SIGNATURES}))
+    (run_dir / "done").touch()
+
+
+def test_converge_options_drop_bleu_and_pick_the_best_by_nll(study):
+    options = study.converge_options(study.Translation.options, "nll_loss")
+    assert not any(option.startswith("--eval-bleu") or option == "--maximize-best-checkpoint-metric"
+                   for option in options)
+    assert "{" not in " ".join(options)  # --eval-bleu-args' value went with it
+    assert options[-2:] == ["--best-checkpoint-metric", "nll_loss"]
+    assert "--share-all-embeddings" in options  # the model's options stay
+
+
+def test_converged_table_aims_at_stocks_best(study, tmp_path):
+    # stock's seeds are best (4.0, 3.8) at updates 1000 and 1500, then worse:
+    # the target is their mean, 3.9, and stock's mean best update 1250.
+    stock = {1: [(500, 5.0), (1000, 4.0), (1500, 4.2)],
+             2: [(500, 5.0), (1000, 4.2), (1500, 3.8), (2000, 3.9)]}
+    # The natbias arm falls through 3.9 between 500 (4.3) and 750 (3.5): at
+    # 500 + 250 * (4.3 - 3.9) / (4.3 - 3.5) = 625, in both seeds.
+    natbias = {1: [(500, 4.3), (750, 3.5), (1000, 3.6)],
+               2: [(500, 4.3), (750, 3.5), (1000, 3.4), (1250, 3.45)]}
+    root = tmp_path / "short-converge"
+    for seed in (1, 2):
+        _write_run(root / "stock" / f"seed{seed}", stock[seed], 20.0 + seed, 18.0 + seed, 13.7)
+        _write_run(root / "gain-unigram" / f"seed{seed}", natbias[seed], 23.0 + seed, 20.0 + seed)
+    task = study.Translation("de-en", ("test_2017_flickr",))
+    arms = [study.Arm.parse("stock"), study.Arm.parse("gain/unigram")]
+    rows, target, _, _ = study.summarise(task, root, arms, [1, 2], converge=True)
+    assert target == pytest.approx(3.9)
+    by_arm = {row["arm"]: row for row in rows}
+    assert by_arm["gain/unigram"]["reach"] == [pytest.approx(625.0)] * 2
+    assert by_arm["stock"]["best_update"] == [1000, 1500]
+    assert by_arm["stock"]["last_update"] == [1500, 2000]
+    assert by_arm["gain/unigram"]["best_update"] == [750, 1000]
+    assert by_arm["gain/unigram"]["best_nll"].mean == pytest.approx((3.5 + 3.4) / 2)
+    assert by_arm["gain/unigram"]["bleu_test_2017_flickr"].mean == pytest.approx(21.5)
+    table = study.markdown_converged(rows, target, "t", study.CONVERGE_TEST_SETS)
+    assert "updates to reach stock's best valid NLL (3.900)" in table
+    assert "| gain/unigram | 2 | 8.000 ± 0.000 (n=2) | 625, 625 | 3.450 ± 0.050 (n=2) | 750, 1000 | 1000, 1250 |" in table
+    # 625 of stock's 1250: 0.50x; BLEU 24.5 against 21.5 (2016), 21.5 against 19.5 (2017).
+    assert "updates to reach stock: 0.50x of stock's 1250 to its best" in table
+    assert "test BLEU +3.000" in table and "test_2017_flickr BLEU +2.000" in table
