@@ -77,7 +77,17 @@ class BiasDivergenceHook:
     def attach(self, task) -> None:
         """Wrap the task's methods once; they dispatch to the hook of the
         latest model built for the task (the one the model's own ``forward``
-        consults), so a second model built on the same task is measured too."""
+        consults), so a second model built on the same task is measured too.
+
+        Why wrap the task: the hook has to know whether a step is a training
+        step due for statistics or a validation step, to add its sums to that
+        step's logging output, and to log after fairseq reduces them, whatever
+        the criterion. In fairseq 0.12 only the task's ``train_step``,
+        ``valid_step`` and ``reduce_metrics`` see all three; the model hears of
+        the update count alone (``set_num_updates``) and a criterion is the
+        user's choice. Subclassing the task would need a task of our own per
+        fairseq task (translation, language_modeling, ...), and a user's own
+        task would lose the hook."""
         already_wrapped = getattr(task, "_natbias_hook", None) is not None
         task._natbias_hook = self
         if already_wrapped:

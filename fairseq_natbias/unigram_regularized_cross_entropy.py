@@ -280,7 +280,15 @@ def _compare_with_model_unigram(model, log_omega) -> None:
 
 def _follow_training(task, criterion) -> None:
     """Wrap the task once: ``begin_epoch`` prepares the latest criterion built
-    for it, ``train_step`` passes ``update_num`` to the criterion it runs."""
+    for it, ``train_step`` passes ``update_num`` to the criterion it runs.
+
+    Why wrap the task: fairseq 0.12 tells the model the update count
+    (``FairseqTask.train_step`` calls ``model.set_num_updates``) and the task
+    the epoch, but never the criterion, whose regulariser weight follows the
+    update count (App. A.4) and which must see the model before the first
+    step. The task is the one object that sees both, whatever the model and
+    the task type; a task subclass per fairseq task would not serve a user's
+    own task."""
     already_wrapped = getattr(task, "_unigram_reg_criterion", None) is not None
     task._unigram_reg_criterion = criterion
     if already_wrapped:

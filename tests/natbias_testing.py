@@ -48,6 +48,16 @@ TINY_TRAINING = [
 ]
 
 
+def benchmark_script(name):
+    """benchmarks/<name>.py imported as a module (benchmarks/ is no package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def fairseq(tool, *args, cwd=None, check=True, env=None, in_process=True):
     """Run a real fairseq entry point (fairseq-train, fairseq-generate, ...) or
     one of this package's console scripts; returns a CompletedProcess.

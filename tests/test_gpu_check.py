@@ -2,7 +2,6 @@
 and the whole script with --smoke (CPU) on a slice of real Multi30k: table,
 figures read back from the logs, finished runs skipped, the no-GPU stop."""
 
-import importlib.util
 import json
 import os
 import re
@@ -11,17 +10,14 @@ import sys
 
 import pytest
 
-from natbias_testing import REPO, write_multi30k_slice
+from natbias_testing import REPO, benchmark_script, write_multi30k_slice
 
 SCRIPT = REPO / "benchmarks" / "gpu_check.py"
 SLICE = {"train": 1500, "val": 60, "test_2016_flickr": 40}
 
 
 def load_script():
-    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return benchmark_script("gpu_check")
 
 
 gpu_check = load_script()

@@ -2,13 +2,12 @@
 for the smallest translation and language-model presets on the toy data,
 checked against counts made here from the text and the model's shapes."""
 
-import importlib.util
 import math
 
 import pytest
 from fairseq.data import Dictionary
 
-from natbias_testing import REPO
+from natbias_testing import benchmark_script
 from test_transformer_natbias import hand_log_unigram
 from test_unigram import hand_counts
 
@@ -24,11 +23,7 @@ KNOWN = {
 
 @pytest.fixture(scope="module")
 def script():
-    spec = importlib.util.spec_from_file_location(
-        "step0_presets", REPO / "benchmarks" / "step0_presets.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return benchmark_script("step0_presets")
 
 
 def hand_unigram_ce(text_dir, train, valid, dictionary):

@@ -3,23 +3,18 @@ the options of a --converge run, and the table of a converged study (stock's
 best validation NLL as the target, the update of each run's best, the ratio to
 stock's best update, both test sets), checked against values worked by hand."""
 
-import importlib.util
 import json
 
 import pytest
 
-from natbias_testing import REPO
+from natbias_testing import benchmark_script
 
 SIGNATURES = {"bleu_signature": "nrefs:1|tok:13a", "chrf_signature": "nrefs:1|nc:6"}
 
 
 @pytest.fixture(scope="module")
 def study():
-    spec = importlib.util.spec_from_file_location(
-        "study_learning_efficiency", REPO / "benchmarks" / "study_learning_efficiency.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return benchmark_script("study_learning_efficiency")
 
 
 def _write_run(run_dir, curve, bleu_2016, bleu_2017, step0=8.0):
