@@ -337,6 +337,13 @@ def finished(task, run_dir):
     return (run_dir / "done").exists() and task.finished(run_dir)
 
 
+def band_of(values):
+    """Standard error over seeds (rows) of each column; 0 for one seed."""
+    if len(values) < 2:
+        return np.zeros(values.shape[1])
+    return values.std(0, ddof=1) / np.sqrt(len(values))
+
+
 def band(curves):
     """Mean ± standard error over seeds on the first run's grid."""
     grid = curves[0][0]
@@ -443,6 +450,47 @@ def markdown(rows, target, title):
         out += [f"test BLEU signature: `{rows[0]['signatures'][0]}`; "
                 f"chrF: `{rows[0]['signatures'][1]}`"]
     return "\n".join(out + comparisons(rows)) + "\n"
+
+
+HORIZONS = (1000, 2000, 4000, 6000, 8000, 10000, 12000, 16000, 20000, 30000)
+
+
+def reach_by_horizon(task, study_dir, arms, seeds):
+    """For each arm but stock and each horizon h (within every stock run):
+    the updates it needs to reach stock's mean validation NLL at update h,
+    as a fraction of h, one value per seed; ``{arm name: (horizons,
+    ratios[seed][horizon])}``. Shows whether the head start lasts."""
+    runs = {arm: [r for r in (study_dir / arm.folder / f"seed{s}" for s in seeds)
+                  if finished(task, r)] for arm in arms}
+    loss = task.loss_key
+    stock = [curve(r, loss, loss) for arm, dirs in runs.items()
+             if arm.name == REFERENCE_ARM for r in dirs]
+    if not stock:
+        return {}
+    horizons = [h for h in HORIZONS if h <= min(u[-1] for u, _ in stock)]
+    targets = [float(np.mean([np.interp(h, u, v) for u, v in stock])) for h in horizons]
+    found = {}
+    for arm, dirs in runs.items():
+        if arm.name == REFERENCE_ARM or not dirs:
+            continue
+        ratios = [[updates_to_reach(*curve(r, loss, loss), target) / h
+                   for h, target in zip(horizons, targets)] for r in dirs]
+        found[arm.name] = (horizons, np.array(ratios))
+    return found
+
+
+def markdown_reach_by_horizon(found):
+    if not found:
+        return ""
+    horizons = next(iter(found.values()))[0]
+    out = ["", "Updates to reach stock's validation NLL at update h, as a fraction of h "
+           "(mean over seeds; 1 = no head start):", "",
+           "| arm | " + " | ".join(f"h = {h}" for h in horizons) + " |",
+           "|---" * (len(horizons) + 1) + "|"]
+    for name, (_, ratios) in found.items():
+        out.append(f"| {name} | " + " | ".join(mean_stderr(list(column)).format(2, count=False)
+                                              for column in ratios.T) + " |")
+    return "\n".join(out) + "\n"
 
 
 def markdown_converged(rows, target, title, test_sets):
@@ -605,6 +653,16 @@ def main():
              else markdown(rows, target, title))
     outputs = {"md": study_dir / "study.md", "nll": study_dir / "study_valid_nll.png",
                "bleu": study_dir / "study_valid_bleu.png"}
+    if args.converge:
+        found = reach_by_horizon(task, study_dir, arms, args.seeds)
+        table += markdown_reach_by_horizon(found)
+        if found:
+            outputs["reach"] = study_dir / "study_reach_by_horizon.png"
+            plots.curve_panels({title: [
+                {"label": name, "x": horizons, "mean": ratios.mean(0),
+                 "low": ratios.mean(0) - band_of(ratios), "high": ratios.mean(0) + band_of(ratios)}
+                for name, (horizons, ratios) in found.items()]},
+                "updates to reach stock at h / h", str(outputs["reach"]), logx=True)
     outputs["md"].write_text(table)
     plots.curve_panels({title: nll_lines}, "validation NLL (bits/token)",
                        str(outputs["nll"]), logx=False)

@@ -71,3 +71,10 @@ def test_converged_table_aims_at_stocks_best(study, tmp_path):
     # 625 of stock's 1250: 0.50x; BLEU 24.5 against 21.5 (2016), 21.5 against 19.5 (2017).
     assert "updates to reach stock: 0.50x of stock's 1250 to its best" in table
     assert "test BLEU +3.000" in table and "test_2017_flickr BLEU +2.000" in table
+    # Reach by horizon, h = 1000 only (stock's shortest run ends at 1500):
+    # stock's mean NLL there is (4.0 + 4.2) / 2 = 4.1, which the natbias arm
+    # crosses at 500 + 250 * (4.3 - 4.1) / (4.3 - 3.5) = 562.5 in both seeds.
+    horizons, ratios = study.reach_by_horizon(task, root, arms, [1, 2])["gain/unigram"]
+    assert horizons == [1000] and ratios.tolist() == [[pytest.approx(0.5625)]] * 2
+    assert "| gain/unigram | 0.56 ± 0.00 |" in study.markdown_reach_by_horizon(
+        {"gain/unigram": (horizons, ratios)})
