@@ -29,6 +29,7 @@ import sys
 import time
 from pathlib import Path
 
+from fairseq_natbias import sentencepiece_text
 from fairseq_natbias.analysis import fairseq_logs
 from fairseq_natbias.analysis.generate_output import parse_generate_output
 from fairseq_natbias.analysis.sweep import quality
@@ -117,8 +118,6 @@ def encode_with_sentencepiece(raw, work, langs, vocab_size):
     """work/text/{split}.raw.{lang} and their pieces work/text/{split}.{lang},
     with one SentencePiece unigram model (work/spm.model) trained on the
     training text of every language in ``langs``."""
-    import sentencepiece as spm
-
     text = work / "text"
     text.mkdir(parents=True, exist_ok=True)
     for split in SPLIT_FILES:
@@ -126,17 +125,12 @@ def encode_with_sentencepiece(raw, work, langs, vocab_size):
             (text / f"{split}.raw.{lang}").write_text(
                 "\n".join(read_lines(raw_file(raw, split, lang))) + "\n", encoding="utf-8")
     say(f"sentencepiece: {'joint ' if len(langs) > 1 else ''}unigram model, {vocab_size} pieces")
-    spm.SentencePieceTrainer.train(
-        input=",".join(f"{text}/train.raw.{lang}" for lang in langs),
-        model_prefix=str(work / "spm"),
-        vocab_size=vocab_size, model_type="unigram", character_coverage=1.0,
-        bos_id=-1, eos_id=-1, pad_id=-1, unk_id=0, minloglevel=2, hard_vocab_limit=False,
-    )
-    model = spm.SentencePieceProcessor(model_file=str(work / "spm.model"))
+    sentencepiece_text.train([text / f"train.raw.{lang}" for lang in langs], work / "spm",
+                             vocab_size)
     for split in SPLIT_FILES:
         for lang in langs:
             lines = (text / f"{split}.raw.{lang}").read_text(encoding="utf-8").splitlines()
-            pieces = [" ".join(model.encode(line, out_type=str)) for line in lines]
+            pieces = sentencepiece_text.encode_lines(work / "spm.model", lines)
             (text / f"{split}.{lang}").write_text("\n".join(pieces) + "\n", encoding="utf-8")
     return text
 
@@ -233,14 +227,11 @@ def prepare_test_set(raw, work, data_bin, langs, test_set):
     encoded with work/spm.model and binarised with data_bin's dictionaries
     into work/data-bin-<test_set> (as its ``test`` split), for
     :func:`evaluate`'s ``test_set``."""
-    import sentencepiece as spm
-
     source, target = langs
     destination, text = work / f"data-bin-{test_set}", work / f"text-{test_set}"
     if (destination / f"test.{source}-{target}.{target}.bin").exists():
         return destination
     text.mkdir(parents=True, exist_ok=True)
-    model = spm.SentencePieceProcessor(model_file=str(work / "spm.model"))
     for lang in langs:
         path = next((Path(raw) / f"{test_set}.{lang}{suffix}" for suffix in (".gz", "")
                      if (Path(raw) / f"{test_set}.{lang}{suffix}").exists()), None)
@@ -248,7 +239,7 @@ def prepare_test_set(raw, work, data_bin, langs, test_set):
             raise SystemExit(f"natbias-demo: no {test_set}.{lang}[.gz] in {raw}")
         lines = read_lines(path)
         (text / f"test.raw.{lang}").write_text("\n".join(lines) + "\n", encoding="utf-8")
-        pieces = [" ".join(model.encode(line, out_type=str)) for line in lines]
+        pieces = sentencepiece_text.encode_lines(work / "spm.model", lines)
         (text / f"test.{lang}").write_text("\n".join(pieces) + "\n", encoding="utf-8")
     say(f"fairseq-preprocess {test_set} with {data_bin}'s dictionaries")
     run([tool("fairseq-preprocess"), "--source-lang", source, "--target-lang", target,

@@ -77,31 +77,19 @@ def cmd_stage(args):
 
 
 def cmd_spm_train(args):
-    import sentencepiece as spm
+    """fairseq_natbias.sentencepiece_text's trainer; the recipes' models keep
+    SentencePiece's own <s> and </s> (as they always have)."""
+    from fairseq_natbias import sentencepiece_text
 
-    options = dict(
-        input=",".join(args.input), model_prefix=args.prefix,
-        vocab_size=args.vocab_size, model_type="unigram",
-        # European and African Latin-script text: keep every character seen.
-        character_coverage=1.0,
-        # Small corpora (smoke runs) may not support the requested size.
-        hard_vocab_limit=False,
-        num_threads=args.threads, minloglevel=1,
-    )
-    if args.max_sentences:
-        options.update(input_sentence_size=args.max_sentences, shuffle_input_sentence=True)
-    spm.SentencePieceTrainer.train(**options)
+    sentencepiece_text.train(args.input, args.prefix, args.vocab_size,
+                             keep_sentencepiece_specials=True, threads=args.threads,
+                             max_sentences=args.max_sentences, log_level=1)
 
 
 def cmd_spm_encode(args):
-    import sentencepiece as spm
+    from fairseq_natbias import sentencepiece_text
 
-    model = spm.SentencePieceProcessor(model_file=args.model)
-    for path in args.input:
-        out = Path(args.output_dir) / Path(path).name.removesuffix(".gz")
-        with _open(path) as fin, open(out, "w", encoding="utf-8") as fout:
-            for line in fin:
-                fout.write(" ".join(model.encode(line.strip(), out_type=str)) + "\n")
+    sentencepiece_text.encode_files(args.model, args.input, args.output_dir)
 
 
 # --- evaluation --------------------------------------------------------------------

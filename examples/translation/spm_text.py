@@ -8,37 +8,13 @@
 
 train: one unigram model over all the given files (joint when they are two
 languages); encode: each file's lines as space-separated pieces, written
-under the same name in --output-dir (what fairseq-preprocess reads).
+under the same name in --output-dir (what fairseq-preprocess reads). Both are
+fairseq_natbias.sentencepiece_text's, the demo's and the recipes' too.
 """
 
 import argparse
 import os
 import sys
-
-
-def train(files, model_prefix, vocab_size):
-    import sentencepiece
-
-    sentencepiece.SentencePieceTrainer.train(
-        input=",".join(files), model_prefix=model_prefix, vocab_size=vocab_size,
-        model_type="unigram", character_coverage=1.0,
-        # fairseq's dictionary adds its own <s> </s> <pad>; <unk> stays id 0.
-        bos_id=-1, eos_id=-1, pad_id=-1, unk_id=0,
-        # small corpora may have fewer pieces than asked for: take what there is
-        hard_vocab_limit=False, minloglevel=2,
-    )
-
-
-def encode(files, model, output_dir):
-    import sentencepiece
-
-    processor = sentencepiece.SentencePieceProcessor(model_file=model)
-    os.makedirs(output_dir, exist_ok=True)
-    for path in files:
-        with open(path, encoding="utf-8") as lines:
-            pieces = [" ".join(processor.encode(line.rstrip("\n"), out_type=str)) for line in lines]
-        with open(os.path.join(output_dir, os.path.basename(path)), "w", encoding="utf-8") as out:
-            out.writelines(line + "\n" for line in pieces)
 
 
 def main(argv=None):
@@ -58,10 +34,14 @@ def main(argv=None):
                if not os.path.isfile(path)]
     if missing:
         sys.exit(f"spm_text.py: error: no such file: {missing[0]}")
+    # The package's one SentencePiece trainer and encoder, which the demo and
+    # the recipes use too.
+    from fairseq_natbias import sentencepiece_text
+
     if args.command == "train":
-        train(args.files, args.model_prefix, args.vocab_size)
+        sentencepiece_text.train(args.files, args.model_prefix, args.vocab_size)
     else:
-        encode(args.files, args.model, args.output_dir)
+        sentencepiece_text.encode_files(args.model, args.files, args.output_dir)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,60 @@
+"""SentencePiece on raw text, as fairseq-preprocess reads it: one trainer and
+one encoder for the demo and the study (:mod:`fairseq_natbias.pipeline`), the
+examples (examples/translation/spm_text.py) and the recipes
+(recipes/tools.py), which differ only in the options they pass.
+
+A unigram model over all the given files (joint when they hold two
+languages), keeping every character seen (European and African
+Latin-script text) and taking fewer pieces than asked for where a small
+corpus has no more (``hard_vocab_limit=False``).
+"""
+
+import gzip
+import os
+from pathlib import Path
+
+
+def train(files, model_prefix, vocab_size, keep_sentencepiece_specials=False, threads=None,
+          max_sentences=None, log_level=2):
+    """Train ``<model_prefix>.model`` on ``files``.
+
+    fairseq's dictionary adds its own <s>, </s> and <pad>, so by default
+    SentencePiece reserves only <unk> (id 0); ``keep_sentencepiece_specials``
+    keeps its own <s> and </s> as well (the recipes' models, so that their
+    vocabularies stay as they were). ``max_sentences`` samples that many
+    training lines, shuffled (large corpora)."""
+    import sentencepiece
+
+    options = dict(
+        input=",".join(map(str, files)), model_prefix=str(model_prefix),
+        vocab_size=vocab_size, model_type="unigram", character_coverage=1.0,
+        hard_vocab_limit=False, minloglevel=log_level,
+    )
+    if not keep_sentencepiece_specials:
+        options.update(bos_id=-1, eos_id=-1, pad_id=-1, unk_id=0)
+    if threads:
+        options.update(num_threads=threads)
+    if max_sentences:
+        options.update(input_sentence_size=max_sentences, shuffle_input_sentence=True)
+    sentencepiece.SentencePieceTrainer.train(**options)
+
+
+def encode_lines(model_file, lines):
+    """Each line (stripped of surrounding white space) as space-separated pieces."""
+    import sentencepiece
+
+    processor = sentencepiece.SentencePieceProcessor(model_file=str(model_file))
+    return [" ".join(processor.encode(line.strip(), out_type=str)) for line in lines]
+
+
+def encode_files(model_file, files, output_dir):
+    """Each file (plain or .gz) encoded into ``output_dir`` under its name
+    (without .gz), one line of pieces per line."""
+    os.makedirs(output_dir, exist_ok=True)
+    for path in map(str, files):
+        opener = gzip.open if path.endswith(".gz") else open
+        with opener(path, "rt", encoding="utf-8") as source:
+            pieces = encode_lines(model_file, source)
+        name = Path(path).name.removesuffix(".gz")
+        with open(Path(output_dir) / name, "w", encoding="utf-8") as out:
+            out.writelines(line + "\n" for line in pieces)
