@@ -10,7 +10,7 @@ import importlib
 import os
 import sys
 
-__version__ = "0.3.1"
+__version__ = "0.3.2"
 
 # The modules whose import registers something with fairseq (the two
 # architectures and their models, the criterion), and the two compatibility
@@ -18,11 +18,18 @@ __version__ = "0.3.1"
 # as these modules are imported, which is how --user-dir works.
 REGISTERED_MODULES = ("checkpoint_loading", "numpy_compat", "transformer_lm_natbias",
                       "transformer_natbias", "unigram_regularized_cross_entropy")
-# Console scripts that only read logs and write tables and plots: a process
-# started as one of them skips the registration, so it starts without torch or
-# fairseq (about 5 s on a laptop-class CPU). Any other process, fairseq's own
-# CLIs with --user-dir included, registers on import.
-LOG_ONLY_TOOLS = frozenset({"natbias-alc", "natbias-dynamics", "natbias-report"})
+# Programs that use only the package's text helpers (log and score readers,
+# SentencePiece, finding the data): a process started as one of them skips the
+# registration, so it starts without torch or fairseq (about 5 s on a
+# laptop-class CPU; the recipes and examples call these helpers many times).
+# Any other process, fairseq's own CLIs with --user-dir included, registers on
+# import; a script of one's own can call register() itself.
+TEXT_ONLY_PROGRAMS = frozenset({
+    "natbias-alc", "natbias-dynamics", "natbias-report",  # console scripts
+    "natbias_tools.py",  # recipes/natbias_tools.py, which recipes/lib.sh calls
+    "spm_text.py",  # examples/translation/spm_text.py
+    "fairseq_natbias.data_fetch",  # python -m, as examples/common.sh runs it
+})
 
 
 def plugin_dir() -> str:
@@ -49,9 +56,16 @@ def register():
         importlib.import_module(f"{__name__}.{name}")
 
 
-def started_as_log_only_tool() -> bool:
-    return bool(sys.argv) and os.path.basename(sys.argv[0]) in LOG_ONLY_TOOLS
+def started_as() -> str:
+    """The program this process was started as: the script's file name, or
+    the module of ``python -m MODULE``."""
+    if not sys.argv:
+        return ""
+    if sys.argv[0] == "-m":  # python -m: argv[0] reads "-m" while MODULE's packages import
+        argv = getattr(sys, "orig_argv", [])
+        return argv[argv.index("-m") + 1] if "-m" in argv[:-1] else ""
+    return os.path.basename(sys.argv[0])
 
 
-if not started_as_log_only_tool():
+if started_as() not in TEXT_ONLY_PROGRAMS:
     register()

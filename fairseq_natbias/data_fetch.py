@@ -57,7 +57,10 @@ def expected_files(langs=LANGS) -> str:
 
 
 def raw_file(folder, split, lang):
-    for name in (SPLIT_FILES[split], split):
+    """``folder``'s file of ``split`` (train, valid, test: Multi30k's name or
+    the split's own; any other file stem as it is, e.g. test_2017_flickr) in
+    ``lang``, plain or .gz; None when there is none."""
+    for name in dict.fromkeys((SPLIT_FILES.get(split, split), split)):
         for suffix in (".gz", ""):
             path = Path(folder) / f"{name}.{lang}{suffix}"
             if path.exists():

@@ -127,10 +127,11 @@ def encode_with_sentencepiece(raw, work, langs, vocab_size):
     say(f"sentencepiece: {'joint ' if len(langs) > 1 else ''}unigram model, {vocab_size} pieces")
     sentencepiece_text.train([text / f"train.raw.{lang}" for lang in langs], work / "spm",
                              vocab_size)
+    processor = sentencepiece_text.load(work / "spm.model")
     for split in SPLIT_FILES:
         for lang in langs:
             lines = (text / f"{split}.raw.{lang}").read_text(encoding="utf-8").splitlines()
-            pieces = sentencepiece_text.encode_lines(work / "spm.model", lines)
+            pieces = sentencepiece_text.encode_lines(processor, lines)
             (text / f"{split}.{lang}").write_text("\n".join(pieces) + "\n", encoding="utf-8")
     return text
 
@@ -232,14 +233,14 @@ def prepare_test_set(raw, work, data_bin, langs, test_set):
     if (destination / f"test.{source}-{target}.{target}.bin").exists():
         return destination
     text.mkdir(parents=True, exist_ok=True)
+    processor = sentencepiece_text.load(work / "spm.model")
     for lang in langs:
-        path = next((Path(raw) / f"{test_set}.{lang}{suffix}" for suffix in (".gz", "")
-                     if (Path(raw) / f"{test_set}.{lang}{suffix}").exists()), None)
+        path = raw_file(raw, test_set, lang)
         if path is None:
             raise SystemExit(f"natbias-demo: no {test_set}.{lang}[.gz] in {raw}")
         lines = read_lines(path)
         (text / f"test.raw.{lang}").write_text("\n".join(lines) + "\n", encoding="utf-8")
-        pieces = sentencepiece_text.encode_lines(work / "spm.model", lines)
+        pieces = sentencepiece_text.encode_lines(processor, lines)
         (text / f"test.{lang}").write_text("\n".join(pieces) + "\n", encoding="utf-8")
     say(f"fairseq-preprocess {test_set} with {data_bin}'s dictionaries")
     run([tool("fairseq-preprocess"), "--source-lang", source, "--target-lang", target,

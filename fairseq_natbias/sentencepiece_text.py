@@ -1,7 +1,7 @@
 """SentencePiece on raw text, as fairseq-preprocess reads it: one trainer and
 one encoder for the demo and the study (:mod:`fairseq_natbias.pipeline`), the
 examples (examples/translation/spm_text.py) and the recipes
-(recipes/tools.py), which differ only in the options they pass.
+(recipes/natbias_tools.py), which differ only in the options they pass.
 
 A unigram model over all the given files (joint when they hold two
 languages), keeping every character seen (European and African
@@ -39,22 +39,28 @@ def train(files, model_prefix, vocab_size, keep_sentencepiece_specials=False, th
     sentencepiece.SentencePieceTrainer.train(**options)
 
 
-def encode_lines(model_file, lines):
-    """Each line (stripped of surrounding white space) as space-separated pieces."""
+def load(model_file):
+    """The SentencePiece processor of ``model_file``: load it once, encode many."""
     import sentencepiece
 
-    processor = sentencepiece.SentencePieceProcessor(model_file=str(model_file))
+    return sentencepiece.SentencePieceProcessor(model_file=str(model_file))
+
+
+def encode_lines(processor, lines):
+    """Each line (stripped of surrounding white space) as space-separated
+    pieces; ``processor`` from :func:`load`."""
     return [" ".join(processor.encode(line.strip(), out_type=str)) for line in lines]
 
 
 def encode_files(model_file, files, output_dir):
     """Each file (plain or .gz) encoded into ``output_dir`` under its name
     (without .gz), one line of pieces per line."""
+    processor = load(model_file)
     os.makedirs(output_dir, exist_ok=True)
     for path in map(str, files):
         opener = gzip.open if path.endswith(".gz") else open
         with opener(path, "rt", encoding="utf-8") as source:
-            pieces = encode_lines(model_file, source)
+            pieces = encode_lines(processor, source)
         name = Path(path).name.removesuffix(".gz")
         with open(Path(output_dir) / name, "w", encoding="utf-8") as out:
             out.writelines(line + "\n" for line in pieces)

@@ -35,7 +35,7 @@ fi
 say() { printf '[natbias %(%H:%M:%S)T] %s\n' -1 "$*" >&2; }
 die() { say "error: $*"; exit 1; }
 user_set() { [[ $NATBIAS_USER_VARS == *" $1 "* ]]; }
-tools() { python "$NATBIAS_RECIPES/tools.py" "$@"; }
+tools() { python "$NATBIAS_RECIPES/natbias_tools.py" "$@"; }
 
 # A step's directory holds .done with the settings it was made with. A
 # different stamp means the settings changed since: stop rather than mix data.

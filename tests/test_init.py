@@ -1,5 +1,5 @@
-"""The package's import: what registers with fairseq, and the log-only tools
-that start without torch or fairseq (fairseq_natbias/__init__.py)."""
+"""The package's import: what registers with fairseq, and the text-only
+programs that start without torch or fairseq (fairseq_natbias/__init__.py)."""
 
 import json
 import os
@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import fairseq_natbias
-from natbias_testing import BIN
+from natbias_testing import BIN, REPO
 
 
 def _simple_log(points):
@@ -28,9 +28,19 @@ def _top_level_imports(stderr):
 
 
 def _run_profiled(tool, *args):
+    """``tool`` (an installed console script, or a command line as a list)
+    with Python's import-time report on stderr."""
     env = dict(os.environ, PYTHONPROFILEIMPORTTIME="1", PYTHONWARNINGS="ignore")
-    return subprocess.run([str(BIN / tool), *map(str, args)], capture_output=True, text=True,
+    command = [str(BIN / tool)] if isinstance(tool, str) else list(map(str, tool))
+    return subprocess.run([*command, *map(str, args)], capture_output=True, text=True,
                           env=env, timeout=120)
+
+
+def _assert_ran_without_torch(name, done):
+    assert done.returncode == 0, f"{name}: {done.stdout}{done.stderr[-2000:]}"
+    imported = _top_level_imports(done.stderr)
+    assert "fairseq_natbias" in imported, name  # the package itself was imported
+    assert not imported & {"torch", "fairseq"}, (name, imported & {"torch", "fairseq"})
 
 
 def test_log_only_tools_do_their_work_without_torch_or_fairseq(tmp_path):
@@ -47,13 +57,11 @@ def test_log_only_tools_do_their_work_without_torch_or_fairseq(tmp_path):
                              "--out-dir", tmp_path / "dynamics"],
         "natbias-report": [tmp_path / "grid", "--out-dir", tmp_path / "report"],
     }
-    assert set(runs) == fairseq_natbias.LOG_ONLY_TOOLS
+    assert set(runs) < fairseq_natbias.TEXT_ONLY_PROGRAMS
     for tool, args in runs.items():
         done = _run_profiled(tool, *args)
-        assert done.returncode == 0, f"{tool}: {done.stdout}{done.stderr[-2000:]}"
-        imported = _top_level_imports(done.stderr)
-        assert "numpy" in imported, tool  # the report is read: the tool did import
-        assert not imported & {"torch", "fairseq"}, (tool, imported & {"torch", "fairseq"})
+        _assert_ran_without_torch(tool, done)
+        assert "numpy" in _top_level_imports(done.stderr), tool  # the log was read
     # Their outputs: the ALC of the curve (10 at 4, 20 at 8, over 4..8: 15) ...
     alc_line = subprocess.run([str(BIN / "natbias-alc"), str(log), "--max-updates", "0"],
                               capture_output=True, text=True, check=True).stdout.splitlines()[0]
@@ -61,6 +69,35 @@ def test_log_only_tools_do_their_work_without_torch_or_fairseq(tmp_path):
     # ... a plot and a table.
     assert (tmp_path / "dynamics" / "bias_kl.png").stat().st_size > 10_000
     assert any(path.suffix == ".md" for path in (tmp_path / "report").iterdir())
+
+
+def test_text_helpers_of_the_recipes_and_examples_start_without_torch(tmp_path):
+    """recipes/natbias_tools.py, examples/translation/spm_text.py and
+    ``python -m fairseq_natbias.data_fetch`` as lib.sh and the examples call
+    them: their work done (a SentencePiece model, text encoded with it, the
+    data folder found) without torch or fairseq."""
+    lines = [f"der hund {i} sieht die katze {i % 7} im garten" for i in range(300)]
+    (tmp_path / "train.de").write_text("\n".join(lines) + "\n")
+    spm_text = [sys.executable, REPO / "examples/translation/spm_text.py"]
+    tools = [sys.executable, REPO / "recipes/natbias_tools.py"]
+    python_m = [sys.executable, "-m", "fairseq_natbias.data_fetch"]
+    for name, command, args in [
+        ("spm_text.py train", spm_text, ["train", "--model-prefix", tmp_path / "spm",
+                                         "--vocab-size", 40, tmp_path / "train.de"]),
+        ("natbias_tools.py spm-encode", tools, ["spm-encode", "--model", tmp_path / "spm.model",
+                                               "--input", tmp_path / "train.de",
+                                               "--output-dir", tmp_path / "pieces"]),
+        ("python -m fairseq_natbias.data_fetch", python_m, [tmp_path / "cache", "--data", tmp_path,
+                                                           "--langs", "de"]),
+    ]:
+        done = _run_profiled(command, *args)
+        if name.startswith("python -m"):
+            # The folder has train.de only: refused, after a start without torch.
+            assert done.returncode == 1 and "has no val.de, test_2016_flickr.de" in done.stderr
+            done.returncode = 0
+        _assert_ran_without_torch(name, done)
+    pieces = (tmp_path / "pieces/train.de").read_text().splitlines()
+    assert ["".join(p.split()).replace("\u2581", " ").strip() for p in pieces] == lines
 
 
 def test_any_other_process_registers_on_import():

@@ -9,7 +9,9 @@
 train: one unigram model over all the given files (joint when they are two
 languages); encode: each file's lines as space-separated pieces, written
 under the same name in --output-dir (what fairseq-preprocess reads). Both are
-fairseq_natbias.sentencepiece_text's, the demo's and the recipes' too.
+fairseq_natbias.sentencepiece_text's, the demo's and the recipes' too. Run as
+spm_text.py, the package starts without torch or fairseq (fairseq_natbias/
+__init__.py, TEXT_ONLY_PROGRAMS).
 """
 
 import argparse

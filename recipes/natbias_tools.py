@@ -10,9 +10,12 @@
     jsonl-text   the "text" field of JSON-lines files (.gz allowed), e.g. C4 shards
     free-port    an unused TCP port on this machine
 
-The standard library and sentencepiece; score and table also use the package's
-readers (fairseq_natbias.analysis: generate output, score files, mean and
-standard error), which import neither torch nor fairseq.
+The standard library and the package's text helpers: its SentencePiece
+trainer and encoder, and its readers (fairseq_natbias.analysis: generate
+output, score files, mean and standard error). A process started as
+natbias_tools.py imports neither torch nor fairseq: the package skips its
+registration with fairseq there (fairseq_natbias/__init__.py,
+TEXT_ONLY_PROGRAMS), so keep this file's name.
 """
 
 import argparse
@@ -37,7 +40,7 @@ def _existing(prefix, lang):
     for name in (f"{prefix}.{lang}", f"{prefix}.{lang}.gz"):
         if Path(name).exists():
             return name
-    sys.exit(f"tools.py: no {prefix}.{lang} (or .gz)")
+    sys.exit(f"natbias_tools.py: no {prefix}.{lang} (or .gz)")
 
 
 # --- stage ----------------------------------------------------------------------
@@ -103,7 +106,7 @@ def _hypotheses(generate_output, expect):
         sentences = parse_generate_output(lines)
     hyps = {i: s.hypothesis for i, s in sentences.items() if s.hypothesis is not None}
     if sorted(hyps) != list(range(expect)):
-        sys.exit(f"tools.py score: {len(hyps)} hypotheses in {generate_output}, "
+        sys.exit(f"natbias_tools.py score: {len(hyps)} hypotheses in {generate_output}, "
                  f"expected ids 0..{expect - 1}")
     return [hyps[i] for i in range(expect)]
 
@@ -204,7 +207,7 @@ def cmd_free_port(_args):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="tools.py", description=__doc__,
+    parser = argparse.ArgumentParser(prog="natbias_tools.py", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
 
