@@ -27,6 +27,14 @@ schedules (``--schedule``)
 --untied drops the embedding sharing (an untied output projection); its runs
 and results are named ``<schedule>-untied``.
 
+--preset iwslt trains the paper's IWSLT size instead of the small model
+(translation): ``transformer_natbias_iwslt_de_en`` (sec. 4.1: 6+6 layers, 4
+heads, FFN 256; d = 256, the package's choice) against stock fairseq's
+``transformer`` at the same sizes (fairseq's own transformer_iwslt_de_en is
+another network: d 512, FFN 1024), tied; runs and results are named
+``<schedule>-iwslt``. With ``--schedule paper --max-tokens 4096`` it is the
+paper's set-up.
+
 --converge trains each run to convergence instead of for a fixed 1,000
 updates: validation every 250 updates (and at each epoch's end, fairseq's
 rule), the best checkpoint by validation NLL, and fairseq's ``--patience``
@@ -109,6 +117,13 @@ EVAL_BLEU = ["--eval-bleu", "--eval-bleu-args", '{"beam": 1, "max_len_a": 1.2, "
              "--best-checkpoint-metric", "bleu", "--maximize-best-checkpoint-metric"]
 
 
+# --preset: this package's architecture at one of the paper's sizes, and
+# those sizes spelt out, for stock fairseq's ``transformer`` to match
+# (tests/test_study_learning_efficiency.py checks they are the preset's).
+PRESETS = {"iwslt": ("transformer_natbias_iwslt_de_en", (
+    "--encoder-layers 6 --decoder-layers 6 --encoder-embed-dim 256 --decoder-embed-dim 256 "
+    "--encoder-ffn-embed-dim 256 --decoder-ffn-embed-dim 256 "
+    "--encoder-attention-heads 4 --decoder-attention-heads 4").split())}
 TYING_OPTIONS = ("--share-all-embeddings", "--share-decoder-input-output-embed")
 # --converge scores the best checkpoint on both Multi30k test sets (the first
 # is the data-bin's own test split).
@@ -142,6 +157,12 @@ class Translation:
         self.langs = tuple(pair.split("-"))
         self.folder = pair
         self.extra_test_sets = tuple(extra_test_sets)
+
+    def use_preset(self, preset):
+        """The paper-size preset for the natbias arms, its sizes for stock's
+        ``transformer``; tied as before."""
+        self.natbias_arch, sizes = PRESETS[preset]
+        self.options = [*sizes, "--share-all-embeddings", *EVAL_BLEU]
 
     def prepare(self, raw, work):
         data_bin = pipeline.prepare(raw, work, vocab_size=8000, langs=self.langs)
@@ -280,9 +301,42 @@ def training_arguments(task, data_bin, run_dir, arm, seed, args):
                                   args.max_update)
 
 
+# fairseq-train's line when --patience stops a run (fairseq_cli/train.py).
+EARLY_STOP = "early stop since valid performance hasn't improved"
+
+
+def reopen_if_capped(run_dir, max_update, name):
+    """A finished --converge run that its cap stopped (not its patience)
+    trains on when the cap is raised: its scores move to run_dir/capped<N>/
+    (kept, not lost) and fairseq resumes it from checkpoint_last.pt. True
+    when reopened. fairseq's patience count starts again on resume, so a run
+    reopened this way may train up to --patience validations longer than one
+    run straight to its stop."""
+    log = run_dir / "train.log"
+    if not (run_dir / "done").exists() or not log.exists():
+        return False
+    text = log.read_text(encoding="utf-8", errors="replace")
+    if EARLY_STOP in text:
+        return False
+    updates = [r.num_updates for r in fairseq_logs.parse_lines(text.splitlines())
+               if r.num_updates is not None]
+    last = max(updates, default=0)
+    if last >= max_update:
+        return False
+    kept = run_dir / f"capped{last}"
+    kept.mkdir(exist_ok=True)
+    for path in [run_dir / "done", *run_dir.glob("*scores.json"), *run_dir.glob("*.hyp")]:
+        path.replace(kept / path.name)
+    say(f"{name}: stopped by its cap at update {last}, not by its patience: training on to "
+        f"{max_update} (its scores at {last} kept in {kept})")
+    return True
+
+
 def train_and_score(task, data_bin, work, run_dir, arm, seed, args):
     """One run, start to test score; each step skipped when its output exists."""
-    name = f"{task.folder} {args.schedule}{'-untied' if args.untied else ''} {arm.name} seed{seed}"
+    name = f"{task.folder} {args.setting} {arm.name} seed{seed}"
+    if args.converge:
+        reopen_if_capped(run_dir, args.max_update, name)
     if not (run_dir / "done").exists():
         run_dir.mkdir(parents=True, exist_ok=True)
         arguments = training_arguments(task, data_bin, run_dir, arm, seed, args)
@@ -591,7 +645,8 @@ def main():
         "fairseq/unigram", "fairseq/zero", "fairseq/none"])
     parser.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3])
     parser.add_argument("--max-update", type=int,
-                        help="updates per run (default 1000; with --converge, the cap: 12000)")
+                        help="updates per run (default 1000; with --converge, the cap: 12000; "
+                             "a --converge run its cap stopped trains on to a higher cap)")
     parser.add_argument("--max-tokens", type=int, default=1500)
     parser.add_argument("--validate-every", type=int,
                         help="updates between validations (default 50; with --converge 250)")
@@ -610,14 +665,22 @@ def main():
     parser.add_argument("--untied", action="store_true",
                         help="untied output projection (no embedding sharing); runs and "
                              "results are named <schedule>-untied")
+    parser.add_argument("--preset", choices=sorted(PRESETS),
+                        help="translation at a paper size instead of the small model (2+2, "
+                             "d 128): iwslt (6+6, d 256, FFN 256, 4 heads); results named "
+                             "<schedule>-iwslt")
     args = parser.parse_args()
     arms = [Arm.parse(text) for text in args.arms]
+    if args.preset and args.task != "translation":
+        raise SystemExit("study: --preset is for --task translation")
     if args.max_update is None:
         args.max_update = 12000 if args.converge else 1000
     if args.validate_every is None:
         args.validate_every = 250 if args.converge else 50
     task = (Translation(args.pair, CONVERGE_TEST_SETS[1:] if args.converge else ())
             if args.task == "translation" else LanguageModel(args.lang))
+    if args.preset:
+        task.use_preset(args.preset)
     if args.untied:
         task.options = [o for o in task.options if o not in TYING_OPTIONS]
     if args.converge:
@@ -629,7 +692,9 @@ def main():
         raise SystemExit(f"study: no Multi30k {'-'.join(langs)} at {raw}; give --multi30k DIR")
     work = Path(args.workdir).resolve() / task.folder
     work.mkdir(parents=True, exist_ok=True)
-    setting = args.schedule + ("-untied" if args.untied else "") + ("-converge" if args.converge else "")
+    setting = args.setting = (args.schedule + ("-untied" if args.untied else "")
+                              + (f"-{args.preset}" if args.preset else "")
+                              + ("-converge" if args.converge else ""))
     study_dir = work / setting
     os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(args.threads)
     data_bin = task.prepare(raw, work)

@@ -78,3 +78,66 @@ def test_converged_table_aims_at_stocks_best(study, tmp_path):
     assert horizons == [1000] and ratios.tolist() == [[pytest.approx(0.5625)]] * 2
     assert "| gain/unigram | 0.56 ± 0.00 |" in study.markdown_reach_by_horizon(
         {"gain/unigram": (horizons, ratios)})
+
+
+def test_a_run_its_cap_stopped_trains_on_when_the_cap_is_raised(study, tmp_path):
+    """Stopped at its cap (1500, no early stop): reopened for a 3000 cap, its
+    scores kept aside; stopped by its patience, or already at the cap: left
+    finished."""
+    capped = tmp_path / "capped"
+    _write_run(capped, [(1000, 4.0), (1500, 3.9)], 20.0, 18.0)
+    (capped / "test.hyp").write_text("a hypothesis\n")
+    assert study.reopen_if_capped(capped, 3000, "capped")
+    assert not (capped / "done").exists() and not list(capped.glob("*scores.json"))
+    kept = capped / "capped1500"
+    assert sorted(p.name for p in kept.iterdir()) == [
+        "done", "test.hyp", "test_2017_flickr_scores.json", "test_scores.json"]
+    assert json.loads((kept / "test_scores.json").read_text())["bleu"] == 20.0
+    assert not study.reopen_if_capped(capped, 3000, "capped")  # not finished now: no-op
+
+    stopped = tmp_path / "stopped"
+    _write_run(stopped, [(1000, 4.0), (1500, 4.1)], 20.0, 18.0)
+    with open(stopped / "train.log", "a") as log:
+        log.write("2026-11-23 19:13:57 | INFO | fairseq_cli.train | " + study.EARLY_STOP
+                  + " for last 6 runs\n")
+    at_cap = tmp_path / "at_cap"
+    _write_run(at_cap, [(1000, 4.0), (1500, 3.9)], 20.0, 18.0)
+    assert not study.reopen_if_capped(stopped, 3000, "stopped")
+    assert not study.reopen_if_capped(at_cap, 1500, "at_cap")
+    assert (stopped / "done").exists() and (at_cap / "test_scores.json").exists()
+
+
+def _parsed_training_arguments(study, task, arm, tmp_path):
+    from argparse import Namespace
+
+    from fairseq import options
+
+    from fairseq_natbias.pipeline import this_plugin_as_user_dir
+
+    args = Namespace(max_tokens=4096, validate_every=250, schedule="paper", max_update=100)
+    argv = this_plugin_as_user_dir(study.training_arguments(
+        task, tmp_path, tmp_path / "run", study.Arm.parse(arm), 1, args))
+    return options.parse_args_and_arch(options.get_training_parser(), input_args=argv)
+
+
+def _sizes(parsed):
+    return tuple(getattr(parsed, f"{side}_{what}") for side in ("encoder", "decoder")
+                 for what in ("layers", "embed_dim", "ffn_embed_dim", "attention_heads"))
+
+
+def test_iwslt_preset_against_stock_at_the_same_size(study, tmp_path):
+    """--preset iwslt: the plugin's transformer_natbias_iwslt_de_en against
+    stock fairseq's transformer spelt out at its sizes, as fairseq-train
+    parses the study's arguments; the sizes spelt out are the preset's own
+    (the preset parsed with no size given)."""
+    task = study.Translation("de-en")
+    task.use_preset("iwslt")
+    stock = _parsed_training_arguments(study, task, "stock", tmp_path)
+    natbias = _parsed_training_arguments(study, task, "gain/unigram", tmp_path)
+    assert (stock.arch, natbias.arch) == ("transformer", "transformer_natbias_iwslt_de_en")
+    task.options = [o for o in task.options if o in ("--share-all-embeddings",)]
+    preset_alone = _parsed_training_arguments(study, task, "gain/unigram", tmp_path)
+    assert _sizes(stock) == _sizes(natbias) == _sizes(preset_alone) == (6, 256, 256, 4) * 2
+    for parsed in (stock, natbias):
+        assert parsed.share_all_embeddings and parsed.max_tokens == 4096
+        assert (parsed.lr, parsed.warmup_updates, parsed.warmup_init_lr) == ([5e-4], 4000, 1e-7)
