@@ -391,6 +391,17 @@ def finished(task, run_dir):
     return (run_dir / "done").exists() and task.finished(run_dir)
 
 
+# --converge's NLL plot has a second panel from this update on.
+ZOOM_FROM = 2000
+
+
+def from_update(line, first):
+    """A plotted line (see :func:`summarise`) from update ``first`` on."""
+    keep = np.asarray(line["x"]) >= first
+    return {key: (np.asarray(value)[keep] if key != "label" else value)
+            for key, value in line.items()}
+
+
 def band_of(values):
     """Standard error over seeds (rows) of each column; 0 for one seed."""
     if len(values) < 2:
@@ -729,8 +740,12 @@ def main():
                 for name, (horizons, ratios) in found.items()]},
                 "updates to reach stock at h / h", str(outputs["reach"]), logx=True)
     outputs["md"].write_text(table)
-    plots.curve_panels({title: nll_lines}, "validation NLL (bits/token)",
-                       str(outputs["nll"]), logx=False)
+    nll_panels = {title: nll_lines}
+    if args.converge:  # the end of a long run, where the arms differ by hundredths
+        nll_panels[f"from update {ZOOM_FROM:,}"] = [from_update(line, ZOOM_FROM)
+                                                   for line in nll_lines]
+    plots.curve_panels(nll_panels, "validation NLL (bits/token)", str(outputs["nll"]),
+                       logx=False)
     if bleu_lines:
         plots.curve_panels({title: bleu_lines}, "validation BLEU (greedy)",
                            str(outputs["bleu"]), logx=False)

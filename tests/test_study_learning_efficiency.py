@@ -141,3 +141,15 @@ def test_iwslt_preset_against_stock_at_the_same_size(study, tmp_path):
     for parsed in (stock, natbias):
         assert parsed.share_all_embeddings and parsed.max_tokens == 4096
         assert (parsed.lr, parsed.warmup_updates, parsed.warmup_init_lr) == ([5e-4], 4000, 1e-7)
+
+
+def test_zoomed_panel_keeps_the_line_from_its_first_update(study):
+    import numpy as np
+
+    line = {"label": "stock", "x": np.array([0, 1000, 2000, 3000]),
+            "mean": np.array([13.0, 4.0, 3.0, 2.5]), "low": np.array([12.0, 3.9, 2.9, 2.4]),
+            "high": np.array([14.0, 4.1, 3.1, 2.6])}
+    zoomed = study.from_update(line, 2000)
+    assert zoomed["label"] == "stock"
+    assert zoomed["x"].tolist() == [2000, 3000] and zoomed["mean"].tolist() == [3.0, 2.5]
+    assert zoomed["low"].tolist() == [2.9, 2.4] and zoomed["high"].tolist() == [3.1, 2.6]
