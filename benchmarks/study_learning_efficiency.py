@@ -305,30 +305,33 @@ def training_arguments(task, data_bin, run_dir, arm, seed, args):
 EARLY_STOP = "early stop since valid performance hasn't improved"
 
 
-def reopen_if_capped(run_dir, max_update, name):
-    """A finished --converge run that its cap stopped (not its patience)
-    trains on when the cap is raised: its scores move to run_dir/capped<N>/
-    (kept, not lost) and fairseq resumes it from checkpoint_last.pt. True
-    when reopened. fairseq's patience count starts again on resume, so a run
-    reopened this way may train up to --patience validations longer than one
-    run straight to its stop."""
+def reopen_to_train_on(run_dir, max_update, patience, name):
+    """A finished --converge run trains on to a higher ``max_update`` when
+    its cap stopped it, or when its patience stopped it and ``patience`` is
+    now 0 (a fixed budget: fairseq then stops at the cap alone). Its scores
+    move to run_dir/stopped<N>/ (kept, not lost) and fairseq resumes it from
+    checkpoint_last.pt. True when reopened. fairseq's patience count starts
+    again on resume, so a run reopened under a patience may train up to that
+    many validations longer than one run straight to its stop."""
     log = run_dir / "train.log"
     if not (run_dir / "done").exists() or not log.exists():
         return False
     text = log.read_text(encoding="utf-8", errors="replace")
-    if EARLY_STOP in text:
+    stopped_early = EARLY_STOP in text
+    if stopped_early and patience > 0:
         return False
     updates = [r.num_updates for r in fairseq_logs.parse_lines(text.splitlines())
                if r.num_updates is not None]
     last = max(updates, default=0)
     if last >= max_update:
         return False
-    kept = run_dir / f"capped{last}"
+    kept = run_dir / f"stopped{last}"
     kept.mkdir(exist_ok=True)
     for path in [run_dir / "done", *run_dir.glob("*scores.json"), *run_dir.glob("*.hyp")]:
         path.replace(kept / path.name)
-    say(f"{name}: stopped by its cap at update {last}, not by its patience: training on to "
-        f"{max_update} (its scores at {last} kept in {kept})")
+    why = "its patience (now 0: a fixed budget)" if stopped_early else "its cap"
+    say(f"{name}: stopped by {why} at update {last}: training on to {max_update} (its "
+        f"scores at {last} kept in {kept})")
     return True
 
 
@@ -336,7 +339,7 @@ def train_and_score(task, data_bin, work, run_dir, arm, seed, args):
     """One run, start to test score; each step skipped when its output exists."""
     name = f"{task.folder} {args.setting} {arm.name} seed{seed}"
     if args.converge:
-        reopen_if_capped(run_dir, args.max_update, name)
+        reopen_to_train_on(run_dir, args.max_update, args.patience, name)
     if not (run_dir / "done").exists():
         run_dir.mkdir(parents=True, exist_ok=True)
         arguments = training_arguments(task, data_bin, run_dir, arm, seed, args)
@@ -558,7 +561,7 @@ def markdown_reach_by_horizon(found):
     return "\n".join(out) + "\n"
 
 
-def markdown_converged(rows, target, title, test_sets):
+def markdown_converged(rows, target, title, test_sets, patience=6):
     """The table of a --converge study: best validation NLL, when each run got
     there and stopped, and test scores of the best checkpoint on each test set."""
     reach_head = (f"updates to reach stock's best valid NLL ({target:.3f}), per seed"
@@ -586,9 +589,12 @@ def markdown_converged(rows, target, title, test_sets):
     ce = [row["unigram_ce"] for row in rows if row["unigram_ce"]]
     if ce:
         out += ["", f"Unigram cross-entropy of the validation targets: {ce[0].mean:.3f} bits."]
-    out += ["Each run stopped when its validation NLL had not improved for the patience "
-            "(fairseq's --patience) or at the update cap; its best checkpoint (lowest "
-            "validation NLL) is scored, beam 5. Mean ± standard error over seeds."]
+    stop = (f"Each run stopped when its validation NLL had not improved for {patience} "
+            "validations (fairseq's --patience) or at the update cap" if patience > 0 else
+            "Each run trained for the same budget of updates (no --patience; a run that "
+            "an earlier patience had stopped was resumed to it)")
+    out += [f"{stop}; its best checkpoint (lowest validation NLL) is scored, beam 5. "
+            "Mean ± standard error over seeds."]
     if translation:
         out += [f"BLEU signature: `{rows[0]['signatures'][0]}`; "
                 f"chrF: `{rows[0]['signatures'][1]}`"]
@@ -667,7 +673,9 @@ def main():
                              "no BLEU during training; translation also scored on "
                              "test_2017_flickr); runs and results are named <setting>-converge")
     parser.add_argument("--patience", type=int, default=6,
-                        help="with --converge: validations without improvement before a run stops")
+                        help="with --converge: validations without improvement before a run "
+                             "stops; 0: a fixed budget of --max-update updates (runs stopped "
+                             "by their patience train on to it)")
     parser.add_argument("--jobs", type=int, default=2, help="trainings side by side")
     parser.add_argument("--threads", type=int, default=1, help="CPU threads per training")
     parser.add_argument("--summarise-only", action="store_true",
@@ -725,7 +733,8 @@ def main():
         raise SystemExit("study: no finished run yet")
     title = (f"Multi30k {args.pair}, schedule {setting}" if args.task == "translation"
              else f"language model, Multi30k {args.lang}, schedule {setting}")
-    table = (markdown_converged(rows, target, title, CONVERGE_TEST_SETS) if args.converge
+    table = (markdown_converged(rows, target, title, CONVERGE_TEST_SETS, args.patience)
+             if args.converge
              else markdown(rows, target, title))
     outputs = {"md": study_dir / "study.md", "nll": study_dir / "study_valid_nll.png",
                "bleu": study_dir / "study_valid_bleu.png"}

@@ -80,31 +80,35 @@ def test_converged_table_aims_at_stocks_best(study, tmp_path):
         {"gain/unigram": (horizons, ratios)})
 
 
-def test_a_run_its_cap_stopped_trains_on_when_the_cap_is_raised(study, tmp_path):
+def test_a_stopped_run_trains_on_to_a_raised_cap_or_a_fixed_budget(study, tmp_path):
     """Stopped at its cap (1500, no early stop): reopened for a 3000 cap, its
-    scores kept aside; stopped by its patience, or already at the cap: left
-    finished."""
+    scores kept aside. Stopped by its patience: reopened only for a fixed
+    budget (patience 0). Already at the cap: left finished."""
     capped = tmp_path / "capped"
     _write_run(capped, [(1000, 4.0), (1500, 3.9)], 20.0, 18.0)
     (capped / "test.hyp").write_text("a hypothesis\n")
-    assert study.reopen_if_capped(capped, 3000, "capped")
+    assert study.reopen_to_train_on(capped, 3000, 6, "capped")
     assert not (capped / "done").exists() and not list(capped.glob("*scores.json"))
-    kept = capped / "capped1500"
+    kept = capped / "stopped1500"
     assert sorted(p.name for p in kept.iterdir()) == [
         "done", "test.hyp", "test_2017_flickr_scores.json", "test_scores.json"]
     assert json.loads((kept / "test_scores.json").read_text())["bleu"] == 20.0
-    assert not study.reopen_if_capped(capped, 3000, "capped")  # not finished now: no-op
+    assert not study.reopen_to_train_on(capped, 3000, 6, "capped")  # not finished: no-op
 
     stopped = tmp_path / "stopped"
     _write_run(stopped, [(1000, 4.0), (1500, 4.1)], 20.0, 18.0)
     with open(stopped / "train.log", "a") as log:
         log.write("2026-11-23 19:13:57 | INFO | fairseq_cli.train | " + study.EARLY_STOP
                   + " for last 6 runs\n")
+    assert not study.reopen_to_train_on(stopped, 3000, 6, "stopped")
+    assert (stopped / "done").exists()
+    assert study.reopen_to_train_on(stopped, 3000, 0, "stopped")
+    assert (stopped / "stopped1500" / "done").exists() and not (stopped / "done").exists()
+
     at_cap = tmp_path / "at_cap"
     _write_run(at_cap, [(1000, 4.0), (1500, 3.9)], 20.0, 18.0)
-    assert not study.reopen_if_capped(stopped, 3000, "stopped")
-    assert not study.reopen_if_capped(at_cap, 1500, "at_cap")
-    assert (stopped / "done").exists() and (at_cap / "test_scores.json").exists()
+    assert not study.reopen_to_train_on(at_cap, 1500, 0, "at_cap")
+    assert (at_cap / "test_scores.json").exists()
 
 
 def _parsed_training_arguments(study, task, arm, tmp_path):
