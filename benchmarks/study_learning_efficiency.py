@@ -43,7 +43,10 @@ updates; no BLEU during training (it would cost more than the training
 between validations); the best checkpoint scored on test_2016_flickr and
 test_2017_flickr. "Updates to reach" then aims at stock's best validation
 NLL, and its ratio is to stock's update of that best. Runs and results are
-named ``<schedule>-converge``.
+named ``<schedule>-converge``. ``--patience 0`` trains every arm for the same
+budget, --max-update, instead: the fair comparison, since patience 6 stopped
+stock while it was still improving (benchmarks/README.md, section 1.10); a run
+an earlier patience or a lower cap stopped trains on to the new budget.
 
 Measured per run, validating every --validate-every updates:
 
@@ -76,7 +79,7 @@ machine two 1-thread runs beat one 2-thread run after the other).
     .venv/bin/python benchmarks/study_learning_efficiency.py --task lm --lang en \\
         --seeds 1 2 3 --arms stock gain/unigram gain/zero fairseq/unigram
     .venv/bin/python benchmarks/study_learning_efficiency.py --pair fr-en --converge \\
-        --seeds 1 2 3 --arms stock gain/unigram gain/zero
+        --patience 0 --max-update 20000 --seeds 1 2 3 --arms stock gain/unigram gain/zero
 """
 
 import argparse
