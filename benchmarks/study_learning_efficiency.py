@@ -89,6 +89,7 @@ import os
 import re
 import shutil
 import sys
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -397,6 +398,40 @@ def finished(task, run_dir):
     return (run_dir / "done").exists() and task.finished(run_dir)
 
 
+def time_updates(task, data_bin, arms, args):
+    """Seconds per update of each arm (``--time-updates N``): N updates
+    through fairseq-train, no validation, no checkpoint, in a temporary
+    folder; the rate is fairseq's own (``ups`` of the last train_inner line,
+    logged every N/4 updates), its ratio against stock beside it. To plan a
+    study's time before starting it."""
+    rates = {}
+    for arm in arms:
+        with tempfile.TemporaryDirectory() as run_dir:
+            arguments = timing_arguments(task, data_bin, Path(run_dir), arm, args)
+            output = pipeline.run([pipeline.tool("fairseq-train"), *arguments])
+        inner = [r for r in fairseq_logs.parse_lines(output.splitlines())
+                 if r.tag == fairseq_logs.TRAIN_INNER and "ups" in r.values]
+        if not inner:
+            raise SystemExit(f"study: no train_inner line in fairseq-train's output:\n"
+                             f"{output[-2000:]}")
+        rates[arm.name] = float(inner[-1].values["ups"])
+    stock = rates.get(REFERENCE_ARM)
+    for name, ups in rates.items():
+        ratio = f", {stock / ups:.3f}x stock's time" if stock and name != REFERENCE_ARM else ""
+        print(f"{name}: {ups:.3f} updates/s, {1 / ups:.2f} s per update{ratio}")
+    return rates
+
+
+def timing_arguments(task, data_bin, run_dir, arm, args):
+    """A run's fairseq-train arguments for --time-updates: --time-updates
+    updates, logged four times, no validation and no checkpoint."""
+    timing = argparse.Namespace(**{**vars(args), "max_update": args.time_updates})
+    arguments = training_arguments(task, data_bin, run_dir, arm, 1, timing)
+    interval = arguments.index("--log-interval") + 1
+    arguments[interval] = str(max(1, args.time_updates // 4))
+    return [*arguments, "--disable-validation", "--no-save"]
+
+
 # --converge's NLL plot has a second panel from this update on.
 ZOOM_FROM = 2000
 
@@ -687,6 +722,9 @@ def main():
     parser.add_argument("--untied", action="store_true",
                         help="untied output projection (no embedding sharing); runs and "
                              "results are named <schedule>-untied")
+    parser.add_argument("--time-updates", type=int, metavar="N",
+                        help="no study: time N updates of each arm (no validation, no "
+                             "checkpoint) and print seconds per update, to plan a study")
     parser.add_argument("--preset", choices=sorted(PRESETS),
                         help="translation at a paper size instead of the small model (2+2, "
                              "d 128): iwslt (6+6, d 256, FFN 256, 4 heads); results named "
@@ -720,6 +758,9 @@ def main():
     study_dir = work / setting
     os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(args.threads)
     data_bin = task.prepare(raw, work)
+    if args.time_updates:
+        time_updates(task, data_bin, arms, args)
+        return
     if not args.summarise_only:
         # Seed by seed, the reference arm first in each: a study cut short
         # still compares the arms (the others' "updates to reach" need stock).

@@ -157,3 +157,22 @@ def test_zoomed_panel_keeps_the_line_from_its_first_update(study):
     assert zoomed["label"] == "stock"
     assert zoomed["x"].tolist() == [2000, 3000] and zoomed["mean"].tolist() == [3.0, 2.5]
     assert zoomed["low"].tolist() == [2.9, 2.4] and zoomed["high"].tolist() == [3.1, 2.6]
+
+
+def test_timing_arguments_train_n_updates_without_validation_or_checkpoints(study, tmp_path):
+    from argparse import Namespace
+
+    from fairseq import options
+
+    from fairseq_natbias.pipeline import this_plugin_as_user_dir
+
+    task = study.Translation("de-en")
+    args = Namespace(max_tokens=1500, validate_every=50, schedule="short", max_update=1000,
+                     time_updates=40)
+    argv = study.timing_arguments(task, tmp_path, tmp_path / "run",
+                                  study.Arm.parse("gain/unigram"), args)
+    parsed = options.parse_args_and_arch(options.get_training_parser(),
+                                         input_args=this_plugin_as_user_dir(argv))
+    assert (parsed.max_update, parsed.log_interval) == (40, 10)
+    assert parsed.disable_validation and parsed.no_save
+    assert args.max_update == 1000  # the study's own settings are left as they were
