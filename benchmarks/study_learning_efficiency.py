@@ -454,9 +454,7 @@ def band(curves):
     """Mean ± standard error over seeds on the first run's grid."""
     grid = curves[0][0]
     stacked = np.array([np.interp(grid, u, v) for u, v in curves])
-    mean = stacked.mean(0)
-    se = stacked.std(0, ddof=1) / np.sqrt(len(curves)) if len(curves) > 1 else 0 * mean
-    return grid, mean, se
+    return grid, stacked.mean(0), band_of(stacked)
 
 
 def summarise(task, study_dir, arms, seeds, converge=False):
@@ -579,8 +577,9 @@ def reach_by_horizon(task, study_dir, arms, seeds):
     for arm, dirs in runs.items():
         if arm.name == REFERENCE_ARM or not dirs:
             continue
-        ratios = [[updates_to_reach(*curve(r, loss, loss), target) / h
-                   for h, target in zip(horizons, targets)] for r in dirs]
+        curves = [curve(r, loss, loss) for r in dirs]
+        ratios = [[updates_to_reach(updates, values, target) / h
+                   for h, target in zip(horizons, targets)] for updates, values in curves]
         found[arm.name] = (horizons, np.array(ratios))
     return found
 

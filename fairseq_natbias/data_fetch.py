@@ -72,9 +72,14 @@ def has_all_files(folder, langs=LANGS):
     return all(raw_file(folder, s, l) for s in SPLIT_FILES for l in langs)
 
 
-def read_lines(path):
+def open_text(path):
+    """A UTF-8 text file for reading, plain or gzipped (by its .gz name)."""
     opener = gzip.open if str(path).endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8") as handle:
+    return opener(path, "rt", encoding="utf-8")
+
+
+def read_lines(path):
+    with open_text(path) as handle:
         return [line.strip() for line in handle]
 
 

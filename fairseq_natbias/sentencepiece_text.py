@@ -9,9 +9,10 @@ Latin-script text) and taking fewer pieces than asked for where a small
 corpus has no more (``hard_vocab_limit=False``).
 """
 
-import gzip
 import os
 from pathlib import Path
+
+from fairseq_natbias.data_fetch import open_text
 
 
 def train(files, model_prefix, vocab_size, keep_sentencepiece_specials=False, threads=None,
@@ -58,8 +59,7 @@ def encode_files(model_file, files, output_dir):
     processor = load(model_file)
     os.makedirs(output_dir, exist_ok=True)
     for path in map(str, files):
-        opener = gzip.open if path.endswith(".gz") else open
-        with opener(path, "rt", encoding="utf-8") as source:
+        with open_text(path) as source:
             pieces = encode_lines(processor, source)
         name = Path(path).name.removesuffix(".gz")
         with open(Path(output_dir) / name, "w", encoding="utf-8") as out:

@@ -19,7 +19,6 @@ TEXT_ONLY_PROGRAMS), so keep this file's name.
 """
 
 import argparse
-import gzip
 import json
 import os
 import re
@@ -28,12 +27,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-
-def _open(path, mode="rt"):
-    path = str(path)
-    if path.endswith(".gz"):
-        return gzip.open(path, mode, encoding="utf-8")
-    return open(path, mode, encoding="utf-8")
+from fairseq_natbias.data_fetch import open_text
 
 
 def _existing(prefix, lang):
@@ -60,7 +54,7 @@ def cmd_stage(args):
     src_in = _existing(args.input, args.langs[0])
     tgt_in = _existing(args.input, args.langs[1])
     kept = read = 0
-    with _open(src_in) as fs, _open(tgt_in) as ft, \
+    with open_text(src_in) as fs, open_text(tgt_in) as ft, \
             open(f"{args.output}.{args.langs[0]}", "w", encoding="utf-8") as os_, \
             open(f"{args.output}.{args.langs[1]}", "w", encoding="utf-8") as ot:
         for src, tgt in zip(fs, ft):
@@ -114,7 +108,7 @@ def _hypotheses(generate_output, expect):
 def cmd_score(args):
     """<prefix>.hyp, and sacreBLEU's own JSON per metric: <prefix>.bleu.json,
     <prefix>.chrf.json (one sacrebleu run for both)."""
-    with _open(args.reference) as f:
+    with open_text(args.reference) as f:
         expect = sum(1 for _ in f)
     hyp = f"{args.prefix}.hyp"
     with open(hyp, "w", encoding="utf-8") as f:
@@ -193,7 +187,7 @@ def cmd_table(args):
 def cmd_jsonl_text(args):
     with open(args.output, "w", encoding="utf-8") as out:
         for path in args.input:
-            with _open(path) as f:
+            with open_text(path) as f:
                 for line in f:
                     for text_line in json.loads(line)["text"].splitlines():
                         if text_line.strip():

@@ -111,17 +111,21 @@ def test_a_stopped_run_trains_on_to_a_raised_cap_or_a_fixed_budget(study, tmp_pa
     assert (at_cap / "test_scores.json").exists()
 
 
-def _parsed_training_arguments(study, task, arm, tmp_path):
-    from argparse import Namespace
-
+def _as_fairseq_train_parses(argv):
     from fairseq import options
 
     from fairseq_natbias.pipeline import this_plugin_as_user_dir
 
+    return options.parse_args_and_arch(options.get_training_parser(),
+                                       input_args=this_plugin_as_user_dir(argv))
+
+
+def _parsed_training_arguments(study, task, arm, tmp_path):
+    from argparse import Namespace
+
     args = Namespace(max_tokens=4096, validate_every=250, schedule="paper", max_update=100)
-    argv = this_plugin_as_user_dir(study.training_arguments(
+    return _as_fairseq_train_parses(study.training_arguments(
         task, tmp_path, tmp_path / "run", study.Arm.parse(arm), 1, args))
-    return options.parse_args_and_arch(options.get_training_parser(), input_args=argv)
 
 
 def _sizes(parsed):
@@ -162,17 +166,11 @@ def test_zoomed_panel_keeps_the_line_from_its_first_update(study):
 def test_timing_arguments_train_n_updates_without_validation_or_checkpoints(study, tmp_path):
     from argparse import Namespace
 
-    from fairseq import options
-
-    from fairseq_natbias.pipeline import this_plugin_as_user_dir
-
     task = study.Translation("de-en")
     args = Namespace(max_tokens=1500, validate_every=50, schedule="short", max_update=1000,
                      time_updates=40)
-    argv = study.timing_arguments(task, tmp_path, tmp_path / "run",
-                                  study.Arm.parse("gain/unigram"), args)
-    parsed = options.parse_args_and_arch(options.get_training_parser(),
-                                         input_args=this_plugin_as_user_dir(argv))
+    parsed = _as_fairseq_train_parses(study.timing_arguments(
+        task, tmp_path, tmp_path / "run", study.Arm.parse("gain/unigram"), args))
     assert (parsed.max_update, parsed.log_interval) == (40, 10)
     assert parsed.disable_validation and parsed.no_save
     assert args.max_update == 1000  # the study's own settings are left as they were
