@@ -19,6 +19,7 @@ arms
     ``gain@G0,C/BIAS``          the ``gain`` init with ``--natbias-gain-init G0
                                 --natbias-gain-speed C`` (for screening)
     ``gain@G0,C,FORM/BIAS``     ... and ``--natbias-gain-form FORM`` (exp or linear)
+    ``gain@G0,C,FORM,SCHED/BIAS`` ... and ``--natbias-gain-schedule SCHED`` (lr or peak)
 schedules (``--schedule``)
     ``short``  lr 1e-3, inverse-sqrt warm-up 100 updates (the demo's)
     ``paper``  lr 5e-4, inverse-sqrt warm-up 4,000 updates from 1e-7 (the
@@ -259,18 +260,20 @@ class Arm:
     gain_init: Optional[str] = None
     gain_speed: Optional[str] = None
     gain_form: Optional[str] = None
+    gain_schedule: Optional[str] = None
 
     @classmethod
     def parse(cls, text):
         if text == REFERENCE_ARM:
             return cls(text)
         match = re.fullmatch(
-            r"(\w+)(?:@([\d.e-]+),([\d.e-]+)(?:,(exp|linear))?)?/(unigram|zero|none)", text)
+            r"(\w+)(?:@([\d.e-]+),([\d.e-]+)(?:,(exp|linear)(?:,(lr|peak))?)?)?"
+            r"/(unigram|zero|none)", text)
         if not match:
             raise SystemExit(f"study: bad arm {text!r}: give stock, WINIT/BIAS, "
-                             "gain@G0,C/BIAS or gain@G0,C,FORM/BIAS")
-        weight_init, gain_init, gain_speed, gain_form, bias = match.groups()
-        return cls(text, weight_init, bias, gain_init, gain_speed, gain_form)
+                             "gain@G0,C/BIAS, gain@G0,C,FORM/BIAS or gain@G0,C,FORM,SCHED/BIAS")
+        weight_init, gain_init, gain_speed, gain_form, gain_schedule, bias = match.groups()
+        return cls(text, weight_init, bias, gain_init, gain_speed, gain_form, gain_schedule)
 
     @property
     def folder(self):
@@ -286,6 +289,8 @@ class Arm:
                         "--natbias-gain-speed", self.gain_speed]
         if self.gain_form:
             options += ["--natbias-gain-form", self.gain_form]
+        if self.gain_schedule:
+            options += ["--natbias-gain-schedule", self.gain_schedule]
         return options
 
 

@@ -80,8 +80,9 @@ class NaturalBiasModel:
             log_unigram, bias = self._count_and_initialise(args, task)
         output_projection.attach_output_bias(decoder, bias, freeze=args.natbias_freeze)
         if args.natbias_weight_init == "gain":
-            output_projection.add_output_gain(decoder, args.natbias_gain_init,
-                                              args.natbias_gain_speed, args.natbias_gain_form)
+            output_projection.add_output_gain(
+                decoder, args.natbias_gain_init, args.natbias_gain_speed, args.natbias_gain_form,
+                args.natbias_gain_schedule, output_projection.WarmupSpeedup.from_args(args))
         self.register_buffer("target_log_unigram", log_unigram)
         self.natbias_args = args  # read by _controlled_logits (--model-overrides)
         self.natbias_hook = None

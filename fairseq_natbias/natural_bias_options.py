@@ -25,13 +25,14 @@ DEFAULTED_RECORD = "natbias_defaulted"
 # Settings that change what the saved parameters mean; a checkpoint is only
 # loaded into a model built with the same ones.
 STRUCTURAL = ("natbias_init", "natbias_weight_init", "natbias_gain_speed",
-              "natbias_gain_form")
+              "natbias_gain_form", "natbias_gain_schedule")
 # What a checkpoint that predates a structural setting was trained with:
 # 0.2.0's gain was linear in its parameter (g = C u), before the form could be
 # chosen (today's default too, but a default may change; the record may not).
-LEGACY_STRUCTURAL = {"natbias_gain_form": "linear"}
+# 0.3.2's and earlier gains moved with the learning rate (schedule lr).
+LEGACY_STRUCTURAL = {"natbias_gain_form": "linear", "natbias_gain_schedule": "lr"}
 # Settings that only mean something with the gain.
-GAIN_SETTINGS = ("natbias_gain_speed", "natbias_gain_form")
+GAIN_SETTINGS = ("natbias_gain_speed", "natbias_gain_form", "natbias_gain_schedule")
 
 DEFAULTS = {
     "natbias_init": "unigram",
@@ -42,6 +43,7 @@ DEFAULTS = {
     "natbias_gain_init": output_projection.DEFAULT_GAIN_INIT,
     "natbias_gain_speed": None,  # the form's default: output_projection.DEFAULT_GAIN_SPEEDS
     "natbias_gain_form": output_projection.DEFAULT_GAIN_FORM,
+    "natbias_gain_schedule": output_projection.DEFAULT_GAIN_SCHEDULE,
     "natbias_feature_gain": 0.1,
     "no_natbias_logging": False,
     "natbias_stats_interval": None,
@@ -80,6 +82,11 @@ def add_args(parser) -> None:
     group.add_argument("--natbias-gain-form", choices=output_projection.GAIN_FORMS,
                        help="g = C*u (linear, the default) or g = exp(C*u) (exp: "
                             "positive at any speed)")
+    group.add_argument("--natbias-gain-schedule", choices=output_projection.GAIN_SCHEDULES,
+                       help="lr (default): g moves about C learning rates per update, "
+                            "slowed by the warm-up like every parameter; peak: about C "
+                            "peak learning rates per update from the first update "
+                            "(see docs/weight_init.md)")
     group.add_argument("--natbias-feature-gain", type=float, metavar="G",
                        help="initial gain of the norm producing phi with "
                             "--natbias-weight-init damped (default 0.1)")

@@ -72,6 +72,42 @@ DEFAULT_GAIN_FORM = "linear"
 # schedule 50 and 100 were alike (683, 685) and 20 slower (728).
 DEFAULT_GAIN_SPEEDS = {"exp": 100.0, "linear": 20.0}
 DEFAULT_GAIN_SPEED = DEFAULT_GAIN_SPEEDS[DEFAULT_GAIN_FORM]
+# How the gain's speed meets the learning-rate warm-up (--natbias-gain-schedule):
+# "lr" moves g (or log g) about C learning rates per update, so the warm-up
+# slows it as it slows every other parameter; "peak" moves it about C *peak*
+# learning rates per update from the first update (see WarmupSpeedup).
+GAIN_SCHEDULES = ("lr", "peak")
+DEFAULT_GAIN_SCHEDULE = "lr"
+
+
+class WarmupSpeedup:
+    """m(t) = peak lr / lr(t) during a linear warm-up, 1 after it: the factor
+    that lifts a step of lr(t) to one of the peak learning rate.
+
+    lr(t) = init + t (peak - init) / W for t < W (fairseq's inverse_sqrt and
+    cosine warm-ups; polynomial_decay and fixed start from init = 0). m is
+    capped at W, its value where lr(t) = peak / W, so that a warm-up from 0
+    (lr(0) = 0, a step that moves nothing) does not divide by zero.
+    """
+
+    def __init__(self, peak_lr: float, warmup_updates: int, warmup_init_lr: float = 0.0):
+        self.peak_lr = float(peak_lr)
+        self.warmup_updates = max(int(warmup_updates or 0), 0)
+        self.warmup_init_lr = max(float(warmup_init_lr or 0.0), 0.0)
+
+    @classmethod
+    def from_args(cls, args) -> "WarmupSpeedup":
+        """From fairseq's --lr, --warmup-updates and --warmup-init-lr (absent
+        when the scheduler has no warm-up: then m = 1 throughout)."""
+        lr = getattr(args, "lr", None) or [0.0]
+        peak = lr[0] if isinstance(lr, (list, tuple)) else lr
+        return cls(peak, getattr(args, "warmup_updates", 0), getattr(args, "warmup_init_lr", 0.0))
+
+    def __call__(self, update: int) -> float:
+        if update >= self.warmup_updates or self.peak_lr <= 0:
+            return 1.0
+        lr = self.warmup_init_lr + update * (self.peak_lr - self.warmup_init_lr) / self.warmup_updates
+        return min(self.peak_lr / max(lr, 1e-30), float(self.warmup_updates))
 
 
 class OutputProjection(nn.Linear):
@@ -94,6 +130,7 @@ class OutputProjection(nn.Linear):
         self.bias = bias
 
     float32_parameters = ("bias",)
+    float32_buffers = ()
 
     def _bias_like(self, features: torch.Tensor) -> Optional[torch.Tensor]:
         return None if self.bias is None else self.bias.to(features.dtype)
@@ -106,12 +143,16 @@ class OutputProjection(nn.Linear):
         # casting them to half and back would lose their precision.
         kept = {name: self._parameters.pop(name) for name in self.float32_parameters
                 if self._parameters.get(name) is not None}
+        buffers = {name: self._buffers.pop(name) for name in self.float32_buffers
+                   if self._buffers.get(name) is not None}
         try:
             module = super()._apply(fn, *args, **kwargs)
         finally:
             for name, param in kept.items():
                 param.data = param.data.to(device=self.weight.device, dtype=torch.float32)
                 self._parameters[name] = param
+            for name, buffer in buffers.items():
+                self._buffers[name] = buffer.to(device=self.weight.device, dtype=torch.float32)
         return module
 
 
@@ -158,49 +199,91 @@ class GainedLinear(OutputProjection):
     u draws no random numbers: every other parameter is the one the stock
     model draws with the same seed. Its state keys are ``weight``, ``bias``
     (when there is one) and ``gain_param`` (u, float32 like b).
+
+    With the ``peak`` schedule the exponent z (g = z, or g = exp(z)) is
+    z = z_a + C m(t) (u - u_a), m(t) from :class:`WarmupSpeedup`: each update
+    (``set_num_updates``) folds the step just taken into the anchors z_a and
+    u_a, then takes the new m, so g is continuous while its speed changes. u's
+    gradient is divided by m(t) as well (``_ScaleByGain``), so the gradient
+    Adam sees keeps its scale over the warm-up (Adam's running averages would
+    otherwise remember the early, m-times larger gradients and shrink the
+    steps). The anchors and m are float32 buffers in the state dict, so a
+    resumed or loaded model has the same g and the same next step.
     """
 
     float32_parameters = ("bias", "gain_param")
+    float32_buffers = ("gain_exponent_anchor", "gain_param_anchor", "gain_speedup")
 
     def __init__(self, weight: nn.Parameter, bias: Optional[nn.Parameter],
-                 gain_init: float, speed: float, form: str = DEFAULT_GAIN_FORM):
+                 gain_init: float, speed: float, form: str = DEFAULT_GAIN_FORM,
+                 schedule: str = DEFAULT_GAIN_SCHEDULE,
+                 warmup: Optional[WarmupSpeedup] = None):
         super().__init__(weight, bias)
         if form not in GAIN_FORMS:
             raise ValueError(f"--natbias-gain-form {form!r}: choose one of {', '.join(GAIN_FORMS)}")
+        if schedule not in GAIN_SCHEDULES:
+            raise ValueError(f"--natbias-gain-schedule {schedule!r}: choose one of "
+                             f"{', '.join(GAIN_SCHEDULES)}")
         self.speed = float(speed)
         self.form = form
+        self.schedule = schedule
+        exponent = float(gain_init) if form == "linear" else math.log(gain_init)
         self.gain_param = nn.Parameter(
-            torch.tensor(self._parameter_for(float(gain_init)), dtype=torch.float32,
-                         device=weight.device)
+            torch.tensor(exponent / self.speed, dtype=torch.float32, device=weight.device)
         )
+        if schedule == "peak":
+            self.warmup = warmup or WarmupSpeedup(0.0, 0)
+            def scalar(value):
+                return torch.tensor(value, dtype=torch.float32, device=weight.device)
+            self.register_buffer("gain_exponent_anchor", scalar(exponent))
+            self.register_buffer("gain_param_anchor", self.gain_param.detach().clone())
+            self.register_buffer("gain_speedup", scalar(self.warmup(0)))
 
-    def _parameter_for(self, gain: float) -> float:
-        if self.form == "linear":
-            return gain / self.speed
-        return math.log(gain) / self.speed
+    def _exponent(self) -> torch.Tensor:
+        """z: g itself (linear) or log g (exp)."""
+        if self.schedule == "lr":
+            return self.gain_param * self.speed
+        return (self.gain_exponent_anchor
+                + self.speed * self.gain_speedup * (self.gain_param - self.gain_param_anchor))
 
     def gain(self) -> torch.Tensor:
-        if self.form == "linear":
-            return self.gain_param * self.speed
-        return torch.exp(self.gain_param * self.speed)
+        exponent = self._exponent()
+        return exponent if self.form == "linear" else torch.exp(exponent)
+
+    def set_num_updates(self, num_updates: int) -> None:
+        """Called by fairseq before every update (and on loading a
+        checkpoint): fold the last step into the anchors, take m(t).
+        Idempotent: a second call for the same update changes nothing."""
+        if self.schedule != "peak":
+            return
+        with torch.no_grad():
+            self.gain_exponent_anchor.copy_(self._exponent())
+            self.gain_param_anchor.copy_(self.gain_param)
+            self.gain_speedup.fill_(self.warmup(num_updates))
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
-        scaled = _ScaleByGain.apply(features, self.gain(), self.speed * self.in_features)
+        divisor = self.speed * self.in_features
+        if self.schedule == "peak":  # a tensor: no host sync on a GPU
+            divisor = self.gain_speedup * divisor
+        scaled = _ScaleByGain.apply(features, self.gain(), divisor)
         return F.linear(scaled, self.weight, self._bias_like(scaled))
 
     def extra_repr(self) -> str:
-        return super().extra_repr() + f", gain={self.form}, speed={self.speed:g}"
+        return (super().extra_repr() + f", gain={self.form}, speed={self.speed:g}"
+                + (", schedule=peak" if self.schedule == "peak" else ""))
 
 
 def add_output_gain(decoder, gain_init: float, speed: float,
-                    form: str = DEFAULT_GAIN_FORM) -> GainedLinear:
+                    form: str = DEFAULT_GAIN_FORM, schedule: str = DEFAULT_GAIN_SCHEDULE,
+                    warmup: Optional[WarmupSpeedup] = None) -> GainedLinear:
     """Replace ``decoder.output_projection`` by a :class:`GainedLinear` that
     shares its weight and bias."""
     for name, value in (("--natbias-gain-init", gain_init), ("--natbias-gain-speed", speed)):
         if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
             raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
     projection = decoder.output_projection
-    gained = GainedLinear(projection.weight, projection.bias, gain_init, speed, form)
+    gained = GainedLinear(projection.weight, projection.bias, gain_init, speed, form,
+                          schedule, warmup)
     decoder.output_projection = gained
     return gained
 

@@ -205,6 +205,25 @@ def test_default_trains_at_stocks_loss_scale(fp16_runs, optimiser):
 
 
 @pytest.mark.parametrize("optimiser", sorted(FP16_FLAGS))
+def test_the_peak_gain_schedule_trains_at_stocks_loss_scale(fp16_runs, multi30k_bin, optimiser):
+    """``--natbias-gain-schedule peak`` under loss scaling: its gradient
+    divided by m(t) as well, its anchors float32, it skips no more updates
+    than stock and its gain moves, finite (here with the warm-up's m = 10..1
+    of --warmup-updates 10)."""
+    run = drive_half_precision(multi30k_bin, "transformer_natbias",
+                               FP16_FLAGS[optimiser] + ["--share-all-embeddings",
+                                                        "--natbias-gain-form", "exp",
+                                                        "--natbias-gain-schedule", "peak"])
+    stock = fp16_runs["transformer"]
+    assert run["skipped"] <= stock["skipped"], (run["scales"], stock["scales"])
+    projection = run["model"].decoder.output_projection
+    assert {projection.gain_exponent_anchor.dtype, projection.gain_param_anchor.dtype,
+            projection.gain_speedup.dtype} == {torch.float32}
+    gain = projection.gain().item()
+    assert math.isfinite(gain) and gain != pytest.approx(0.05, rel=0.05)
+
+
+@pytest.mark.parametrize("optimiser", sorted(FP16_FLAGS))
 def test_rare_tokens_biases_keep_learning(fp16_runs, optimiser):
     """|b| >= 8, where fp16's spacing (0.0078) exceeds Adam's steps of about
     one learning rate: kept in float32, they move, also under

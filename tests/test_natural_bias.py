@@ -7,6 +7,7 @@ import math
 
 import pytest
 import torch
+from fairseq import checkpoint_utils
 from fairseq.data import Dictionary
 
 from fairseq_natbias.cli.step0 import validation_divergence
@@ -80,6 +81,55 @@ def test_one_update_moves_the_gain_by_speed_times_lr(toy_bin, tmp_path, form):
     else:
         expected = (0.05 * math.exp(speed * lr), 0.05 * math.exp(-speed * lr))
     assert gain in [pytest.approx(value, abs=1e-4) for value in expected]
+
+
+PAPER_WARMUP = ["--lr-scheduler", "inverse_sqrt", "--lr", "5e-4", "--warmup-updates", "4000",
+                "--warmup-init-lr", "1e-7"]
+
+
+@pytest.mark.parametrize("schedule", ["lr", "peak"])
+def test_the_gain_schedule_through_fairseq_train(toy_bin, tmp_path, schedule):
+    """The paper's warm-up, exp gain at C = 100, one update: ``lr`` moves
+    log g by C lr(0) = 1e-5 (invisible in the log's 4 digits), ``peak`` by
+    C lr(0) m(0) = 0.04 (m(0) = 5e-4 / 1e-7 capped at the warm-up's 4,000
+    updates): g = 0.05 exp(+-0.04) = 0.0520 or 0.0480."""
+    result = train(toy_bin, tmp_path / "ckpt", *PAPER_WARMUP, "--natbias-gain-form", "exp",
+                   "--natbias-gain-schedule", schedule, "--no-save", max_update=1)
+    gain = log_records(result.stdout + result.stderr, "train_inner")[0]["gain"]
+    if schedule == "lr":
+        assert gain == pytest.approx(0.05, abs=1e-4)
+    else:
+        assert gain in [pytest.approx(0.05 * math.exp(step), abs=1e-4) for step in (0.04, -0.04)]
+
+
+def test_the_peak_schedule_saves_loads_and_resumes_its_gain(toy_bin, tmp_path):
+    """The anchors and m are saved with the model; fairseq's loader (and its
+    fold on loading) gives back the saved g, z_a + C m (u - u_a) by hand; a
+    run resumed at update 3 ends where a run straight to 6 does. (fairseq's
+    resume is not bit-exact: with the default schedule too, u differs by ~2%
+    of its displacement and fc1's weight by ~1e-6, so 5% is the bound.)"""
+    options = [*PAPER_WARMUP, "--natbias-gain-form", "exp", "--natbias-gain-schedule", "peak"]
+    train(toy_bin, tmp_path / "resumed", *options, max_update=3)
+    path = tmp_path / "resumed" / "checkpoint_last.pt"
+    saved = torch.load(path, map_location="cpu", weights_only=False)["model"]
+    prefix = "decoder.output_projection."
+    u, u_a, z_a, m = (saved[prefix + name].item() for name in
+                      ("gain_param", "gain_param_anchor", "gain_exponent_anchor", "gain_speedup"))
+    assert m == pytest.approx(5e-4 / (1e-7 + 2 * (5e-4 - 1e-7) / 4000))  # m(2): update 3's
+    models, _, _ = checkpoint_utils.load_model_ensemble_and_task(
+        [str(path)], arg_overrides={"data": str(toy_bin)})
+    loaded = models[0].decoder.output_projection
+    assert loaded.gain().item() == pytest.approx(math.exp(z_a + 100 * m * (u - u_a)), rel=1e-6)
+    models[0].set_num_updates(3)  # what fairseq's trainer does on loading
+    assert loaded.gain().item() == pytest.approx(math.exp(z_a + 100 * m * (u - u_a)), rel=1e-6)
+
+    train(toy_bin, tmp_path / "resumed", *options, max_update=6)
+    train(toy_bin, tmp_path / "straight", *options, max_update=6)
+    ends = [torch.load(tmp_path / run / "checkpoint_last.pt", map_location="cpu",
+                       weights_only=False)["model"][prefix + "gain_exponent_anchor"].item()
+            - math.log(0.05) for run in ("straight", "resumed")]
+    assert abs(ends[0]) > 0.1  # it moved at the peak schedule's speed (~0.04 per update)
+    assert ends[1] == pytest.approx(ends[0], rel=0.05)
 
 
 def test_grad_norm_is_the_networks_not_the_gains(multi30k_bin):

@@ -251,3 +251,115 @@ def test_bad_gain_settings_are_refused(option, value):
     settings = {"gain_init": 0.05, "speed": 20.0, option: value}
     with pytest.raises(ValueError, match="natbias-gain"):
         output_projection.add_output_gain(FakeDecoder(), **settings)
+
+
+# --- the gain's schedule: ``lr`` (default) or ``peak`` --------------------------------
+
+
+def test_warmup_speedup_is_peak_over_lr_during_the_warm_up():
+    """Hand-worked: the paper's schedule, lr(t) = 1e-7 + t (5e-4 - 1e-7) / 4000."""
+    speedup = output_projection.WarmupSpeedup(5e-4, 4000, 1e-7)
+    step = (5e-4 - 1e-7) / 4000
+    assert speedup(100) == pytest.approx(5e-4 / (1e-7 + 100 * step))  # 39.7
+    assert speedup(1000) == pytest.approx(5e-4 / (1e-7 + 1000 * step))  # 4.0
+    assert speedup(0) == 4000.0  # 5e-4 / 1e-7 = 5,000, capped at W
+    assert speedup(4000) == speedup(20000) == 1.0
+    assert output_projection.WarmupSpeedup(1e-3, 0)(0) == 1.0  # no warm-up
+    assert output_projection.WarmupSpeedup(1e-3, 100, 0.0)(0) == 100.0  # from 0: the cap
+
+
+PAPER_WARMUP = output_projection.WarmupSpeedup(5e-4, 4000, 1e-7)
+
+
+def _peak_gain(form="exp", speed=100.0):
+    torch.manual_seed(0)
+    decoder = FakeDecoder()
+    output_projection.attach_output_bias(decoder, torch.linspace(-5, -1, 50))
+    return output_projection.add_output_gain(decoder, 0.05, speed, form, "peak", PAPER_WARMUP)
+
+
+def _paper_lr(update):
+    return 1e-7 + update * (5e-4 - 1e-7) / 4000
+
+
+@pytest.mark.parametrize("form", output_projection.GAIN_FORMS)
+def test_the_peak_schedule_moves_the_gain_by_speed_times_peak_lr(form):
+    """Adam's first step is lr * sign(grad): at update t of the paper's
+    warm-up the peak schedule moves g (log g) by C * lr(t) * m(t) = C * 5e-4,
+    where the lr schedule moves it by C * lr(t) (here 3.1e-4 at t = 50)."""
+    for update in (50, 1000):
+        gained = _peak_gain(form, speed=20.0)
+        gained.set_num_updates(update)
+        before = gained._exponent().item()
+        optimizer = torch.optim.Adam([gained.gain_param], lr=_paper_lr(update))
+        features, targets = torch.randn(32, 16), torch.randint(0, 50, (32,))
+        torch.nn.functional.cross_entropy(gained(features), targets).backward()
+        optimizer.step()
+        assert abs(gained._exponent().item() - before) == pytest.approx(20.0 * 5e-4, rel=1e-3)
+
+
+def test_the_peak_schedule_keeps_g_continuous_and_folding_idempotent():
+    gained = _peak_gain()
+    optimizer = torch.optim.Adam([gained.gain_param], lr=1.0)
+    for update in range(5):
+        gained.set_num_updates(update)
+        for group in optimizer.param_groups:
+            group["lr"] = _paper_lr(update)
+        optimizer.zero_grad()
+        features, targets = torch.randn(32, 16), torch.randint(0, 50, (32,))
+        torch.nn.functional.cross_entropy(gained(features), targets).backward()
+        optimizer.step()
+        after_step = gained.gain().item()
+        gained.set_num_updates(update + 1)  # m changes from m(t) to m(t + 1) ...
+        assert gained.gain().item() == pytest.approx(after_step, rel=1e-6)  # ... g does not
+        gained.set_num_updates(update + 1)  # again (fairseq may call it twice)
+        assert gained.gain().item() == pytest.approx(after_step, rel=1e-6)
+        assert gained.gain_speedup.item() == pytest.approx(PAPER_WARMUP(update + 1))
+    assert gained.gain().item() != pytest.approx(0.05, rel=1e-3)  # it moved
+
+
+@pytest.mark.parametrize("form", output_projection.GAIN_FORMS)
+def test_the_peak_schedule_hands_adam_the_gradient_of_the_lr_schedule(form):
+    """u's gradient is divided by m(t) too, so it keeps its scale across the
+    warm-up (Adam's averages would otherwise remember the m-times larger
+    early ones): at the same g it equals the lr schedule's, whatever m."""
+    torch.manual_seed(0)
+    features, targets = torch.randn(32, 16), torch.randint(0, 50, (32,))
+    gradients = []
+    for schedule in ("lr", "peak"):
+        torch.manual_seed(0)
+        decoder = FakeDecoder()
+        gained = output_projection.add_output_gain(decoder, 0.05, 20.0, form, schedule,
+                                                   PAPER_WARMUP)
+        gained.set_num_updates(30)  # m = 130
+        torch.nn.functional.cross_entropy(gained(features), targets).backward()
+        gradients.append(gained.gain_param.grad)
+    torch.testing.assert_close(gradients[1], gradients[0], rtol=1e-5, atol=0)
+
+
+def test_the_peak_schedule_survives_half_precision_and_a_reload():
+    """The anchors and m are float32 buffers (an fp16 anchor would put g off
+    by C m (u - fp16(u))), saved with the model: a reloaded copy has the same
+    g now and after the next fold."""
+    gained = _peak_gain()
+    optimizer = torch.optim.Adam([gained.gain_param], lr=_paper_lr(7))
+    gained.set_num_updates(7)
+    torch.nn.functional.cross_entropy(gained(torch.randn(8, 16)), torch.randint(0, 50, (8,))
+                                      ).backward()
+    optimizer.step()
+    copy = _peak_gain()
+    copy.load_state_dict(gained.state_dict())
+    assert copy.gain().item() == gained.gain().item()
+    for module in (gained, copy):
+        module.set_num_updates(8)
+    assert copy.gain().item() == gained.gain().item()
+    copy.half()
+    assert {copy.gain_exponent_anchor.dtype, copy.gain_param_anchor.dtype,
+            copy.gain_speedup.dtype, copy.gain_param.dtype} == {torch.float32}
+    assert copy.gain().item() == gained.gain().item()
+
+
+def test_the_lr_schedule_adds_nothing_to_the_state_dict():
+    """The default's saved keys are 0.3.2's, so its checkpoints load as they were."""
+    gained = output_projection.add_output_gain(FakeDecoder(), 0.05, 20.0)
+    assert set(gained.state_dict()) == {"weight", "gain_param"}

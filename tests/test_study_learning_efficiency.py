@@ -151,6 +151,17 @@ def test_iwslt_preset_against_stock_at_the_same_size(study, tmp_path):
         assert (parsed.lr, parsed.warmup_updates, parsed.warmup_init_lr) == ([5e-4], 4000, 1e-7)
 
 
+@pytest.mark.parametrize("arm, gain_settings", [
+    ("gain@0.05,100,exp,peak/unigram", (0.05, 100.0, "exp", "peak")),
+    ("gain@0.05,20,linear/unigram", (0.05, 20.0, "linear", "lr")),  # the default schedule
+])
+def test_screening_arms_reach_fairseq_train(study, tmp_path, arm, gain_settings):
+    """An arm's gain settings as fairseq-train parses them."""
+    parsed = _parsed_training_arguments(study, study.Translation("de-en"), arm, tmp_path)
+    assert (parsed.natbias_gain_init, parsed.natbias_gain_speed, parsed.natbias_gain_form,
+            parsed.natbias_gain_schedule) == gain_settings
+
+
 def test_zoomed_panel_keeps_the_line_from_its_first_update(study):
     import numpy as np
 
