@@ -26,6 +26,9 @@ way whatever the bias, so that unigram / zero / none differ in the bias alone:
     (g = exp(C u), C 100) keeps g positive at any speed, where a fast linear
     gain can be driven through 0; measured as good or better with one seed
     per setting, not yet the default (docs/weight_init.md).
+    ``--natbias-gain-schedule peak`` moves g (log g) about C *peak* learning
+    rates per update from the first update, where the default ``lr`` lets a
+    long warm-up hold it near g0 for hundreds of updates (:class:`WarmupSpeedup`).
     Adam's steps on W and phi are not slowed by
     the small g (Adam divides the gradient by its own scale). g multiplies phi
     before the projection (W (g phi) + b), which costs a (tokens x d) product,

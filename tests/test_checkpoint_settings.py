@@ -83,6 +83,7 @@ def _resume_fixture(fixture, toy_bin, tmp_path):
 def test_v020_checkpoint_resumes_through_fairseq_train(toy_bin, tmp_path):
     _, state = _resume_fixture(V020, toy_bin, tmp_path)
     assert state["cfg"]["model"].natbias_gain_form == "linear"  # now recorded
+    assert state["cfg"]["model"].natbias_gain_schedule == "lr"  # 0.3.3's option, read as before
     assert state["optimizer_history"][-1]["num_updates"] == 6
 
 
