@@ -236,11 +236,10 @@ class GainedLinear(OutputProjection):
         )
         if schedule == "peak":
             self.warmup = warmup or WarmupSpeedup(0.0, 0)
-            def scalar(value):
-                return torch.tensor(value, dtype=torch.float32, device=weight.device)
-            self.register_buffer("gain_exponent_anchor", scalar(exponent))
+            float32 = dict(dtype=torch.float32, device=weight.device)
+            self.register_buffer("gain_exponent_anchor", torch.tensor(exponent, **float32))
             self.register_buffer("gain_param_anchor", self.gain_param.detach().clone())
-            self.register_buffer("gain_speedup", scalar(self.warmup(0)))
+            self.register_buffer("gain_speedup", torch.tensor(self.warmup(0), **float32))
 
     def _exponent(self) -> torch.Tensor:
         """z: g itself (linear) or log g (exp)."""
