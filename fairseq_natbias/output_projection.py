@@ -87,10 +87,11 @@ class WarmupSpeedup:
     """m(t) = peak lr / lr(t) during a linear warm-up, 1 after it: the factor
     that lifts a step of lr(t) to one of the peak learning rate.
 
-    lr(t) = init + t (peak - init) / W for t < W (fairseq's inverse_sqrt and
-    cosine warm-ups; polynomial_decay and fixed start from init = 0). m is
-    capped at W, its value where lr(t) = peak / W, so that a warm-up from 0
-    (lr(0) = 0, a step that moves nothing) does not divide by zero.
+    lr(t) = init + t (peak - init) / W for t < W, the linear warm-up of every
+    fairseq scheduler that has one. m is capped at W, its value where
+    lr(t) = peak / W, so that a warm-up from 0 (lr(0) = 0, a step that moves
+    nothing) does not divide by zero. fairseq's ``fixed`` scheduler warms up
+    one update ahead ((t + 1) / W): m is then at most W/(W-1) too small.
     """
 
     def __init__(self, peak_lr: float, warmup_updates: int, warmup_init_lr: float = 0.0):
@@ -98,13 +99,30 @@ class WarmupSpeedup:
         self.warmup_updates = max(int(warmup_updates or 0), 0)
         self.warmup_init_lr = max(float(warmup_init_lr or 0.0), 0.0)
 
+    # Where a scheduler starts its warm-up when --warmup-init-lr is left at
+    # fairseq's "unset" (-1): cosine and step start from --min-lr; the others
+    # (inverse_sqrt, reduce_lr_on_plateau, polynomial_decay, fixed) from 0.
+    STARTS_FROM_MIN_LR = ("cosine", "step")
+
     @classmethod
     def from_args(cls, args) -> "WarmupSpeedup":
-        """From fairseq's --lr, --warmup-updates and --warmup-init-lr (absent
-        when the scheduler has no warm-up: then m = 1 throughout)."""
+        """From fairseq's --lr and the warm-up as the scheduler names it:
+        --warmup-updates and --warmup-init-lr, or tri_stage's --warmup-steps
+        (or its --phase-ratio of --max-update) and --init-lr-scale. Without a
+        warm-up (absent options, or 0 updates) m = 1 throughout."""
         lr = getattr(args, "lr", None) or [0.0]
-        peak = lr[0] if isinstance(lr, (list, tuple)) else lr
-        return cls(peak, getattr(args, "warmup_updates", 0), getattr(args, "warmup_init_lr", 0.0))
+        peak = float(lr[0] if isinstance(lr, (list, tuple)) else lr)
+        scheduler = getattr(args, "lr_scheduler", None)
+        if scheduler == "tri_stage":
+            ratio = getattr(args, "phase_ratio", None)
+            updates = (int(args.max_update * ratio[0]) if ratio is not None
+                       else getattr(args, "warmup_steps", 0))
+            return cls(peak, updates, getattr(args, "init_lr_scale", 0.01) * peak)
+        start = getattr(args, "warmup_init_lr", 0.0)
+        if start is None or start < 0:
+            start = (getattr(args, "min_lr", 0.0) if scheduler in cls.STARTS_FROM_MIN_LR
+                     else 0.0)
+        return cls(peak, getattr(args, "warmup_updates", 0), start)
 
     def __call__(self, update: int) -> float:
         if update >= self.warmup_updates or self.peak_lr <= 0:

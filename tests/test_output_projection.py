@@ -363,3 +363,46 @@ def test_the_lr_schedule_adds_nothing_to_the_state_dict():
     """The default's saved keys are 0.3.2's, so its checkpoints load as they were."""
     gained = output_projection.add_output_gain(FakeDecoder(), 0.05, 20.0)
     assert set(gained.state_dict()) == {"weight", "gain_param"}
+
+
+# Each scheduler's warm-up as a user writes it on the fairseq-train command
+# line (40 warm-up updates, peak 5e-4); --warmup-init-lr left unset where the
+# scheduler then starts elsewhere than 0 (cosine, step: --min-lr).
+SCHEDULER_COMMANDS = {
+    "inverse_sqrt": ["--lr-scheduler", "inverse_sqrt", "--warmup-updates", "40",
+                     "--warmup-init-lr", "1e-7"],
+    "inverse_sqrt from 0": ["--lr-scheduler", "inverse_sqrt", "--warmup-updates", "40"],
+    "cosine from --min-lr": ["--lr-scheduler", "cosine", "--warmup-updates", "40",
+                             "--min-lr", "1e-5"],
+    "step from --min-lr": ["--lr-scheduler", "step", "--warmup-updates", "40",
+                           "--min-lr", "2e-5"],
+    "polynomial_decay": ["--lr-scheduler", "polynomial_decay", "--warmup-updates", "40",
+                         "--total-num-update", "1000"],
+    "reduce_lr_on_plateau": ["--lr-scheduler", "reduce_lr_on_plateau",
+                             "--warmup-updates", "40", "--warmup-init-lr", "1e-6"],
+    "tri_stage steps": ["--lr-scheduler", "tri_stage", "--warmup-steps", "40",
+                        "--hold-steps", "10", "--decay-steps", "50"],
+    "tri_stage phase ratio": ["--lr-scheduler", "tri_stage", "--phase-ratio", "(0.4, 0.1, 0.5)"],
+}
+
+
+@pytest.mark.parametrize("command", sorted(SCHEDULER_COMMANDS))
+def test_warmup_speedup_follows_fairseqs_own_scheduler(command):
+    """m(t) read from the parsed command line is peak / lr(t) of the scheduler
+    fairseq builds from the same line (capped at W), 1 after the warm-up."""
+    from fairseq import optim, options
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+    from fairseq.optim.lr_scheduler import build_lr_scheduler
+
+    args = options.parse_args_and_arch(options.get_training_parser(), [
+        "unused-data-dir", "--arch", "transformer", "--optimizer", "adam", "--lr", "5e-4",
+        "--max-update", "100", *SCHEDULER_COMMANDS[command]])
+    speedup = output_projection.WarmupSpeedup.from_args(args)  # before fairseq edits cfg
+    cfg = convert_namespace_to_omegaconf(args)
+    optimizer = optim.build_optimizer(cfg.optimizer, [nn.Parameter(torch.zeros(1))])
+    scheduler = build_lr_scheduler(cfg.lr_scheduler, optimizer)
+    assert speedup.warmup_updates == 40
+    for update in range(0, 45):
+        lr = scheduler.step_update(update)
+        expected = 1.0 if update >= 40 else min(5e-4 / max(lr, 1e-30), 40.0)
+        assert speedup(update) == pytest.approx(expected, rel=1e-6), update
