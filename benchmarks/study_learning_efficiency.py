@@ -598,9 +598,27 @@ def markdown_reach_by_horizon(found):
            "| arm | " + " | ".join(f"h = {h}" for h in horizons) + " |",
            "|---" * (len(horizons) + 1) + "|"]
     for name, (_, ratios) in found.items():
-        out.append(f"| {name} | " + " | ".join(mean_stderr(list(column)).format(2, count=False)
-                                              for column in ratios.T) + " |")
+        out.append(f"| {name} | " + " | ".join(horizon_cell(column) for column in ratios.T)
+                   + " |")
     return "\n".join(out) + "\n"
+
+
+def reach_line(name, horizons, ratios):
+    """One arm's reach-by-horizon curve, mean ± s.e. over seeds, drawn only
+    at the horizons every seed reached (the table shows the others)."""
+    reached = np.isfinite(ratios).all(0)
+    ratios = ratios[:, reached]
+    mean, error = ratios.mean(0), band_of(ratios)
+    return {"label": name, "x": [h for h, ok in zip(horizons, reached) if ok],
+            "mean": mean, "low": mean - error, "high": mean + error}
+
+
+def horizon_cell(ratios):
+    """Mean ± s.e. over seeds; where a seed never reached stock (inf), the
+    seeds one by one instead, since a mean with inf in it says nothing."""
+    if np.isfinite(ratios).all():
+        return mean_stderr(list(ratios)).format(2, count=False)
+    return ", ".join("never" if np.isinf(r) else f"{r:.2f}" for r in ratios)
 
 
 def markdown_converged(rows, target, title, test_sets, patience=6):
@@ -791,10 +809,8 @@ def main():
         table += markdown_reach_by_horizon(found)
         if found:
             outputs["reach"] = study_dir / "study_reach_by_horizon.png"
-            plots.curve_panels({title: [
-                {"label": name, "x": horizons, "mean": ratios.mean(0),
-                 "low": ratios.mean(0) - band_of(ratios), "high": ratios.mean(0) + band_of(ratios)}
-                for name, (horizons, ratios) in found.items()]},
+            plots.curve_panels({title: [reach_line(name, horizons, ratios)
+                                        for name, (horizons, ratios) in found.items()]},
                 "updates to reach stock at h / h", str(outputs["reach"]), logx=True)
     outputs["md"].write_text(table)
     nll_panels = {title: nll_lines}

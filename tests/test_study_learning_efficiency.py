@@ -5,6 +5,8 @@ stock's best update, both test sets), checked against values worked by hand."""
 
 import json
 
+import numpy as np
+
 import pytest
 
 from natbias_testing import benchmark_script
@@ -78,6 +80,10 @@ def test_converged_table_aims_at_stocks_best(study, tmp_path):
     assert horizons == [1000] and ratios.tolist() == [[pytest.approx(0.5625)]] * 2
     assert "| gain/unigram | 0.56 ± 0.00 |" in study.markdown_reach_by_horizon(
         {"gain/unigram": (horizons, ratios)})
+    # A seed that never reaches stock at some h is shown seed by seed there.
+    partly = np.array([[0.5625, 0.9], [0.5, np.inf]])
+    assert "| gain/unigram | 0.53 ± 0.03 | 0.90, never |" in study.markdown_reach_by_horizon(
+        {"gain/unigram": ([1000, 2000], partly)})
 
 
 def test_a_stopped_run_trains_on_to_a_raised_cap_or_a_fixed_budget(study, tmp_path):
