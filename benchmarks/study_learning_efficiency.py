@@ -72,7 +72,11 @@ Means and standard errors over seeds go to a Markdown table and plots in
 Finished runs are skipped and an interrupted one resumes from its last
 checkpoint, so the study runs in parts and extends run by run. --jobs runs
 that many trainings side by side on --threads CPU threads each (on the 2-core
-machine two 1-thread runs beat one 2-thread run after the other).
+machine two 1-thread runs beat one 2-thread run after the other). With
+--results DIR, each finished run's record (its curves and scores, a few kB of
+JSON) is also kept in DIR/runs/<pair or lm-lang>_<schedule>/<arm>/seed<k>.json,
+and a run whose folder is gone is summarised from there: seeds trained on
+another machine, or before a lost /tmp, still count.
 
     .venv/bin/python benchmarks/study_learning_efficiency.py --pair de-en \\
         --schedule short --seeds 1 2 3 \\
@@ -403,6 +407,63 @@ def finished(task, run_dir):
     return (run_dir / "done").exists() and task.finished(run_dir)
 
 
+# --- run records: what a summary reads of a finished run --------------------
+
+
+def run_record(task, run_dir, with_bleu_curve=False):
+    """Everything a summary reads of one finished run, as a few kilobytes of
+    JSON: the validation NLL curve (update 0 included), the validation BLEU
+    curve where the study logs one, the test scores, update 0's figures and
+    the gain at the end. Kept beside the results (see :func:`collect_runs`)
+    so that a study can add seeds on a machine that no longer has the
+    earlier runs' logs: a machine lost its /tmp mid-study once (issue 19)."""
+    loss = task.loss_key
+    updates, nll = curve(run_dir, loss, loss)
+    record = {"updates": updates.tolist(), "nll": nll.tolist(),
+              "scores": task.test_scores(run_dir),
+              "step0": json.loads((run_dir / "step0.json").read_text()),
+              "gain": last_gain(run_dir)}
+    if with_bleu_curve:
+        bleu_updates, bleu = curve(run_dir, "bleu", loss)
+        record.update(bleu_updates=bleu_updates.tolist(), bleu=bleu.tolist())
+    return record
+
+
+def nll_curve(record):
+    return np.asarray(record["updates"], dtype=np.float64), np.asarray(record["nll"])
+
+
+def bleu_curve(record):
+    return np.asarray(record["bleu_updates"], dtype=np.float64), np.asarray(record["bleu"])
+
+
+def collect_runs(task, study_dir, arms, seeds, archive=None, with_bleu_curve=False):
+    """``{arm: [record, ...]}`` of the finished runs, seed order, arms
+    without one left out. A finished run in ``study_dir`` gives its record
+    from its logs, and writes it to ``archive``/<arm>/seed<N>.json when an
+    archive folder is given; a run absent from ``study_dir`` is read back
+    from the archive. The study's archive is <--results>/runs/<folder>_<setting>."""
+    runs = {}
+    for arm in arms:
+        records = []
+        for seed in seeds:
+            run_dir = study_dir / arm.folder / f"seed{seed}"
+            kept = archive / arm.folder / f"seed{seed}.json" if archive else None
+            if finished(task, run_dir):
+                record = run_record(task, run_dir, with_bleu_curve)
+                if kept:
+                    kept.parent.mkdir(parents=True, exist_ok=True)
+                    kept.write_text(json.dumps(record, indent=1) + "\n")
+            elif kept and kept.exists():
+                record = json.loads(kept.read_text())
+            else:
+                continue
+            records.append(record)
+        if records:
+            runs[arm] = records
+    return runs
+
+
 def time_updates(task, data_bin, arms, args):
     """Seconds per update of each arm (``--time-updates N``): N updates
     through fairseq-train, no validation, no checkpoint, in a temporary
@@ -462,29 +523,26 @@ def band(curves):
     return grid, stacked.mean(0), band_of(stacked)
 
 
-def summarise(task, study_dir, arms, seeds, converge=False):
-    """Rows of the table and the curves of the plots, over finished runs.
-    The target of "updates to reach" is stock's validation NLL at its last
+def summarise(task, runs, converge=False):
+    """Rows of the table and the curves of the plots, over the records of
+    finished runs (``{arm: [record, ...]}``, :func:`collect_runs`). The
+    target of "updates to reach" is stock's validation NLL at its last
     update, or, with ``converge``, at its best."""
-    runs = {arm: [r for r in (study_dir / arm.folder / f"seed{s}" for s in seeds)
-                  if finished(task, r)]
-            for arm in arms}
-    runs = {arm: dirs for arm, dirs in runs.items() if dirs}
-    reference = next((dirs for arm, dirs in runs.items() if arm.name == REFERENCE_ARM), None)
-    loss = task.loss_key
+    reference = next((records for arm, records in runs.items()
+                      if arm.name == REFERENCE_ARM), None)
     pick = np.min if converge else (lambda values: values[-1])
-    target = (float(np.mean([pick(curve(r, loss, loss)[1]) for r in reference]))
+    target = (float(np.mean([pick(nll_curve(r)[1]) for r in reference]))
               if reference else None)
     with_bleu_curves = task.name == "translation" and not converge
     rows, nll_lines, bleu_lines = [], [], []
-    for arm, run_dirs in runs.items():
-        nll = [curve(r, loss, loss) for r in run_dirs]
-        bleu = [curve(r, "bleu", loss) for r in run_dirs] if with_bleu_curves else []
-        scores = [task.test_scores(r) for r in run_dirs]
-        step0 = [json.loads((r / "step0.json").read_text()) for r in run_dirs]
-        gains = [g for g in (last_gain(r) for r in run_dirs) if g is not None]
+    for arm, records in runs.items():
+        nll = [nll_curve(r) for r in records]
+        bleu = [bleu_curve(r) for r in records] if with_bleu_curves else []
+        scores = [r["scores"] for r in records]
+        step0 = [r["step0"] for r in records]
+        gains = [r["gain"] for r in records if r["gain"] is not None]
         row = {
-            "arm": arm.name, "n": len(run_dirs),
+            "arm": arm.name, "n": len(records),
             "step0": mean_stderr([v[0] for _, v in nll]),
             "unigram_ce": (mean_stderr([s["unigram_ce"] for s in step0])
                            if all("unigram_ce" in s for s in step0) else None),
@@ -564,25 +622,23 @@ def markdown(rows, target, title):
 HORIZONS = (1000, 2000, 4000, 6000, 8000, 10000, 12000, 16000, 20000, 30000)
 
 
-def reach_by_horizon(task, study_dir, arms, seeds):
+def reach_by_horizon(runs):
     """For each arm but stock and each horizon h (within every stock run):
     the updates it needs to reach stock's mean validation NLL at update h,
     as a fraction of h, one value per seed; ``{arm name: (horizons,
-    ratios[seed][horizon])}``. Shows whether the head start lasts."""
-    runs = {arm: [r for r in (study_dir / arm.folder / f"seed{s}" for s in seeds)
-                  if finished(task, r)] for arm in arms}
-    loss = task.loss_key
-    stock = [curve(r, loss, loss) for arm, dirs in runs.items()
-             if arm.name == REFERENCE_ARM for r in dirs]
+    ratios[seed][horizon])}``. Shows whether the head start lasts. ``runs``
+    as for :func:`summarise`."""
+    stock = [nll_curve(r) for arm, records in runs.items()
+             if arm.name == REFERENCE_ARM for r in records]
     if not stock:
         return {}
     horizons = [h for h in HORIZONS if h <= min(u[-1] for u, _ in stock)]
     targets = [float(np.mean([np.interp(h, u, v) for u, v in stock])) for h in horizons]
     found = {}
-    for arm, dirs in runs.items():
-        if arm.name == REFERENCE_ARM or not dirs:
+    for arm, records in runs.items():
+        if arm.name == REFERENCE_ARM:
             continue
-        curves = [curve(r, loss, loss) for r in dirs]
+        curves = [nll_curve(r) for r in records]
         ratios = [[updates_to_reach(updates, values, target) / h
                    for h, target in zip(horizons, targets)] for updates, values in curves]
         found[arm.name] = (horizons, np.array(ratios))
@@ -793,8 +849,11 @@ def main():
                                     study_dir / arm.folder / f"seed{seed}", arm, seed, args)
                         for arm, seed in plan]:
                 job.result()
-    rows, target, nll_lines, bleu_lines = summarise(task, study_dir, arms, args.seeds,
-                                                    args.converge)
+    archive = (Path(args.results) / "runs" / f"{task.folder}_{setting}"
+               if args.results else None)
+    runs = collect_runs(task, study_dir, arms, args.seeds, archive,
+                        with_bleu_curve=task.name == "translation" and not args.converge)
+    rows, target, nll_lines, bleu_lines = summarise(task, runs, args.converge)
     if not rows:
         raise SystemExit("study: no finished run yet")
     title = (f"Multi30k {args.pair}, schedule {setting}" if args.task == "translation"
@@ -805,7 +864,7 @@ def main():
     outputs = {"md": study_dir / "study.md", "nll": study_dir / "study_valid_nll.png",
                "bleu": study_dir / "study_valid_bleu.png"}
     if args.converge:
-        found = reach_by_horizon(task, study_dir, arms, args.seeds)
+        found = reach_by_horizon(runs)
         table += markdown_reach_by_horizon(found)
         if found:
             outputs["reach"] = study_dir / "study_reach_by_horizon.png"

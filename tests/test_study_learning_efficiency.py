@@ -58,7 +58,8 @@ def test_converged_table_aims_at_stocks_best(study, tmp_path):
         _write_run(root / "gain-unigram" / f"seed{seed}", natbias[seed], 23.0 + seed, 20.0 + seed)
     task = study.Translation("de-en", ("test_2017_flickr",))
     arms = [study.Arm.parse("stock"), study.Arm.parse("gain/unigram")]
-    rows, target, _, _ = study.summarise(task, root, arms, [1, 2], converge=True)
+    runs = study.collect_runs(task, root, arms, [1, 2])
+    rows, target, _, _ = study.summarise(task, runs, converge=True)
     assert target == pytest.approx(3.9)
     by_arm = {row["arm"]: row for row in rows}
     assert by_arm["gain/unigram"]["reach"] == [pytest.approx(625.0)] * 2
@@ -76,7 +77,7 @@ def test_converged_table_aims_at_stocks_best(study, tmp_path):
     # Reach by horizon, h = 1000 only (stock's shortest run ends at 1500):
     # stock's mean NLL there is (4.0 + 4.2) / 2 = 4.1, which the natbias arm
     # crosses at 500 + 250 * (4.3 - 4.1) / (4.3 - 3.5) = 562.5 in both seeds.
-    horizons, ratios = study.reach_by_horizon(task, root, arms, [1, 2])["gain/unigram"]
+    horizons, ratios = study.reach_by_horizon(runs)["gain/unigram"]
     assert horizons == [1000] and ratios.tolist() == [[pytest.approx(0.5625)]] * 2
     assert "| gain/unigram | 0.56 ± 0.00 |" in study.markdown_reach_by_horizon(
         {"gain/unigram": (horizons, ratios)})
@@ -84,6 +85,48 @@ def test_converged_table_aims_at_stocks_best(study, tmp_path):
     partly = np.array([[0.5625, 0.9], [0.5, np.inf]])
     assert "| gain/unigram | 0.53 ± 0.03 | 0.90, never |" in study.markdown_reach_by_horizon(
         {"gain/unigram": ([1000, 2000], partly)})
+
+
+def test_archived_records_stand_in_for_runs_whose_logs_are_gone(study, tmp_path):
+    """Seeds 1 and 2 summarised with an archive, then their run folders
+    deleted (a machine lost), seed 3 trained later: the summary over seeds
+    1-3 reads 1 and 2 from the archive and equals one over all three logs."""
+    stock = {1: [(500, 5.0), (1000, 4.0)], 2: [(500, 5.2), (1000, 3.8)],
+             3: [(500, 4.9), (1000, 3.9)]}
+    natbias = {1: [(500, 4.3), (1000, 3.7)], 2: [(500, 4.1), (1000, 3.9)],
+               3: [(500, 4.2), (1000, 3.6)]}
+
+    def write(root, seeds):
+        for seed in seeds:
+            _write_run(root / "stock" / f"seed{seed}", stock[seed], 20.0 + seed, 18.0, 13.7)
+            _write_run(root / "gain-unigram" / f"seed{seed}", natbias[seed], 23.0 + seed, 20.0)
+
+    task = study.Translation("de-en", ("test_2017_flickr",))
+    arms = [study.Arm.parse("stock"), study.Arm.parse("gain/unigram")]
+    lost, archive = tmp_path / "lost" / "short-converge", tmp_path / "results" / "runs"
+    write(lost, [1, 2])
+    assert [len(r) for r in study.collect_runs(task, lost, arms, [1, 2], archive).values()] == [2, 2]
+    kept = json.loads((archive / "gain-unigram" / "seed2.json").read_text())
+    assert kept["nll"] == [8.0, 4.1, 3.9] and kept["scores"]["bleu"] == 25.0
+    for arm in arms:
+        for seed in (1, 2):
+            for path in (lost / arm.folder / f"seed{seed}").iterdir():
+                path.unlink()
+    write(lost, [3])
+    both = tmp_path / "whole" / "short-converge"
+    write(both, [1, 2, 3])
+    tables = []
+    for root, archived in ((lost, archive), (both, None)):
+        runs = study.collect_runs(task, root, arms, [1, 2, 3], archived)
+        rows, target, _, _ = study.summarise(task, runs, converge=True)
+        tables.append(study.markdown_converged(rows, target, "t", study.CONVERGE_TEST_SETS, 0)
+                      + study.markdown_reach_by_horizon(study.reach_by_horizon(runs)))
+    assert tables[0] == tables[1]
+    # stock's best, (4.0 + 3.8 + 3.9) / 3 = 3.9, crossed by the natbias arm
+    # between 500 and 1000 at 500 + 500 * (v500 - 3.9) / (v500 - v1000):
+    # seed 1 (4.3, 3.7) 833, seed 2 (4.1, 3.9) 1000, seed 3 (4.2, 3.6) 750.
+    assert "updates to reach stock's best valid NLL (3.900)" in tables[0]
+    assert "| gain/unigram | 3 | 8.000 ± 0.000 (n=3) | 833, 1000, 750 |" in tables[0]
 
 
 def test_a_stopped_run_trains_on_to_a_raised_cap_or_a_fixed_budget(study, tmp_path):
