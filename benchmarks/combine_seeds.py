@@ -1,0 +1,173 @@
+"""Means over seeds of the 20,000-update --converge runs (issue 19, item 1),
+from every source that kept a seed's figures: the run records the study writes
+(results/runs/<pair>_short-converge/<arm>/seed<k>.json) and, for seeds whose run
+folders were lost before records were kept, the per-seed figures committed in
+0.3.4 (results/seeds/short-converge_before_records.csv, with chrF from
+results/seeds/short-converge_two_seed_chrf.csv).
+
+For each pair and arm it prints best validation NLL, test BLEU and chrF
+(test_2016_flickr, test_2017_flickr) as mean ± standard error over seeds, and
+differences between arms (--compare; by default each arm minus stock, and
+zero minus the default): NLL and BLEU paired by seed (the seeds both have),
+chrF as a difference of means (seeds 1-2's chrF is known only as a pair of
+values, not by seed).
+
+    .venv/bin/python benchmarks/combine_seeds.py
+    .venv/bin/python benchmarks/combine_seeds.py --pairs de-en --compare gain/zero:stock
+"""
+
+import argparse
+import csv
+import json
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from fairseq_natbias.analysis.stats import mean_stderr  # noqa: E402
+
+RESULTS = REPO / "benchmarks" / "results"
+SETTING = "short-converge"
+METRICS = ("best_valid_nll", "bleu_test_2016", "chrf_test_2016", "bleu_test_2017", "chrf_test_2017")
+PAIRED = ("best_valid_nll", "bleu_test_2016", "bleu_test_2017")
+
+
+def read_csv(path):
+    """Rows of a CSV whose leading ``#`` lines are comments."""
+    with open(path, newline="") as handle:
+        return list(csv.DictReader(line for line in handle if not line.startswith("#")))
+
+
+def seed_from_record(record):
+    """One seed's figures from the study's run record: the lowest validation
+    NLL and the best checkpoint's test scores (test_2016 is the data-bin's
+    own test split, stored without a suffix)."""
+    scores = record["scores"]
+    return {"best_valid_nll": min(record["nll"]),
+            "bleu_test_2016": scores["bleu"], "chrf_test_2016": scores["chrf"],
+            "bleu_test_2017": scores["bleu_test_2017_flickr"],
+            "chrf_test_2017": scores["chrf_test_2017_flickr"]}
+
+
+def seed_from_row(row):
+    return {metric: float(row[metric]) for metric in METRICS if row[metric].strip()}
+
+
+def collect_seeds(results=RESULTS):
+    """``{(pair, arm): {seed: {metric: value}}}``. A run record wins over a
+    typed-in row for the same seed (it is the run's own output)."""
+    seeds = {}
+    for row in read_csv(results / "seeds" / f"{SETTING}_before_records.csv"):
+        seeds.setdefault((row["pair"], row["arm"]), {})[int(row["seed"])] = seed_from_row(row)
+    for path in sorted((results / "runs").glob(f"*_{SETTING}/*/seed*.json")):
+        pair = path.parent.parent.name[: -len(SETTING) - 1]
+        arm = path.parent.name.replace("-", "/", 1)  # the study's folder of arm "gain/zero" is gain-zero
+        seed = int(path.stem[len("seed"):])
+        seeds.setdefault((pair, arm), {})[seed] = seed_from_record(json.loads(path.read_text()))
+    return seeds
+
+
+def two_seed_values(results=RESULTS):
+    """``{(pair, arm, metric): [a, b]}`` from two-seed mean ± s.e.: for two
+    values, mean ± s.e. = (a + b)/2 ± |a - b|/2 (s.e. = s/sqrt(2), s =
+    |a - b|/sqrt(2)), so the values are mean - s.e. and mean + s.e."""
+    pairs = {}
+    for row in read_csv(results / "seeds" / f"{SETTING}_two_seed_chrf.csv"):
+        mean, stderr = float(row["mean"]), float(row["stderr"])
+        pairs[(row["pair"], row["arm"], f"chrf_{row['test_set']}")] = [mean - stderr, mean + stderr]
+    return pairs
+
+
+def values_over_seeds(seeds, two_seed, pair, arm, metric):
+    """Every seed's value of ``metric``; a two-seed pair fills the seeds
+    that lack it, when exactly two do."""
+    per_seed = seeds.get((pair, arm), {})
+    known = [figures[metric] for figures in per_seed.values() if metric in figures]
+    missing = len(per_seed) - len(known)
+    recovered = two_seed.get((pair, arm, metric))
+    if missing and recovered and missing == len(recovered):
+        known += recovered
+    return known if len(known) == len(per_seed) else []
+
+
+def paired_difference(seeds, pair, arm, reference_arm, metric):
+    """``arm - reference_arm`` seed by seed, over the seeds both have."""
+    mine, reference = seeds.get((pair, arm), {}), seeds.get((pair, reference_arm), {})
+    common = sorted(seed for seed in mine if seed in reference
+                    and metric in mine[seed] and metric in reference[seed])
+    return common, [mine[seed][metric] - reference[seed][metric] for seed in common]
+
+
+def seed_list(seeds, pair, arm):
+    return ", ".join(str(seed) for seed in sorted(seeds[(pair, arm)]))
+
+
+def signed(summary, digits):
+    """``+m ± s`` (``+m`` for one seed): a difference shows its sign."""
+    mean = round(summary.mean, digits) + 0.0  # + 0.0: no "-0.000" from rounding error
+    text = f"{mean:+.{digits}f}"
+    return text if summary.n < 2 else f"{text} ± {summary.stderr:.{digits}f}"
+
+
+def table(seeds, two_seed, pairs, arms):
+    header = "| pair, arm | seeds | " + " | ".join(METRICS) + " |"
+    lines = [header, "|" + "---|" * (len(METRICS) + 2)]
+    for pair in pairs:
+        for arm in arms:
+            if (pair, arm) not in seeds:
+                continue
+            cells = []
+            for metric in METRICS:
+                digits = 3 if metric == "best_valid_nll" else 2
+                cells.append(mean_stderr(values_over_seeds(seeds, two_seed, pair, arm, metric))
+                             .format(digits, count=False))
+            lines.append(f"| {pair} {arm} | {seed_list(seeds, pair, arm)} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def differences(seeds, two_seed, pairs, comparisons):
+    """One line per pair and ``(arm, reference_arm)`` that both have seeds."""
+    lines = []
+    for pair in pairs:
+        for arm, reference_arm in comparisons:
+            if (pair, arm) not in seeds or (pair, reference_arm) not in seeds:
+                continue
+            parts = []
+            for metric in PAIRED:
+                common, diffs = paired_difference(seeds, pair, arm, reference_arm, metric)
+                digits = 3 if metric == "best_valid_nll" else 2
+                if diffs:
+                    parts.append(f"{metric} {signed(mean_stderr(diffs), digits)}"
+                                 f" (seeds {', '.join(map(str, common))})")
+            for metric in ("chrf_test_2016", "chrf_test_2017"):
+                mine = values_over_seeds(seeds, two_seed, pair, arm, metric)
+                reference = values_over_seeds(seeds, two_seed, pair, reference_arm, metric)
+                if mine and reference:
+                    gap = mean_stderr(mine).mean - mean_stderr(reference).mean
+                    parts.append(f"{metric} {gap:+.2f} (difference of means, seeds "
+                                 f"{seed_list(seeds, pair, arm)} against {seed_list(seeds, pair, reference_arm)})")
+            lines.append(f"- {pair} {arm} − {reference_arm}: " + "; ".join(parts))
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--pairs", nargs="+", default=["de-en", "fr-en"])
+    parser.add_argument("--arms", nargs="+", default=["stock", "gain/unigram", "gain/zero"])
+    parser.add_argument("--compare", nargs="+", default=[
+        "gain/unigram:stock", "gain/zero:stock", "gain/zero:gain/unigram"],
+        help="differences to print, as ARM:REFERENCE")
+    parser.add_argument("--results", type=Path, default=RESULTS,
+                        help="folder holding runs/ and seeds/ (default: benchmarks/results)")
+    args = parser.parse_args(argv)
+    seeds, two_seed = collect_seeds(args.results), two_seed_values(args.results)
+    print(f"Multi30k, {SETTING}, 20,000 updates: mean ± standard error over seeds\n")
+    print(table(seeds, two_seed, args.pairs, args.arms))
+    print("\nDifferences (NLL in bits, BLEU, chrF):\n")
+    comparisons = [tuple(text.split(":", 1)) for text in args.compare]
+    print(differences(seeds, two_seed, args.pairs, comparisons))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,94 @@
+"""benchmarks/combine_seeds.py: seeds from typed-in rows, run records and
+two-seed chrF summaries, combined into means and paired differences, checked
+against values worked by hand."""
+
+import json
+
+import pytest
+
+from natbias_testing import benchmark_script
+
+ROWS = """# a comment line, as in the committed file
+pair,arm,seed,best_valid_nll,bleu_test_2016,chrf_test_2016,bleu_test_2017,chrf_test_2017
+x-y,stock,1,2.0,30,,20,
+x-y,stock,2,2.2,32,,22,
+x-y,stock,3,9.9,99,99,99,99
+x-y,gain/unigram,1,2.1,31,,21,
+x-y,gain/unigram,2,2.1,35,,21,
+"""
+TWO_SEED_CHRF = """# mean +- s.e. of two seeds
+pair,arm,test_set,mean,stderr
+x-y,stock,test_2016,50,1
+"""
+# Seed 3 of stock, as the study writes its record: it overrides the row above.
+RECORD = {"updates": [0, 250, 500], "nll": [5.0, 2.3, 2.4],
+          "scores": {"bleu": 34.0, "chrf": 52.0, "bleu_test_2017_flickr": 24.0,
+                     "chrf_test_2017_flickr": 40.0},
+          "step0": {"nll": 5.0}, "gain": None}
+
+
+@pytest.fixture(scope="module")
+def combine():
+    return benchmark_script("combine_seeds")
+
+
+@pytest.fixture
+def results(tmp_path):
+    (tmp_path / "seeds").mkdir()
+    (tmp_path / "seeds" / "short-converge_before_records.csv").write_text(ROWS)
+    (tmp_path / "seeds" / "short-converge_two_seed_chrf.csv").write_text(TWO_SEED_CHRF)
+    record = tmp_path / "runs" / "x-y_short-converge" / "stock" / "seed3.json"
+    record.parent.mkdir(parents=True)
+    record.write_text(json.dumps(RECORD))
+    return tmp_path
+
+
+def test_a_run_record_wins_over_a_typed_in_row(combine, results):
+    seeds = combine.collect_seeds(results)
+    assert seeds[("x-y", "stock")][3] == {
+        "best_valid_nll": 2.3, "bleu_test_2016": 34.0, "chrf_test_2016": 52.0,
+        "bleu_test_2017": 24.0, "chrf_test_2017": 40.0}
+    assert seeds[("x-y", "stock")][1] == {"best_valid_nll": 2.0, "bleu_test_2016": 30.0,
+                                         "bleu_test_2017": 20.0}
+    assert sorted(seeds) == [("x-y", "gain/unigram"), ("x-y", "stock")]
+
+
+def test_two_seed_mean_and_stderr_give_back_the_two_values(combine, results):
+    # mean 50, s.e. 1: two values a, b with (a + b)/2 = 50 and
+    # s.e. = sqrt(((a-50)^2 + (b-50)^2) / 1 / 2) = |a - b|/2 = 1, so {49, 51}.
+    recovered = combine.two_seed_values(results)[("x-y", "stock", "chrf_test_2016")]
+    assert recovered == [49.0, 51.0]
+    mean, stderr = combine.mean_stderr(recovered).mean, combine.mean_stderr(recovered).stderr
+    assert (mean, stderr) == pytest.approx((50.0, 1.0))
+
+
+def test_values_over_seeds_fill_only_the_seeds_that_lack_one(combine, results):
+    seeds, two_seed = combine.collect_seeds(results), combine.two_seed_values(results)
+    assert sorted(combine.values_over_seeds(seeds, two_seed, "x-y", "stock", "chrf_test_2016")) \
+        == [49.0, 51.0, 52.0]
+    # No summary for test_2017: two seeds lack chrF, so there is no mean.
+    assert combine.values_over_seeds(seeds, two_seed, "x-y", "stock", "chrf_test_2017") == []
+
+
+def test_table_means_by_hand(combine, results):
+    seeds, two_seed = combine.collect_seeds(results), combine.two_seed_values(results)
+    text = combine.table(seeds, two_seed, ["x-y"], ["stock", "gain/unigram"])
+    # stock NLL 2.0, 2.2, 2.3: mean 2.1667; squared deviations 0.02778 + 0.00111
+    # + 0.01778 = 0.04667, / 2 = 0.02333, s = 0.15275, s.e. = s / sqrt 3 = 0.0882.
+    # BLEU 30, 32, 34: mean 32, s = 2, s.e. 1.1547. chrF 49, 51, 52: 50.67, s.e. 0.88.
+    assert "| x-y stock | 1, 2, 3 | 2.167 ± 0.088 | 32.00 ± 1.15 | 50.67 ± 0.88 | 22.00 ± 1.15 | n/a |" \
+        in text
+    assert "| x-y gain/unigram | 1, 2 | 2.100 ± 0.000 | 33.00 ± 2.00 | n/a | 21.00 ± 0.00 | n/a |" in text
+
+
+def test_differences_pair_by_seed(combine, results):
+    seeds, two_seed = combine.collect_seeds(results), combine.two_seed_values(results)
+    # Seeds 1 and 2 only (the default has no seed 3): NLL +0.1 and -0.1, mean 0,
+    # s = 0.1414, s.e. 0.1; BLEU test_2016 +1 and +3: mean +2, s.e. 1.
+    common, diffs = combine.paired_difference(seeds, "x-y", "gain/unigram", "stock", "bleu_test_2016")
+    assert (common, diffs) == ([1, 2], [1.0, 3.0])
+    line = combine.differences(seeds, two_seed, ["x-y"], [("gain/unigram", "stock")])
+    assert "best_valid_nll +0.000 ± 0.100 (seeds 1, 2)" in line
+    assert "bleu_test_2016 +2.00 ± 1.00 (seeds 1, 2)" in line
+    assert "chrf" not in line  # the default has no chrF at all
+    assert combine.differences(seeds, two_seed, ["x-y"], [("gain/zero", "stock")]) == ""
