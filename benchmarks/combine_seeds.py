@@ -24,8 +24,11 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
 
 from fairseq_natbias.analysis.stats import mean_stderr  # noqa: E402
+# The study that wrote the records: its arm folders and test-set names.
+from study_learning_efficiency import CONVERGE_TEST_SETS, Arm  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results"
 SETTING = "short-converge"
@@ -41,30 +44,35 @@ def read_csv(path):
 
 def seed_from_record(record):
     """One seed's figures from the study's run record: the lowest validation
-    NLL and the best checkpoint's test scores (test_2016 is the data-bin's
-    own test split, stored without a suffix)."""
+    NLL and the best checkpoint's test scores (the first test set is the
+    data-bin's own test split, stored without a suffix)."""
     scores = record["scores"]
+    second = CONVERGE_TEST_SETS[1]
     return {"best_valid_nll": min(record["nll"]),
             "bleu_test_2016": scores["bleu"], "chrf_test_2016": scores["chrf"],
-            "bleu_test_2017": scores["bleu_test_2017_flickr"],
-            "chrf_test_2017": scores["chrf_test_2017_flickr"]}
+            "bleu_test_2017": scores[f"bleu_{second}"],
+            "chrf_test_2017": scores[f"chrf_{second}"]}
 
 
 def seed_from_row(row):
     return {metric: float(row[metric]) for metric in METRICS if row[metric].strip()}
 
 
-def collect_seeds(results=RESULTS):
-    """``{(pair, arm): {seed: {metric: value}}}``. A run record wins over a
-    typed-in row for the same seed (it is the run's own output)."""
+def collect_seeds(pairs, arms, results=RESULTS):
+    """``{(pair, arm): {seed: {metric: value}}}`` for the given pairs and
+    arms that have a seed. A run record (where the study keeps it:
+    runs/<pair>_<setting>/<arm's folder>/seed<k>.json) wins over a typed-in
+    row for the same seed (it is the run's own output)."""
     seeds = {}
     for row in read_csv(results / "seeds" / f"{SETTING}_before_records.csv"):
-        seeds.setdefault((row["pair"], row["arm"]), {})[int(row["seed"])] = seed_from_row(row)
-    for path in sorted((results / "runs").glob(f"*_{SETTING}/*/seed*.json")):
-        pair = path.parent.parent.name[: -len(SETTING) - 1]
-        arm = path.parent.name.replace("-", "/", 1)  # the study's folder of arm "gain/zero" is gain-zero
-        seed = int(path.stem[len("seed"):])
-        seeds.setdefault((pair, arm), {})[seed] = seed_from_record(json.loads(path.read_text()))
+        if row["pair"] in pairs and row["arm"] in arms:
+            seeds.setdefault((row["pair"], row["arm"]), {})[int(row["seed"])] = seed_from_row(row)
+    for pair in pairs:
+        for arm in arms:
+            archive = results / "runs" / f"{pair}_{SETTING}" / Arm.parse(arm).folder
+            for path in sorted(archive.glob("seed*.json")):
+                seed = int(path.stem[len("seed"):])
+                seeds.setdefault((pair, arm), {})[seed] = seed_from_record(json.loads(path.read_text()))
     return seeds
 
 
@@ -103,6 +111,11 @@ def seed_list(seeds, pair, arm):
     return ", ".join(str(seed) for seed in sorted(seeds[(pair, arm)]))
 
 
+def digits_of(metric):
+    """Bits to 3 decimals, BLEU and chrF to 2, as in the study's tables."""
+    return 3 if metric == "best_valid_nll" else 2
+
+
 def signed(summary, digits):
     """``+m ± s`` (``+m`` for one seed): a difference shows its sign."""
     mean = round(summary.mean, digits) + 0.0  # + 0.0: no "-0.000" from rounding error
@@ -119,9 +132,8 @@ def table(seeds, two_seed, pairs, arms):
                 continue
             cells = []
             for metric in METRICS:
-                digits = 3 if metric == "best_valid_nll" else 2
                 cells.append(mean_stderr(values_over_seeds(seeds, two_seed, pair, arm, metric))
-                             .format(digits, count=False))
+                             .format(digits_of(metric), count=False))
             lines.append(f"| {pair} {arm} | {seed_list(seeds, pair, arm)} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -136,9 +148,8 @@ def differences(seeds, two_seed, pairs, comparisons):
             parts = []
             for metric in PAIRED:
                 common, diffs = paired_difference(seeds, pair, arm, reference_arm, metric)
-                digits = 3 if metric == "best_valid_nll" else 2
                 if diffs:
-                    parts.append(f"{metric} {signed(mean_stderr(diffs), digits)}"
+                    parts.append(f"{metric} {signed(mean_stderr(diffs), digits_of(metric))}"
                                  f" (seeds {', '.join(map(str, common))})")
             for metric in ("chrf_test_2016", "chrf_test_2017"):
                 mine = values_over_seeds(seeds, two_seed, pair, arm, metric)
@@ -161,11 +172,12 @@ def main(argv=None):
     parser.add_argument("--results", type=Path, default=RESULTS,
                         help="folder holding runs/ and seeds/ (default: benchmarks/results)")
     args = parser.parse_args(argv)
-    seeds, two_seed = collect_seeds(args.results), two_seed_values(args.results)
+    comparisons = [tuple(text.split(":", 1)) for text in args.compare]
+    arms = list(dict.fromkeys(args.arms + [arm for pair in comparisons for arm in pair]))
+    seeds, two_seed = collect_seeds(args.pairs, arms, args.results), two_seed_values(args.results)
     print(f"Multi30k, {SETTING}, 20,000 updates: mean ± standard error over seeds\n")
     print(table(seeds, two_seed, args.pairs, args.arms))
     print("\nDifferences (NLL in bits, BLEU, chrF):\n")
-    comparisons = [tuple(text.split(":", 1)) for text in args.compare]
     print(differences(seeds, two_seed, args.pairs, comparisons))
 
 

@@ -20,6 +20,7 @@ TWO_SEED_CHRF = """# mean +- s.e. of two seeds
 pair,arm,test_set,mean,stderr
 x-y,stock,test_2016,50,1
 """
+ARMS = ("stock", "gain/unigram", "gain/zero")
 # Seed 3 of stock, as the study writes its record: it overrides the row above.
 RECORD = {"updates": [0, 250, 500], "nll": [5.0, 2.3, 2.4],
           "scores": {"bleu": 34.0, "chrf": 52.0, "bleu_test_2017_flickr": 24.0,
@@ -44,7 +45,7 @@ def results(tmp_path):
 
 
 def test_a_run_record_wins_over_a_typed_in_row(combine, results):
-    seeds = combine.collect_seeds(results)
+    seeds = combine.collect_seeds(["x-y"], ARMS, results)
     assert seeds[("x-y", "stock")][3] == {
         "best_valid_nll": 2.3, "bleu_test_2016": 34.0, "chrf_test_2016": 52.0,
         "bleu_test_2017": 24.0, "chrf_test_2017": 40.0}
@@ -63,7 +64,7 @@ def test_two_seed_mean_and_stderr_give_back_the_two_values(combine, results):
 
 
 def test_values_over_seeds_fill_only_the_seeds_that_lack_one(combine, results):
-    seeds, two_seed = combine.collect_seeds(results), combine.two_seed_values(results)
+    seeds, two_seed = combine.collect_seeds(["x-y"], ARMS, results), combine.two_seed_values(results)
     assert sorted(combine.values_over_seeds(seeds, two_seed, "x-y", "stock", "chrf_test_2016")) \
         == [49.0, 51.0, 52.0]
     # No summary for test_2017: two seeds lack chrF, so there is no mean.
@@ -71,7 +72,7 @@ def test_values_over_seeds_fill_only_the_seeds_that_lack_one(combine, results):
 
 
 def test_table_means_by_hand(combine, results):
-    seeds, two_seed = combine.collect_seeds(results), combine.two_seed_values(results)
+    seeds, two_seed = combine.collect_seeds(["x-y"], ARMS, results), combine.two_seed_values(results)
     text = combine.table(seeds, two_seed, ["x-y"], ["stock", "gain/unigram"])
     # stock NLL 2.0, 2.2, 2.3: mean 2.1667; squared deviations 0.02778 + 0.00111
     # + 0.01778 = 0.04667, / 2 = 0.02333, s = 0.15275, s.e. = s / sqrt 3 = 0.0882.
@@ -82,7 +83,7 @@ def test_table_means_by_hand(combine, results):
 
 
 def test_differences_pair_by_seed(combine, results):
-    seeds, two_seed = combine.collect_seeds(results), combine.two_seed_values(results)
+    seeds, two_seed = combine.collect_seeds(["x-y"], ARMS, results), combine.two_seed_values(results)
     # Seeds 1 and 2 only (the default has no seed 3): NLL +0.1 and -0.1, mean 0,
     # s = 0.1414, s.e. 0.1; BLEU test_2016 +1 and +3: mean +2, s.e. 1.
     common, diffs = combine.paired_difference(seeds, "x-y", "gain/unigram", "stock", "bleu_test_2016")
