@@ -6,7 +6,8 @@ folders were lost before records were kept, the per-seed figures committed in
 results/seeds/short-converge_two_seed_chrf.csv).
 
 For each pair and arm it prints best validation NLL, test BLEU and chrF
-(test_2016_flickr, test_2017_flickr) as mean ± standard error over seeds, and
+(test_2016_flickr, test_2017_flickr) as mean ± standard error over seeds, the
+NLL and BLEU of each seed side by side for the arms, and
 differences between arms (--compare; by default each arm minus stock, and
 zero minus the default): NLL and BLEU paired by seed (the seeds both have),
 chrF as a difference of means (seeds 1-2's chrF is known only as a pair of
@@ -138,6 +139,22 @@ def table(seeds, two_seed, pairs, arms):
     return "\n".join(lines)
 
 
+def per_seed_table(seeds, pairs, arms):
+    """One row per pair and seed: each paired metric as the arms' values in
+    ``arms`` order ("–" where an arm lacks that seed or figure)."""
+    header = "| pair, seed | " + " | ".join(f"{metric}: {' / '.join(arms)}" for metric in PAIRED) + " |"
+    lines = [header, "|" + "---|" * (len(PAIRED) + 1)]
+    for pair in pairs:
+        for seed in sorted({seed for arm in arms for seed in seeds.get((pair, arm), {})}):
+            cells = []
+            for metric in PAIRED:
+                values = [seeds.get((pair, arm), {}).get(seed, {}).get(metric) for arm in arms]
+                cells.append(" / ".join("–" if value is None else f"{value:.{digits_of(metric)}f}"
+                                        for value in values))
+            lines.append(f"| {pair} {seed} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def differences(seeds, two_seed, pairs, comparisons):
     """One line per pair and ``(arm, reference_arm)`` that both have seeds."""
     lines = []
@@ -177,6 +194,8 @@ def main(argv=None):
     seeds, two_seed = collect_seeds(args.pairs, arms, args.results), two_seed_values(args.results)
     print(f"Multi30k, {SETTING}, 20,000 updates: mean ± standard error over seeds\n")
     print(table(seeds, two_seed, args.pairs, args.arms))
+    print("\nPer seed:\n")
+    print(per_seed_table(seeds, args.pairs, args.arms))
     print("\nDifferences (NLL in bits, BLEU, chrF):\n")
     print(differences(seeds, two_seed, args.pairs, comparisons))
 

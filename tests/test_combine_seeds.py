@@ -93,3 +93,12 @@ def test_differences_pair_by_seed(combine, results):
     assert "bleu_test_2016 +2.00 ± 1.00 (seeds 1, 2)" in line
     assert "chrf" not in line  # the default has no chrF at all
     assert combine.differences(seeds, two_seed, ["x-y"], [("gain/zero", "stock")]) == ""
+
+
+def test_per_seed_table_sets_the_arms_side_by_side(combine, results):
+    seeds = combine.collect_seeds(["x-y"], ARMS, results)
+    text = combine.per_seed_table(seeds, ["x-y"], ["stock", "gain/unigram"])
+    assert "| x-y 1 | 2.000 / 2.100 | 30.00 / 31.00 | 20.00 / 21.00 |" in text
+    # Seed 3: stock's record (NLL min 2.3), and no row of the default: a dash.
+    assert "| x-y 3 | 2.300 / – | 34.00 / – | 24.00 / – |" in text
+    assert text.count("| x-y ") == 3
