@@ -6,12 +6,30 @@ import logging
 import sys
 
 from fairseq_natbias.analysis import AnalysisError
+from fairseq_natbias.analysis.distinct import TOKENIZERS
 
 
 def parser_for(prog: str, doc: str) -> argparse.ArgumentParser:
     return argparse.ArgumentParser(
         prog=prog, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+
+
+def add_tokenize_argument(parser, what: str = "word splitting") -> None:
+    """``--tokenize``: how distinct-n splits words, sacreBLEU's 13a by default
+    so that distinct-n counts the words BLEU counts."""
+    parser.add_argument("--tokenize", choices=TOKENIZERS, default="13a",
+                        help=f"{what} (default: sacreBLEU's 13a)")
+
+
+def add_grid_arguments(parser, default_lambdas) -> None:
+    """``--lambdas`` and ``--taus``: the (lambda, tau) grid of the sweep tools
+    (output-bias scale, Kobayashi et al.; logit adjustment, Menon et al.)."""
+    shown = " ".join(f"{value:g}" for value in default_lambdas)
+    parser.add_argument("--lambdas", type=float, nargs="+", default=list(default_lambdas),
+                        metavar="L", help=f"output-bias scales in [0, 1] (default: {shown})")
+    parser.add_argument("--taus", type=float, nargs="+", default=[0.0], metavar="T",
+                        help="logit adjustments (default: 0)")
 
 
 def split_passthrough(argv):

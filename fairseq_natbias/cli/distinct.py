@@ -8,7 +8,7 @@
 
 from fairseq_natbias.analysis import distinct
 from fairseq_natbias.analysis.generate_output import parse_generate_output
-from fairseq_natbias.cli.common import parser_for, run_tool
+from fairseq_natbias.cli.common import add_tokenize_argument, parser_for, run_tool
 
 PROG = "natbias-distinct"
 
@@ -16,8 +16,7 @@ PROG = "natbias-distinct"
 def build_parser():
     parser = parser_for(PROG, __doc__)
     parser.add_argument("texts", help="fairseq-generate output or a plain text file")
-    parser.add_argument("--tokenize", choices=distinct.TOKENIZERS, default="13a",
-                        help="word splitting (default: sacreBLEU's 13a)")
+    add_tokenize_argument(parser)
     parser.add_argument("--max-n", type=int, default=distinct.MAX_N, help="largest n (default 4)")
     return parser
 

@@ -17,10 +17,11 @@ sweep.md and sweep.png.
 import sys
 from pathlib import Path
 
-from fairseq_natbias.analysis import distinct, sweep
+from fairseq_natbias.analysis import sweep
 from fairseq_natbias.checkpoint_loading import has_output_bias
 from fairseq_natbias.cli.common import (
-    exit_on_bad_input, parser_for, print_written, progress_on_stderr, split_passthrough,
+    add_grid_arguments, add_tokenize_argument, exit_on_bad_input, parser_for, print_written,
+    progress_on_stderr, split_passthrough,
 )
 
 PROG = "natbias-sweep"
@@ -30,13 +31,9 @@ def build_parser():
     parser = parser_for(PROG, __doc__)
     parser.add_argument("data", help="fairseq data directory (binarised)")
     parser.add_argument("checkpoint", help="model checkpoint (.pt)")
-    parser.add_argument("--lambdas", type=float, nargs="+", default=[1.0], metavar="L",
-                        help="output-bias scales in [0, 1] (default: 1)")
-    parser.add_argument("--taus", type=float, nargs="+", default=[0.0], metavar="T",
-                        help="logit adjustments (default: 0)")
+    add_grid_arguments(parser, default_lambdas=[1.0])
     parser.add_argument("--gen-subset", default="test", help="split to translate (default: test)")
-    parser.add_argument("--tokenize", choices=distinct.TOKENIZERS, default="13a",
-                        help="word splitting for distinct-n (default: sacreBLEU's 13a)")
+    add_tokenize_argument(parser, "word splitting for distinct-n")
     parser.add_argument("--out-dir", required=True, help="directory for outputs and tables")
     return parser
 

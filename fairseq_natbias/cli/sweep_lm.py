@@ -15,8 +15,10 @@ sweep_lm.png. See fairseq_natbias/analysis/sweep_lm.py for the measures.
 
 from pathlib import Path
 
-from fairseq_natbias.analysis import distinct, sweep, sweep_lm
-from fairseq_natbias.cli.common import parser_for, print_written, progress_on_stderr, run_tool
+from fairseq_natbias.analysis import sweep, sweep_lm
+from fairseq_natbias.cli.common import (
+    add_grid_arguments, add_tokenize_argument, parser_for, print_written, progress_on_stderr, run_tool,
+)
 
 PROG = "natbias-lm-sweep"
 
@@ -25,10 +27,7 @@ def build_parser():
     parser = parser_for(PROG, __doc__)
     parser.add_argument("data", help="language-model data directory (binarised, dict.txt)")
     parser.add_argument("checkpoint", help="transformer_lm_natbias checkpoint (.pt)")
-    parser.add_argument("--lambdas", type=float, nargs="+", default=[0.0, 0.25, 0.5, 0.75, 1.0],
-                        metavar="L", help="output-bias scales in [0, 1] (default: 0 .25 .5 .75 1)")
-    parser.add_argument("--taus", type=float, nargs="+", default=[0.0], metavar="T",
-                        help="logit adjustments (default: 0)")
+    add_grid_arguments(parser, default_lambdas=[0.0, 0.25, 0.5, 0.75, 1.0])
     parser.add_argument("--split", default="test", help="split to take prompts from (default: test)")
     parser.add_argument("--prompt-tokens", type=int, default=3,
                         help="tokens of each sentence given as the prompt (default: 3)")
@@ -39,8 +38,7 @@ def build_parser():
     parser.add_argument("--sampling-topk", type=int, default=-1, help="top-k sampling (default: off)")
     parser.add_argument("--sampling-topp", type=float, default=-1.0, help="top-p sampling (default: off)")
     parser.add_argument("--seed", type=int, default=1, help="sampling seed (default: 1)")
-    parser.add_argument("--tokenize", choices=distinct.TOKENIZERS, default="13a",
-                        help="word splitting for distinct-n (default: sacreBLEU's 13a)")
+    add_tokenize_argument(parser, "word splitting for distinct-n")
     parser.add_argument("--out-dir", required=True, help="directory for outputs and tables")
     return parser
 
