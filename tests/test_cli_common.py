@@ -5,13 +5,15 @@ import pytest
 from fairseq_natbias.cli import distinct, sweep, sweep_lm
 
 
-@pytest.mark.parametrize("tool, lambdas", [(sweep, [1.0]), (sweep_lm, [0.0, 0.25, 0.5, 0.75, 1.0])])
-def test_each_sweep_keeps_its_own_lambda_grid_and_says_it_in_the_help(tool, lambdas):
+@pytest.mark.parametrize("tool, lambdas, shown", [
+    (sweep, [1.0], "(default: 1)"),
+    (sweep_lm, [0.0, 0.25, 0.5, 0.75, 1.0], "(default: 0 0.25 0.5 0.75 1)"),
+])
+def test_each_sweep_keeps_its_own_lambda_grid_and_says_it_in_the_help(tool, lambdas, shown):
     parser = tool.build_parser()
     args = parser.parse_args(["data", "model.pt", "--out-dir", "out"])
     assert (args.lambdas, args.taus, args.tokenize) == (lambdas, [0.0], "13a")
-    shown = " ".join(f"{value:g}" for value in lambdas)
-    assert f"(default: {shown})" in " ".join(parser.format_help().split())
+    assert shown in " ".join(parser.format_help().split())
 
 
 def test_a_grid_and_tokenizer_given_on_the_command_line_are_read():
