@@ -12,11 +12,15 @@ arbitrary code from a checkpoint) instead of switching it off.
 
 Reading. :func:`read_checkpoint` (the saved dictionary, memory-mapped),
 :func:`saved_model_args` (the model configuration trained with),
-:func:`has_output_bias`, :func:`check_natbias_checkpoint` (is it one of ours),
-:func:`read_with_fairseq` (fairseq's own reading, for
-``load_model_ensemble_and_task``) and :func:`load_hub` (fairseq's hub
+:func:`has_output_bias`, :func:`read_with_fairseq` (fairseq's own reading,
+for ``load_model_ensemble_and_task``) and :func:`load_hub` (fairseq's hub
 interface). A file they cannot use raises :class:`CheckpointError`, whose
 message names the fix.
+
+The ground floor: this module imports nothing of the package but its errors
+(:mod:`fairseq_natbias.errors`). Whether a checkpoint is one of this
+package's models is asked next to the models:
+:func:`fairseq_natbias.natural_bias.check_natbias_checkpoint`.
 """
 
 import argparse
@@ -28,7 +32,7 @@ from typing import Optional
 import numpy
 import torch
 
-from fairseq_natbias.analysis import AnalysisError
+from fairseq_natbias.errors import CheckpointError
 
 WEIGHTS_ONLY_HINT = (
     "torch's weights-only loading refused the checkpoint: it holds objects beyond "
@@ -52,13 +56,6 @@ FAIRSEQ_CHECKPOINT_GLOBALS = [argparse.Namespace, *_numpy_array_globals()]
 
 if hasattr(torch.serialization, "add_safe_globals"):
     torch.serialization.add_safe_globals(FAIRSEQ_CHECKPOINT_GLOBALS)
-
-
-class CheckpointError(AnalysisError):
-    """A file that cannot serve as the checkpoint asked for; the message names
-    the fix. An AnalysisError (so a ValueError): the analysis tools print it
-    as one line, and fairseq-train's model building (natural_bias) turns
-    ValueErrors into a one-line exit too."""
 
 
 # --- the saved dictionary -----------------------------------------------------
@@ -124,27 +121,6 @@ def has_output_bias(path: str) -> Optional[bool]:
     return "decoder.output_projection.bias" in state.get("model", {})
 
 
-def check_natbias_checkpoint(path: str):
-    """``(arch, model class)`` of a checkpoint trained with a fairseq_natbias
-    architecture; a CheckpointError, naming the fix, for a missing file, a
-    file that is no fairseq checkpoint, or a checkpoint of another model."""
-    from fairseq.models import ARCH_MODEL_REGISTRY
-
-    from fairseq_natbias.natural_bias import NaturalBiasModel
-
-    saved = saved_model_args(path)
-    if saved is None:
-        raise not_a_checkpoint(path, "it holds no training configuration")
-    arch = getattr(saved, "arch", None)
-    model_class = ARCH_MODEL_REGISTRY.get(arch)
-    if model_class is None or not issubclass(model_class, NaturalBiasModel):
-        raise CheckpointError(
-            f"{path} was trained with --arch {arch}, not a fairseq_natbias model: give a "
-            "checkpoint trained with --user-dir fairseq_natbias --arch transformer_natbias "
-            "(or transformer_lm_natbias)")
-    return arch, model_class
-
-
 # --- through fairseq ----------------------------------------------------------
 
 
@@ -164,10 +140,11 @@ def read_with_fairseq(path: str, arg_overrides: dict) -> dict:
 def load_hub(model_class, checkpoint: str, data: str, **overrides):
     """fairseq's hub interface (``from_pretrained``) of ``checkpoint`` with the
     data directory holding its dictionaries, in eval mode; ``overrides`` go to
-    ``from_pretrained`` (the model's settings, a BPE)."""
+    ``from_pretrained`` (the model's settings, a BPE). A data directory it
+    cannot use is a CheckpointError too (an AnalysisError, as before)."""
     if not os.path.isdir(data):
-        raise AnalysisError(f"{data}: no such data directory; give the fairseq-preprocess "
-                            "output the model was trained on (its dict.*.txt)")
+        raise CheckpointError(f"{data}: no such data directory; give the fairseq-preprocess "
+                              "output the model was trained on (its dict.*.txt)")
     folder, name = os.path.split(os.path.abspath(checkpoint))
     try:
         # An absolute data path: fairseq reads one starting with "." as
@@ -175,12 +152,12 @@ def load_hub(model_class, checkpoint: str, data: str, **overrides):
         hub = model_class.from_pretrained(folder, name, data_name_or_path=os.path.abspath(data),
                                           **overrides)
     except FileNotFoundError as error:
-        raise AnalysisError(f"{data}: {error.strerror or error}: {error.filename or ''}; give "
-                            "the data directory the model was trained on") from None
+        raise CheckpointError(f"{data}: {error.strerror or error}: {error.filename or ''}; "
+                              "give the data directory the model was trained on") from None
     except RuntimeError as error:
         if "size mismatch" not in str(error):
             raise
-        raise AnalysisError(
+        raise CheckpointError(
             f"mismatched dictionaries: {checkpoint} was trained with other dictionaries "
             f"than those in {data}; use the data directory the model was trained on") from None
     hub.eval()

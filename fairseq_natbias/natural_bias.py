@@ -27,11 +27,13 @@ settings are then the checkpoint's: see
 A model class uses this module by inheriting :class:`NaturalBiasModel` before
 its fairseq base class; what is counted follows the task
 (:func:`fairseq_natbias.unigram.count_training_targets`).
+:func:`check_natbias_checkpoint` tells a checkpoint of such a model from others.
 
 Where the rest is:
 
 ``natural_bias_options``     the ``--natbias-*`` options, defaults and checks
 ``checkpoint_settings``      a checkpoint's settings for a model that loads it
+``checkpoint_loading``       reading a checkpoint file (below all of these)
 ``output_projection``        the bias, the gain and the weight inits of W
 ``unigram``                  counting the target unigram
 ``logging_hook``             the bias-divergence statistics logged in training
@@ -43,6 +45,7 @@ from typing import Optional
 import torch
 
 from fairseq_natbias import output_projection, unigram
+from fairseq_natbias.checkpoint_loading import CheckpointError, not_a_checkpoint, saved_model_args
 from fairseq_natbias.checkpoint_settings import checkpoint_to_load, reconcile_with_checkpoint
 from fairseq_natbias.logging_hook import TARGET_MASK_KEY, BiasDivergenceHook
 from fairseq_natbias.natural_bias_options import COUNTED_MARKER, check_args, set_defaults
@@ -179,3 +182,22 @@ def _initial_bias(args, task, log_unigram) -> Optional[torch.Tensor]:
         counts = unigram.read_counts_file(args.natbias_counts, task.target_dictionary)
         return unigram.unigram_log_probs(counts, args.natbias_smoothing)
     return None
+
+
+def check_natbias_checkpoint(path: str):
+    """``(arch, model class)`` of a checkpoint trained with a fairseq_natbias
+    architecture; a CheckpointError, naming the fix, for a missing file, a
+    file that is no fairseq checkpoint, or a checkpoint of another model."""
+    from fairseq.models import ARCH_MODEL_REGISTRY
+
+    saved = saved_model_args(path)
+    if saved is None:
+        raise not_a_checkpoint(path, "it holds no training configuration")
+    arch = getattr(saved, "arch", None)
+    model_class = ARCH_MODEL_REGISTRY.get(arch)
+    if model_class is None or not issubclass(model_class, NaturalBiasModel):
+        raise CheckpointError(
+            f"{path} was trained with --arch {arch}, not a fairseq_natbias model: give a "
+            "checkpoint trained with --user-dir fairseq_natbias --arch transformer_natbias "
+            "(or transformer_lm_natbias)")
+    return arch, model_class

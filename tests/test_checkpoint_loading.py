@@ -1,4 +1,6 @@
 """checkpoint_loading: the one reader of fairseq checkpoints, and its refusals.
+Whether a checkpoint is one of the package's models (natural_bias.py):
+test_natural_bias.py.
 
 Uses the v0.1.0 fixture checkpoint (tests/fixtures/v0.1.0): a real
 transformer_natbias checkpoint whose configuration is an argparse.Namespace.
@@ -15,6 +17,7 @@ import torch
 from fairseq_natbias import checkpoint_loading
 from fairseq_natbias.analysis import AnalysisError
 from fairseq_natbias.checkpoint_loading import CheckpointError
+from test_imports import import_graph, reachable
 
 FIXTURE = Path(__file__).parent / "fixtures/v0.1.0/checkpoint_last.pt"
 
@@ -88,14 +91,11 @@ def test_types_nobody_allow_listed_get_the_hint(fixture_state, tmp_path):
             read(dated)
 
 
-def test_natbias_checkpoints_are_told_from_others(fixture_state, tmp_path):
-    arch, model_class = checkpoint_loading.check_natbias_checkpoint(str(FIXTURE))
-    assert (arch, model_class.__name__) == ("transformer_natbias", "TransformerNatbiasModel")
-    stock_cfg = dict(fixture_state["cfg"])
-    stock_cfg["model"] = argparse.Namespace(**dict(vars(stock_cfg["model"]), arch="transformer"))
-    stock = _saved(tmp_path, dict(fixture_state, cfg=stock_cfg))
-    with pytest.raises(CheckpointError, match="--arch transformer, not a fairseq_natbias model"):
-        checkpoint_loading.check_natbias_checkpoint(stock)
-    bare = _saved(tmp_path, {"model": fixture_state["model"]}, "bare.pt")
-    with pytest.raises(CheckpointError, match="holds no training configuration"):
-        checkpoint_loading.check_natbias_checkpoint(bare)
+
+def test_the_reader_knows_nothing_of_models_or_analysis():
+    """The ground floor: it imports the shared errors and nothing else of the
+    package, yet its error is still the AnalysisError the tools print."""
+    assert reachable(import_graph(), "fairseq_natbias.checkpoint_loading") == {
+        "fairseq_natbias.errors"}
+    assert CheckpointError is checkpoint_loading.CheckpointError
+    assert not hasattr(checkpoint_loading, "check_natbias_checkpoint")

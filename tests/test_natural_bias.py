@@ -1,16 +1,22 @@
 """What the natbias models share (fairseq_natbias/natural_bias.py): the default
 weight init (``gain``) at update 0 and after one update, the same initial
-parameters whatever the bias, and the gradient norm fairseq clips. Checkpoints
-(earlier versions', resuming, fine-tuning): test_checkpoint_settings.py."""
+parameters whatever the bias, the gradient norm fairseq clips, and telling a
+natbias checkpoint from others. Checkpoints (earlier versions', resuming,
+fine-tuning): test_checkpoint_settings.py."""
 
+import argparse
 import math
+from pathlib import Path
 
 import pytest
 import torch
 from fairseq import checkpoint_utils
 from fairseq.data import Dictionary
 
+from fairseq_natbias.analysis import decomposition
+from fairseq_natbias.checkpoint_loading import CheckpointError, read_checkpoint
 from fairseq_natbias.cli.step0 import validation_divergence
+from fairseq_natbias.natural_bias import check_natbias_checkpoint
 from natbias_testing import first_sentences, log_records, train
 from test_transformer_natbias import build, hand_log_unigram
 from test_unigram import hand_counts
@@ -157,3 +163,29 @@ def _criterion_loss(task, model, sample):
     criterion = LabelSmoothedCrossEntropyCriterion(task, sentence_avg=False,
                                                    label_smoothing=0.1)
     return criterion(model, sample)
+
+
+# --- telling a natbias checkpoint from others ----------------------------------------
+
+
+FIXTURE = Path(__file__).parent / "fixtures/v0.1.0/checkpoint_last.pt"
+
+
+def test_natbias_checkpoints_are_told_from_others(tmp_path):
+    """On the v0.1.0 fixture checkpoint (a real transformer_natbias one) and
+    on copies of it changed to another arch and to no configuration."""
+    fixture_state = read_checkpoint(str(FIXTURE))
+    arch, model_class = check_natbias_checkpoint(str(FIXTURE))
+    assert (arch, model_class.__name__) == ("transformer_natbias", "TransformerNatbiasModel")
+    stock_cfg = dict(fixture_state["cfg"])
+    stock_cfg["model"] = argparse.Namespace(**dict(vars(stock_cfg["model"]), arch="transformer"))
+    stock = str(tmp_path / "stock.pt")
+    torch.save(dict(fixture_state, cfg=stock_cfg), stock)
+    with pytest.raises(CheckpointError, match="--arch transformer, not a fairseq_natbias model"):
+        check_natbias_checkpoint(stock)
+    bare = str(tmp_path / "bare.pt")
+    torch.save({"model": fixture_state["model"]}, bare)
+    with pytest.raises(CheckpointError, match="holds no training configuration"):
+        check_natbias_checkpoint(bare)
+    # The analysis tools and the examples call it from decomposition too.
+    assert decomposition.check_natbias_checkpoint is check_natbias_checkpoint

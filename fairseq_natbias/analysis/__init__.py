@@ -18,6 +18,7 @@ One module per tool, each with a console script in ``fairseq_natbias.cli``:
 """
 
 
-class AnalysisError(ValueError):
-    """Bad input to an analysis tool; the message says what is wrong and how to
-    fix it. The console scripts print it as one line, without a traceback."""
+# Bad input to an analysis tool, the message naming the fix; defined on the
+# ground floor (fairseq_natbias.errors) so that the checkpoint reader's
+# CheckpointError can be one without importing the analysis tools.
+from fairseq_natbias.errors import AnalysisError  # noqa: F401

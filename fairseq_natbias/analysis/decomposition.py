@@ -43,8 +43,9 @@ from typing import List, NamedTuple, Optional
 import torch
 
 from fairseq_natbias.analysis import AnalysisError
+from fairseq_natbias.checkpoint_loading import load_hub
 # check_natbias_checkpoint is re-exported: the examples and users' scripts call it from here.
-from fairseq_natbias.checkpoint_loading import check_natbias_checkpoint, load_hub
+from fairseq_natbias.natural_bias import check_natbias_checkpoint
 
 NO_BIAS_NOTE = ("the model has no output bias (--natbias-init none): all of "
                 "log p(y) is context; the frequency and normaliser terms are 0")
