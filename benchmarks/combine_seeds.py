@@ -13,6 +13,11 @@ zero minus the default): NLL and BLEU paired by seed (the seeds both have),
 chrF as a difference of means (seeds 1-2's chrF is known only as a pair of
 values, not by seed).
 
+Run with the default selection (every pair, arm and comparison, the committed
+results folder), it also writes what it prints to
+results/converge_3seeds.md (``wrote PATH`` on stderr), under a header that
+names the command and the sources; --out writes elsewhere (any selection).
+
     .venv/bin/python benchmarks/combine_seeds.py
     .venv/bin/python benchmarks/combine_seeds.py --pairs de-en --compare gain/zero:stock
 """
@@ -35,6 +40,11 @@ RESULTS = REPO / "benchmarks" / "results"
 SETTING = "short-converge"
 METRICS = ("best_valid_nll", "bleu_test_2016", "chrf_test_2016", "bleu_test_2017", "chrf_test_2017")
 PAIRED = ("best_valid_nll", "bleu_test_2016", "bleu_test_2017")
+DEFAULT_PAIRS = ["de-en", "fr-en"]
+DEFAULT_ARMS = ["stock", "gain/unigram", "gain/zero"]
+DEFAULT_COMPARE = ["gain/unigram:stock", "gain/zero:stock", "gain/zero:gain/unigram"]
+# What the default selection writes into the results folder.
+TABLE_NAME = "converge_3seeds.md"
 
 
 def read_csv(path):
@@ -179,25 +189,56 @@ def differences(seeds, two_seed, pairs, comparisons):
     return "\n".join(lines)
 
 
+def report(seeds, two_seed, pairs, arms, comparisons):
+    """The text the script prints: the means, the per-seed table, the differences."""
+    return "\n".join([
+        f"Multi30k, {SETTING}, 20,000 updates: mean ± standard error over seeds\n",
+        table(seeds, two_seed, pairs, arms),
+        "\nPer seed:\n",
+        per_seed_table(seeds, pairs, arms),
+        "\nDifferences (NLL in bits, BLEU, chrF):\n",
+        differences(seeds, two_seed, pairs, comparisons),
+    ]) + "\n"
+
+
+def results_file(text, pairs):
+    """``text`` (what :func:`report` returns) as the committed results file:
+    a header naming the script, the command and the sources, then the text."""
+    runs = ", ".join(f"`runs/{pair}_{SETTING}/*/seed*.json`" for pair in pairs)
+    return (
+        f"# Multi30k {SETTING}: every seed combined\n\n"
+        "Written by `benchmarks/combine_seeds.py` (do not edit by hand); regenerate with "
+        "`.venv/bin/python benchmarks/combine_seeds.py`.\n"
+        f"Sources (under benchmarks/results/): the study's run records {runs}; for the seeds "
+        f"run before records were kept, `seeds/{SETTING}_before_records.csv` and "
+        f"`seeds/{SETTING}_two_seed_chrf.csv`.\n\n"
+        + text)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--pairs", nargs="+", default=["de-en", "fr-en"])
-    parser.add_argument("--arms", nargs="+", default=["stock", "gain/unigram", "gain/zero"])
-    parser.add_argument("--compare", nargs="+", default=[
-        "gain/unigram:stock", "gain/zero:stock", "gain/zero:gain/unigram"],
-        help="differences to print, as ARM:REFERENCE")
+    parser.add_argument("--pairs", nargs="+", default=DEFAULT_PAIRS)
+    parser.add_argument("--arms", nargs="+", default=DEFAULT_ARMS)
+    parser.add_argument("--compare", nargs="+", default=DEFAULT_COMPARE,
+                        help="differences to print, as ARM:REFERENCE")
     parser.add_argument("--results", type=Path, default=RESULTS,
                         help="folder holding runs/ and seeds/ (default: benchmarks/results)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help=f"also write the tables to this file (default: {TABLE_NAME} in "
+                             "--results when every pair, arm and comparison is the default)")
     args = parser.parse_args(argv)
     comparisons = [tuple(text.split(":", 1)) for text in args.compare]
     arms = list(dict.fromkeys(args.arms + [arm for pair in comparisons for arm in pair]))
     seeds, two_seed = collect_seeds(args.pairs, arms, args.results), two_seed_values(args.results)
-    print(f"Multi30k, {SETTING}, 20,000 updates: mean ± standard error over seeds\n")
-    print(table(seeds, two_seed, args.pairs, args.arms))
-    print("\nPer seed:\n")
-    print(per_seed_table(seeds, args.pairs, args.arms))
-    print("\nDifferences (NLL in bits, BLEU, chrF):\n")
-    print(differences(seeds, two_seed, args.pairs, comparisons))
+    text = report(seeds, two_seed, args.pairs, args.arms, comparisons)
+    print(text, end="")
+    out = args.out
+    if out is None and (args.pairs, args.arms, args.compare) == (
+            DEFAULT_PAIRS, DEFAULT_ARMS, DEFAULT_COMPARE):
+        out = args.results / TABLE_NAME
+    if out is not None:
+        out.write_text(results_file(text, args.pairs))
+        print(f"wrote {out}", file=sys.stderr)
 
 
 if __name__ == "__main__":

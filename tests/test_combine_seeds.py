@@ -102,3 +102,28 @@ def test_per_seed_table_sets_the_arms_side_by_side(combine, results):
     # Seed 3: stock's record (NLL min 2.3), and no row of the default: a dash.
     assert "| x-y 3 | 2.300 / – | 34.00 / – | 24.00 / – |" in text
     assert text.count("| x-y ") == 3
+
+
+def test_the_default_selection_writes_what_it_prints(combine, results, capsys):
+    combine.main(["--results", str(results)])
+    printed = capsys.readouterr()
+    written = (results / "converge_3seeds.md").read_text()
+    assert written.startswith("# Multi30k short-converge: every seed combined\n")
+    assert "`.venv/bin/python benchmarks/combine_seeds.py`" in written
+    assert written.endswith(printed.out) and printed.out.startswith("Multi30k, short-converge")
+    assert printed.err == f"wrote {results / 'converge_3seeds.md'}\n"
+    # Another selection writes nothing, unless asked with --out.
+    (results / "converge_3seeds.md").unlink()
+    combine.main(["--results", str(results), "--pairs", "x-y"])
+    assert not (results / "converge_3seeds.md").exists() and capsys.readouterr().err == ""
+    combine.main(["--results", str(results), "--pairs", "x-y", "--out", str(results / "o.md")])
+    assert (results / "o.md").read_text().endswith(capsys.readouterr().out)
+
+
+def test_the_committed_table_is_what_the_committed_sources_give(combine, tmp_path, capsys):
+    """benchmarks/results/converge_3seeds.md, regenerated from the committed
+    run records and CSVs (written to a scratch file), is byte-identical."""
+    combine.main(["--out", str(tmp_path / "converge_3seeds.md")])
+    capsys.readouterr()
+    committed = combine.RESULTS / "converge_3seeds.md"
+    assert (tmp_path / "converge_3seeds.md").read_bytes() == committed.read_bytes()
