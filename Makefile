@@ -15,7 +15,7 @@ PYTEST_ARGS ?=
 # worker per core, whole modules per worker (module fixtures built once).
 TEST_WORKERS ?= 2
 
-.PHONY: install test demo clean-venv
+.PHONY: install test demo clean-venv gpu-prep
 
 install: $(VENV)/.installed
 
@@ -55,3 +55,51 @@ demo: install
 
 clean-venv:
 	rm -rf $(VENV)
+
+# --- what a lent GPU machine needs for benchmarks/gpu_check.py (docs/gpu.md) ---
+# That machine's python3 is CPython 3.12 with a CUDA torch, without fairseq,
+# hydra-core, omegaconf, antlr4-python3-runtime, bitarray or cffi, and without
+# internet: they travel as cp312 wheels in $(GPU_PREP)/wheels, with Multi30k
+# De-En and its prepared data-bin. $(GPU_PREP) is git-ignored; the device call
+# carries it. Needs the .venv (make install) and the internet (PyPI) here; it
+# does not touch the .venv. PY312: a CPython 3.12 here, if any, to install the
+# wheels into an empty --target folder as the machine will (else skipped).
+GPU_PREP    ?= gpu_prep
+MULTI30K    ?= ../shared/data/multi30k
+PY312       ?= python3.12
+GPU_WHEELS  := ve-fairseq==0.12.3 hydra-core==1.3.8 omegaconf==2.3.1 bitarray==3.12.3 \
+               cffi==2.1.1 pycparser==3.12
+GPU_PLATFORMS := --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \
+               --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+               --platform manylinux1_x86_64
+
+gpu-prep:
+	@test -x $(PY) || { echo "gpu-prep: no $(PY): run make install first"; exit 1; }
+	@mkdir -p $(GPU_PREP)/wheels $(GPU_PREP)/multi30k
+	$(PIP) download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+	    $(GPU_PLATFORMS) -d $(GPU_PREP)/wheels $(GPU_WHEELS)
+	@# antlr4-python3-runtime 4.9.3 (hydra's and omegaconf's pin) is an sdist only
+	$(PIP) wheel --no-deps --no-build-isolation --no-binary=:all: -w $(GPU_PREP)/wheels \
+	    antlr4-python3-runtime==4.9.3
+	@rm -rf build
+	for split in train val test_2016_flickr; do for lang in de en; do \
+	    cp $(MULTI30K)/$$split.$$lang.gz $(GPU_PREP)/multi30k/ || exit 1; done; done
+	$(PY) benchmarks/gpu_check.py --prepare-only --multi30k $(GPU_PREP)/multi30k \
+	    --data $(GPU_PREP)/data
+	@rm -rf $(GPU_PREP)/data/text
+	$(PY) benchmarks/gpu_check_wheels.py $(GPU_PREP)/wheels
+	@# The install check: the wheels into an empty folder as on the machine, and
+	@# beside them (not in $(GPU_PREP)) PyYAML, numpy and packaging, which the machine has.
+	@if $(PY312) -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))' 2>/dev/null; then \
+	    site=$$(mktemp -d) && machine=$$(mktemp -d) && \
+	    $(PY312) -m pip install -q --disable-pip-version-check --no-index --no-deps \
+	        --no-compile --target $$site $(GPU_PREP)/wheels/*.whl && \
+	    $(PIP) download -q --no-deps --only-binary=:all: --python-version 3.12 \
+	        --implementation cp $(GPU_PLATFORMS) -d $$machine/wheels pyyaml numpy packaging && \
+	    $(PY312) -m pip install -q --disable-pip-version-check --no-index --no-deps \
+	        --no-compile --target $$machine/site $$machine/wheels/*.whl && \
+	    PYTHONPATH=$$site:$$machine/site $(PY312) benchmarks/gpu_check_wheels.py --imports && \
+	    rm -rf $$site $$machine; \
+	else echo "gpu-prep: no CPython 3.12 here ($(PY312)): the wheels were checked by their" \
+	    "metadata only, not installed"; fi
+	@du -sh $(GPU_PREP)

@@ -238,7 +238,7 @@ class LanguageModel:
         if scores_path.exists():
             return
         say(f"eval-lm [{name}]: test split")
-        output = pipeline.run([pipeline.tool("fairseq-eval-lm"), str(data_bin), "--user-dir",
+        output = pipeline.run([*pipeline.tool("fairseq-eval-lm"), str(data_bin), "--user-dir",
                                "fairseq_natbias", "--path", str(run_dir / "checkpoint_best.pt"),
                                "--gen-subset", "test", "--cpu", "--max-tokens", "4096",
                                "--tokens-per-sample", "64", "--num-workers", "0"])
@@ -474,7 +474,7 @@ def time_updates(task, data_bin, arms, args):
     for arm in arms:
         with tempfile.TemporaryDirectory() as run_dir:
             arguments = timing_arguments(task, data_bin, Path(run_dir), arm, args)
-            output = pipeline.run([pipeline.tool("fairseq-train"), *arguments])
+            output = pipeline.run([*pipeline.tool("fairseq-train"), *arguments])
         inner = [r for r in fairseq_logs.parse_lines(output.splitlines())
                  if r.tag == fairseq_logs.TRAIN_INNER and "ups" in r.values]
         if not inner:

@@ -24,6 +24,7 @@ natbias-step0 reports on them (also used by the benchmarks).
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -52,9 +53,35 @@ def say(message):
     print(f"[natbias-demo {time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
+# The module behind each console script the pipeline and the benchmarks run,
+# for a Python whose folder lacks the scripts (packages installed with
+# ``pip install --target DIR``, whose scripts land in DIR/bin).
+TOOL_MODULES = {
+    "fairseq-train": "fairseq_cli.train",
+    "fairseq-preprocess": "fairseq_cli.preprocess",
+    "fairseq-generate": "fairseq_cli.generate",
+    "fairseq-eval-lm": "fairseq_cli.eval_lm",
+    "natbias-step0": "fairseq_natbias.cli.step0",
+    "torchrun": "torch.distributed.run",
+}
+
+
 def tool(name):
-    """The command ``name`` (fairseq-train, natbias-step0, ...) of this Python environment."""
-    return str(Path(sys.executable).parent / name)
+    """The command ``name`` (fairseq-train, natbias-step0, torchrun, ...) of
+    this Python environment, as the list that starts a command line
+    (``[*tool("fairseq-train"), *arguments]``): the script beside
+    ``sys.executable`` (a virtual environment's bin/), else ``sys.executable
+    -m MODULE`` (:data:`TOOL_MODULES`: the same Python, however the packages
+    were installed), else the script on PATH. FileNotFoundError if none."""
+    beside = Path(sys.executable).parent / name
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return [str(beside)]
+    if name in TOOL_MODULES:
+        return [sys.executable, "-m", TOOL_MODULES[name]]
+    found = shutil.which(name)
+    if found is None:
+        raise FileNotFoundError(f"{name}: not beside {sys.executable} and not on PATH")
+    return [found]
 
 
 def run(command, log_path=None, on_line=None):
@@ -91,7 +118,7 @@ def prepare(raw, work, vocab_size, langs=LANGS):
         return data_bin
     text = encode_with_sentencepiece(raw, work, langs, vocab_size)
     say("fairseq-preprocess (joined dictionary)")
-    run([tool("fairseq-preprocess"), "--source-lang", source, "--target-lang", target,
+    run([*tool("fairseq-preprocess"), "--source-lang", source, "--target-lang", target,
          "--trainpref", f"{text}/train", "--validpref", f"{text}/valid",
          "--testpref", f"{text}/test", "--destdir", str(data_bin),
          "--joined-dictionary", "--workers", "2"], log_path=work / "preprocess.log")
@@ -107,7 +134,7 @@ def prepare_lm(raw, work, vocab_size, lang="en"):
         return data_bin
     text = encode_with_sentencepiece(raw, work, (lang,), vocab_size)
     say("fairseq-preprocess --only-source (language model)")
-    run([tool("fairseq-preprocess"), "--only-source",
+    run([*tool("fairseq-preprocess"), "--only-source",
          "--trainpref", f"{text}/train.{lang}", "--validpref", f"{text}/valid.{lang}",
          "--testpref", f"{text}/test.{lang}", "--destdir", str(data_bin),
          "--workers", "2"], log_path=work / "preprocess.log")
@@ -154,7 +181,7 @@ def train(arguments, run_dir, on_line=None):
     marks the run finished (the callers skip a finished run, saying so)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     record_step0(arguments, run_dir / "step0.json")
-    run([tool("fairseq-train"), *arguments], log_path=run_dir / "train.log", on_line=on_line)
+    run([*tool("fairseq-train"), *arguments], log_path=run_dir / "train.log", on_line=on_line)
     (run_dir / "done").touch()
 
 
@@ -162,7 +189,7 @@ def record_step0(arguments, path):
     """Validation NLL before any update (fairseq first validates after training)."""
     if path.exists():
         return
-    output = run([tool("natbias-step0"), *arguments])
+    output = run([*tool("natbias-step0"), *arguments])
     path.write_text([line for line in output.splitlines() if line.startswith("{")][-1])
 
 
@@ -207,7 +234,7 @@ def evaluate(data_bin, work, run_dir, name, target=LANGS[1], test_set=None):
         text = work / "text"
     say(f"generate [{name}]: beam 5 on {'the test set' if test_set is None else stem}, "
         "then sacreBLEU")
-    output = run([tool("fairseq-generate"), str(data_bin), "--user-dir", "fairseq_natbias",
+    output = run([*tool("fairseq-generate"), str(data_bin), "--user-dir", "fairseq_natbias",
                   "--path", str(run_dir / "checkpoint_best.pt"), "--beam", "5",
                   "--lenpen", "1.0", "--max-len-a", "1.2", "--max-len-b", "10",
                   "--required-batch-size-multiple", "1",
@@ -243,7 +270,7 @@ def prepare_test_set(raw, work, data_bin, langs, test_set):
         pieces = sentencepiece_text.encode_lines(processor, lines)
         (text / f"test.{lang}").write_text("\n".join(pieces) + "\n", encoding="utf-8")
     say(f"fairseq-preprocess {test_set} with {data_bin}'s dictionaries")
-    run([tool("fairseq-preprocess"), "--source-lang", source, "--target-lang", target,
+    run([*tool("fairseq-preprocess"), "--source-lang", source, "--target-lang", target,
          "--testpref", f"{text}/test", "--destdir", str(destination),
          "--srcdict", str(data_bin / f"dict.{source}.txt"),
          "--tgtdict", str(data_bin / f"dict.{target}.txt"), "--workers", "2"],
