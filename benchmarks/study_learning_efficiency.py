@@ -18,7 +18,8 @@ arms
                                 e.g. ``gain/unigram``, ``fairseq/zero``
     ``gain@G0,C/BIAS``          the ``gain`` init with ``--natbias-gain-init G0
                                 --natbias-gain-speed C`` (for screening)
-    ``gain@G0,C,FORM/BIAS``     ... and ``--natbias-gain-form FORM`` (exp or linear)
+    ``gain@G0,C,FORM/BIAS``     ... and ``--natbias-gain-form FORM`` (capped,
+                                exp or linear)
     ``gain@G0,C,FORM,SCHED/BIAS`` ... and ``--natbias-gain-schedule SCHED`` (lr or peak)
 schedules (``--schedule``)
     ``short``  lr 1e-3, inverse-sqrt warm-up 100 updates (the demo's)
@@ -88,6 +89,7 @@ another machine, or before a lost /tmp, still count.
 """
 
 import argparse
+import gzip
 import json
 import math
 import os
@@ -109,7 +111,8 @@ sys.path.insert(0, str(REPO))
 from fairseq_natbias import pipeline  # noqa: E402
 from fairseq_natbias.analysis import alc, fairseq_logs, plots  # noqa: E402
 from fairseq_natbias.analysis.stats import mean_stderr  # noqa: E402
-from fairseq_natbias.data_fetch import has_all_files  # noqa: E402
+from fairseq_natbias.data_fetch import (  # noqa: E402
+    SPLIT_FILES, has_all_files, raw_file, read_lines)
 from fairseq_natbias.pipeline import say  # noqa: E402
 
 SCHEDULES = {
@@ -139,6 +142,44 @@ TYING_OPTIONS = ("--share-all-embeddings", "--share-decoder-input-output-embed")
 CONVERGE_TEST_SETS = ("test_2016_flickr", "test_2017_flickr")
 
 
+# --train-pairs: the SentencePiece vocabulary for a corpus of N training pairs.
+# 8,000 pieces at Multi30k's 29,000 pairs (every earlier study), scaled with
+# the square root of N (Heaps' law: types grow about as sqrt(tokens)) and
+# rounded to 500: 2,500 at 3,000 pairs, 4,500 at 10,000.
+FULL_PAIRS, FULL_VOCABULARY = 29000, 8000
+EPOCHS_NEVER = 1000000
+
+
+def vocabulary_for(pairs):
+    """Joint SentencePiece vocabulary for ``pairs`` training pairs (see above)."""
+    scaled = FULL_VOCABULARY * math.sqrt(min(pairs, FULL_PAIRS) / FULL_PAIRS)
+    return int(max(500, 500 * round(scaled / 500)))
+
+
+def first_pairs(raw, folder, langs, pairs):
+    """A raw-text folder whose training text is the first ``pairs`` lines of
+    ``raw``'s (each language alike, so they stay aligned) and whose other
+    splits link to ``raw``'s; made once, reused."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in [*SPLIT_FILES.values(), *CONVERGE_TEST_SETS[1:]]:
+        for lang in langs:
+            source = raw_file(raw, name, lang)
+            if source is None:
+                continue
+            target = folder / source.name
+            if name == SPLIT_FILES["train"]:
+                lines = read_lines(source)
+                if len(lines) < pairs:
+                    raise SystemExit(f"study: --train-pairs {pairs}: {source} has only "
+                                     f"{len(lines)} lines")
+                if not target.exists():
+                    with gzip.open(target, "wt", encoding="utf-8") as out:
+                        out.write("\n".join(lines[:pairs]) + "\n")
+            elif not target.exists():
+                target.symlink_to(source.resolve())
+    return folder
+
+
 def converge_options(options, loss_key):
     """The task's options for a --converge run: no BLEU during training (at
     every validation it would cost more than the training between them), the
@@ -166,6 +207,7 @@ class Translation:
         self.langs = tuple(pair.split("-"))
         self.folder = pair
         self.extra_test_sets = tuple(extra_test_sets)
+        self.vocab_size = FULL_VOCABULARY
 
     def use_preset(self, preset):
         """The paper-size preset for the natbias arms, its sizes for stock's
@@ -174,7 +216,7 @@ class Translation:
         self.options = [*sizes, "--share-all-embeddings", *EVAL_BLEU]
 
     def prepare(self, raw, work):
-        data_bin = pipeline.prepare(raw, work, vocab_size=8000, langs=self.langs)
+        data_bin = pipeline.prepare(raw, work, vocab_size=self.vocab_size, langs=self.langs)
         for test_set in self.extra_test_sets:
             pipeline.prepare_test_set(raw, work, data_bin, self.langs, test_set)
         return data_bin
@@ -271,7 +313,7 @@ class Arm:
         if text == REFERENCE_ARM:
             return cls(text)
         match = re.fullmatch(
-            r"(\w+)(?:@([\d.e-]+),([\d.e-]+)(?:,(exp|linear)(?:,(lr|peak))?)?)?"
+            r"(\w+)(?:@([\d.e-]+),([\d.e-]+)(?:,(capped|exp|linear)(?:,(lr|peak))?)?)?"
             r"/(unigram|zero|none)", text)
         if not match:
             raise SystemExit(f"study: bad arm {text!r}: give stock, WINIT/BIAS, "
@@ -304,6 +346,10 @@ def training_arguments(task, data_bin, run_dir, arm, seed, args):
                  "--validate-interval-updates": args.validate_every,
                  "--save-interval-updates": args.validate_every,
                  **SCHEDULES[args.schedule]}
+    if getattr(args, "train_pairs", None):
+        # A small corpus's epoch is a few dozen updates: validate and save on
+        # the update grid alone, not also at every epoch's end (fairseq's rule).
+        overrides.update({"--validate-interval": EPOCHS_NEVER, "--save-interval": EPOCHS_NEVER})
     for option, value in overrides.items():
         if option in training:
             training[training.index(option) + 1] = str(value)
@@ -803,6 +849,10 @@ def main():
     parser.add_argument("--time-updates", type=int, metavar="N",
                         help="no study: time N updates of each arm (no validation, no "
                              "checkpoint) and print seconds per update, to plan a study")
+    parser.add_argument("--train-pairs", type=int, metavar="N",
+                        help="translation on the first N training pairs only (a small "
+                             "corpus), SentencePiece vocabulary scaled with sqrt(N) "
+                             "(8,000 at 29,000); runs and results are named <pair>_nN")
     parser.add_argument("--preset", choices=sorted(PRESETS),
                         help="translation at a paper size instead of the small model (2+2, "
                              "d 128): iwslt (6+6, d 256, FFN 256, 4 heads); results named "
@@ -828,8 +878,15 @@ def main():
     langs = task.langs if args.task == "translation" else (task.lang,)
     if not has_all_files(raw, langs):
         raise SystemExit(f"study: no Multi30k {'-'.join(langs)} at {raw}; give --multi30k DIR")
+    if args.train_pairs:
+        if args.task != "translation":
+            raise SystemExit("study: --train-pairs is for --task translation")
+        task.folder = f"{task.folder}_n{args.train_pairs}"
+        task.vocab_size = vocabulary_for(args.train_pairs)
     work = Path(args.workdir).resolve() / task.folder
     work.mkdir(parents=True, exist_ok=True)
+    if args.train_pairs:
+        raw = first_pairs(raw, work / "raw", langs, args.train_pairs)
     setting = args.setting = (args.schedule + ("-untied" if args.untied else "")
                               + (f"-{args.preset}" if args.preset else "")
                               + ("-converge" if args.converge else ""))
@@ -856,7 +913,10 @@ def main():
     rows, target, nll_lines, bleu_lines = summarise(task, runs, args.converge)
     if not rows:
         raise SystemExit("study: no finished run yet")
-    title = (f"Multi30k {args.pair}, schedule {setting}" if args.task == "translation"
+    title = (f"Multi30k {args.pair}"
+             + (f", first {args.train_pairs:,} pairs (SentencePiece {task.vocab_size:,})"
+                if args.train_pairs else "")
+             + f", schedule {setting}" if args.task == "translation"
              else f"language model, Multi30k {args.lang}, schedule {setting}")
     table = (markdown_converged(rows, target, title, CONVERGE_TEST_SETS, args.patience)
              if args.converge

@@ -66,14 +66,18 @@ logger = logging.getLogger(__name__)
 WEIGHT_INITS = ("gain", "fairseq", "damped", "paper")
 DEFAULT_WEIGHT_INIT = "gain"
 DEFAULT_GAIN_INIT = 0.05
-GAIN_FORMS = ("exp", "linear")
+# "capped" is "linear" held at or below 1: g = min(C u, 1) (issue 36).
+GAIN_FORMS = ("capped", "exp", "linear")
 DEFAULT_GAIN_FORM = "linear"
 # The default speed C of each form (measured: docs/weight_init.md). exp's C
 # moves log g, so it needs a larger C than linear's to regrow g from 0.05 as
 # fast: under the paper's warm-up C = 50 reached stock's validation NLL 89
 # updates later than C = 100 (711 against 622 of 1,000, seed 1); in the short
 # schedule 50 and 100 were alike (683, 685) and 20 slower (728).
-DEFAULT_GAIN_SPEEDS = {"exp": 100.0, "linear": 20.0}
+DEFAULT_GAIN_SPEEDS = {"capped": 20.0, "exp": 100.0, "linear": 20.0}
+# The cap of the ``capped`` form: at g = 1 the logits are W phi + b, the
+# paper's own model (fairseq's W with the natural bias).
+GAIN_CAP = 1.0
 DEFAULT_GAIN_SPEED = DEFAULT_GAIN_SPEEDS[DEFAULT_GAIN_FORM]
 # How the gain's speed meets the learning-rate warm-up (--natbias-gain-schedule):
 # "lr" moves g (or log g) about C learning rates per update, so the warm-up
@@ -248,7 +252,7 @@ class GainedLinear(OutputProjection):
         self.speed = float(speed)
         self.form = form
         self.schedule = schedule
-        exponent = float(gain_init) if form == "linear" else math.log(gain_init)
+        exponent = math.log(gain_init) if form == "exp" else float(gain_init)
         self.gain_param = nn.Parameter(
             torch.tensor(exponent / self.speed, dtype=torch.float32, device=weight.device)
         )
@@ -260,7 +264,7 @@ class GainedLinear(OutputProjection):
             self.register_buffer("gain_speedup", torch.tensor(self.warmup(0), **float32))
 
     def _exponent(self) -> torch.Tensor:
-        """z: g itself (linear) or log g (exp)."""
+        """z: g itself (linear), g before its cap (capped) or log g (exp)."""
         if self.schedule == "lr":
             return self.gain_param * self.speed
         return (self.gain_exponent_anchor
@@ -268,6 +272,10 @@ class GainedLinear(OutputProjection):
 
     def gain(self) -> torch.Tensor:
         exponent = self._exponent()
+        if self.form == "capped":
+            # min(z, 1): past the cap u's gradient is 0, so g stays at 1 and the
+            # model is W phi + b from then on (unless weight decay pulls u back).
+            return torch.clamp(exponent, max=GAIN_CAP)
         return exponent if self.form == "linear" else torch.exp(exponent)
 
     def set_num_updates(self, num_updates: int) -> None:
@@ -301,6 +309,10 @@ def add_output_gain(decoder, gain_init: float, speed: float,
     for name, value in (("--natbias-gain-init", gain_init), ("--natbias-gain-speed", speed)):
         if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
             raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+    if form == "capped" and gain_init >= GAIN_CAP:
+        raise ValueError(f"--natbias-gain-init {gain_init:g} with --natbias-gain-form capped: "
+                         f"the gain is capped at {GAIN_CAP:g}, so start it below (default "
+                         f"{DEFAULT_GAIN_INIT:g}), or use --natbias-weight-init fairseq for g = 1")
     projection = decoder.output_projection
     gained = GainedLinear(projection.weight, projection.bias, gain_init, speed, form,
                           schedule, warmup)

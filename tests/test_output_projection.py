@@ -141,7 +141,8 @@ def test_one_adam_update_moves_the_gain_by_speed_times_lr(speed):
     assert gain - 0.05 == pytest.approx(-sign * speed * lr, rel=1e-4)
 
 
-GAIN_OF = {"linear": lambda u, speed: u * speed, "exp": lambda u, speed: torch.exp(u * speed)}
+GAIN_OF = {"linear": lambda u, speed: u * speed, "exp": lambda u, speed: torch.exp(u * speed),
+           "capped": lambda u, speed: torch.clamp(u * speed, max=1.0)}
 
 
 def _true_gain_gradient(gained, features, targets):
@@ -243,6 +244,40 @@ def test_the_exp_gain_stays_positive_where_the_linear_one_flips():
             gained.gain().backward()  # d g / d u > 0: Adam lowers g
             optimizer.step()
         assert (gained.gain().item() > 0) == positive, form
+
+
+def test_the_capped_gain_rises_by_speed_times_lr_then_holds_at_one():
+    """Hand-worked: a loss that only ever asks for a larger g (-g), Adam at
+    lr 1e-3, C = 20. A constant gradient makes every Adam step exactly lr
+    (bias-corrected m / sqrt(v) = 1), so g = 0.05 + 0.02 k after k updates:
+    0.25 after 10, 0.99 after 47; the 48th would reach 1.01 and is capped
+    at 1. There u's gradient is 0, and the projection is W phi + b exactly:
+    the paper's model."""
+    decoder = FakeDecoder()
+    values = torch.linspace(-5, -1, 50)
+    output_projection.attach_output_bias(decoder, values)
+    gained = output_projection.add_output_gain(decoder, 0.05, 20.0, "capped")
+    optimizer = torch.optim.Adam([gained.gain_param], lr=1e-3)
+    gains = []
+    for _ in range(60):
+        optimizer.zero_grad()
+        (-gained.gain()).backward()
+        optimizer.step()
+        gains.append(gained.gain().item())
+    assert gains[9] == pytest.approx(0.25, abs=1e-5)
+    assert gains[46] == pytest.approx(0.99, abs=1e-4)
+    assert gains[47:] == [1.0] * 13
+    optimizer.zero_grad()
+    features = torch.randn(3, 16, requires_grad=True)
+    gained(features).sum().backward()
+    assert gained.gain_param.grad.item() == 0.0
+    expected = features.detach() @ gained.weight.T + values
+    torch.testing.assert_close(gained(features.detach()), expected, atol=1e-6, rtol=1e-6)
+
+
+def test_the_capped_gain_refuses_to_start_at_its_cap():
+    with pytest.raises(ValueError, match="natbias-gain-init 1 with --natbias-gain-form capped"):
+        output_projection.add_output_gain(FakeDecoder(), 1.0, 20.0, "capped")
 
 
 @pytest.mark.parametrize("option, value", [("gain_init", 0.0), ("gain_init", float("nan")),

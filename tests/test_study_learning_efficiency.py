@@ -203,6 +203,7 @@ def test_iwslt_preset_against_stock_at_the_same_size(study, tmp_path):
 @pytest.mark.parametrize("arm, gain_settings", [
     ("gain@0.05,100,exp,peak/unigram", (0.05, 100.0, "exp", "peak")),
     ("gain@0.05,20,linear/unigram", (0.05, 20.0, "linear", "lr")),  # the default schedule
+    ("gain@0.05,20,capped/unigram", (0.05, 20.0, "capped", "lr")),
 ])
 def test_screening_arms_reach_fairseq_train(study, tmp_path, arm, gain_settings):
     """An arm's gain settings as fairseq-train parses them."""
@@ -234,3 +235,45 @@ def test_timing_arguments_train_n_updates_without_validation_or_checkpoints(stud
     assert (parsed.max_update, parsed.log_interval) == (40, 10)
     assert parsed.disable_validation and parsed.no_save
     assert args.max_update == 1000  # the study's own settings are left as they were
+
+
+def test_vocabulary_scales_with_the_square_root_of_the_pairs(study):
+    """8,000 * sqrt(N / 29,000), rounded to 500, by hand: 3,000 pairs ->
+    2,573 -> 2,500; 10,000 -> 4,698 -> 4,500; 29,000 -> 8,000; more than
+    Multi30k has is held at 8,000."""
+    assert [study.vocabulary_for(n) for n in (3000, 10000, 29000, 100000)] == [
+        2500, 4500, 8000, 8000]
+
+
+def test_first_pairs_keeps_both_sides_aligned_and_links_the_rest(study, tmp_path):
+    import gzip
+
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    for lang in ("de", "en"):
+        with gzip.open(raw / f"train.{lang}.gz", "wt", encoding="utf-8") as out:
+            out.write("".join(f"{lang} line {i}\n" for i in range(10)))
+        for split in ("val", "test_2016_flickr", "test_2017_flickr"):
+            (raw / f"{split}.{lang}").write_text(f"{split} {lang}\n")
+    small = study.first_pairs(raw, tmp_path / "small", ("de", "en"), 3)
+    for lang in ("de", "en"):
+        with gzip.open(small / f"train.{lang}.gz", "rt", encoding="utf-8") as handle:
+            assert handle.read().splitlines() == [f"{lang} line {i}" for i in range(3)]
+        assert (small / f"val.{lang}").read_text() == f"val {lang}\n"
+        assert (small / f"test_2017_flickr.{lang}").is_symlink()
+    with pytest.raises(SystemExit, match="--train-pairs 11: .* has only 10 lines"):
+        study.first_pairs(raw, tmp_path / "too_many", ("de", "en"), 11)
+
+
+def test_a_small_corpus_validates_on_the_update_grid_alone(study, tmp_path):
+    """With --train-pairs, fairseq's validation and save at every epoch's end
+    (a few dozen updates at 3,000 pairs) are switched off."""
+    from argparse import Namespace
+
+    args = Namespace(max_tokens=1500, validate_every=100, schedule="short", max_update=2000,
+                     train_pairs=3000)
+    parsed = _as_fairseq_train_parses(study.training_arguments(
+        study.Translation("de-en"), tmp_path, tmp_path / "run", study.Arm.parse("stock"), 1,
+        args))
+    assert parsed.validate_interval == parsed.save_interval == study.EPOCHS_NEVER
+    assert parsed.validate_interval_updates == 100
