@@ -60,7 +60,7 @@ def variants_of(stock_arch, natbias_arch):
 
 
 # Dims and pre-norm explicit so stock transformer_lm builds the same network
-# (see LanguageModel.options in study_learning_efficiency.py).
+# (see LanguageModel.options in benchmarks/study/arms.py).
 LM_SIZES = ("--decoder-layers 2 --decoder-embed-dim 256 --decoder-ffn-embed-dim 1024 "
             "--decoder-input-dim 256 --decoder-output-dim 256 --decoder-normalize-before "
             "--decoder-attention-heads 4 --share-decoder-input-output-embed").split()

@@ -34,7 +34,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 from fairseq_natbias.analysis.stats import mean_stderr  # noqa: E402
 # The study that wrote the records: its arm folders and test-set names.
-from study_learning_efficiency import CONVERGE_TEST_SETS, Arm  # noqa: E402
+from study.arms import CONVERGE_TEST_SETS, Arm  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results"
 SETTING = "short-converge"

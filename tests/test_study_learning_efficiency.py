@@ -1,7 +1,9 @@
 """benchmarks/study_learning_efficiency.py's arithmetic on runs written here:
 the options of a --converge run, and the table of a converged study (stock's
 best validation NLL as the target, the update of each run's best, the ratio to
-stock's best update, both test sets), checked against values worked by hand."""
+stock's best update, both test sets), checked against values worked by hand.
+The script holds the command line; its parts live in benchmarks/study/ (arms,
+runs, summary) and are read here through the script."""
 
 import json
 
@@ -277,3 +279,29 @@ def test_a_small_corpus_validates_on_the_update_grid_alone(study, tmp_path):
         args))
     assert parsed.validate_interval == parsed.save_interval == study.EPOCHS_NEVER
     assert parsed.validate_interval_updates == 100
+
+
+def test_the_command_line_runs_as_users_run_it():
+    """``python benchmarks/study_learning_efficiency.py`` from the repository
+    root finds its parts (benchmarks/study/) and says its docstring as --help."""
+    import subprocess
+    import sys
+
+    from natbias_testing import REPO
+
+    script = REPO / "benchmarks" / "study_learning_efficiency.py"
+    shown = subprocess.run([sys.executable, str(script.relative_to(REPO)), "--help"], cwd=REPO,
+                           capture_output=True, text=True, check=True).stdout
+    assert shown.startswith("usage: study_learning_efficiency.py")
+    assert "The paper's learning-efficiency claim, measured on real data" in shown
+    assert "--summarise-only" in shown and "--train-pairs N" in shown
+
+
+def test_each_of_the_studys_files_is_at_most_500_lines():
+    from natbias_testing import REPO
+
+    files = [REPO / "benchmarks" / "study_learning_efficiency.py",
+             *sorted((REPO / "benchmarks" / "study").glob("*.py"))]
+    assert len(files) >= 4
+    assert {path.name: len(path.read_text(encoding="utf-8").splitlines()) for path in files
+            if len(path.read_text(encoding="utf-8").splitlines()) > 500} == {}
