@@ -25,6 +25,7 @@ names the command and the sources; --out writes elsewhere (any selection).
 import argparse
 import csv
 import json
+import shlex
 import sys
 from pathlib import Path
 
@@ -43,6 +44,7 @@ PAIRED = ("best_valid_nll", "bleu_test_2016", "bleu_test_2017")
 DEFAULT_PAIRS = ["de-en", "fr-en"]
 DEFAULT_ARMS = ["stock", "gain/unigram", "gain/zero"]
 DEFAULT_COMPARE = ["gain/unigram:stock", "gain/zero:stock", "gain/zero:gain/unigram"]
+DEFAULT_BUDGET = "20,000 updates"
 # What the default selection writes into the results folder.
 TABLE_NAME = "converge_3seeds.md"
 
@@ -127,13 +129,6 @@ def digits_of(metric):
     return 3 if metric == "best_valid_nll" else 2
 
 
-def signed(summary, digits):
-    """``+m ± s`` (``+m`` for one seed): a difference shows its sign."""
-    mean = round(summary.mean, digits) + 0.0  # + 0.0: no "-0.000" from rounding error
-    text = f"{mean:+.{digits}f}"
-    return text if summary.n < 2 else f"{text} ± {summary.stderr:.{digits}f}"
-
-
 def table(seeds, two_seed, pairs, arms):
     header = "| pair, arm | seeds | " + " | ".join(METRICS) + " |"
     lines = [header, "|" + "---|" * (len(METRICS) + 2)]
@@ -176,7 +171,7 @@ def differences(seeds, two_seed, pairs, comparisons):
             for metric in PAIRED:
                 common, diffs = paired_difference(seeds, pair, arm, reference_arm, metric)
                 if diffs:
-                    parts.append(f"{metric} {signed(mean_stderr(diffs), digits_of(metric))}"
+                    parts.append(f"{metric} {mean_stderr(diffs).signed(digits_of(metric))}"
                                  f" (seeds {', '.join(map(str, common))})")
             for metric in ("chrf_test_2016", "chrf_test_2017"):
                 mine = values_over_seeds(seeds, two_seed, pair, arm, metric)
@@ -189,10 +184,10 @@ def differences(seeds, two_seed, pairs, comparisons):
     return "\n".join(lines)
 
 
-def report(seeds, two_seed, pairs, arms, comparisons):
+def report(seeds, two_seed, pairs, arms, comparisons, budget=DEFAULT_BUDGET):
     """The text the script prints: the means, the per-seed table, the differences."""
     return "\n".join([
-        f"Multi30k, {SETTING}, 20,000 updates: mean ± standard error over seeds\n",
+        f"Multi30k, {SETTING}, {budget}: mean ± standard error over seeds\n",
         table(seeds, two_seed, pairs, arms),
         "\nPer seed:\n",
         per_seed_table(seeds, pairs, arms),
@@ -201,18 +196,33 @@ def report(seeds, two_seed, pairs, arms, comparisons):
     ]) + "\n"
 
 
-def results_file(text, pairs):
+def results_file(text, pairs, arguments=()):
     """``text`` (what :func:`report` returns) as the committed results file:
-    a header naming the script, the command and the sources, then the text."""
+    a header naming the script, the command (with ``arguments``) and the
+    sources, then the text."""
     runs = ", ".join(f"`runs/{pair}_{SETTING}/*/seed*.json`" for pair in pairs)
+    command = " ".join([".venv/bin/python benchmarks/combine_seeds.py", *arguments])
     return (
         f"# Multi30k {SETTING}: every seed combined\n\n"
         "Written by `benchmarks/combine_seeds.py` (do not edit by hand); regenerate with "
-        "`.venv/bin/python benchmarks/combine_seeds.py`.\n"
+        f"`{command}`.\n"
         f"Sources (under benchmarks/results/): the study's run records {runs}; for the seeds "
         f"run before records were kept, `seeds/{SETTING}_before_records.csv` and "
         f"`seeds/{SETTING}_two_seed_chrf.csv`.\n\n"
         + text)
+
+
+def selection_arguments(args):
+    """The options that chose other pairs, arms, comparisons or title than
+    the defaults, as a command line repeats them (quoted where needed)."""
+    chosen = []
+    for option, value, default in (("--pairs", args.pairs, DEFAULT_PAIRS),
+                                   ("--arms", args.arms, DEFAULT_ARMS),
+                                   ("--compare", args.compare, DEFAULT_COMPARE),
+                                   ("--budget", [args.budget], [DEFAULT_BUDGET])):
+        if value != default:
+            chosen += [option, *(shlex.quote(item) for item in value)]
+    return chosen
 
 
 def main(argv=None):
@@ -223,6 +233,8 @@ def main(argv=None):
                         help="differences to print, as ARM:REFERENCE")
     parser.add_argument("--results", type=Path, default=RESULTS,
                         help="folder holding runs/ and seeds/ (default: benchmarks/results)")
+    parser.add_argument("--budget", default=DEFAULT_BUDGET,
+                        help=f"the runs' budget, for the title (default: {DEFAULT_BUDGET})")
     parser.add_argument("--out", type=Path, default=None,
                         help=f"also write the tables to this file (default: {TABLE_NAME} in "
                              "--results when every pair, arm and comparison is the default)")
@@ -230,14 +242,14 @@ def main(argv=None):
     comparisons = [tuple(text.split(":", 1)) for text in args.compare]
     arms = list(dict.fromkeys(args.arms + [arm for pair in comparisons for arm in pair]))
     seeds, two_seed = collect_seeds(args.pairs, arms, args.results), two_seed_values(args.results)
-    text = report(seeds, two_seed, args.pairs, args.arms, comparisons)
+    text = report(seeds, two_seed, args.pairs, args.arms, comparisons, args.budget)
     print(text, end="")
     out = args.out
     if out is None and (args.pairs, args.arms, args.compare) == (
             DEFAULT_PAIRS, DEFAULT_ARMS, DEFAULT_COMPARE):
         out = args.results / TABLE_NAME
     if out is not None:
-        out.write_text(results_file(text, args.pairs))
+        out.write_text(results_file(text, args.pairs, selection_arguments(args)))
         print(f"wrote {out}", file=sys.stderr)
 
 

@@ -13,27 +13,34 @@ Weight initialisation schemes (``--natbias-weight-init``), applied the same
 way whatever the bias, so that unigram / zero / none differ in the bias alone:
 
 ``gain`` (default)
-    fairseq's own W, and one learnt scalar gain g on the contextual logits::
+    fairseq's own W, and one learnt scalar gain g on the contextual logits,
+    held at or below 1 (``--natbias-gain-form capped``, the default)::
 
-        logits = g * W phi + b,      g = C * u   (u the learnt parameter)
+        logits = g * W phi + b,      g = min(C * u, 1)   (u the learnt parameter)
 
     g starts at ``--natbias-gain-init`` (0.05), so a fresh model predicts
     softmax(b), the unigram (Fig. 1 at update 0), and the speed C
     (``--natbias-gain-speed``, 20) makes Adam, whose steps on u are about one
     learning rate whatever the gradient's scale, move g about C learning
     rates per update: the contextual logits regrow within tens of updates
-    instead of the hundreds ``damped`` needs. ``--natbias-gain-form exp``
-    (g = exp(C u), C 100) keeps g positive at any speed, where a fast linear
-    gain can be driven through 0; measured as good or better with one seed
-    per setting, not yet the default (docs/weight_init.md).
+    instead of the hundreds ``damped`` needs, and, since the steps scale with
+    the learning rate, a long warm-up stretches the rise with it. Once g
+    reaches 1 its gradient is 0 and it stays there: the model is the paper's
+    own, fairseq's ``W phi + b``. The cap is what 0.4.0 changed (issue 36):
+    0.3's uncapped gain (``--natbias-gain-form linear``, g = C u) rose to
+    1.5 by 1,000 updates and 2.0 by 20,000, a free inverse temperature that
+    fit and overfit faster; on 3,000 training pairs it ended worse than stock
+    fairseq, the capped gain better (docs/studies/small_corpora.md).
+    ``--natbias-gain-form exp`` (g = exp(C u), C 100) keeps g positive at
+    any speed, uncapped; measured as good as or better than ``linear`` with
+    one seed per setting (docs/weight_init.md).
     ``--natbias-gain-schedule peak`` moves g (log g) about C *peak* learning
     rates per update from the first update, where the default ``lr`` lets a
     long warm-up hold it near g0 for hundreds of updates (:class:`WarmupSpeedup`).
     Adam's steps on W and phi are not slowed by
     the small g (Adam divides the gradient by its own scale). g multiplies phi
     before the projection (W (g phi) + b), which costs a (tokens x d) product,
-    not a (tokens x |V|) one. Chosen as the default by the learning-efficiency
-    study (docs/weight_init.md).
+    not a (tokens x |V|) one.
 ``fairseq``
     fairseq's own init, untouched: N(0, d^-1/2) untied, the embedding when tied.
     The model is the stock transformer plus a bias. A fresh tied model predicts
@@ -68,7 +75,7 @@ DEFAULT_WEIGHT_INIT = "gain"
 DEFAULT_GAIN_INIT = 0.05
 # "capped" is "linear" held at or below 1: g = min(C u, 1) (issue 36).
 GAIN_FORMS = ("capped", "exp", "linear")
-DEFAULT_GAIN_FORM = "linear"
+DEFAULT_GAIN_FORM = "capped"
 # The default speed C of each form (measured: docs/weight_init.md). exp's C
 # moves log g, so it needs a larger C than linear's to regrow g from 0.05 as
 # fast: under the paper's warm-up C = 50 reached stock's validation NLL 89
@@ -218,8 +225,9 @@ class _ScaleByGain(torch.autograd.Function):
 
 class GainedLinear(OutputProjection):
     """``W (g x) + b``: the output projection with a learnt scalar gain g on
-    its input (weight init ``gain``); g = C u (``linear``, the default) or
-    g = exp(C u) (``exp``, positive at any speed).
+    its input (weight init ``gain``); g = min(C u, 1) (``capped``, the
+    default), g = C u (``linear``, 0.3's default) or g = exp(C u) (``exp``,
+    positive at any speed).
 
     u draws no random numbers: every other parameter is the one the stock
     model draws with the same seed. Its state keys are ``weight``, ``bias``

@@ -20,6 +20,7 @@ from natbias_testing import fairseq, train
 FIXTURES = Path(__file__).parent / "fixtures"
 V010 = FIXTURES / "v0.1.0"
 V020 = FIXTURES / "v0.2.0"  # made with the same model and commands as v0.1.0's
+V039 = FIXTURES / "v0.3.9"  # the same, and its uncapped linear gain started at 1.5
 # The model of the v0.1.0 checkpoint (its README says how it was made).
 V010_MODEL = [
     "--encoder-layers", "1", "--decoder-layers", "1",
@@ -34,7 +35,7 @@ GENERATE = ["--beam", "5", "--cpu", "--max-len-b", "10", "--required-batch-size-
 # --- checkpoints of earlier versions ----------------------------------------------------
 
 
-@pytest.mark.parametrize("fixture", [V010, V020], ids=["v0.1.0", "v0.2.0"])
+@pytest.mark.parametrize("fixture", [V010, V020, V039], ids=["v0.1.0", "v0.2.0", "v0.3.9"])
 def test_old_fixtures_match_the_toy_corpus(toy_bin, fixture):
     for name in ("dict.src.txt", "dict.tgt.txt"):
         assert filecmp.cmp(toy_bin / name, fixture / name, shallow=False), name
@@ -66,6 +67,25 @@ def test_v020_checkpoint_resumes_with_its_linear_gain_whatever_the_default(monke
     assert args.natbias_gain_form == "exp" and args.natbias_gain_speed == 100
     checkpoint_settings.reconcile_with_checkpoint(args, "resume", str(V020 / "checkpoint_last.pt"))
     assert (args.natbias_gain_form, args.natbias_gain_speed) == ("linear", 20)
+
+
+def test_v039_checkpoint_keeps_its_uncapped_gain_above_one(toy_bin):
+    """0.3.9's default gain was linear and uncapped, and recorded so; 0.4.0's
+    default is capped. Loaded now, its g is 20 u = 1.488, not cut to 1."""
+    path = V039 / "checkpoint_last.pt"
+    models, cfg, _ = checkpoint_utils.load_model_ensemble_and_task(
+        [str(path)], arg_overrides={"data": str(toy_bin)})
+    saved = torch.load(path, map_location="cpu", weights_only=False)["model"]
+    assert cfg.model.natbias_gain_form == "linear"
+    u = saved["decoder.output_projection.gain_param"].item()
+    gain = models[0].decoder.output_projection.gain().item()
+    assert gain == pytest.approx(20.0 * u, rel=1e-6) and gain > 1.4
+
+
+def test_v039_checkpoint_resumes_with_its_linear_gain(toy_bin, tmp_path):
+    _, state = _resume_fixture(V039, toy_bin, tmp_path)
+    assert state["cfg"]["model"].natbias_gain_form == "linear"
+    assert 20.0 * state["model"]["decoder.output_projection.gain_param"].item() > 1.4
 
 
 def _resume_fixture(fixture, toy_bin, tmp_path):
@@ -102,37 +122,45 @@ def test_v010_checkpoint_builds_its_own_model_exactly(toy_bin):
 
 
 def _generate_lines(text):
-    """fairseq-generate's lines, with the sentence scores of H-/D- lines as
-    floats: the text (ids, tokens, 4-decimal positional scores, BLEU) is
-    compared exactly, the full-precision scores to 1e-6."""
+    """fairseq-generate's lines, with the sentence scores of H-/D- lines and
+    the positional scores of P- lines as floats: the rest (ids, tokens, BLEU)
+    is compared exactly, the full-precision scores to 1e-6 and the printed
+    4-decimal positional scores to one unit of their last digit."""
     lines = []
     for line in text.splitlines():
         fields = line.split("\t")
         if fields[0][:2] in ("H-", "D-"):
             lines.append((fields[0], float(fields[1]), *fields[2:]))
+        elif fields[0][:2] == "P-":
+            lines.append((fields[0], [float(score) for score in fields[1].split()]))
         else:
             lines.append((line,))
     return lines
 
 
-@pytest.mark.parametrize("fixture", [V010, V020], ids=["v0.1.0", "v0.2.0"])
+@pytest.mark.parametrize("fixture", [V010, V020, V039], ids=["v0.1.0", "v0.2.0", "v0.3.9"])
 def test_old_checkpoint_generates_as_its_version_did(toy_bin, fixture):
     """The same translations, positional scores and BLEU line as the version
     that trained the checkpoint printed (``generate.out`` beside it). The
-    full-precision sentence scores are compared to 1e-6, not bit for bit:
-    their last bits depend on the CPU's float kernels (the v0.1.0 fixture was
-    recorded on another CPU; on this one 0.1.0's own code prints the same
-    digits as today's, checked by hand with a worktree of c0d37c9), not on
-    this package."""
+    full-precision sentence scores are compared to 1e-6, and the positional
+    scores, printed to 4 decimals, to 1e-4, not bit for bit: their last bits
+    depend on the CPU's float kernels (the v0.1.0 fixture was recorded on
+    another CPU; on this one 0.1.0's own code prints the same digits as
+    today's, checked by hand with a worktree of c0d37c9; on the machine of
+    a later session one positional score of v0.2.0's printed -2.9169 for
+    the recorded -2.9170), not on this package."""
     result = fairseq("fairseq-generate", toy_bin, "--user-dir", "fairseq_natbias",
                      "--path", fixture / "checkpoint_last.pt", *GENERATE)
     got = _generate_lines(result.stdout)
     expected = _generate_lines((fixture / "generate.out").read_text())
     assert len(got) == len(expected)
     for got_line, expected_line in zip(got, expected):
-        if len(expected_line) > 1:  # an H- or D- line
+        if len(expected_line) > 2:  # an H- or D- line
             assert got_line[0] == expected_line[0] and got_line[2:] == expected_line[2:]
             assert got_line[1] == pytest.approx(expected_line[1], abs=1e-6), expected_line[0]
+        elif expected_line[0][:2] == "P-":
+            assert got_line[0] == expected_line[0]
+            assert got_line[1] == pytest.approx(expected_line[1], abs=1.01e-4), expected_line[0]
         else:
             assert got_line == expected_line
 
@@ -162,6 +190,7 @@ def unigram_run(toy_bin, tmp_path_factory):
     (["--natbias-weight-init", "fairseq"], "--natbias-weight-init fairseq"),
     (["--natbias-gain-speed", "50"], "--natbias-gain-speed 50"),
     (["--natbias-gain-form", "exp"], "--natbias-gain-form exp"),
+    (["--natbias-gain-form", "linear"], "--natbias-gain-form linear"),
 ])
 def test_resuming_with_other_settings_is_refused(toy_bin, tmp_path, unigram_run,
                                                  options, asked):
@@ -173,7 +202,7 @@ def test_resuming_with_other_settings_is_refused(toy_bin, tmp_path, unigram_run,
     message = result.stderr.strip().splitlines()[-1]
     assert message.startswith("fairseq_natbias: error: ")
     assert ("--natbias-init unigram --natbias-weight-init gain --natbias-gain-speed 20 "
-            "--natbias-gain-form linear") in message
+            "--natbias-gain-form capped") in message
     assert asked in message and "--save-dir" in message
     assert "Traceback" not in result.stderr
 

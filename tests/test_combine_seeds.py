@@ -127,3 +127,16 @@ def test_the_committed_table_is_what_the_committed_sources_give(combine, tmp_pat
     capsys.readouterr()
     committed = combine.RESULTS / "converge_3seeds.md"
     assert (tmp_path / "converge_3seeds.md").read_bytes() == committed.read_bytes()
+
+
+def test_another_selection_names_itself_in_the_written_header(tmp_path):
+    """A file written for another selection (--out) says the command that
+    made it, and its title the budget given."""
+    combine = benchmark_script("combine_seeds")
+    out = tmp_path / "small.md"
+    combine.main(["--pairs", "de-en", "--arms", "stock", "gain/zero", "--compare",
+                  "gain/zero:stock", "--budget", "2,000 updates", "--out", str(out)])
+    text = out.read_text()
+    assert ("regenerate with `.venv/bin/python benchmarks/combine_seeds.py --pairs de-en "
+            "--arms stock gain/zero --compare gain/zero:stock --budget '2,000 updates'`") in text
+    assert "Multi30k, short-converge, 2,000 updates: mean ± standard error" in text

@@ -275,6 +275,37 @@ def test_the_capped_gain_rises_by_speed_times_lr_then_holds_at_one():
     torch.testing.assert_close(gained(features.detach()), expected, atol=1e-6, rtol=1e-6)
 
 
+def test_the_capped_gain_at_its_cap_under_fp16_loss_scaling():
+    """As fairseq's --fp16 drives it: a half model, the summed loss times
+    fp16's starting loss scale (2^7), the backward in half precision. At the
+    cap u gets a gradient of exactly 0, and the features and W get the
+    gradients of stock fairseq's projection with a bias (a plain fp16
+    ``F.linear``): the model is W phi + b, overflowing where stock would."""
+    torch.manual_seed(0)
+    decoder = FakeDecoder(dim=16)
+    output_projection.attach_output_bias(decoder, torch.linspace(-12, -1, 50))
+    gained = output_projection.add_output_gain(decoder, 0.05, 20.0, "capped")
+    with torch.no_grad():
+        gained.gain_param.fill_(0.06)  # C u = 1.2: capped
+    decoder.half()
+    targets = torch.randint(0, 50, (64,))
+    features = torch.randn(64, 16).half()
+    ours = features.clone().requires_grad_()
+    logits = gained(ours)
+    (torch.nn.functional.cross_entropy(logits.float(), targets, reduction="sum")
+     * 2.0 ** 7).backward()
+    stock = features.clone().requires_grad_()
+    weight = gained.weight.detach().clone().requires_grad_()
+    plain = torch.nn.functional.linear(stock, weight, gained.bias.detach().half())
+    (torch.nn.functional.cross_entropy(plain.float(), targets, reduction="sum")
+     * 2.0 ** 7).backward()
+    assert logits.dtype == torch.float16 and torch.equal(logits, plain)
+    assert gained.gain_param.grad.item() == 0.0
+    assert torch.isfinite(ours.grad).all() and torch.isfinite(gained.weight.grad).all()
+    assert torch.equal(ours.grad, stock.grad) and torch.equal(gained.weight.grad, weight.grad)
+    assert gained.bias.grad.dtype == torch.float32 and torch.isfinite(gained.bias.grad).all()
+
+
 def test_the_capped_gain_refuses_to_start_at_its_cap():
     with pytest.raises(ValueError, match="natbias-gain-init 1 with --natbias-gain-form capped"):
         output_projection.add_output_gain(FakeDecoder(), 1.0, 20.0, "capped")

@@ -23,6 +23,12 @@ class MeanStderr:
         return (f"{self.mean:.{digits}f} ± {self.stderr:.{digits}f}"
                 + (f" (n={self.n})" if count else ""))
 
+    def signed(self, digits: int = 2) -> str:
+        """``+m ± s`` (``+m`` for one value): a difference shows its sign."""
+        mean = round(self.mean, digits) + 0.0  # + 0.0: no "-0.000" from rounding error
+        text = f"{mean:+.{digits}f}"
+        return text if self.n < 2 else f"{text} ± {self.stderr:.{digits}f}"
+
 
 def mean_stderr(values: Sequence[float]) -> MeanStderr:
     """Sample mean and its standard error s / sqrt(n), s the sample standard
