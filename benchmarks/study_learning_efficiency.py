@@ -208,11 +208,13 @@ def main():
                if args.results else None)
     runs = collect_runs(task, study_dir, arms, args.seeds, archive,
                         with_bleu_curve=task.name == "translation" and not args.converge)
-    title = (f"Multi30k {args.pair}"
-             + (f", first {args.train_pairs:,} pairs (SentencePiece {task.vocab_size:,})"
-                if args.train_pairs else "")
-             + f", schedule {setting}" if args.task == "translation"
-             else f"language model, Multi30k {args.lang}, schedule {setting}")
+    if args.task != "translation":
+        title = f"language model, Multi30k {args.lang}, schedule {setting}"
+    elif args.train_pairs:  # short enough for a plot's panel title
+        title = (f"Multi30k {args.pair}, {args.train_pairs:,} pairs "
+                 f"(SentencePiece {task.vocab_size:,}), {setting}")
+    else:
+        title = f"Multi30k {args.pair}, schedule {setting}"
     table, outputs = write_table_and_plots(task, runs, title, study_dir, args.converge,
                                            args.patience)
     if args.results:

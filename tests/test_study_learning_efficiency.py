@@ -305,3 +305,14 @@ def test_each_of_the_studys_files_is_at_most_500_lines():
     assert len(files) >= 4
     assert {path.name: len(path.read_text(encoding="utf-8").splitlines()) for path in files
             if len(path.read_text(encoding="utf-8").splitlines()) > 500} == {}
+
+
+def test_the_zoomed_panel_starts_at_a_quarter_of_a_short_budget(study):
+    """2,000 for the 20,000-update runs (as before), 500 for 2,000-update ones."""
+    from study import summary
+
+    def line(last):
+        return {"label": "stock", "x": [0, last // 2, last], "mean": [1, 2, 3]}
+
+    assert summary.zoom_start([line(20000), line(19000)]) == 2000
+    assert summary.zoom_start([line(2000), line(1800)]) == 500

@@ -29,6 +29,13 @@ def updates_to_reach(updates, values, target):
 ZOOM_FROM = 2000
 
 
+def zoom_start(lines):
+    """Where the zoomed panel starts: update ZOOM_FROM, or a quarter of the
+    longest run where that is earlier (a short, small-corpus budget)."""
+    longest = max(float(line["x"][-1]) for line in lines if len(line["x"]))
+    return min(ZOOM_FROM, int(longest) // 4)
+
+
 def from_update(line, first):
     """A plotted line (see :func:`summarise`) from update ``first`` on."""
     keep = np.asarray(line["x"]) >= first
@@ -312,8 +319,8 @@ def write_table_and_plots(task, runs, title, study_dir, converge=False, patience
     outputs["md"].write_text(table)
     nll_panels = {title: nll_lines}
     if converge:  # the end of a long run, where the arms differ by hundredths
-        nll_panels[f"from update {ZOOM_FROM:,}"] = [from_update(line, ZOOM_FROM)
-                                                   for line in nll_lines]
+        zoom = zoom_start(nll_lines)
+        nll_panels[f"from update {zoom:,}"] = [from_update(line, zoom) for line in nll_lines]
     plots.curve_panels(nll_panels, "validation NLL (bits/token)", str(outputs["nll"]),
                        logx=False)
     if bleu_lines:
