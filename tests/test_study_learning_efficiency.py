@@ -252,9 +252,10 @@ def test_first_pairs_keeps_both_sides_aligned_and_links_the_rest(study, tmp_path
 
     raw = tmp_path / "raw"
     raw.mkdir()
+    with gzip.open(raw / "train.de.gz", "wt", encoding="utf-8") as out:
+        out.write("".join(f"de line {i}\n" for i in range(10)))
+    (raw / "train.en").write_text("".join(f"en line {i}\n" for i in range(10)))  # plain
     for lang in ("de", "en"):
-        with gzip.open(raw / f"train.{lang}.gz", "wt", encoding="utf-8") as out:
-            out.write("".join(f"{lang} line {i}\n" for i in range(10)))
         for split in ("val", "test_2016_flickr", "test_2017_flickr"):
             (raw / f"{split}.{lang}").write_text(f"{split} {lang}\n")
     small = study.first_pairs(raw, tmp_path / "small", ("de", "en"), 3)

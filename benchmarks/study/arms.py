@@ -69,6 +69,7 @@ def first_pairs(raw, folder, langs, pairs):
                 continue
             target = folder / source.name
             if name == SPLIT_FILES["train"]:
+                target = folder / f"{name}.{lang}.gz"  # written gzipped, whatever the source
                 lines = read_lines(source)
                 if len(lines) < pairs:
                     raise SystemExit(f"study: --train-pairs {pairs}: {source} has only "
