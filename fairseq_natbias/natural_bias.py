@@ -44,13 +44,16 @@ from typing import Optional
 
 import torch
 
-from fairseq_natbias import output_projection, unigram
+from fairseq_natbias import bigram, bigram_residual, output_projection, unigram
 from fairseq_natbias.checkpoint_loading import CheckpointError, not_a_checkpoint, saved_model_args
 from fairseq_natbias.checkpoint_settings import checkpoint_to_load, reconcile_with_checkpoint
 from fairseq_natbias.logging_hook import TARGET_MASK_KEY, BiasDivergenceHook
 from fairseq_natbias.natural_bias_options import COUNTED_MARKER, check_args, set_defaults
 
 logger = logging.getLogger(__name__)
+
+# The generation-time override that swaps the prior for another corpus's.
+PRIOR_TEXT = "natbias_prior_text"
 
 
 class NaturalBiasModel:
@@ -79,9 +82,12 @@ class NaturalBiasModel:
         if weights_will_be_loaded:  # placeholders the checkpoint overwrites
             log_unigram = torch.zeros(vocab_size)
             bias = None if args.natbias_init == "none" else torch.zeros(vocab_size)
+            residual = bigram_residual.BigramResidual.placeholder(vocab_size)
         else:
-            log_unigram, bias = self._count_and_initialise(args, task)
+            log_unigram, bias, residual = self._count_and_initialise(args, task)
         output_projection.attach_output_bias(decoder, bias, freeze=args.natbias_freeze)
+        if args.natbias_order == 2:
+            bigram_residual.attach_bigram_residual(decoder, residual)
         if args.natbias_weight_init == "gain":
             output_projection.add_output_gain(
                 decoder, args.natbias_gain_init, args.natbias_gain_speed, args.natbias_gain_form,
@@ -95,10 +101,19 @@ class NaturalBiasModel:
             self.natbias_hook.attach(task)
 
     def _count_and_initialise(self, args, task):
-        """Count the target training unigram, initialise W, and return the
-        log-unigram and the initial bias (None for ``none``)."""
-        counts = unigram.count_training_targets(task, getattr(args, "train_subset", "train"))
+        """Count the target training unigram (and bigram, order 2, in the same
+        pass), initialise W, and return the log-unigram, the initial bias (None
+        for ``none``) and the bigram residual (None for order 1)."""
+        dictionary = task.target_dictionary
+        pairs = (bigram.PairCounter(len(dictionary), dictionary.eos())
+                 if args.natbias_order == 2 else None)
+        counts = unigram.count_training_targets(task, getattr(args, "train_subset", "train"),
+                                                pairs)
         log_unigram = unigram.unigram_log_probs(counts, args.natbias_smoothing)
+        residual = None
+        if pairs is not None:
+            residual = bigram_residual.BigramResidual(
+                *bigram.witten_bell_residual(pairs.table(), log_unigram))
         bias = _initial_bias(args, task, log_unigram)
         # W's reference norm is the log-unigram's also for zero / none, so that
         # the three runs share W and differ in the bias alone.
@@ -108,7 +123,7 @@ class NaturalBiasModel:
             args.natbias_feature_gain,
         )
         setattr(args, COUNTED_MARKER, int(counts.sum()))
-        return log_unigram, bias
+        return log_unigram, bias, residual
 
     def _apply(self, fn, *args, **kwargs):
         """Keep ``target_log_unigram`` in float32 whatever the model is cast to
@@ -127,6 +142,52 @@ class NaturalBiasModel:
                 device = next(self.parameters()).device
                 self._buffers["target_log_unigram"] = log_unigram.to(device, torch.float32)
         return module
+
+    def load_state_dict(self, state_dict, strict=True, model_cfg=None, args=None):
+        """fairseq's, then the prior swapped for another corpus's when the
+        model is loaded with ``natbias_prior_text`` (:meth:`swap_prior`)."""
+        loaded = super().load_state_dict(state_dict, strict=strict, model_cfg=model_cfg,
+                                         args=args)
+        prior_text = getattr(self.natbias_args, PRIOR_TEXT, None)
+        if prior_text:
+            self.swap_prior(prior_text)
+        return loaded
+
+    def swap_prior(self, text_path: str) -> None:
+        """Replace the statistical prior by that of another corpus (Li et al.'s
+        domain adaptation; the paper's App. A.7 unigram of a larger corpus),
+        set at generation with ``--model-overrides "{'natbias_prior_text':
+        PATH}"``. PATH: tokenised text as the model's pieces, one sentence a
+        line. With p the stored training unigram and q the text's (same
+        smoothing), the bias keeps what training added to log p:
+
+            b' = b - log p + log q,        D' = the Witten-Bell table of the text (order 2)
+
+        and the stored log-unigram becomes log q (so logit adjustment uses q)."""
+        dictionary = self.decoder.dictionary
+        order = getattr(self.natbias_args, "natbias_order", 1)
+        pairs = bigram.PairCounter(len(dictionary), dictionary.eos()) if order == 2 else None
+        try:
+            with open(text_path, encoding="utf-8") as lines:
+                counts = unigram.count_text(lines, dictionary, pairs)
+        except OSError as error:
+            raise SystemExit(f"fairseq_natbias: error: {PRIOR_TEXT} {text_path}: {error.strerror}. "
+                             "Give a tokenised text file (the model's pieces, one sentence a line).")
+        if counts.sum() == counts[dictionary.eos()]:
+            raise SystemExit(f"fairseq_natbias: error: {PRIOR_TEXT} {text_path} holds no tokens")
+        new_log_unigram = unigram.unigram_log_probs(counts, self.natbias_args.natbias_smoothing)
+        device = self.target_log_unigram.device
+        new_log_unigram = new_log_unigram.to(device)
+        with torch.no_grad():
+            bias = self.decoder.output_projection.bias
+            if bias is not None:
+                bias.add_(new_log_unigram - self.target_log_unigram)
+            self.target_log_unigram.copy_(new_log_unigram)
+            if pairs is not None:
+                table = bigram.witten_bell_residual(pairs.table(), new_log_unigram)
+                bigram_residual.bigram_residual(self.decoder).replace_table(*table)
+        logger.info("natbias: prior swapped for the counts of %s (%d tokens%s)", text_path,
+                    int(counts.sum()), f", {len(pairs.keys)} bigrams" if pairs is not None else "")
 
     def _mark_targets(self, net_output, target_tokens):
         """Tell the logging hook which positions are real targets: those where

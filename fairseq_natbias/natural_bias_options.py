@@ -25,17 +25,23 @@ DEFAULTED_RECORD = "natbias_defaulted"
 # Settings that change what the saved parameters mean; a checkpoint is only
 # loaded into a model built with the same ones.
 STRUCTURAL = ("natbias_init", "natbias_weight_init", "natbias_gain_speed",
-              "natbias_gain_form", "natbias_gain_schedule")
+              "natbias_gain_form", "natbias_gain_schedule", "natbias_order")
 # What a checkpoint that predates a structural setting was trained with:
 # 0.2.0's gain was linear in its parameter (g = C u), before the form could be
 # chosen (0.3's default; 0.4.0's is capped, and the record keeps 0.2.0's).
 # 0.3.2's and earlier gains moved with the learning rate (schedule lr).
-LEGACY_STRUCTURAL = {"natbias_gain_form": "linear", "natbias_gain_schedule": "lr"}
+# Before 0.5.0 every model was of order 1 (the unigram bias alone).
+LEGACY_STRUCTURAL = {"natbias_gain_form": "linear", "natbias_gain_schedule": "lr",
+                     "natbias_order": 1}
+# --natbias-order: 1, the unigram bias; 2 adds the fixed bigram residual
+# (fairseq_natbias.bigram_residual), an experiment (docs/studies/bigram.md).
+ORDERS = (1, 2)
 # Settings that only mean something with the gain.
 GAIN_SETTINGS = ("natbias_gain_speed", "natbias_gain_form", "natbias_gain_schedule")
 
 DEFAULTS = {
     "natbias_init": "unigram",
+    "natbias_order": 1,
     "natbias_counts": None,
     "natbias_smoothing": 1.0,
     "natbias_freeze": False,
@@ -62,6 +68,10 @@ def add_args(parser) -> None:
     group = parser if is_group else parser.add_argument_group("natural bias (fairseq_natbias)")
     group.add_argument("--natbias-init", choices=BIAS_INITS,
                        help="output bias init: unigram (default), zero, none, file")
+    group.add_argument("--natbias-order", type=int, choices=ORDERS,
+                       help="1 (default): the unigram bias; 2 (experimental): adds "
+                            "beta*D[previous token], a fixed Witten-Bell bigram residual "
+                            "counted from the training targets (docs/studies/bigram.md)")
     group.add_argument("--natbias-counts", metavar="PATH",
                        help="counts file for --natbias-init file "
                             "(make one with natbias-count)")
@@ -143,6 +153,13 @@ def check_args(args) -> None:
         raise NaturalBiasError(
             "--natbias-init file needs --natbias-counts PATH (a counts file made "
             "with `natbias-count --dict DATA/dict.TGT.txt --text CORPUS.tok`)"
+        )
+    if args.natbias_order == 2 and args.natbias_init != "unigram":
+        raise NaturalBiasError(
+            f"--natbias-order 2 with --natbias-init {args.natbias_init}: the bigram "
+            "residual is relative to the unigram the bias starts from (b = log p), "
+            "counted on the same training targets. Use --natbias-init unigram, or "
+            "--natbias-order 1."
         )
     if args.natbias_counts and args.natbias_init != "file":
         raise NaturalBiasError(

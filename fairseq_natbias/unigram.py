@@ -37,10 +37,13 @@ import os
 import re
 import struct
 from dataclasses import dataclass
-from typing import List, Optional, Sequence
+from typing import TYPE_CHECKING, List, Optional, Sequence
 
 import numpy as np
 import torch
+
+if TYPE_CHECKING:  # bigram imports nothing of ours; this module stays its floor
+    from fairseq_natbias.bigram import PairCounter
 
 logger = logging.getLogger(__name__)
 
@@ -105,20 +108,30 @@ def _find_splits(data, split, candidate_prefixes) -> List[TargetSplit]:
     return found
 
 
-def count_binarized(prefix: str, vocab_size: int, impl: str = "mmap") -> np.ndarray:
-    """Token counts of one binarised split, as int64 of length ``vocab_size``.
+def count_binarized(prefix: str, vocab_size: int, impl: str = "mmap",
+                    pairs: Optional["PairCounter"] = None) -> np.ndarray:
+    """Token counts of one binarised split, as int64 of length ``vocab_size``;
+    with ``pairs`` (a :class:`fairseq_natbias.bigram.PairCounter`) the same
+    pass counts each token's pair with the one before it (``--natbias-order 2``).
 
     The mmap format stores all sentences back to back in ``prefix.bin`` with
     the dtype named in ``prefix.idx``, so a chunked ``np.bincount`` over the
     memory-mapped file counts every token once without touching Python per
     sentence.
     """
-    if impl == "mmap":
-        return _count_mmap(prefix, vocab_size)
-    return _count_generic(prefix, vocab_size, impl)
+    counts = np.zeros(vocab_size, dtype=np.int64)
+    if pairs is not None:
+        pairs.start_stream()
+    chunks = _mmap_chunks(prefix) if impl == "mmap" else _generic_chunks(prefix, impl)
+    for chunk in chunks:
+        counts += _bincount_checked(chunk, vocab_size, prefix)
+        if pairs is not None:
+            pairs.add(chunk)
+    return counts
 
 
-def _count_mmap(prefix, vocab_size):
+def _mmap_chunks(prefix):
+    """The tokens of an mmap split, COUNT_CHUNK_TOKENS at a time."""
     from fairseq.data import indexed_dataset
 
     dtype, total = _read_mmap_index(indexed_dataset.index_file_path(prefix))
@@ -129,15 +142,12 @@ def _count_mmap(prefix, vocab_size):
             f"{data_path} is shorter than its index {prefix}.idx says; the "
             "binarised split is truncated. Re-run fairseq-preprocess."
         )
-    counts = np.zeros(vocab_size, dtype=np.int64)
     if total == 0:
-        return counts
+        return
     tokens = np.memmap(data_path, dtype=dtype, mode="r", shape=(total,))
     for start in range(0, total, COUNT_CHUNK_TOKENS):
-        chunk = np.asarray(tokens[start : start + COUNT_CHUNK_TOKENS])
-        counts += _bincount_checked(chunk, vocab_size, prefix)
+        yield np.asarray(tokens[start : start + COUNT_CHUNK_TOKENS])
     del tokens
-    return counts
 
 
 def _read_mmap_index(path):
@@ -173,22 +183,21 @@ def _mmap_index(path):
     return indexed_dataset._code_to_dtype[code], lengths
 
 
-def _count_generic(prefix, vocab_size, impl):
-    """Slower path for the non-default dataset formats (lazy, cached, raw)."""
+def _generic_chunks(prefix, impl):
+    """Slower path for the non-default dataset formats (lazy, cached, raw):
+    10,000 sentences at a time."""
     from fairseq.data import data_utils
 
     logger.info("counting %s sentence by sentence (--dataset-impl %s)", prefix, impl)
     dataset = data_utils.load_indexed_dataset(prefix, None, impl)
     if dataset is None:
         raise UnigramError(f"could not read {prefix} as --dataset-impl {impl}")
-    counts = np.zeros(vocab_size, dtype=np.int64)
     batch = []
     for i in range(len(dataset)):
         batch.append(np.asarray(dataset[i]))
         if len(batch) == 10000 or i == len(dataset) - 1:
-            counts += _bincount_checked(np.concatenate(batch), vocab_size, prefix)
+            yield np.concatenate(batch)
             batch = []
-    return counts
 
 
 def _bincount_checked(ids: np.ndarray, vocab_size: int, where: str) -> np.ndarray:
@@ -204,7 +213,8 @@ def _bincount_checked(ids: np.ndarray, vocab_size: int, where: str) -> np.ndarra
 
 
 def count_target_tokens(
-    data: str, split: str, source_lang: str, target_lang: str, vocab_size: int
+    data: str, split: str, source_lang: str, target_lang: str, vocab_size: int,
+    pairs: Optional["PairCounter"] = None,
 ) -> np.ndarray:
     """Counts over every target-side file fairseq's translation task would
     train on."""
@@ -218,12 +228,13 @@ def count_target_tokens(
             f"and the {target_lang}-{source_lang} order in every path of {data!r}). "
             + NO_SPLIT_FIX
         )
-    return _sum_counts(splits, vocab_size)
+    return _sum_counts(splits, vocab_size, pairs)
 
 
 def count_lm_targets(
     data: str, split: str, vocab_size: int, output_size: Optional[int] = None,
     bos_per_block: Optional["BlockSlicing"] = None, bos: int = 0, unk: int = 3,
+    pairs: Optional["PairCounter"] = None,
 ) -> np.ndarray:
     """Counts of the next-token targets of fairseq's language_modeling task
     (see the module docstring): every token of ``train.bin`` (all shards and
@@ -239,7 +250,11 @@ def count_lm_targets(
             f"`fairseq-preprocess --only-source --trainpref ...` writes it, in "
             f"every path of {data!r}). " + NO_SPLIT_FIX
         )
-    counts = _sum_counts(splits, vocab_size)
+    if pairs is not None and output_size is not None and 0 <= output_size < vocab_size:
+        raise UnigramError(
+            f"--natbias-order 2 with --output-dictionary-size {output_size}: the bigram "
+            "table pairs input and output tokens of one dictionary. Drop one of the two.")
+    counts = _sum_counts(splits, vocab_size, pairs)
     if bos_per_block is not None:
         counts[bos] += sum(bos_per_block.blocks(target.prefix) for target in splits)
     if output_size is not None and 0 <= output_size < vocab_size:
@@ -274,14 +289,18 @@ def _sentence_sizes(prefix) -> np.ndarray:
     return np.asarray(dataset.sizes, dtype=np.int64)
 
 
-def count_training_targets(task, split: str = "train") -> np.ndarray:
+def count_training_targets(task, split: str = "train",
+                           pairs: Optional["PairCounter"] = None) -> np.ndarray:
     """Counts of the tokens ``task`` trains a model to predict, one per entry
     of its target dictionary: the one entry point for the models, the
-    criterion and the tools."""
+    criterion and the tools. ``pairs`` (a
+    :class:`fairseq_natbias.bigram.PairCounter`) counts the bigrams in the
+    same pass."""
     cfg = task_config(task)
     vocab = len(task.target_dictionary)
     if getattr(cfg, "source_lang", None) and getattr(cfg, "target_lang", None):
-        return count_target_tokens(cfg.data, split, cfg.source_lang, cfg.target_lang, vocab)
+        return count_target_tokens(cfg.data, split, cfg.source_lang, cfg.target_lang, vocab,
+                                   pairs)
     if hasattr(cfg, "tokens_per_sample") and hasattr(task, "output_dictionary"):
         dictionary = task.source_dictionary  # the ids in train.bin
         slicing = (BlockSlicing(getattr(cfg, "sample_break_mode", None), cfg.tokens_per_sample)
@@ -290,7 +309,7 @@ def count_training_targets(task, split: str = "train") -> np.ndarray:
         return count_lm_targets(
             cfg.data, split, len(dictionary),
             output_size=output_size if output_size is not None and output_size >= 0 else None,
-            bos_per_block=slicing, bos=dictionary.bos(), unk=dictionary.unk(),
+            bos_per_block=slicing, bos=dictionary.bos(), unk=dictionary.unk(), pairs=pairs,
         )
     raise UnigramError(
         f"cannot tell which tokens task {type(task).__name__} trains a model to "
@@ -314,10 +333,10 @@ NO_SPLIT_FIX = (
 )
 
 
-def _sum_counts(splits, vocab_size) -> np.ndarray:
+def _sum_counts(splits, vocab_size, pairs=None) -> np.ndarray:
     counts = np.zeros(vocab_size, dtype=np.int64)
     for target in splits:
-        counts += count_binarized(target.prefix, vocab_size, target.impl)
+        counts += count_binarized(target.prefix, vocab_size, target.impl, pairs)
     if counts.sum() == 0:
         raise UnigramError(
             f"the training split(s) {[t.prefix for t in splits]} hold no "
@@ -401,19 +420,29 @@ def read_counts_file(path: str, dictionary) -> np.ndarray:
     return counts
 
 
-def count_text(lines, dictionary) -> np.ndarray:
-    """Counts of space-separated tokenised text, mapped as fairseq binarises it.
+def count_text(lines, dictionary, pairs: Optional["PairCounter"] = None) -> np.ndarray:
+    """Counts of space-separated tokenised text, mapped as fairseq binarises it
+    (and its bigrams in ``pairs``, the text being one stream).
 
     Each line ends in EOS; pieces outside the dictionary count as ``<unk>``.
     """
     counts = np.zeros(len(dictionary), dtype=np.int64)
+    if pairs is not None:
+        pairs.start_stream()
+
+    def flush(batch):
+        tokens = np.asarray(batch, dtype=np.int64)
+        if pairs is not None:
+            pairs.add(tokens)
+        return np.bincount(tokens, minlength=len(dictionary))
+
     batch = []
     for line in lines:
         batch.extend(dictionary.index(token) for token in line.split())
         batch.append(dictionary.eos())
         if len(batch) >= COUNT_CHUNK_TOKENS:
-            counts += np.bincount(np.asarray(batch), minlength=len(dictionary))
+            counts += flush(batch)
             batch = []
     if batch:
-        counts += np.bincount(np.asarray(batch), minlength=len(dictionary))
+        counts += flush(batch)
     return counts

@@ -216,7 +216,7 @@ class Arm:
             return cls(text)
         match = re.fullmatch(
             r"(\w+)(?:@([\d.e-]+),([\d.e-]+)(?:,(capped|exp|linear)(?:,(lr|peak))?)?)?"
-            r"/(unigram|zero|none)", text)
+            r"/(unigram|zero|none|bigram)", text)
         if not match:
             raise SystemExit(f"study: bad arm {text!r}: give stock, WINIT/BIAS, "
                              "gain@G0,C/BIAS, gain@G0,C,FORM/BIAS or gain@G0,C,FORM,SCHED/BIAS")
@@ -230,8 +230,12 @@ class Arm:
     def model_arguments(self, task):
         if self.name == REFERENCE_ARM:
             return ["--arch", task.stock_arch]
-        options = ["--arch", task.natbias_arch, "--natbias-init", self.bias,
+        # BIAS "bigram": the unigram bias plus the bigram residual (--natbias-order 2).
+        options = ["--arch", task.natbias_arch,
+                   "--natbias-init", "unigram" if self.bias == "bigram" else self.bias,
                    "--natbias-weight-init", self.weight_init]
+        if self.bias == "bigram":
+            options += ["--natbias-order", "2"]
         if self.gain_init:
             options += ["--natbias-gain-init", self.gain_init,
                         "--natbias-gain-speed", self.gain_speed]
