@@ -170,13 +170,19 @@ def test_half_precision_trains_beta_in_float32(toy_bin, flags):
 
 def test_fairseq_train_generate_and_refusals(toy_bin, tmp_path):
     save = tmp_path / "ckpt"
-    train(toy_bin, save, *ORDER_2, max_update=3)
+    train(toy_bin, save, *ORDER_2, "--save-interval-updates", "1", max_update=3)
     state = torch.load(save / "checkpoint_last.pt", map_location="cpu")["model"]
     dictionary = Dictionary.load(str(toy_bin / "dict.tgt.txt"))
     assert state["decoder.bigram_residual.indptr"].shape == (len(dictionary) + 1,)
     assert len(state["decoder.bigram_residual.values"]) > 100
+    fairseq("natbias-average-checkpoints", "--inputs", save, "--num-update-checkpoints", "2",
+            "--output", save / "averaged.pt")
+    averaged = torch.load(save / "averaged.pt", map_location="cpu")["model"]
+    for name in ("indptr", "indices", "values"):  # the fixed table survives averaging
+        assert torch.equal(averaged[f"decoder.bigram_residual.{name}"],
+                           state[f"decoder.bigram_residual.{name}"])
     generated = fairseq("fairseq-generate", toy_bin, "--user-dir", "fairseq_natbias",
-                        "--path", save / "checkpoint_last.pt", "--cpu", "--beam", "2",
+                        "--path", save / "averaged.pt", "--cpu", "--beam", "2",
                         "--max-tokens", "500", "--required-batch-size-multiple", "1")
     assert generated.stdout.count("\nH-") >= 20
     resumed = train(toy_bin, save, "--natbias-order", "1", max_update=4, check=False)
@@ -247,3 +253,16 @@ def test_fairseq_generate_with_another_prior(toy_bin, toy_text, tmp_path):
                       str({"natbias_prior_text": str(tmp_path / "absent.txt")}), check=False)
     assert missing.returncode != 0 and "natbias_prior_text" in missing.stderr
     assert "Traceback" not in missing.stderr
+
+
+def test_decomposition_of_an_order_2_model_says_where_the_bigram_is(toy_bin, tmp_path):
+    from fairseq_natbias.analysis.decomposition import BIGRAM_NOTE, decompose
+
+    task, model, _ = build_in_process(toy_bin, tmp_path, *ORDER_2)
+    sample = first_sentences(task, "valid", n=1)
+    source = sample["net_input"]["src_tokens"][0]
+    terms = decompose(model, sample["target"][0], source)
+    assert terms.note == BIGRAM_NOTE
+    assert terms.residual().abs().max() < 1e-5  # log p = context + frequency + normaliser
+    order_1 = decompose(build_in_process(toy_bin, tmp_path)[1], sample["target"][0], source)
+    assert order_1.note is None and not torch.allclose(order_1.log_p, terms.log_p)

@@ -49,6 +49,8 @@ from fairseq_natbias.natural_bias import check_natbias_checkpoint
 
 NO_BIAS_NOTE = ("the model has no output bias (--natbias-init none): all of "
                 "log p(y) is context; the frequency and normaliser terms are 0")
+BIGRAM_NOTE = ("--natbias-order 2: the context term includes the bigram residual "
+               "beta*D[previous token] (the frequency term is the unigram bias b alone)")
 COLUMNS = ("log_p", "context", "frequency", "normaliser")
 
 
@@ -156,7 +158,9 @@ def decompose(model, target: torch.Tensor, source: Optional[torch.Tensor] = None
         tokens=target.cpu(), symbols=[dictionary[int(i)] for i in target],
         **{name: value.cpu() for name, value in terms._asdict().items()},
         gain=None if gain is None else float(gain.detach()), has_bias=bias is not None,
-        note=None if bias is not None else NO_BIAS_NOTE,
+        note=(NO_BIAS_NOTE if bias is None
+              else BIGRAM_NOTE if getattr(decoder, "bigram_residual", None) is not None
+              else None),
     )
 
 
