@@ -409,3 +409,38 @@ def epoch_batches(log_text):
     if len(sizes) != 1:
         raise AssertionError(f"expected one epoch size in the log, found {sizes}")
     return sizes.pop()
+
+
+# --- half precision on the CPU, at float32 matrix-product speed ---------------------
+
+def half_matmuls_in_float32():
+    """A context in which every fp16 or bfloat16 matrix product (aten mm,
+    addmm, bmm, baddbmm: nn.Linear and attention, forward and backward) is
+    computed in float32 and rounded to its half type once, which is what the
+    CPU's own half kernels compute (float32 accumulation, one rounding at the
+    end; the two differ only in summation order, a last bit here and there)
+    at a twentieth of their speed on a CPU without native half arithmetic.
+    Everything else stays in half precision as it was: the casts, each
+    product's half inputs and half output (a product beyond 65,504 is inf
+    all the same), every other op, fairseq's optimisers and loss scaler.
+    For the tests that drive fp16/bf16 training at real-text sizes; the small
+    half-precision tests keep the real kernels."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    aten = torch.ops.aten
+    products = {aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default}
+    halves = {torch.float16, torch.bfloat16}
+
+    class HalfMatmulsInFloat32(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if func in products:
+                dtypes = {a.dtype for a in args if isinstance(a, torch.Tensor)}
+                if len(dtypes) == 1 and dtypes <= halves:
+                    (dtype,) = dtypes
+                    wide = [a.float() if isinstance(a, torch.Tensor) else a for a in args]
+                    return func(*wide, **kwargs).to(dtype)
+            return func(*args, **kwargs)
+
+    return HalfMatmulsInFloat32()

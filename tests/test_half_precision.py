@@ -22,7 +22,7 @@ from fairseq import optim, options, tasks, utils
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
 from natbias_testing import (REPO, TINY_LM, TINY_LM_TRAINING, TINY_MODEL, TINY_TRAINING,
-                             build_in_process, first_sentences)
+                             build_in_process, first_sentences, half_matmuls_in_float32)
 
 DTYPES = [torch.bfloat16, torch.float16]
 
@@ -121,7 +121,10 @@ def test_generation_controls_under_half_precision(toy_bin, tmp_path, dtype):
 # does: backward with the scaled loss (task.train_step -> optimizer.backward),
 # multiply_grads(1 / sample size), clip_grad_norm (where the DynamicLossScaler
 # detects an overflow and halves the scale), step. The optimisers, the
-# scaler and every number they see are fairseq's own.
+# scaler and every number they see are fairseq's own. Their matrix products
+# are computed as the CPU's half kernels compute them, at float32's speed
+# (natbias_testing.half_matmuls_in_float32: float32 accumulation, one rounding
+# to the half type); the tests above keep the real half kernels.
 
 UPDATES = 8  # 0.2.0's default overflowed on each of its first 6
 
@@ -157,16 +160,17 @@ def drive_half_precision(data, arch, flags, model=TINY_MODEL, training=TINY_TRAI
     bias_before = None if bias is None else bias.detach().float().clone()
     scales, skipped = [], 0
     model.train()
-    for update, sample in zip(range(updates), batches):
-        optimizer.zero_grad()
-        _, sample_size, _ = task.train_step(sample, model, criterion, optimizer, update)
-        optimizer.multiply_grads(1.0 / sample_size)
-        try:
-            optimizer.clip_grad_norm(0.0)
-            optimizer.step()
-        except OverflowError:  # the scaler halved the loss scale
-            skipped += 1
-        scales.append(optimizer.scaler.loss_scale if optimizer.scaler else None)
+    with half_matmuls_in_float32():
+        for update, sample in zip(range(updates), batches):
+            optimizer.zero_grad()
+            _, sample_size, _ = task.train_step(sample, model, criterion, optimizer, update)
+            optimizer.multiply_grads(1.0 / sample_size)
+            try:
+                optimizer.clip_grad_norm(0.0)
+                optimizer.step()
+            except OverflowError:  # the scaler halved the loss scale
+                skipped += 1
+            scales.append(optimizer.scaler.loss_scale if optimizer.scaler else None)
     bias_after = None if bias is None else bias.detach().float().clone()
     return {"scales": scales, "skipped": skipped, "bias": (bias_before, bias_after),
             "model": model}
@@ -281,8 +285,9 @@ def _iwslt_fp16_gradients(data, arch):
 
     def gradients(loss_scale):
         model.zero_grad()
-        loss, _, _ = criterion(model, sample)
-        (loss * loss_scale).backward()
+        with half_matmuls_in_float32():
+            loss, _, _ = criterion(model, sample)
+            (loss * loss_scale).backward()
         return {name: p.grad for name, p in model.named_parameters() if p.grad is not None}
     return gradients
 
