@@ -9,9 +9,11 @@ model (g = 0.05, b = log p) predicts the Witten-Bell bigram; the network
 learns the residual (Li et al., 2022). Where v was never seen in training, D's
 row is empty and the model is the order-1 one.
 
-Sparse: only the seen pairs are stored (CSR by v) and added, by one
+Sparse: only the seen pairs are stored (CSR by v) and added, by
 ``index_add_`` into the logits fairseq's output projection has just made; no
-(tokens x |V|) copy of the table is made. The table is in the state dict
+(tokens x |V|) copy of the table is made. The few long rows (the most
+frequent previous tokens) are also held dense, derived on loading, because
+gathering thousands of entries one by one costs more than adding a row. The table is in the state dict
 (buffers ``decoder.bigram_residual.{indptr,indices,values}``), so
 fairseq-generate, the hub and checkpoint averaging need no training data; a
 model built to load a checkpoint starts with an empty table that takes the
@@ -35,6 +37,61 @@ from fairseq.models.transformer import TransformerDecoder, TransformerDecoderBas
 from torch import nn
 
 
+# A row with at least |V| / DENSE_ROW_FRACTION seen continuations is also kept
+# dense: gathering its entries one by one costs several int64 passes per
+# entry, a dense row one float32 pass per vocabulary entry, so past about
+# |V|/8 entries the dense row is cheaper. Only the most frequent previous
+# tokens (EOS, punctuation, "the") have such rows.
+DENSE_ROW_FRACTION = 8
+
+
+# Dense rows are gathered this many positions at a time: a few MiB that the
+# allocator reuses, where one (positions x |V|) gather would be a fresh
+# allocation as large as the logits (page faults cost more than the copy).
+DENSE_CHUNK = 64
+
+
+def _chunks(positions, ids):
+    for start in range(0, len(positions), DENSE_CHUNK):
+        yield positions[start:start + DENSE_CHUNK], ids[start:start + DENSE_CHUNK]
+
+
+class _AddResidual(torch.autograd.Function):
+    """``logits += beta * D[previous]`` in place, from the sparse entries
+    (flat indices into the logits, values) and the dense rows (positions,
+    row ids). The backward hands the logits' gradient through untouched and
+    reduces beta's in float32 over the same entries: an in-place add into a
+    view of the logits would make autograd copy the whole (tokens x |V|)
+    gradient twice."""
+
+    @staticmethod
+    def forward(ctx, logits, beta, flat_index, values, dense_positions, dense_ids, dense_rows):
+        vocab = logits.shape[-1]
+        flat = logits.view(-1)
+        flat.index_add_(0, flat_index, (beta * values).to(logits.dtype))
+        by_position = flat.view(-1, vocab)
+        for positions, ids in _chunks(dense_positions, dense_ids):
+            by_position.index_add_(0, positions, dense_rows.index_select(0, ids).to(logits.dtype),
+                                   alpha=float(beta))
+        ctx.mark_dirty(logits)
+        ctx.save_for_backward(flat_index, values, dense_positions, dense_ids, dense_rows)
+        return logits
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad_beta = None
+        if ctx.needs_input_grad[1]:
+            flat_index, values, dense_positions, dense_ids, dense_rows = ctx.saved_tensors
+            flat = grad.reshape(-1)
+            grad_beta = torch.dot(flat[flat_index].float(), values)
+            by_position = flat.view(-1, grad.shape[-1])
+            for positions, ids in _chunks(dense_positions, dense_ids):
+                grad_beta = grad_beta + torch.dot(
+                    by_position.index_select(0, positions).float().view(-1),
+                    dense_rows.index_select(0, ids).view(-1))
+        return grad, grad_beta, None, None, None, None, None
+
+
 class BigramResidual(nn.Module):
     """``beta D[v]`` added to the logits at the positions whose input is v."""
 
@@ -44,6 +101,7 @@ class BigramResidual(nn.Module):
         self.register_buffer("indices", indices.to(torch.int64))
         self.register_buffer("values", values.to(torch.float32))
         self.weight = nn.Parameter(torch.ones((), dtype=torch.float32))
+        self._split_dense_rows()
 
     @classmethod
     def placeholder(cls, vocab_size: int) -> "BigramResidual":
@@ -55,32 +113,50 @@ class BigramResidual(nn.Module):
     def vocab_size(self) -> int:
         return len(self.indptr) - 1
 
+    def _split_dense_rows(self) -> None:
+        """Derived from the CSR table (not saved): the long rows as dense
+        float32 rows, their slot per previous token (-1: sparse), and the
+        sparse length of every row (0 for the dense ones)."""
+        vocab, device = self.vocab_size, self.indptr.device
+        lengths = self.indptr[1:] - self.indptr[:-1]
+        dense = torch.nonzero(lengths >= max(1, vocab // DENSE_ROW_FRACTION)).flatten()
+        slot = torch.full((vocab,), -1, dtype=torch.int64, device=device)
+        slot[dense] = torch.arange(len(dense), device=device)
+        rows = torch.zeros(len(dense), vocab, dtype=torch.float32, device=device)
+        for i, v in enumerate(dense.tolist()):
+            span = slice(int(self.indptr[v]), int(self.indptr[v + 1]))
+            rows[i, self.indices[span]] = self.values[span]
+        self.register_buffer("dense_slot", slot, persistent=False)
+        self.register_buffer("dense_rows", rows, persistent=False)
+        self.register_buffer("sparse_lengths", torch.where(slot >= 0, 0, lengths),
+                             persistent=False)
+
     def forward(self, logits: torch.Tensor, previous: torch.Tensor) -> torch.Tensor:
         """Add beta D[previous] to ``logits`` (..., |V|) in place; returns them.
 
-        For the N positions, the entries of their rows are gathered as one
-        flat list (position, column, value) and added with ``index_add_``:
-        memory and time proportional to the seen pairs of those rows."""
+        Sparse rows: the entries of the N positions' rows are gathered as
+        one flat list (position, column, value). Dense rows (the long ones):
+        gathered whole. Memory and time: the seen pairs of the sparse rows
+        plus |V| per position with a dense row."""
         vocab = logits.shape[-1]
         if vocab != self.vocab_size:
             raise ValueError(f"the bigram table has {self.vocab_size} rows, the logits "
                              f"{vocab} entries")
+        if not logits.is_contiguous():
+            logits = logits.contiguous()
         rows = previous.reshape(-1)
-        starts = self.indptr[rows]
-        lengths = self.indptr[rows + 1] - starts
+        lengths = self.sparse_lengths[rows]
         total = int(lengths.sum())
-        if total == 0:
-            return logits
         positions = torch.repeat_interleave(torch.arange(len(rows), device=rows.device), lengths,
                                             output_size=total)
         row_offsets = torch.cumsum(lengths, 0) - lengths
         entries = (torch.arange(total, device=rows.device)
-                   - row_offsets[positions] + starts[positions])
-        columns = self.indices[entries]
-        added = (self.weight * self.values[entries]).to(logits.dtype)
-        flat = logits.view(-1)  # fairseq's projection output is contiguous
-        flat.index_add_(0, positions * vocab + columns, added)
-        return logits
+                   - row_offsets[positions] + self.indptr[rows][positions])
+        flat_index = positions * vocab + self.indices[entries]
+        dense_slot = self.dense_slot[rows]
+        dense_positions = torch.nonzero(dense_slot >= 0).flatten()
+        return _AddResidual.apply(logits, self.weight, flat_index, self.values[entries],
+                                  dense_positions, dense_slot[dense_positions], self.dense_rows)
 
     def replace_table(self, indptr: torch.Tensor, indices: torch.Tensor,
                       values: torch.Tensor) -> None:
@@ -92,31 +168,37 @@ class BigramResidual(nn.Module):
         self.indptr = indptr.to(device, torch.int64)
         self.indices = indices.to(device, torch.int64)
         self.values = values.to(device, torch.float32)
+        self._split_dense_rows()
 
     def _apply(self, fn, *args, **kwargs):
-        # The table and beta stay float32 when the model is cast to half.
-        kept = {"values": self._buffers.pop("values")}
+        # The table, its dense rows and beta stay float32 when the model is
+        # cast to half; they only move device.
+        kept = {name: self._buffers.pop(name) for name in ("values", "dense_rows")}
         weight = self._parameters.pop("weight")
         try:
             module = super()._apply(fn, *args, **kwargs)
         finally:
             device = self.indptr.device
-            self._buffers["values"] = kept["values"].to(device, torch.float32)
+            for name, buffer in kept.items():
+                self._buffers[name] = buffer.to(device, torch.float32)
             weight.data = weight.data.to(device, torch.float32)
             self._parameters["weight"] = weight
         return module
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
-        # A placeholder table takes the saved one's size before it is copied.
+        # A placeholder table takes the saved one's size before it is copied;
+        # the dense rows are derived again from what was loaded.
         for name in ("indices", "values"):
             saved = state_dict.get(prefix + name)
             if saved is not None and saved.shape != self._buffers[name].shape:
                 self._buffers[name] = torch.empty(saved.shape, dtype=self._buffers[name].dtype,
                                                   device=self._buffers[name].device)
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+        self._split_dense_rows()
 
     def extra_repr(self) -> str:
-        return f"rows={self.vocab_size}, pairs={len(self.indices)}"
+        return (f"rows={self.vocab_size}, pairs={len(self.indices)}, "
+                f"dense rows={len(self.dense_rows)}")
 
 
 class BigramResidualDecoder:

@@ -14,6 +14,7 @@ from fairseq import search
 from fairseq.data import Dictionary
 from fairseq.sequence_generator import SequenceGenerator
 
+from fairseq_natbias import bigram_residual
 from fairseq_natbias.bigram_residual import BigramResidual
 from natbias_testing import (TINY_LM, TINY_LM_TRAINING, build_in_process, fairseq,
                              first_sentences, reference_log_unigram, train, train_lm)
@@ -23,7 +24,9 @@ from test_half_precision import drive_half_precision
 ORDER_2 = ("--natbias-order", "2")
 
 
-def test_sparse_residual_equals_the_dense_table_with_gradients():
+@pytest.mark.parametrize("dense_fraction", [1, 2, 8])  # rows held: all sparse, mixed, all dense
+def test_sparse_residual_equals_the_dense_table_with_gradients(monkeypatch, dense_fraction):
+    monkeypatch.setattr(bigram_residual, "DENSE_ROW_FRACTION", dense_fraction)
     torch.manual_seed(0)
     vocab, dense = 6, torch.zeros(6, 6)
     dense[0, [1, 4]] = torch.tensor([0.5, 2.0])
@@ -31,6 +34,7 @@ def test_sparse_residual_equals_the_dense_table_with_gradients():
     indptr = torch.tensor([0, 2, 2, 2, 5, 5, 5])
     indices = torch.tensor([1, 4, 0, 2, 5])
     residual = BigramResidual(indptr, indices, dense[dense != 0].clone())
+    assert len(residual.dense_rows) == {1: 0, 2: 1, 8: 2}[dense_fraction]
     residual.weight.data.fill_(0.7)
     previous = torch.tensor([[0, 3, 1], [3, 3, 5]])
     features = torch.randn(2, 3, 4, requires_grad=True)
