@@ -20,8 +20,9 @@ torch.set_num_threads(1)
 # ones leaves short ones to fill the end instead of one worker finishing a
 # two-minute module alone (xdist's own reordering goes by number of tests).
 LONGEST_FIRST = [
-    "test_recipes.py", "test_examples.py", "test_demo.py", "test_natural_bias.py",
-    "test_gpu_check.py", "test_half_precision.py", "test_generation_control.py",
+    "test_recipes.py", "test_examples.py", "test_gpu_check.py", "test_demo.py",
+    "test_bigram_residual.py", "test_natural_bias.py", "test_half_precision.py",
+    "test_generation_control.py",
     "test_logging_hook.py", "test_transformer_natbias.py", "test_checkpoint_settings.py",
     "test_transformer_lm_natbias.py", "test_checkpoint_tools.py", "test_sweep_lm.py",
     "test_unigram_regularized_cross_entropy.py", "test_decomposition.py", "test_frequency.py",
