@@ -162,12 +162,15 @@ def test_language_model_incremental_logits_equal_full(toy_lm_bin, tmp_path):
 
 
 @pytest.mark.parametrize("flags", [["--fp16", "--fp16-no-flatten-grads"],
-                                   ["--fp16", "--memory-efficient-fp16"]])
+                                   ["--fp16", "--memory-efficient-fp16"],
+                                   ["--bf16", "--memory-efficient-bf16"]])
 def test_half_precision_trains_beta_in_float32(toy_bin, flags):
     run = drive_half_precision(toy_bin, "transformer_natbias", [*flags, *ORDER_2])
     residual = run["model"].decoder.bigram_residual
     assert residual.values.dtype == residual.weight.dtype == torch.float32
-    assert run["model"].decoder.output_projection.weight.dtype == torch.float16
+    assert residual.dense_rows.dtype == torch.float32
+    half = torch.bfloat16 if "--bf16" in flags else torch.float16
+    assert run["model"].decoder.output_projection.weight.dtype == half
     assert run["skipped"] < 8 and math.isfinite(residual.weight.item())
     assert residual.weight.item() != 1.0  # beta learnt under loss scaling
 
