@@ -7,6 +7,7 @@ called with nothing to draw (the tools refuse empty input before plotting).
 import logging
 import math
 import os
+import textwrap
 from typing import Dict, List, Optional, Sequence, Tuple
 
 # fairseq's import sets the root logger to DEBUG (a basicConfig in one of its
@@ -97,6 +98,10 @@ def _widen(ax, points, min_span):
 
 # --- curves over training updates, seeds shaded (Figs. 1, 5, 13, 14) ---------
 
+# Characters per line of a panel's title (a study's "Multi30k de-en, 10,000
+# pairs (SentencePiece 4,500), short-converge" overran its panel).
+PANEL_TITLE_WIDTH = 40
+
 
 def curve_panels(
     panels: Dict[str, List[dict]], ylabel: str, path: str, logx: bool = True,
@@ -119,7 +124,8 @@ def curve_panels(
             ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         ax.set_xlabel("training updates")
         ax.set_ylabel(ylabel)
-        ax.set_title(dataset, fontsize="medium")  # long names fit a narrow panel
+        # long names wrapped so that they fit a narrow panel
+        ax.set_title(textwrap.fill(dataset, PANEL_TITLE_WIDTH), fontsize="medium")
         ax.legend(fontsize="small")
     if title:
         fig.suptitle(title)
