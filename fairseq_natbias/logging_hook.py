@@ -10,6 +10,7 @@ bits, like fairseq's ``loss``:
 ``weight_norm``  ||g W||_F: the matrix that maps phi to the contextual logits
                  (||W||_F for weight inits without the gain g)
 ``gain``         g, the learnt scalar gain on W phi (weight init ``gain`` only)
+``bigram_weight`` beta, the learnt weight of the bigram residual (``--natbias-order 2`` only)
 ``kl_unigram``   mean over target tokens of KL(p_theta(.|y_<t) || unigram) (Fig. 1)
 ``kl_uniform``   mean over target tokens of KL(p_theta(.|y_<t) || uniform) (Fig. 1)
 
@@ -177,6 +178,9 @@ class BiasDivergenceHook:
         gain = output_gain(decoder)
         if gain is not None:
             stats["gain"] = gain.detach().float().item()
+        residual = getattr(decoder, "bigram_residual", None)
+        if residual is not None:
+            stats["bigram_weight"] = residual.weight.detach().float().item()
         bias = decoder.output_projection.bias
         if bias is not None:
             b = bias.detach().float()

@@ -17,7 +17,8 @@ from fairseq.sequence_generator import SequenceGenerator
 from fairseq_natbias import bigram_residual
 from fairseq_natbias.bigram_residual import BigramResidual
 from natbias_testing import (TINY_LM, TINY_LM_TRAINING, build_in_process, fairseq,
-                             first_sentences, reference_log_unigram, train, train_lm)
+                             first_sentences, log_records, reference_log_unigram, train,
+                             train_lm)
 from test_bigram import hand_pairs
 from test_half_precision import drive_half_precision
 
@@ -177,7 +178,9 @@ def test_half_precision_trains_beta_in_float32(toy_bin, flags):
 
 def test_fairseq_train_generate_and_refusals(toy_bin, tmp_path):
     save = tmp_path / "ckpt"
-    train(toy_bin, save, *ORDER_2, "--save-interval-updates", "1", max_update=3)
+    trained = train(toy_bin, save, *ORDER_2, "--save-interval-updates", "1", max_update=3)
+    logged = [r["bigram_weight"] for r in log_records(trained.stdout, "train_inner")]
+    assert len(logged) == 3 and logged[-1] != 1.0  # beta is logged, and learnt
     state = torch.load(save / "checkpoint_last.pt", map_location="cpu")["model"]
     dictionary = Dictionary.load(str(toy_bin / "dict.tgt.txt"))
     assert state["decoder.bigram_residual.indptr"].shape == (len(dictionary) + 1,)
