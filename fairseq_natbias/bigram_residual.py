@@ -36,6 +36,8 @@ import torch
 from fairseq.models.transformer import TransformerDecoder, TransformerDecoderBase
 from torch import nn
 
+from fairseq_natbias.output_projection import KeepsFloat32
+
 
 # A row with at least |V| / DENSE_ROW_FRACTION seen continuations is also kept
 # dense: gathering its entries one by one costs several int64 passes per
@@ -92,7 +94,7 @@ class _AddResidual(torch.autograd.Function):
         return grad, grad_beta, None, None, None, None, None
 
 
-class BigramResidual(nn.Module):
+class BigramResidual(KeepsFloat32):
     """``beta D[v]`` added to the logits at the positions whose input is v."""
 
     def __init__(self, indptr: torch.Tensor, indices: torch.Tensor, values: torch.Tensor):
@@ -170,20 +172,13 @@ class BigramResidual(nn.Module):
         self.values = values.to(device, torch.float32)
         self._split_dense_rows()
 
-    def _apply(self, fn, *args, **kwargs):
-        # The table, its dense rows and beta stay float32 when the model is
-        # cast to half; they only move device.
-        kept = {name: self._buffers.pop(name) for name in ("values", "dense_rows")}
-        weight = self._parameters.pop("weight")
-        try:
-            module = super()._apply(fn, *args, **kwargs)
-        finally:
-            device = self.indptr.device
-            for name, buffer in kept.items():
-                self._buffers[name] = buffer.to(device, torch.float32)
-            weight.data = weight.data.to(device, torch.float32)
-            self._parameters["weight"] = weight
-        return module
+    # The table, its dense rows and beta stay float32 when the model is cast
+    # to half; they only move device.
+    float32_parameters = ("weight",)
+    float32_buffers = ("values", "dense_rows")
+
+    def _float32_device(self) -> torch.device:
+        return self.indptr.device
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         # A placeholder table takes the saved one's size before it is copied;

@@ -82,7 +82,8 @@ class NaturalBiasModel:
         if weights_will_be_loaded:  # placeholders the checkpoint overwrites
             log_unigram = torch.zeros(vocab_size)
             bias = None if args.natbias_init == "none" else torch.zeros(vocab_size)
-            residual = bigram_residual.BigramResidual.placeholder(vocab_size)
+            residual = (bigram_residual.BigramResidual.placeholder(vocab_size)
+                        if args.natbias_order == 2 else None)
         else:
             log_unigram, bias, residual = self._count_and_initialise(args, task)
         output_projection.attach_output_bias(decoder, bias, freeze=args.natbias_freeze)

@@ -142,7 +142,38 @@ class WarmupSpeedup:
         return min(self.peak_lr / max(lr, 1e-30), float(self.warmup_updates))
 
 
-class OutputProjection(nn.Linear):
+class KeepsFloat32(nn.Module):
+    """A module whose ``float32_parameters`` and ``float32_buffers`` stay
+    float32 when the model is cast to half precision (``.half()``, bfloat16):
+    they are taken out while ``fn`` casts the rest, then only moved to the
+    device of :meth:`_float32_device` (casting them to half and back would
+    lose their precision). Shared by the output projection and the bigram
+    residual."""
+
+    float32_parameters = ()
+    float32_buffers = ()
+
+    def _float32_device(self) -> torch.device:
+        raise NotImplementedError
+
+    def _apply(self, fn, *args, **kwargs):
+        kept = {name: self._parameters.pop(name) for name in self.float32_parameters
+                if self._parameters.get(name) is not None}
+        buffers = {name: self._buffers.pop(name) for name in self.float32_buffers
+                   if self._buffers.get(name) is not None}
+        try:
+            module = super()._apply(fn, *args, **kwargs)
+        finally:
+            device = self._float32_device()
+            for name, param in kept.items():
+                param.data = param.data.to(device=device, dtype=torch.float32)
+                self._parameters[name] = param
+            for name, buffer in buffers.items():
+                self._buffers[name] = buffer.to(device=device, dtype=torch.float32)
+        return module
+
+
+class OutputProjection(KeepsFloat32, nn.Linear):
     """``W x + b``: fairseq's output projection with the natural bias b.
 
     Built around the decoder's existing weight Parameter, so tied embeddings
@@ -170,22 +201,8 @@ class OutputProjection(nn.Linear):
     def forward(self, features: torch.Tensor) -> torch.Tensor:
         return F.linear(features, self.weight, self._bias_like(features))
 
-    def _apply(self, fn, *args, **kwargs):
-        # Taken out while fn casts the weight, then moved to its device only:
-        # casting them to half and back would lose their precision.
-        kept = {name: self._parameters.pop(name) for name in self.float32_parameters
-                if self._parameters.get(name) is not None}
-        buffers = {name: self._buffers.pop(name) for name in self.float32_buffers
-                   if self._buffers.get(name) is not None}
-        try:
-            module = super()._apply(fn, *args, **kwargs)
-        finally:
-            for name, param in kept.items():
-                param.data = param.data.to(device=self.weight.device, dtype=torch.float32)
-                self._parameters[name] = param
-            for name, buffer in buffers.items():
-                self._buffers[name] = buffer.to(device=self.weight.device, dtype=torch.float32)
-        return module
+    def _float32_device(self) -> torch.device:
+        return self.weight.device
 
 
 class _ScaleByGain(torch.autograd.Function):
