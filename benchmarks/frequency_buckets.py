@@ -68,12 +68,21 @@ def bucket_logprobs(rows):
 
 
 def summarise(sources):
-    """``{pair: {model: [[bits per bucket] per seed]}}`` from (pair, path) pairs."""
-    found = {}
+    """``{pair: {model: {seed: [bits per bucket]}}}`` from (pair, path) pairs;
+    a seed is the index of its CSV among the pair's, so an arm scored on
+    fewer seeds than stock is paired with stock on the seeds both have."""
+    found, seen = {}, {}
     for pair, path in sources:
+        seed = seen[pair] = seen.get(pair, -1) + 1
         for model, rows in read_tokens(path).items():
-            found.setdefault(pair, {}).setdefault(model, []).append(bucket_logprobs(rows))
+            found.setdefault(pair, {}).setdefault(model, {})[seed] = bucket_logprobs(rows)
     return found
+
+
+def paired_differences(seeds, reference):
+    """Per bucket, the model's bits minus the reference's on each seed both have."""
+    shared = sorted(set(seeds) & set(reference))
+    return [[seeds[s][b] - reference[s][b] for s in shared] for b in range(len(BUCKETS))]
 
 
 def markdown(found):
@@ -83,10 +92,12 @@ def markdown(found):
     for pair, models in found.items():
         reference = models.get(REFERENCE)
         for model, seeds in models.items():
-            cells = [mean_stderr([s[b] for s in seeds]).format(3, count=False)
+            cells = [mean_stderr([s[b] for s in seeds.values()]).format(3, count=False)
                      for b in range(len(BUCKETS))]
-            if reference is not None and model != REFERENCE and len(reference) == len(seeds):
-                cells += [mean_stderr([s[b] - r[b] for s, r in zip(seeds, reference)]).signed(3) for b in range(len(BUCKETS))]
+            differences = (paired_differences(seeds, reference)
+                           if reference is not None and model != REFERENCE else [])
+            if differences and differences[0]:
+                cells += [mean_stderr(d).signed(3) for d in differences]
             else:
                 cells += [""] * len(BUCKETS)
             out.append(f"| {pair} | {model} | {len(seeds)} | " + " | ".join(cells) + " |")
