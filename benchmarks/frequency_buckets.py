@@ -79,12 +79,6 @@ def summarise(sources):
     return found
 
 
-def paired_differences(seeds, reference):
-    """Per bucket, the model's bits minus the reference's on each seed both have."""
-    shared = sorted(set(seeds) & set(reference))
-    return [[seeds[s][b] - reference[s][b] for s in shared] for b in range(len(BUCKETS))]
-
-
 def markdown(found):
     out = ["| pair | arm | n | " + " | ".join(f"{b} third (bits/token)" for b in BUCKETS)
            + " | " + " | ".join(f"{b}: − stock, paired" for b in BUCKETS) + " |",
@@ -94,10 +88,12 @@ def markdown(found):
         for model, seeds in models.items():
             cells = [mean_stderr([s[b] for s in seeds.values()]).format(3, count=False)
                      for b in range(len(BUCKETS))]
-            differences = (paired_differences(seeds, reference)
-                           if reference is not None and model != REFERENCE else [])
-            if differences and differences[0]:
-                cells += [mean_stderr(d).signed(3) for d in differences]
+            # Paired with stock on the seeds (CSVs) that scored both.
+            shared = (sorted(set(seeds) & set(reference))
+                      if reference is not None and model != REFERENCE else [])
+            if shared:
+                cells += [mean_stderr([seeds[s][b] - reference[s][b] for s in shared]).signed(3)
+                          for b in range(len(BUCKETS))]
             else:
                 cells += [""] * len(BUCKETS)
             out.append(f"| {pair} | {model} | {len(seeds)} | " + " | ".join(cells) + " |")
