@@ -1,11 +1,14 @@
-"""Session fixtures: data is made and binarised once per test session."""
+"""Session fixtures: data is made and binarised once per test session, also
+when `make test` spreads the modules over several pytest-xdist workers."""
 
 import gzip
+import os
 import random
 import shutil
 
 import pytest
 import torch
+from filelock import FileLock
 
 from natbias_testing import MULTI30K, fairseq
 
@@ -37,6 +40,28 @@ def pytest_collection_modifyitems(items):
     items.sort(key=rank)  # stable: within a module, and among the rest, the usual order
 
 
+def built_once(tmp_path_factory, name, build):
+    """The folder ``name`` made by ``build(folder)`` once per test session.
+
+    Under xdist every worker runs its own session fixtures, so each would
+    binarise the same data again (a fairseq process, ~7 CPU-s to start): the
+    first worker builds it in the run's shared temp folder under a lock, the
+    others wait for it and reuse it. Nothing writes to it afterwards (tests
+    that delete files work on ``fresh_copy``)."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:  # one process: the session's own folder
+        folder = tmp_path_factory.mktemp(name)
+        build(folder)
+        return folder
+    folder = tmp_path_factory.getbasetemp().parent / name
+    with FileLock(f"{folder}.lock"):
+        if not (folder / ".built").exists():
+            shutil.rmtree(folder, ignore_errors=True)  # a worker that died mid-build
+            folder.mkdir()
+            build(folder)
+            (folder / ".built").touch()
+    return folder
+
+
 def _write(path, lines):
     path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
 
@@ -65,7 +90,7 @@ def toy_text(tmp_path_factory):
         pairs = _synthetic_pairs(n, seed, src_vocab=40, tgt_vocab=30)
         _write(root / f"{split}.src", [p[0] for p in pairs])
         _write(root / f"{split}.tgt", [p[1] for p in pairs])
-    return root
+    return root  # seeded: every worker writes the same text
 
 
 def preprocess(text_dir, dest, joined=False, src="src", tgt="tgt"):
@@ -83,13 +108,15 @@ def preprocess(text_dir, dest, joined=False, src="src", tgt="tgt"):
 @pytest.fixture(scope="session")
 def toy_bin(tmp_path_factory, toy_text):
     """Binarised toy data with separate dictionaries."""
-    return preprocess(toy_text, tmp_path_factory.mktemp("toy_bin"))
+    return built_once(tmp_path_factory, "toy_bin",
+                      lambda dest: preprocess(toy_text, dest))
 
 
 @pytest.fixture(scope="session")
 def toy_bin_joined(tmp_path_factory, toy_text):
     """Binarised toy data with one joined dictionary (source words included)."""
-    return preprocess(toy_text, tmp_path_factory.mktemp("toy_bin_joined"), joined=True)
+    return built_once(tmp_path_factory, "toy_bin_joined",
+                      lambda dest: preprocess(toy_text, dest, joined=True))
 
 
 @pytest.fixture
@@ -112,9 +139,12 @@ def multi30k_text(tmp_path_factory):
     """Multi30k De-En encoded with a joint 8k SentencePiece model."""
     if not (MULTI30K / "train.de.gz").exists():
         pytest.skip(f"Multi30k not found at {MULTI30K} (set NATBIAS_MULTI30K)")
+    return built_once(tmp_path_factory, "multi30k_text", encode_multi30k)
+
+
+def encode_multi30k(root):
     import sentencepiece as spm
 
-    root = tmp_path_factory.mktemp("multi30k_text")
     raw = {}
     for split, name in (("train", "train"), ("valid", "val"), ("test", "test_2016_flickr")):
         for lang in ("de", "en"):
@@ -130,16 +160,13 @@ def multi30k_text(tmp_path_factory):
     model = spm.SentencePieceProcessor(model_file=str(root / "spm.model"))
     for (split, lang), lines in raw.items():
         _write(root / f"{split}.{lang}", [" ".join(model.encode(l, out_type=str)) for l in lines])
-    return root
 
 
 @pytest.fixture(scope="session")
 def multi30k_bin(tmp_path_factory, multi30k_text):
     """Multi30k De-En, joint SentencePiece, joined dictionary, binarised."""
-    return preprocess(
-        multi30k_text, tmp_path_factory.mktemp("multi30k_bin"), joined=True,
-        src="de", tgt="en",
-    )
+    return built_once(tmp_path_factory, "multi30k_bin", lambda dest: preprocess(
+        multi30k_text, dest, joined=True, src="de", tgt="en"))
 
 
 @pytest.fixture(scope="session")
@@ -175,10 +202,12 @@ def preprocess_lm(text_dir, dest, lang):
 @pytest.fixture(scope="session")
 def toy_lm_bin(tmp_path_factory, toy_text):
     """The toy corpus's target side as language-model data."""
-    return preprocess_lm(toy_text, tmp_path_factory.mktemp("toy_lm_bin"), "tgt")
+    return built_once(tmp_path_factory, "toy_lm_bin",
+                      lambda dest: preprocess_lm(toy_text, dest, "tgt"))
 
 
 @pytest.fixture(scope="session")
 def multi30k_lm_bin(tmp_path_factory, multi30k_text):
     """Multi30k English (the joint SentencePiece pieces) as language-model data."""
-    return preprocess_lm(multi30k_text, tmp_path_factory.mktemp("multi30k_lm_bin"), "en")
+    return built_once(tmp_path_factory, "multi30k_lm_bin",
+                      lambda dest: preprocess_lm(multi30k_text, dest, "en"))

@@ -28,7 +28,11 @@ from natbias_testing import (
     wait_recipe,
 )
 
-INITS = ("unigram", "zero", "none")
+# The IWSLT smoke run compares the natural bias with fairseq's (none); the
+# recipe's third default init, zero, is the same code path with another bias
+# (trained end to end by the demo and the translation example), left out here
+# because every run is two fairseq processes of the suite's slowest fixture.
+INITS = ("unigram", "none")
 IWSLT = RECIPES / "iwslt14_de_en" / "run.sh"
 RECIPE_SCRIPTS = [RECIPES / name / "run.sh" for name in
                   ("iwslt14_de_en", "wmt14_de_en", "afromt", "template")]
@@ -60,9 +64,10 @@ def table_rows(results_md):
 
 
 def start_iwslt(root):
-    """recipes/iwslt14_de_en/run.sh, SMOKE=1, on Multi30k De-En: 3 inits x 2
+    """recipes/iwslt14_de_en/run.sh, SMOKE=1, on Multi30k De-En: 2 inits x 2
     seeds, scored on test_2016_flickr."""
-    env = dict(MULTI30K_RAW, PAIRS="de-en", OOD_TEST="", WORK_DIR=root / "work")
+    env = dict(MULTI30K_RAW, PAIRS="de-en", OOD_TEST="", WORK_DIR=root / "work",
+               INITS=" ".join(INITS))
     pair = root / "work" / "de-en"
     return SimpleNamespace(proc=start_recipe(IWSLT, env, root, root), env=env, root=root,
                            pair=pair, runs=pair / "runs")
@@ -186,7 +191,8 @@ def test_rerun_skips_finished_steps(iwslt):
     said = result.stderr
     for step in ("corpus/de-en/raw", "corpus/de-en/spm", "de-en/data-bin"):
         assert f"skip: {iwslt.root / 'work' / step} (done)" in said
-    assert said.count("(trained)") == 6 and said.count("(scored)") == 6
+    runs = len(INITS) * 2
+    assert said.count("(trained)") == runs and said.count("(scored)") == runs
     assert "training de-en" not in said
     assert {p: p.stat().st_mtime_ns for p in before} == before
 

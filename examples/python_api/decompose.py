@@ -105,14 +105,15 @@ def describe(hub):
 
 def main(argv=None):
     args = parse_args(argv)
+    # Checked before fairseq is imported (seconds): the default path means the
+    # translation example has not run (with this WORK).
+    if not os.path.exists(args.checkpoint) and args.checkpoint == parse_args([]).checkpoint:
+        sys.exit(f"decompose.py: error: {args.checkpoint}: no such checkpoint; run "
+                 "examples/translation/run.sh first (same WORK), or give --checkpoint")
     warnings.filterwarnings("ignore")  # hydra's and torch's deprecation notices inside fairseq
     from fairseq_natbias.analysis import AnalysisError
 
     logging.getLogger().setLevel(logging.WARNING)  # fairseq logs every loaded option at INFO
-    if not os.path.exists(args.checkpoint) and args.checkpoint == parse_args([]).checkpoint:
-        # The default path: the translation example has not run (with this WORK).
-        sys.exit(f"decompose.py: error: {args.checkpoint}: no such checkpoint; run "
-                 "examples/translation/run.sh first (same WORK), or give --checkpoint")
     try:
         run(args)
     except AnalysisError as error:
