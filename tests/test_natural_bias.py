@@ -28,6 +28,16 @@ from test_unigram import hand_counts
 ALL_TIED = ["--share-all-embeddings"]
 
 
+@pytest.fixture(scope="module")
+def unigram_cross_entropy(multi30k_bin, multi30k_text):
+    """The training unigram's cross-entropy on the validation targets (bits),
+    counted here once for the tests below, and the number of those targets."""
+    dictionary = Dictionary.load(str(multi30k_bin / "dict.en.txt"))
+    log_u = hand_log_unigram(multi30k_text / "train.en", dictionary)
+    valid = hand_counts(multi30k_text / "valid.en", dictionary)
+    return -(valid * log_u).sum() / valid.sum() / math.log(2), valid.sum()
+
+
 # The default in every tying and pre-norm; ``damped`` (the other init that
 # starts at the unigram, not the default) once, to keep the suite short.
 @pytest.mark.parametrize("tying, weight_init", [
@@ -37,34 +47,25 @@ ALL_TIED = ["--share-all-embeddings"]
     (ALL_TIED + ["--encoder-normalize-before", "--decoder-normalize-before"], []),
     (ALL_TIED, ["--natbias-weight-init", "damped"]),
 ], ids=["untied", "decoder-tied", "all-tied", "all-tied-pre-norm", "all-tied-damped"])
-def test_default_starts_at_the_unigram(multi30k_bin, multi30k_text, tying, weight_init):
+def test_default_starts_at_the_unigram(multi30k_bin, unigram_cross_entropy, tying, weight_init):
     """Fig. 1 at update 0 with the DEFAULT settings (and ``damped``), on real
     text: a fresh unigram model's validation NLL is the unigram's
     cross-entropy (within 0.3 bits), tied or untied."""
-    unigram_ce_bits, valid_tokens = unigram_cross_entropy(multi30k_bin, multi30k_text)
+    unigram_ce_bits, valid_tokens = unigram_cross_entropy
     _, task, model = build(multi30k_bin, *tying, *weight_init)
     fresh = validation_divergence(task, model)
     assert fresh["tokens"] == valid_tokens
     assert abs(fresh["nll"] - unigram_ce_bits) < 0.3, fresh
 
 
-def test_the_zero_bias_starts_far_from_the_unigram(multi30k_bin, multi30k_text):
+def test_the_zero_bias_starts_far_from_the_unigram(multi30k_bin, unigram_cross_entropy):
     """The baseline the default is measured against: the same fresh network
     with b = 0 starts at about the uniform distribution's NLL, not the
     unigram's."""
-    unigram_ce_bits, _ = unigram_cross_entropy(multi30k_bin, multi30k_text)
+    unigram_ce_bits, _ = unigram_cross_entropy
     _, task, zero = build(multi30k_bin, *ALL_TIED, "--natbias-init", "zero")
     zero_result = validation_divergence(task, zero)
     assert zero_result["nll"] > unigram_ce_bits + 3.0, zero_result
-
-
-def unigram_cross_entropy(multi30k_bin, multi30k_text):
-    """The training unigram's cross-entropy on the validation targets (bits),
-    counted here, and the number of those targets."""
-    dictionary = Dictionary.load(str(multi30k_bin / "dict.en.txt"))
-    log_u = hand_log_unigram(multi30k_text / "train.en", dictionary)
-    valid = hand_counts(multi30k_text / "valid.en", dictionary)
-    return -(valid * log_u).sum() / valid.sum() / math.log(2), valid.sum()
 
 
 @pytest.mark.parametrize("weight_init", ["gain", "fairseq", "damped"])
