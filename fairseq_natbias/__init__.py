@@ -29,6 +29,11 @@ TEXT_ONLY_PROGRAMS = frozenset({
     "natbias_tools.py",  # recipes/natbias_tools.py, which recipes/lib.sh calls
     "spm_text.py",  # examples/translation/spm_text.py
     "fairseq_natbias.data_fetch",  # python -m, as examples/common.sh runs it
+    # Orchestrators that run fairseq in subprocesses only: natbias-demo (and
+    # `make demo`'s python -m), and two benchmark scripts (gpu_check.py
+    # imports torch itself, to look for a GPU, but not fairseq).
+    "natbias-demo", "fairseq_natbias.cli.demo",
+    "gpu_check.py", "study_learning_efficiency.py",
 })
 
 

@@ -14,6 +14,16 @@ BIN = Path(sys.executable).parent
 # given in NATBIAS_MULTI30K.
 MULTI30K = Path(os.environ.get("NATBIAS_MULTI30K", REPO.parent / "shared/data/multi30k"))
 
+def top_level_imports(stderr):
+    """Top-level module names from ``python -X importtime``'s report (a
+    process run with PYTHONPROFILEIMPORTTIME=1)."""
+    names = set()
+    for line in stderr.splitlines():
+        if line.startswith("import time:") and "|" in line:
+            names.add(line.rsplit("|", 1)[1].strip().split(".")[0])
+    return names
+
+
 def write_multi30k_slice(root, counts):
     """The first ``counts[name]`` lines of Multi30k's German and English
     ``name`` splits, as plain text in ``root`` (skips the test without the data)."""

@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from natbias_testing import BIN, write_multi30k_slice
+from natbias_testing import BIN, top_level_imports, write_multi30k_slice
 
 SLICE = {"train": 3000, "val": 100, "test_2016_flickr": 50}
 # A few updates are enough for every step to run and write what is checked
@@ -19,13 +19,14 @@ def multi30k_slice(tmp_path_factory):
     return write_multi30k_slice(tmp_path_factory.mktemp("multi30k_slice"), SLICE)
 
 
-def natbias_demo(data, output):
+def natbias_demo(data, output, **env):
     # One thread for the demo's fairseq processes, as for the tests' own
     # (tests/conftest.py): the pytest workers already use every core.
     return subprocess.run(
         [str(BIN / "natbias-demo"), "--data", str(data), "--output", str(output),
          "--max-update", str(MAX_UPDATE), "--vocab-size", "1000"],
-        capture_output=True, text=True, check=True, env=dict(os.environ, OMP_NUM_THREADS="1"),
+        capture_output=True, text=True, check=True,
+        env=dict(os.environ, OMP_NUM_THREADS="1", **env),
     )
 
 
@@ -50,7 +51,12 @@ def test_demo_runs_end_to_end_and_skips_finished_steps(multi30k_slice, tmp_path)
     assert step0["stock"]["nll"] > step0["unigram"]["nll"] + 2.0
     assert f"train [unigram]: update {MAX_UPDATE}/{MAX_UPDATE}" in first.stdout
 
-    again = natbias_demo(multi30k_slice, tmp_path)
+    # Run again with Python's import report (no fairseq process is started:
+    # every step is skipped): the demo's own process needs neither torch nor
+    # fairseq, and starts without them (TEXT_ONLY_PROGRAMS).
+    again = natbias_demo(multi30k_slice, tmp_path, PYTHONPROFILEIMPORTTIME="1")
+    imported = top_level_imports(again.stderr)
+    assert "fairseq_natbias" in imported and not imported & {"torch", "fairseq"}, imported
     assert "preprocess" in again.stdout and "skipped" in again.stdout
     assert "train [zero]: finished before, skipped" in again.stdout
     assert "generate [unigram]: scored before, skipped" in again.stdout

@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import fairseq_natbias
-from natbias_testing import BIN, REPO
+from natbias_testing import BIN, REPO, top_level_imports
 
 
 def _simple_log(points):
@@ -16,15 +16,6 @@ def _simple_log(points):
         f"kl_unigram=0.5, kl_uniform=1.2, bias_norm=30.0, bias_kl=0.1, num_updates={u}\n"
         f"2026-01-01 10:00:00 | INFO | valid | epoch 001 | valid on 'valid' subset | "
         f"loss 4.5 | bleu {bleu} | num_updates {u}\n" for u, bleu in points)
-
-
-def _top_level_imports(stderr):
-    """Top-level module names from ``python -X importtime``'s report."""
-    names = set()
-    for line in stderr.splitlines():
-        if line.startswith("import time:") and "|" in line:
-            names.add(line.rsplit("|", 1)[1].strip().split(".")[0])
-    return names
 
 
 def _run_profiled(tool, *args):
@@ -38,7 +29,7 @@ def _run_profiled(tool, *args):
 
 def _assert_ran_without_torch(name, done):
     assert done.returncode == 0, f"{name}: {done.stdout}{done.stderr[-2000:]}"
-    imported = _top_level_imports(done.stderr)
+    imported = top_level_imports(done.stderr)
     assert "fairseq_natbias" in imported, name  # the package itself was imported
     assert not imported & {"torch", "fairseq"}, (name, imported & {"torch", "fairseq"})
 
@@ -61,7 +52,7 @@ def test_log_only_tools_do_their_work_without_torch_or_fairseq(tmp_path):
     for tool, args in runs.items():
         done = _run_profiled(tool, *args)
         _assert_ran_without_torch(tool, done)
-        assert "numpy" in _top_level_imports(done.stderr), tool  # the log was read
+        assert "numpy" in top_level_imports(done.stderr), tool  # the log was read
     # Their outputs: the ALC of the curve (10 at 4, 20 at 8, over 4..8: 15) ...
     alc_line = subprocess.run([str(BIN / "natbias-alc"), str(log), "--max-updates", "0"],
                               capture_output=True, text=True, check=True).stdout.splitlines()[0]

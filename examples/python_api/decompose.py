@@ -105,11 +105,13 @@ def describe(hub):
 
 def main(argv=None):
     args = parse_args(argv)
-    # Checked before fairseq is imported (seconds): the default path means the
-    # translation example has not run (with this WORK).
-    if not os.path.exists(args.checkpoint) and args.checkpoint == parse_args([]).checkpoint:
-        sys.exit(f"decompose.py: error: {args.checkpoint}: no such checkpoint; run "
-                 "examples/translation/run.sh first (same WORK), or give --checkpoint")
+    # Checked before fairseq is imported (seconds). A missing default path
+    # means the translation example has not run (with this WORK).
+    if not os.path.exists(args.checkpoint):
+        hint = ("run examples/translation/run.sh first (same WORK), or give --checkpoint"
+                if args.checkpoint == parse_args([]).checkpoint
+                else "train a model first or give the path of one")
+        sys.exit(f"decompose.py: error: {args.checkpoint}: no such checkpoint; {hint}")
     warnings.filterwarnings("ignore")  # hydra's and torch's deprecation notices inside fairseq
     from fairseq_natbias.analysis import AnalysisError
 
