@@ -14,6 +14,7 @@ BIN = Path(sys.executable).parent
 # given in NATBIAS_MULTI30K.
 MULTI30K = Path(os.environ.get("NATBIAS_MULTI30K", REPO.parent / "shared/data/multi30k"))
 
+
 def top_level_imports(stderr):
     """Top-level module names from ``python -X importtime``'s report (a
     process run with PYTHONPROFILEIMPORTTIME=1)."""
