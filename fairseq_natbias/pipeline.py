@@ -33,6 +33,7 @@ from pathlib import Path
 from fairseq_natbias import sentencepiece_text
 from fairseq_natbias.analysis import fairseq_logs
 from fairseq_natbias.analysis.generate_output import parse_generate_output
+from fairseq_natbias.analysis.quality import quality
 from fairseq_natbias.data_fetch import LANGS, SPLIT_FILES, raw_file, read_lines
 
 MODEL = ("--encoder-layers 2 --decoder-layers 2 --encoder-embed-dim 128 "
@@ -278,12 +279,7 @@ def prepare_test_set(raw, work, data_bin, langs, test_set):
 
 
 def sacrebleu_scores(hypotheses, references):
-    """BLEU and chrF with their signatures (natbias-sweep's scorer)."""
-    # Imported here: the sweep module reads checkpoints (torch), which the
-    # orchestrators that run fairseq in subprocesses only (natbias-demo, the
-    # study) have no other use for (TEXT_ONLY_PROGRAMS).
-    from fairseq_natbias.analysis.sweep import quality
-
+    """BLEU and chrF with their signatures, rounded to 2 decimals as the demo reports them."""
     scores = quality(hypotheses, references)
     return {"bleu": round(scores["BLEU"], 2), "bleu_signature": scores["bleu_signature"],
             "chrf": round(scores["chrF"], 2), "chrf_signature": scores["chrf_signature"]}

@@ -7,7 +7,7 @@ import re
 import pytest
 
 from fairseq_natbias.analysis import distinct
-from fairseq_natbias.analysis.sweep import quality
+from fairseq_natbias.analysis.quality import quality
 from natbias_testing import fairseq, train, train_lm
 
 

@@ -13,6 +13,7 @@ One module per tool, each with a console script in ``fairseq_natbias.cli``:
                                                                        natbias-report
 ``distinct``      distinct-n and n-gram diversity D (Kobayashi et al., 2023) natbias-distinct
 ``generate_output`` parse ``fairseq-generate`` output
+``quality``       sacreBLEU BLEU and chrF with their signatures (torch-free)
 ``sweep``         generation-time bias scaling / logit adjustment sweep  natbias-sweep
 ``plots``         matplotlib (Agg) figures shared by the tools
 """

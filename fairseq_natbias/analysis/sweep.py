@@ -48,6 +48,7 @@ from typing import List, Optional, Sequence
 from fairseq_natbias import checkpoint_loading, plugin_dir
 from fairseq_natbias.analysis import AnalysisError, distinct, plots
 from fairseq_natbias.analysis.generate_output import read_generate_output
+from fairseq_natbias.analysis.quality import quality
 
 BIAS_SCALE = "natbias_bias_scale"
 LOGIT_ADJUSTMENT = "natbias_logit_adjustment"
@@ -150,18 +151,6 @@ def score_output(path: str, tokenize: str = "13a") -> dict:
     if all(r is not None for r in references):
         scores.update(quality(hypotheses, references))
     return scores
-
-
-def quality(hypotheses: List[str], references: List[str]) -> dict:
-    from sacrebleu.metrics import BLEU, CHRF
-
-    bleu, chrf = BLEU(), CHRF()
-    return {
-        "BLEU": bleu.corpus_score(hypotheses, [references]).score,
-        "chrF": chrf.corpus_score(hypotheses, [references]).score,
-        "bleu_signature": str(bleu.get_signature()),
-        "chrf_signature": str(chrf.get_signature()),
-    }
 
 
 # --- the sweep ------------------------------------------------------------------------

@@ -42,7 +42,8 @@ import torch
 
 from fairseq_natbias import checkpoint_loading
 from fairseq_natbias.analysis import AnalysisError, distinct, plots
-from fairseq_natbias.analysis.sweep import BIAS_SCALE, LOGIT_ADJUSTMENT, Setting, quality
+from fairseq_natbias.analysis.quality import quality
+from fairseq_natbias.analysis.sweep import BIAS_SCALE, LOGIT_ADJUSTMENT, Setting
 
 LN2 = math.log(2.0)
 DECODINGS = ("sample", "beam")

@@ -1,0 +1,61 @@
+"""fairseq_natbias/analysis/quality.py: sacreBLEU scores with signatures, checked
+against BLEU worked by hand, and bad input refused with a message."""
+
+import math
+
+import pytest
+
+from fairseq_natbias.analysis import AnalysisError
+from fairseq_natbias.analysis.quality import quality
+
+
+def test_bleu_equals_the_hand_worked_geometric_mean_of_precisions():
+    # "the cat sat on the mat" against "the cat sat on a mat": 6 tokens each
+    # (BP = 1); clipped n-gram matches 5/6, 3/5, 2/4, 1/3.
+    scores = quality(["the cat sat on the mat"], ["the cat sat on a mat"])
+    by_hand = 100 * math.exp(sum(math.log(p) for p in (5 / 6, 3 / 5, 2 / 4, 1 / 3)) / 4)
+    assert scores["BLEU"] == pytest.approx(by_hand, abs=1e-6)
+    assert 0 < scores["chrF"] < 100
+
+
+def test_brevity_penalty_of_a_short_hypothesis_by_hand():
+    # a 4-token hypothesis, every n-gram matched, against a 6-token reference
+    scores = quality(["the cat sat on"], ["the cat sat on a mat"])
+    assert scores["BLEU"] == pytest.approx(100 * math.exp(1 - 6 / 4), abs=1e-6)
+
+
+def test_identical_text_scores_100_and_signatures_name_the_settings():
+    text = ["a man rides a bike .", "two dogs play in the snow ."]
+    scores = quality(text, text)
+    assert scores["BLEU"] == pytest.approx(100.0)
+    assert scores["chrF"] == pytest.approx(100.0)
+    assert "nrefs:1" in scores["bleu_signature"] and "tok:13a" in scores["bleu_signature"]
+    assert "nrefs:1" in scores["chrf_signature"]
+
+
+def test_mismatched_or_empty_input_is_refused_with_the_fix():
+    with pytest.raises(AnalysisError, match="2 hypotheses but 1 references"):
+        quality(["a", "b"], ["a"])
+    with pytest.raises(AnalysisError, match="no sentences"):
+        quality([], [])
+
+
+def test_scoring_imports_neither_torch_nor_fairseq(tmp_path):
+    # natbias-demo and the study score in a process that runs fairseq only in
+    # subprocesses; importing torch there would cost seconds for nothing. The
+    # script is named as the demo's console script, so that the package's
+    # __init__ treats it as the text-only program it stands in for.
+    import subprocess
+    import sys
+
+    from natbias_testing import top_level_imports
+
+    script = tmp_path / "natbias-demo"
+    script.write_text("from fairseq_natbias import pipeline\n"
+                      "print(pipeline.sacrebleu_scores(['a b c d'], ['a b c d']))\n")
+    done = subprocess.run([sys.executable, "-X", "importtime", str(script)],
+                          capture_output=True, text=True, check=True)
+    assert "'bleu': 100.0" in done.stdout
+    imported = top_level_imports(done.stderr)
+    assert "sacrebleu" in imported  # the scorer did run
+    assert not {"torch", "fairseq"} & imported
