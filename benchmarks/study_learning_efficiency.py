@@ -156,9 +156,10 @@ def main():
                         help="no study: time N updates of each arm (no validation, no "
                              "checkpoint) and print seconds per update, to plan a study")
     parser.add_argument("--train-pairs", type=int, metavar="N",
-                        help="translation on the first N training pairs only (a small "
-                             "corpus), SentencePiece vocabulary scaled with sqrt(N) "
-                             "(8,000 at 29,000); runs and results are named <pair>_nN")
+                        help="the first N training pairs only (a small corpus; for "
+                             "--task lm the first N sentences of the language), "
+                             "SentencePiece vocabulary scaled with sqrt(N) (8,000 at "
+                             "29,000); runs and results are named <pair>_nN (lm-<lang>_nN)")
     parser.add_argument("--preset", choices=sorted(PRESETS),
                         help="translation at a paper size instead of the small model (2+2, "
                              "d 128): iwslt (6+6, d 256, FFN 256, 4 heads); results named "
@@ -185,8 +186,6 @@ def main():
     if not has_all_files(raw, langs):
         raise SystemExit(f"study: no Multi30k {'-'.join(langs)} at {raw}; give --multi30k DIR")
     if args.train_pairs:
-        if args.task != "translation":
-            raise SystemExit("study: --train-pairs is for --task translation")
         task.folder = f"{task.folder}_n{args.train_pairs}"
         task.vocab_size = vocabulary_for(args.train_pairs)
     work = Path(args.workdir).resolve() / task.folder
@@ -209,7 +208,9 @@ def main():
     runs = collect_runs(task, study_dir, arms, args.seeds, archive,
                         with_bleu_curve=task.name == "translation" and not args.converge)
     if args.task != "translation":
-        title = f"language model, Multi30k {args.lang}, schedule {setting}"
+        size = (f"{args.train_pairs:,} sentences (SentencePiece {task.vocab_size:,}), "
+                if args.train_pairs else "")
+        title = f"language model, Multi30k {args.lang}, {size}schedule {setting}"
     elif args.train_pairs:  # short enough for a plot's panel title
         title = (f"Multi30k {args.pair}, {args.train_pairs:,} pairs "
                  f"(SentencePiece {task.vocab_size:,}), {setting}")

@@ -282,6 +282,30 @@ def test_a_small_corpus_validates_on_the_update_grid_alone(study, tmp_path):
     assert parsed.validate_interval_updates == 100
 
 
+def test_a_small_language_model_corpus_is_its_first_sentences(study, tmp_path):
+    """--task lm --train-pairs N: the first N sentences of the one language,
+    validated on the update grid alone, as for translation."""
+    import gzip
+    from argparse import Namespace
+
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    (raw / "train.en").write_text("".join(f"en line {i}\n" for i in range(10)))
+    for split in ("val", "test_2016_flickr"):
+        (raw / f"{split}.en").write_text(f"{split} en\n")
+    small = study.first_pairs(raw, tmp_path / "small", ("en",), 4)
+    with gzip.open(small / "train.en.gz", "rt", encoding="utf-8") as handle:
+        assert handle.read().splitlines() == [f"en line {i}" for i in range(4)]
+    assert not list(small.glob("*.de*"))
+    args = Namespace(max_tokens=1500, validate_every=100, schedule="short", max_update=2000,
+                     train_pairs=3000)
+    parsed = _as_fairseq_train_parses(study.training_arguments(
+        study.LanguageModel("en"), tmp_path, tmp_path / "run", study.Arm.parse("stock"), 1,
+        args))
+    assert parsed.validate_interval == parsed.save_interval == study.EPOCHS_NEVER
+    assert parsed.task == "language_modeling"
+
+
 def test_the_command_line_runs_as_users_run_it():
     """``python benchmarks/study_learning_efficiency.py`` from the repository
     root finds its parts (benchmarks/study/) and says its docstring as --help."""

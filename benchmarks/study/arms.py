@@ -164,9 +164,10 @@ class LanguageModel:
     def __init__(self, lang):
         self.lang = lang
         self.folder = f"lm-{lang}"
+        self.vocab_size = FULL_VOCABULARY
 
     def prepare(self, raw, work):
-        return pipeline.prepare_lm(raw, work, vocab_size=8000, lang=self.lang)
+        return pipeline.prepare_lm(raw, work, vocab_size=self.vocab_size, lang=self.lang)
 
     def training(self):
         training = list(pipeline.TRAINING)
