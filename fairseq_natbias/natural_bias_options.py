@@ -28,7 +28,8 @@ STRUCTURAL = ("natbias_init", "natbias_weight_init", "natbias_gain_speed",
               "natbias_gain_form", "natbias_gain_schedule", "natbias_order")
 # What a checkpoint that predates a structural setting was trained with:
 # 0.2.0's gain was linear in its parameter (g = C u), before the form could be
-# chosen (0.3's default; 0.4.0's is capped, and the record keeps 0.2.0's).
+# chosen (0.3's default; 0.4.0's is capped, 0.6.0's abs-capped, and the
+# record keeps 0.2.0's).
 # 0.3.2's and earlier gains moved with the learning rate (schedule lr).
 # Before 0.5.0 every model was of order 1 (the unigram bias alone).
 LEGACY_STRUCTURAL = {"natbias_gain_form": "linear", "natbias_gain_schedule": "lr",
@@ -88,13 +89,14 @@ def add_args(parser) -> None:
                        help="starting value of the gain g on W phi with "
                             "--natbias-weight-init gain (default 0.05)")
     group.add_argument("--natbias-gain-speed", type=float, metavar="C",
-                       help="Adam moves g (forms capped, linear) or log g (form exp) "
-                            "about C learning rates per update (default 20 for capped and "
-                            "linear, 100 for exp)")
+                       help="Adam moves g (forms abs-capped, capped, linear) or log g "
+                            "(form exp) about C learning rates per update (default 20, "
+                            "100 for exp)")
     group.add_argument("--natbias-gain-form", choices=output_projection.GAIN_FORMS,
-                       help="g = min(C*u, 1) (capped, the default: past 1 the model is "
-                            "fairseq's W phi + b), g = C*u (linear, 0.3's default) or "
-                            "g = exp(C*u) (exp: positive at any speed)")
+                       help="g = min(|C*u|, 1) (abs-capped, the default: past 1 the "
+                            "model is fairseq's W phi + b), g = min(C*u, 1) (capped, "
+                            "0.4-0.5's default), g = C*u (linear, 0.3's) or g = exp(C*u) "
+                            "(exp: positive at any speed, uncapped)")
     group.add_argument("--natbias-gain-schedule", choices=output_projection.GAIN_SCHEDULES,
                        help="lr (default): g moves about C learning rates per update, "
                             "slowed by the warm-up like every parameter; peak: about C "

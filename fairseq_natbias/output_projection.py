@@ -14,9 +14,9 @@ way whatever the bias, so that unigram / zero / none differ in the bias alone:
 
 ``gain`` (default)
     fairseq's own W, and one learnt scalar gain g on the contextual logits,
-    held at or below 1 (``--natbias-gain-form capped``, the default)::
+    held between 0 and 1 (``--natbias-gain-form abs-capped``, the default)::
 
-        logits = g * W phi + b,      g = min(C * u, 1)   (u the learnt parameter)
+        logits = g * W phi + b,      g = min(|C * u|, 1)   (u the learnt parameter)
 
     g starts at ``--natbias-gain-init`` (0.05), so a fresh model predicts
     softmax(b), the unigram (Fig. 1 at update 0), and the speed C
@@ -31,6 +31,12 @@ way whatever the bias, so that unigram / zero / none differ in the bias alone:
     1.5 by 1,000 updates and 2.0 by 20,000, a free inverse temperature that
     fit and overfit faster; on 3,000 training pairs it ended worse than stock
     fairseq, the capped gain better (docs/studies/small_corpora.md).
+    0.6.0 takes the absolute value (``abs-capped``): 0.4.0's
+    ``capped``, g = min(C u, 1), is the same while C u > 0, which held in
+    every measured run but one: an English LM (seed 3) whose gain fell
+    through 0 in its first 50 updates and ended at -1.23, 0.08 bits behind
+    its other seeds at update 1,000; with the absolute value g turned back up
+    and the run matched them (docs/weight_init.md).
     ``--natbias-gain-form exp`` (g = exp(C u), C 100) keeps g positive at
     any speed, uncapped; measured as good as or better than ``linear`` with
     one seed per setting (docs/weight_init.md).
@@ -73,15 +79,20 @@ logger = logging.getLogger(__name__)
 WEIGHT_INITS = ("gain", "fairseq", "damped", "paper")
 DEFAULT_WEIGHT_INIT = "gain"
 DEFAULT_GAIN_INIT = 0.05
-# "capped" is "linear" held at or below 1: g = min(C u, 1) (issue 36).
-GAIN_FORMS = ("capped", "exp", "linear")
-DEFAULT_GAIN_FORM = "capped"
+# "capped" is "linear" held at or below 1: g = min(C u, 1) (issue 36, 0.4.0's
+# default); "abs-capped" is min(|C u|, 1), the same wherever C u stays positive,
+# and kept positive where the learnt C u would cross zero (0.6.0's default: on
+# one English-LM seed of three the capped gain fell through 0 to -1.23 and
+# lost most of its head start; docs/weight_init.md).
+GAIN_FORMS = ("abs-capped", "capped", "exp", "linear")
+CAPPED_FORMS = ("abs-capped", "capped")
+DEFAULT_GAIN_FORM = "abs-capped"
 # The default speed C of each form (measured: docs/weight_init.md). exp's C
 # moves log g, so it needs a larger C than linear's to regrow g from 0.05 as
 # fast: under the paper's warm-up C = 50 reached stock's validation NLL 89
 # updates later than C = 100 (711 against 622 of 1,000, seed 1); in the short
 # schedule 50 and 100 were alike (683, 685) and 20 slower (728).
-DEFAULT_GAIN_SPEEDS = {"capped": 20.0, "exp": 100.0, "linear": 20.0}
+DEFAULT_GAIN_SPEEDS = {"abs-capped": 20.0, "capped": 20.0, "exp": 100.0, "linear": 20.0}
 # The cap of the ``capped`` form: at g = 1 the logits are W phi + b, the
 # paper's own model (fairseq's W with the natural bias).
 GAIN_CAP = 1.0
@@ -242,8 +253,8 @@ class _ScaleByGain(torch.autograd.Function):
 
 class GainedLinear(OutputProjection):
     """``W (g x) + b``: the output projection with a learnt scalar gain g on
-    its input (weight init ``gain``); g = min(C u, 1) (``capped``, the
-    default), g = C u (``linear``, 0.3's default) or g = exp(C u) (``exp``,
+    its input (weight init ``gain``); g = min(|C u|, 1) (``abs-capped``, the
+    default), g = min(C u, 1) (``capped``, 0.4.0's), g = C u (``linear``, 0.3's default) or g = exp(C u) (``exp``,
     positive at any speed).
 
     u draws no random numbers: every other parameter is the one the stock
@@ -289,7 +300,7 @@ class GainedLinear(OutputProjection):
             self.register_buffer("gain_speedup", torch.tensor(self.warmup(0), **float32))
 
     def _exponent(self) -> torch.Tensor:
-        """z: g itself (linear), g before its cap (capped) or log g (exp)."""
+        """z: g itself (linear), g before its cap (capped forms) or log g (exp)."""
         if self.schedule == "lr":
             return self.gain_param * self.speed
         return (self.gain_exponent_anchor
@@ -297,9 +308,13 @@ class GainedLinear(OutputProjection):
 
     def gain(self) -> torch.Tensor:
         exponent = self._exponent()
-        if self.form == "capped":
-            # min(z, 1): past the cap u's gradient is 0, so g stays at 1 and the
-            # model is W phi + b from then on (unless weight decay pulls u back).
+        if self.form == "abs-capped":
+            # min(|z|, 1): past the cap u's gradient is 0, so g stays at 1 and
+            # the model is W phi + b from then on (unless weight decay pulls u
+            # back). Where z would cross zero, early, while the contextual
+            # logits are still noise, g turns back up instead of changing sign.
+            return torch.clamp(exponent.abs(), max=GAIN_CAP)
+        if self.form == "capped":  # min(z, 1), 0.4.0-0.5's default
             return torch.clamp(exponent, max=GAIN_CAP)
         return exponent if self.form == "linear" else torch.exp(exponent)
 
@@ -334,8 +349,8 @@ def add_output_gain(decoder, gain_init: float, speed: float,
     for name, value in (("--natbias-gain-init", gain_init), ("--natbias-gain-speed", speed)):
         if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
             raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
-    if form == "capped" and gain_init >= GAIN_CAP:
-        raise ValueError(f"--natbias-gain-init {gain_init:g} with --natbias-gain-form capped: "
+    if form in CAPPED_FORMS and gain_init >= GAIN_CAP:
+        raise ValueError(f"--natbias-gain-init {gain_init:g} with --natbias-gain-form {form}: "
                          f"the gain is capped at {GAIN_CAP:g}, so start it below (default "
                          f"{DEFAULT_GAIN_INIT:g}), or use --natbias-weight-init fairseq for g = 1")
     projection = decoder.output_projection

@@ -191,6 +191,7 @@ def unigram_run(toy_bin, tmp_path_factory):
     (["--natbias-gain-speed", "50"], "--natbias-gain-speed 50"),
     (["--natbias-gain-form", "exp"], "--natbias-gain-form exp"),
     (["--natbias-gain-form", "linear"], "--natbias-gain-form linear"),
+    (["--natbias-gain-form", "capped"], "--natbias-gain-form capped"),
 ])
 def test_resuming_with_other_settings_is_refused(toy_bin, tmp_path, unigram_run,
                                                  options, asked):
@@ -202,7 +203,7 @@ def test_resuming_with_other_settings_is_refused(toy_bin, tmp_path, unigram_run,
     message = result.stderr.strip().splitlines()[-1]
     assert message.startswith("fairseq_natbias: error: ")
     assert ("--natbias-init unigram --natbias-weight-init gain --natbias-gain-speed 20 "
-            "--natbias-gain-form capped") in message
+            "--natbias-gain-form abs-capped") in message
     assert asked in message and "--save-dir" in message
     assert "Traceback" not in result.stderr
 

@@ -42,15 +42,15 @@ def _test_batch(task):
 
 def _contextual_logits(model, sample):
     """g W phi computed by hand: the decoder's features times W, no bias, times
-    the gain g = min(speed * u, 1) (the default weight init ``gain``, form
-    ``capped``)."""
+    the gain g = min(|speed * u|, 1) (the default weight init ``gain``, form
+    ``abs-capped``)."""
     net_input = sample["net_input"]
     encoder_out = model.encoder(net_input["src_tokens"], src_lengths=net_input["src_lengths"])
     features, _ = model.decoder(net_input["prev_output_tokens"], encoder_out=encoder_out,
                                 features_only=True)
     projection = model.decoder.output_projection
-    assert model.args.natbias_gain_form == "capped"
-    gain = min(projection.gain_param.item() * model.args.natbias_gain_speed, 1.0)
+    assert model.args.natbias_gain_form == "abs-capped"
+    gain = min(abs(projection.gain_param.item() * model.args.natbias_gain_speed), 1.0)
     return gain * F.linear(features, projection.weight)
 
 

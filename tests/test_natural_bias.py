@@ -81,19 +81,19 @@ def test_biases_share_every_initial_parameter_but_the_bias(toy_bin, weight_init)
             assert torch.equal(states[init][key], value), (init, key)
 
 
-@pytest.mark.parametrize("form", ["capped", "linear", "exp"])
+@pytest.mark.parametrize("form", ["abs-capped", "capped", "linear", "exp"])
 def test_one_update_moves_the_gain_by_speed_times_lr(toy_bin, tmp_path, form):
     """Through the real fairseq-train and fairseq's Adam, constant lr: after
-    update 1 the logged gain is 0.05 +- speed * lr (capped, the default, and
-    linear: the cap is far) or 0.05 * exp(+- speed * lr) (exp): Adam's first
+    update 1 the logged gain is 0.05 +- speed * lr (abs-capped, the default,
+    capped and linear: the cap and 0 are far) or 0.05 * exp(+- speed * lr) (exp): Adam's first
     step on u is lr * sign of its gradient."""
     lr, speed = 1e-3, 30.0
     result = train(toy_bin, tmp_path / "ckpt", "--lr-scheduler", "fixed", "--lr", str(lr),
                    "--warmup-updates", "0",  # the fixed schedule: lr from update 1
-                   *(["--natbias-gain-form", form] if form != "capped" else []),
+                   *(["--natbias-gain-form", form] if form != "abs-capped" else []),
                    "--natbias-gain-speed", str(speed), "--no-save", max_update=1)
     gain = log_records(result.stdout + result.stderr, "train_inner")[0]["gain"]
-    if form in ("capped", "linear"):
+    if form in ("abs-capped", "capped", "linear"):
         expected = (0.05 + speed * lr, 0.05 - speed * lr)
     else:
         expected = (0.05 * math.exp(speed * lr), 0.05 * math.exp(-speed * lr))

@@ -142,7 +142,8 @@ def test_one_adam_update_moves_the_gain_by_speed_times_lr(speed):
 
 
 GAIN_OF = {"linear": lambda u, speed: u * speed, "exp": lambda u, speed: torch.exp(u * speed),
-           "capped": lambda u, speed: torch.clamp(u * speed, max=1.0)}
+           "capped": lambda u, speed: torch.clamp(u * speed, max=1.0),
+           "abs-capped": lambda u, speed: torch.clamp((u * speed).abs(), max=1.0)}
 
 
 def _true_gain_gradient(gained, features, targets):
@@ -233,10 +234,12 @@ def test_a_half_model_keeps_bias_and_gain_in_float32():
     assert gained.weight.dtype == torch.float32 and torch.equal(gained.bias, values)
 
 
-def test_the_exp_gain_stays_positive_where_the_linear_one_flips():
-    """Adam pushed down for 500 updates at C = 100, lr 1e-3: the linear gain
-    crosses 0 (after 0.05 / (100 * 1e-3) = 0.5 updates' worth), exp's cannot."""
-    for form, positive in (("exp", True), ("linear", False)):
+def test_the_exp_and_abs_capped_gains_stay_positive_where_linear_and_capped_flip():
+    """Adam pushed down for 500 updates at C = 100, lr 1e-3: the linear and
+    capped gains cross 0 (after 0.05 / (100 * 1e-3) = 0.5 updates' worth);
+    exp's and abs-capped's cannot (abs-capped's turns back up at 0)."""
+    for form, positive in (("exp", True), ("abs-capped", True), ("linear", False),
+                           ("capped", False)):
         gained = output_projection.add_output_gain(FakeDecoder(), 0.05, 100.0, form)
         optimizer = torch.optim.Adam([gained.gain_param], lr=1e-3)
         for _ in range(500):
@@ -244,6 +247,42 @@ def test_the_exp_gain_stays_positive_where_the_linear_one_flips():
             gained.gain().backward()  # d g / d u > 0: Adam lowers g
             optimizer.step()
         assert (gained.gain().item() > 0) == positive, form
+
+
+def test_abs_capped_is_capped_while_c_u_is_positive_and_reflects_at_zero():
+    """0.6.0's default against 0.4.0's: the same logits and gradients (u, W,
+    the features) for C u in (0, 1] and above the cap, bit for bit, so every
+    run whose gain stayed positive is the same run under either; for C u < 0
+    abs-capped's g is |C u| and u's gradient changes sign with it."""
+    torch.manual_seed(0)
+    features, targets = torch.randn(32, 16), torch.randint(0, 50, (32,))
+    results = {}
+    for form in ("capped", "abs-capped"):
+        torch.manual_seed(1)  # the same W for both
+        decoder = FakeDecoder(dim=16)
+        output_projection.attach_output_bias(decoder, torch.linspace(-5, -1, 50))
+        gained = output_projection.add_output_gain(decoder, 0.05, 20.0, form)
+        for u in (0.0025, 0.03, 0.07, -0.01):
+            with torch.no_grad():
+                gained.gain_param.fill_(u)
+            gained.zero_grad()
+            ours = features.clone().requires_grad_()
+            logits = gained(ours)
+            torch.nn.functional.cross_entropy(logits, targets).backward()
+            results[form, u] = (gained.gain().item(), logits.detach(), ours.grad,
+                                gained.weight.grad.clone(), gained.gain_param.grad.item())
+    for u in (0.0025, 0.03, 0.07):
+        for mine, theirs in zip(results["abs-capped", u], results["capped", u]):
+            assert torch.equal(torch.as_tensor(mine), torch.as_tensor(theirs)), u
+    gain, _, _, _, grad_u = results["abs-capped", -0.01]
+    assert gain == pytest.approx(0.2)  # |20 * -0.01|
+    assert results["capped", -0.01][0] == pytest.approx(-0.2)
+    # the same logits as capped's g = +0.2 would give, u's gradient mirrored
+    with torch.no_grad():
+        gained.gain_param.fill_(0.01)
+    gained.zero_grad()
+    torch.nn.functional.cross_entropy(gained(features), targets).backward()
+    assert grad_u == pytest.approx(-gained.gain_param.grad.item(), rel=1e-6)
 
 
 def test_the_capped_gain_rises_by_speed_times_lr_then_holds_at_one():
@@ -306,9 +345,10 @@ def test_the_capped_gain_at_its_cap_under_fp16_loss_scaling():
     assert gained.bias.grad.dtype == torch.float32 and torch.isfinite(gained.bias.grad).all()
 
 
-def test_the_capped_gain_refuses_to_start_at_its_cap():
-    with pytest.raises(ValueError, match="natbias-gain-init 1 with --natbias-gain-form capped"):
-        output_projection.add_output_gain(FakeDecoder(), 1.0, 20.0, "capped")
+@pytest.mark.parametrize("form", output_projection.CAPPED_FORMS)
+def test_the_capped_gain_refuses_to_start_at_its_cap(form):
+    with pytest.raises(ValueError, match=f"natbias-gain-init 1 with --natbias-gain-form {form}:"):
+        output_projection.add_output_gain(FakeDecoder(), 1.0, 20.0, form)
 
 
 @pytest.mark.parametrize("option, value", [("gain_init", 0.0), ("gain_init", float("nan")),

@@ -216,7 +216,7 @@ class Arm:
         if text == REFERENCE_ARM:
             return cls(text)
         match = re.fullmatch(
-            r"(\w+)(?:@([\d.e-]+),([\d.e-]+)(?:,(capped|exp|linear)(?:,(lr|peak))?)?)?"
+            r"(\w+)(?:@([\d.e-]+),([\d.e-]+)(?:,(abs-capped|capped|exp|linear)(?:,(lr|peak))?)?)?"
             r"/(unigram|zero|none|bigram)", text)
         if not match:
             raise SystemExit(f"study: bad arm {text!r}: give stock, WINIT/BIAS, "
