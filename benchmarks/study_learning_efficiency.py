@@ -18,8 +18,8 @@ arms
                                 e.g. ``gain/unigram``, ``fairseq/zero``
     ``gain@G0,C/BIAS``          the ``gain`` init with ``--natbias-gain-init G0
                                 --natbias-gain-speed C`` (for screening)
-    ``gain@G0,C,FORM/BIAS``     ... and ``--natbias-gain-form FORM`` (capped,
-                                exp or linear)
+    ``gain@G0,C,FORM/BIAS``     ... and ``--natbias-gain-form FORM`` (abs-capped,
+                                capped, exp or linear)
     ``gain@G0,C,FORM,SCHED/BIAS`` ... and ``--natbias-gain-schedule SCHED`` (lr or peak)
 schedules (``--schedule``)
     ``short``  lr 1e-3, inverse-sqrt warm-up 100 updates (the demo's)
