@@ -85,7 +85,14 @@ def collect_seeds(pairs, arms, results=RESULTS):
             archive = results / "runs" / f"{pair}_{SETTING}" / Arm.parse(arm).folder
             for path in sorted(archive.glob("seed*.json")):
                 seed = int(path.stem[len("seed"):])
-                seeds.setdefault((pair, arm), {})[seed] = seed_from_record(json.loads(path.read_text()))
+                record = json.loads(path.read_text())
+                if "bleu" not in record["scores"]:
+                    raise SystemExit(
+                        f"combine_seeds: {path} holds no BLEU (a language model's record?): "
+                        "this script combines translation runs; for language models the "
+                        "study's own table combines the seeds (study_learning_efficiency.py "
+                        "--task lm ... --summarise-only)")
+                seeds.setdefault((pair, arm), {})[seed] = seed_from_record(record)
     return seeds
 
 

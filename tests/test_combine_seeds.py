@@ -54,6 +54,15 @@ def test_a_run_record_wins_over_a_typed_in_row(combine, results):
     assert sorted(seeds) == [("x-y", "gain/unigram"), ("x-y", "stock")]
 
 
+def test_a_language_models_record_is_refused_with_where_to_go(combine, results):
+    record = results / "runs" / "lm-en_n3000_short-converge" / "stock" / "seed1.json"
+    record.parent.mkdir(parents=True)
+    record.write_text(json.dumps({"nll": [6.0, 5.7], "updates": [0, 100],
+                                  "scores": {"nll": 5.7, "ppl": 52.0}}))
+    with pytest.raises(SystemExit, match="holds no BLEU .*--summarise-only"):
+        combine.collect_seeds(["lm-en_n3000"], ["stock"], results)
+
+
 def test_two_seed_mean_and_stderr_give_back_the_two_values(combine, results):
     # mean 50, s.e. 1: two values a, b with (a + b)/2 = 50 and
     # s.e. = sqrt(((a-50)^2 + (b-50)^2) / 1 / 2) = |a - b|/2 = 1, so {49, 51}.
