@@ -268,16 +268,20 @@ def test_first_pairs_keeps_both_sides_aligned_and_links_the_rest(study, tmp_path
         study.first_pairs(raw, tmp_path / "too_many", ("de", "en"), 11)
 
 
-def test_a_small_corpus_validates_on_the_update_grid_alone(study, tmp_path):
-    """With --train-pairs, fairseq's validation and save at every epoch's end
-    (a few dozen updates at 3,000 pairs) are switched off."""
+def _small_corpus_training(study, task, tmp_path):
+    """fairseq-train's parse of the study's command for ``task`` at --train-pairs 3000."""
     from argparse import Namespace
 
     args = Namespace(max_tokens=1500, validate_every=100, schedule="short", max_update=2000,
                      train_pairs=3000)
-    parsed = _as_fairseq_train_parses(study.training_arguments(
-        study.Translation("de-en"), tmp_path, tmp_path / "run", study.Arm.parse("stock"), 1,
-        args))
+    return _as_fairseq_train_parses(study.training_arguments(
+        task, tmp_path, tmp_path / "run", study.Arm.parse("stock"), 1, args))
+
+
+def test_a_small_corpus_validates_on_the_update_grid_alone(study, tmp_path):
+    """With --train-pairs, fairseq's validation and save at every epoch's end
+    (a few dozen updates at 3,000 pairs) are switched off."""
+    parsed = _small_corpus_training(study, study.Translation("de-en"), tmp_path)
     assert parsed.validate_interval == parsed.save_interval == study.EPOCHS_NEVER
     assert parsed.validate_interval_updates == 100
 
@@ -286,7 +290,6 @@ def test_a_small_language_model_corpus_is_its_first_sentences(study, tmp_path):
     """--task lm --train-pairs N: the first N sentences of the one language,
     validated on the update grid alone, as for translation."""
     import gzip
-    from argparse import Namespace
 
     raw = tmp_path / "raw"
     raw.mkdir()
@@ -297,11 +300,7 @@ def test_a_small_language_model_corpus_is_its_first_sentences(study, tmp_path):
     with gzip.open(small / "train.en.gz", "rt", encoding="utf-8") as handle:
         assert handle.read().splitlines() == [f"en line {i}" for i in range(4)]
     assert not list(small.glob("*.de*"))
-    args = Namespace(max_tokens=1500, validate_every=100, schedule="short", max_update=2000,
-                     train_pairs=3000)
-    parsed = _as_fairseq_train_parses(study.training_arguments(
-        study.LanguageModel("en"), tmp_path, tmp_path / "run", study.Arm.parse("stock"), 1,
-        args))
+    parsed = _small_corpus_training(study, study.LanguageModel("en"), tmp_path)
     assert parsed.validate_interval == parsed.save_interval == study.EPOCHS_NEVER
     assert parsed.task == "language_modeling"
 
