@@ -16,7 +16,8 @@ model's add-one unigram (its bias at the start) and D >= 0 on seen pairs
 only, as ``--natbias-order 2`` stores it:
 
 ``unigram``           D = 0: order 1's start.
-``witten-bell``       D = log(1 + c(v, y) / (T(v) p(y))): the package's table.
+``witten-bell``       D = log(1 + c(v, y) / (T(v) p(y))): the package's table
+                      (``bigram.witten_bell_values``, before its float32 cast).
 ``discount d``        interpolated absolute discounting (Ney et al., 1994),
                       the lower order being the model's own unigram p:
                       p_d(y | v) = max(c(v, y) - d, 0) / c(v) + d T(v) / c(v) p(y),
@@ -49,7 +50,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from fairseq_natbias import unigram  # noqa: E402
-from fairseq_natbias.bigram import PairCounter  # noqa: E402
+from fairseq_natbias.bigram import PairCounter, witten_bell_values  # noqa: E402
 
 EOS = 2  # fairseq's Dictionary: <s> 0, <pad> 1, </s> 2, <unk> 3
 FIXED_DISCOUNTS = (0.5, 0.75, 1.0)
@@ -85,7 +86,8 @@ def residuals(table, log_p: np.ndarray):
     p = np.exp(log_p[table.indices])
     n1, n2 = int((table.counts == 1).sum()), int((table.counts == 2).sum())
     d_kn = n1 / (n1 + 2 * n2)
-    out = {"unigram": (0.0, np.zeros_like(c)), "witten-bell": (None, np.log1p(c / (T * p)))}
+    out = {"unigram": (0.0, np.zeros_like(c)),
+           "witten-bell": (None, witten_bell_values(table, log_p))}
     for d, label in [(d_kn, f"discount d_KN = {d_kn:.3f}"),
                      *[(d, f"discount {d:g}") for d in FIXED_DISCOUNTS]]:
         out[label] = (d, np.log1p(np.maximum(c - d, 0.0) / (d * T * p)))

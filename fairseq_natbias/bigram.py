@@ -113,16 +113,22 @@ class BigramCounts:
         return self.indices[span], self.counts[span]
 
 
-def witten_bell_residual(pairs: BigramCounts, log_unigram: torch.Tensor):
+def witten_bell_values(pairs: BigramCounts, log_p: np.ndarray) -> np.ndarray:
     """D[v, y] = log(1 + c(v, y) / (T(v) p(y))) for the seen pairs (module
-    docstring), as float32 CSR arrays ``(indptr, indices, values)``; computed
-    in float64. ``log_unigram`` is log p, the smoothed unigram of the bias."""
+    docstring), float64, aligned with ``pairs.indices``; ``log_p`` is log p
+    over the whole vocabulary (float64)."""
+    distinct = np.diff(pairs.indptr)  # T(v) for every row, repeated per entry below
+    continuations = np.repeat(distinct, distinct).astype(np.float64)
+    return np.log1p(pairs.counts / (continuations * np.exp(log_p[pairs.indices])))
+
+
+def witten_bell_residual(pairs: BigramCounts, log_unigram: torch.Tensor):
+    """The Witten-Bell residual (:func:`witten_bell_values`) as float32 CSR
+    arrays ``(indptr, indices, values)``; computed in float64. ``log_unigram``
+    is log p, the smoothed unigram of the bias."""
     if len(log_unigram) != pairs.vocab_size:
         raise ValueError(f"the unigram has {len(log_unigram)} entries, the bigram "
                          f"counts {pairs.vocab_size}")
-    distinct = np.diff(pairs.indptr)  # T(v) for every row, repeated per entry below
-    continuations = np.repeat(distinct, distinct).astype(np.float64)
-    p = np.exp(log_unigram.detach().double().cpu().numpy())[pairs.indices]
-    values = np.log1p(pairs.counts / (continuations * p))
+    values = witten_bell_values(pairs, log_unigram.detach().double().cpu().numpy())
     return (torch.from_numpy(pairs.indptr.copy()), torch.from_numpy(pairs.indices.copy()),
             torch.from_numpy(values.astype(np.float32)))

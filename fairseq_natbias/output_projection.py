@@ -254,8 +254,8 @@ class _ScaleByGain(torch.autograd.Function):
 class GainedLinear(OutputProjection):
     """``W (g x) + b``: the output projection with a learnt scalar gain g on
     its input (weight init ``gain``); g = min(|C u|, 1) (``abs-capped``, the
-    default), g = min(C u, 1) (``capped``, 0.4.0's), g = C u (``linear``, 0.3's default) or g = exp(C u) (``exp``,
-    positive at any speed).
+    default), g = min(C u, 1) (``capped``, 0.4.0's), g = C u (``linear``,
+    0.3's default) or g = exp(C u) (``exp``, positive at any speed).
 
     u draws no random numbers: every other parameter is the one the stock
     model draws with the same seed. Its state keys are ``weight``, ``bias``
