@@ -21,7 +21,9 @@ before, e.g. by ``--prepare-only``):
   (300) in fp32 (reference) and each of ``--fp16``, ``--bf16``, ``--amp``
   (--precisions picks). Per precision the arms alternate, default, stock,
   stock, default (--rounds times), then one default run with
-  --no-natbias-logging (the hook's share of memory and time). fp16 and amp
+  --no-natbias-logging (the hook's share of memory and time), and at fp16
+  and bf16 one with ``--natbias-order 2`` (the bigram residual, added in
+  float32: does it train in half precision, at what cost). fp16 and amp
   start at loss scale 65536 and try to grow it every 25 clean updates, so
   both arms must find their level and keep finding it;
 * each training in a child process, benchmarks/gpu_check_child.py, that
@@ -31,7 +33,7 @@ before, e.g. by ``--prepare-only``):
   updates) with 2 processes where the machine has 2 GPUs, else 1 (the table
   says which); ``fairseq-generate --fp16`` (beam 5) on the first fp16
   default's checkpoint_best.pt, printing fairseq's BLEU line. Both come with
-  fp16 (fp32 with --smoke) in --precisions.
+  fp16 (fp32 with --smoke) in --precisions, right after its trainings.
 
 The tools are found however they were installed (fairseq_natbias.pipeline.
 tool: the script beside this Python, else ``python -m``); a command that
@@ -75,7 +77,12 @@ from fairseq_natbias.analysis import fairseq_logs  # noqa: E402
 CHILD = HERE / "gpu_check_child.py"
 ARMS = {"default": ["--arch", "transformer_natbias_iwslt_de_en"],
         "stock": ["--arch", "transformer"],
-        "hookoff": ["--arch", "transformer_natbias_iwslt_de_en", "--no-natbias-logging"]}
+        "hookoff": ["--arch", "transformer_natbias_iwslt_de_en", "--no-natbias-logging"],
+        "order2": ["--arch", "transformer_natbias_iwslt_de_en", "--natbias-order", "2"]}
+# The bigram residual (issue 39) is added to the logits in float32 whatever
+# the model's precision: one run of it per half precision in which that
+# matters (fp16's range, bf16's mantissa).
+ORDER2_PRECISIONS = ("fp16", "bf16")
 # The package's IWSLT preset, given to both arms so that stock builds the same
 # network (the ratios compare like with like); fairseq's own
 # transformer_iwslt_de_en is d 512, FFN 1024.
@@ -149,7 +156,7 @@ def plan(precisions, rounds):
     """(name, precision, arm, index) of each training: per precision the arms
     alternate default, stock, stock, default (``rounds`` times; 0: default,
     stock once, as --smoke does), then one default run without the logging
-    hook."""
+    hook and, at fp16 and bf16, one with ``--natbias-order 2``."""
     runs = []
     for precision in precisions:
         count = {"default": 0, "stock": 0}
@@ -158,6 +165,8 @@ def plan(precisions, rounds):
                 count[arm] += 1
                 runs.append((f"{precision} {arm} {count[arm]}", precision, arm, count[arm]))
         runs.append((f"{precision} hookoff 1", precision, "hookoff", 1))
+        if precision in ORDER2_PRECISIONS:
+            runs.append((f"{precision} order2 1", precision, "order2", 1))
     return runs
 
 
@@ -392,7 +401,9 @@ def torchrun_processes(smoke):
 
 def run_all(args, data_bin, work, steps):
     """Every training of the plan, the torchrun run and fairseq-generate;
-    name -> record. Each step's result is saved as it ends."""
+    name -> record. Each step's result is saved as it ends. The torchrun run
+    and fairseq-generate follow the fp16 runs directly, so that a time
+    budget leaves out later precisions' runs rather than them."""
     done, precision = {}, generated_precision(args.smoke)
     for name, run_precision, arm, index in plan(args.precisions, args.rounds):
         run_dir = work / "runs" / f"{run_precision}-{arm}-{index}"
@@ -400,8 +411,19 @@ def run_all(args, data_bin, work, steps):
         arguments = training_arguments(data_bin, run_dir, arm, run_precision, args.max_update,
                                        args.smoke, keep)
         done[name] = train(name, "python", arguments, run_dir, steps, args.max_update)
-    if precision not in args.precisions:
-        return done
+        if name == last_run_of(args, precision):
+            torchrun_and_generate(args, data_bin, work, steps, done)
+    return done
+
+
+def last_run_of(args, precision):
+    """The name of ``precision``'s last training in the plan (None if absent)."""
+    names = [name for name, p, *_ in plan(args.precisions, args.rounds) if p == precision]
+    return names[-1] if names else None
+
+
+def torchrun_and_generate(args, data_bin, work, steps, done):
+    precision = generated_precision(args.smoke)
     run_dir = work / "runs" / f"torchrun-{precision}-default"
     arguments = training_arguments(data_bin, run_dir, "default", precision,
                                    args.torchrun_updates, args.smoke, False)
@@ -409,7 +431,7 @@ def run_all(args, data_bin, work, steps):
                              args.torchrun_updates, torchrun_processes(args.smoke))
     source = done[f"{precision} default 1"]
     if "failed" in source or "left_out" in source:
-        return done
+        return
     if steps.over_budget():
         steps.done("generate", {"left_out": steps.over_budget()}, 0.0)
     else:
@@ -417,7 +439,6 @@ def run_all(args, data_bin, work, steps):
         done["generate"] = generate(data_bin, checkpoint, work / "generate", steps,
                                     args.smoke, source["finished"])
         say(f"generate: {done['generate'].get('bleu_line') or 'FAILED'}")
-    return done
 
 
 def table(args, results):

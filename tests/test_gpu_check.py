@@ -172,6 +172,43 @@ def test_the_table_is_written_and_copied_after_every_step(fake_launchers, monkey
         assert "runs/fp32-hookoff-1/train.log" in archive.getnames()
 
 
+def test_order2_runs_at_fp16_and_bf16_only():
+    plan = gpu_check.plan(["fp16", "bf16", "amp"], 0)
+    assert [name for name in (n for n, *_ in plan) if "order2" in name] == [
+        "fp16 order2 1", "bf16 order2 1"]
+    options = gpu_check.training_arguments("bin", "run", "order2", "fp16", 300, False, False)
+    assert options[options.index("--natbias-order") + 1] == "2"
+    assert options[options.index("--arch") + 1] == "transformer_natbias_iwslt_de_en"
+
+
+def test_torchrun_and_generate_follow_their_precisions_runs(fake_launchers, monkeypatch,
+                                                            tmp_path):
+    """A time budget must cut later precisions' trainings, not these two."""
+    monkeypatch.setattr(pipeline, "tool", lambda name: [sys.executable, "-c", "print('BLEU4')"])
+    monkeypatch.setitem(gpu_check.LAUNCHERS, "python", gpu_check.LAUNCHERS["fake"])
+    monkeypatch.setitem(gpu_check.LAUNCHERS, "torchrun", gpu_check.LAUNCHERS["fake"])
+    args = gpu_check.parse_args(["--smoke", "--workdir", str(tmp_path / "work")])
+    args.precisions = ["fp32", "fp16"]  # the smoke run's generate reads fp32's checkpoint
+    done = gpu_check.run_all(args, tmp_path / "data-bin", tmp_path / "work",
+                             steps_in(tmp_path / "work"))
+    assert list(done) == ["fp32 default 1", "fp32 stock 1", "fp32 hookoff 1", "torchrun",
+                          "generate", "fp16 default 1", "fp16 stock 1", "fp16 hookoff 1",
+                          "fp16 order2 1"]
+
+
+def test_the_order2_table_compares_with_the_default():
+    run = {"loss_scale": None, "overflow_steps": 0, "updates": 300, "gain": 1.0,
+           "seconds_per_update": 0.05, "peak_train_bytes": 2**30, "peak_valid_bytes": 2**29,
+           "final_valid_loss": 6.0, "interval_seconds_per_update": [0.04, 0.04, 0.04]}
+    slower = dict(run, interval_seconds_per_update=[0.05, 0.05], peak_train_bytes=2**30 * 1.5,
+                  final_valid_loss=5.5)
+    plan = [("bf16 default 1", "bf16", "default", 1), ("bf16 order2 1", "bf16", "order2", 1)]
+    table = report.markdown(plan, {"bf16 default 1": run, "bf16 order2 1": slower}, [], [],
+                            False)
+    assert "| bf16 | 1.250 | 1.500 | 5.500 vs 6.000 |" in table
+    assert "| bf16 | default, --natbias-order 2 | 1 |" in table
+
+
 # --- the script itself, --smoke on the CPU, from a Python without fairseq's scripts ----------
 
 

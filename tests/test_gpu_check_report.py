@@ -208,6 +208,10 @@ def test_time_target_fails_only_beyond_the_measured_noise():
     noisy = arm(0.100, 0.110)  # noise 10%: 1.095 is inside it
     assert report.time_cell(arm(0.110, 0.1145), noisy).endswith("within noise")
     assert report.time_cell(arm(0.110), arm(0.100)).endswith("one run per arm, noise not measured")
+    # nor is a single run's ratio under the target a pass: the H100's runs of
+    # one arm differed by up to 40% (host-bound updates of a small model)
+    assert report.time_cell(arm(0.095), arm(0.100)) == (
+        "0.950: no verdict: one run per arm, noise not measured")
 
 
 def test_memory_target_fails_above_the_ratio():
@@ -228,7 +232,7 @@ def test_gpu_table_names_the_gpu_and_marks_the_targets():
         scaled = precision in ("fp16", "amp")
         log = (scale_log(STOCK_SCALES, overflows_at=(50, 70)) if scaled
                else [inner(k, k * 10) for k in range(1, 11)])
-        mib = {"default": 1010, "stock": 1000, "hookoff": 990}[arm]
+        mib = {"default": 1010, "stock": 1000, "hookoff": 990, "order2": 1020}[arm]
         rate = 0.0505 if arm != "stock" else 0.0500
         results[name] = run_record(log, train_mib=mib, valid_mib=mib + 300, rates=[rate] * 9)
     # amp: the default misses every target
@@ -240,7 +244,7 @@ def test_gpu_table_names_the_gpu_and_marks_the_targets():
 
     assert "device: NVIDIA H100 80GB HBM3; torch 2.11.0; fairseq 0.12.3" in table
     rows = table_rows(table)
-    assert len(rows) == 20  # a failed run's row has its error instead of figures
+    assert len(rows) == 22  # a failed run's row has its error instead of figures
     assert rows["bf16", "default", "2"][3:] == ["FAILED: RuntimeError: CUDA out of memory"] \
         + [""] * 11
     assert rows["fp16", "default", "1"][3:] == ["NVIDIA H100 80GB HBM3", "100", "64", "64",
@@ -255,6 +259,7 @@ def test_gpu_table_names_the_gpu_and_marks_the_targets():
     # bf16's default has one finished run left; it is judged on that one
     assert "| bf16 | n/a (no loss scaling) |" in table
     assert "| fp16 | 1.008 | 1.020 | 1.016 |" in table  # memory without a target
+    assert "| fp16 | 1.000 | 1.010 | " in table  # order 2 against the default
     assert "implies --tpu" in table and "torchrun (default, --fp16): not run, not yet" in table
 
 
