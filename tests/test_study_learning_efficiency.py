@@ -72,6 +72,13 @@ def test_converged_table_aims_at_stocks_best(study, tmp_path):
     assert by_arm["gain/unigram"]["bleu_test_2017_flickr"].mean == pytest.approx(21.5)
     table = study.markdown_converged(rows, target, "t", study.CONVERGE_TEST_SETS)
     assert "updates to reach stock's best valid NLL (3.900)" in table
+    assert "is scored, beam 5." in table
+    # the same rows as a language model's: scored by fairseq-eval-lm, no beam
+    lm_rows = [{**{k: v for k, v in row.items() if not k.startswith(("bleu", "chrf"))},
+                "test_nll": row["best_nll"], "test_ppl": row["best_nll"]} for row in rows]
+    lm_table = study.markdown_converged(lm_rows, target, "t", study.CONVERGE_TEST_SETS)
+    assert "is scored, by fairseq-eval-lm on the test set." in lm_table
+    assert "beam" not in lm_table
     assert "| gain/unigram | 2 | 8.000 ± 0.000 (n=2) | 625, 625 | 3.450 ± 0.050 (n=2) | 750, 1000 | 1000, 1250 |" in table
     # 625 of stock's 1250: 0.50x; BLEU 24.5 against 21.5 (2016), 21.5 against 19.5 (2017).
     assert "updates to reach stock: 0.50x of stock's 1250 to its best" in table

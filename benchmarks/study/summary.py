@@ -243,7 +243,8 @@ def markdown_converged(rows, target, title, test_sets, patience=6):
             "validations (fairseq's --patience) or at the update cap" if patience > 0 else
             "Each run trained for the same budget of updates (no --patience; a run that "
             "an earlier patience had stopped was resumed to it)")
-    out += [f"{stop}; its best checkpoint (lowest validation NLL) is scored, beam 5. "
+    scored = "beam 5" if translation else "by fairseq-eval-lm on the test set"
+    out += [f"{stop}; its best checkpoint (lowest validation NLL) is scored, {scored}. "
             "Mean ± standard error over seeds."]
     if translation:
         out += [f"BLEU signature: `{rows[0]['signatures'][0]}`; "
