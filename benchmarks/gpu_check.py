@@ -405,25 +405,23 @@ def run_all(args, data_bin, work, steps):
     and fairseq-generate follow the fp16 runs directly, so that a time
     budget leaves out later precisions' runs rather than them."""
     done, precision = {}, generated_precision(args.smoke)
-    for name, run_precision, arm, index in plan(args.precisions, args.rounds):
+    runs = plan(args.precisions, args.rounds)
+    # the name of the generated precision's last training (None if absent)
+    last_of_precision = next((name for name, p, *_ in reversed(runs) if p == precision), None)
+    for name, run_precision, arm, index in runs:
         run_dir = work / "runs" / f"{run_precision}-{arm}-{index}"
         keep = (run_precision, arm, index) == (precision, "default", 1)
         arguments = training_arguments(data_bin, run_dir, arm, run_precision, args.max_update,
                                        args.smoke, keep)
         done[name] = train(name, "python", arguments, run_dir, steps, args.max_update)
-        if name == last_run_of(args, precision):
-            torchrun_and_generate(args, data_bin, work, steps, done)
+        if name == last_of_precision:
+            torchrun_and_generate(args, precision, data_bin, work, steps, done)
     return done
 
 
-def last_run_of(args, precision):
-    """The name of ``precision``'s last training in the plan (None if absent)."""
-    names = [name for name, p, *_ in plan(args.precisions, args.rounds) if p == precision]
-    return names[-1] if names else None
-
-
-def torchrun_and_generate(args, data_bin, work, steps, done):
-    precision = generated_precision(args.smoke)
+def torchrun_and_generate(args, precision, data_bin, work, steps, done):
+    """The torchrun run (default, ``precision``) and fairseq-generate on the
+    first default run of ``precision``; their records go into ``done``."""
     run_dir = work / "runs" / f"torchrun-{precision}-default"
     arguments = training_arguments(data_bin, run_dir, "default", precision,
                                    args.torchrun_updates, args.smoke, False)
