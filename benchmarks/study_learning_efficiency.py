@@ -19,7 +19,11 @@ arms
     ``gain@G0,C/BIAS``          the ``gain`` init with ``--natbias-gain-init G0
                                 --natbias-gain-speed C`` (for screening)
     ``gain@G0,C,FORM/BIAS``     ... and ``--natbias-gain-form FORM`` (abs-capped,
-                                capped, exp or linear)
+                                exp or linear; capped, retired in 0.6.1, is
+                                refused for new runs: the commands in the docs
+                                that name it predate that, and abs-capped
+                                reproduces them, since their gains stayed
+                                positive)
     ``gain@G0,C,FORM,SCHED/BIAS`` ... and ``--natbias-gain-schedule SCHED`` (lr or peak)
 schedules (``--schedule``)
     ``short``  lr 1e-3, inverse-sqrt warm-up 100 updates (the demo's)

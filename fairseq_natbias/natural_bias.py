@@ -48,7 +48,9 @@ from fairseq_natbias import bigram, bigram_residual, output_projection, unigram
 from fairseq_natbias.checkpoint_loading import CheckpointError, not_a_checkpoint, saved_model_args
 from fairseq_natbias.checkpoint_settings import checkpoint_to_load, reconcile_with_checkpoint
 from fairseq_natbias.logging_hook import TARGET_MASK_KEY, BiasDivergenceHook
-from fairseq_natbias.natural_bias_options import COUNTED_MARKER, check_args, set_defaults
+from fairseq_natbias.natural_bias_options import (
+    COUNTED_MARKER, check_args, check_new_model, set_defaults,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -67,7 +69,9 @@ class NaturalBiasModel:
         try:
             check_args(args)
             loading = checkpoint_to_load(args)
-            if loading is not None and loading[0] != "config":
+            if loading is None:
+                check_new_model(args)
+            elif loading[0] != "config":
                 reconcile_with_checkpoint(args, *loading)
             model = super().build_model(args, task)
             model._init_natbias(args, task, loading is not None)

@@ -94,9 +94,10 @@ def add_args(parser) -> None:
                             "100 for exp)")
     group.add_argument("--natbias-gain-form", choices=output_projection.GAIN_FORMS,
                        help="g = min(|C*u|, 1) (abs-capped, the default: past 1 the "
-                            "model is fairseq's W phi + b), g = min(C*u, 1) (capped, "
-                            "0.4-0.5's default), g = C*u (linear, 0.3's) or g = exp(C*u) "
-                            "(exp: positive at any speed, uncapped)")
+                            "model is fairseq's W phi + b), g = C*u (linear, 0.3's) or "
+                            "g = exp(C*u) (exp: positive at any speed, uncapped); capped, "
+                            "g = min(C*u, 1), 0.4-0.5's default, only resumes their "
+                            "checkpoints")
     group.add_argument("--natbias-gain-schedule", choices=output_projection.GAIN_SCHEDULES,
                        help="lr (default): g moves about C learning rates per update, "
                             "slowed by the warm-up like every parameter; peak: about C "
@@ -168,6 +169,20 @@ def check_args(args) -> None:
         raise NaturalBiasError(
             f"--natbias-counts is only read with --natbias-init file, not "
             f"--natbias-init {args.natbias_init}"
+        )
+
+
+def check_new_model(args) -> None:
+    """What only a model trained from scratch (not loaded from a checkpoint)
+    must satisfy: no retired setting."""
+    form = args.natbias_gain_form
+    if args.natbias_weight_init == "gain" and form in output_projection.RETIRED_GAIN_FORMS:
+        replacement = output_projection.RETIRED_GAIN_FORMS[form]
+        raise NaturalBiasError(
+            f"--natbias-gain-form {form} is retired for new models (0.6.1): it is "
+            f"{replacement} wherever the gain stays positive and measured no better "
+            f"anywhere (docs/weight_init.md). Use --natbias-gain-form {replacement} (the "
+            f"default); checkpoints trained with {form} still resume and generate with it."
         )
 
 

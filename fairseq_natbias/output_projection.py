@@ -86,6 +86,12 @@ DEFAULT_GAIN_INIT = 0.05
 # lost most of its head start; docs/weight_init.md).
 GAIN_FORMS = ("abs-capped", "capped", "exp", "linear")
 CAPPED_FORMS = ("abs-capped", "capped")
+# Forms a checkpoint may hold but a new model may not start with, each with the
+# form that replaces it. ``capped`` measured no better than ``abs-capped``
+# anywhere (the same function wherever C u > 0, worse on the one run where C u
+# crossed zero), so it is kept only to load, resume and fine-tune 0.4.0-0.6.0's
+# checkpoints that recorded it.
+RETIRED_GAIN_FORMS = {"capped": "abs-capped"}
 DEFAULT_GAIN_FORM = "abs-capped"
 # The default speed C of each form (measured: docs/weight_init.md). exp's C
 # moves log g, so it needs a larger C than linear's to regrow g from 0.05 as

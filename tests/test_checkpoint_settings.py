@@ -208,6 +208,43 @@ def test_resuming_with_other_settings_is_refused(toy_bin, tmp_path, unigram_run,
     assert "Traceback" not in result.stderr
 
 
+def capped_checkpoint(unigram_run, path, gain_param):
+    """``unigram_run`` as 0.4.0-0.5 saved it: form ``capped`` recorded, and its
+    gain parameter set to ``gain_param``."""
+    state = torch.load(unigram_run, map_location="cpu", weights_only=False)
+    assert state["cfg"]["model"].natbias_gain_form == "abs-capped"
+    state["cfg"]["model"].natbias_gain_form = "capped"
+    state["model"]["decoder.output_projection.gain_param"].fill_(gain_param)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(state, path)
+    return path
+
+
+def test_a_new_model_with_the_retired_capped_form_is_refused(toy_bin, tmp_path):
+    result = train(toy_bin, tmp_path / "ckpt", "--natbias-gain-form", "capped", max_update=1,
+                   check=False)
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    message = result.stderr.strip().splitlines()[-1]
+    assert message.startswith("fairseq_natbias: error: --natbias-gain-form capped is retired")
+    assert "Use --natbias-gain-form abs-capped" in message
+    assert not (tmp_path / "ckpt" / "checkpoint_last.pt").exists()
+
+
+@pytest.mark.parametrize("given", [[], ["--natbias-gain-form", "capped"]], ids=["left-out", "given"])
+def test_a_capped_checkpoint_keeps_its_form(toy_bin, tmp_path, unigram_run, given):
+    """A checkpoint that recorded ``capped`` (0.4.0-0.5) with a negative C u
+    loads with g = min(C u, 1) = C u < 0, where abs-capped would give |C u|,
+    and resumes with it, the option left out or given."""
+    checkpoint = capped_checkpoint(unigram_run, tmp_path / "ckpt" / "checkpoint_last.pt", -0.01)
+    (model,), _ = checkpoint_utils.load_model_ensemble([str(checkpoint)])
+    projection = model.decoder.output_projection
+    assert projection.form == "capped"
+    assert projection.gain().item() == pytest.approx(20 * -0.01)  # C u, by hand
+    result = train(toy_bin, tmp_path / "ckpt", *given, max_update=2)
+    assert "@ 1 updates" in result.stdout + result.stderr  # resumed, not started afresh
+    assert saved_model_args(checkpoint).natbias_gain_form == "capped"
+
+
 @pytest.mark.parametrize("how", ["continue-once", "restore-file-with-suffix"])
 def test_every_way_fairseq_resumes_is_checked(toy_bin, tmp_path, unigram_run, how):
     """fairseq loads --continue-once on a first launch, and a non-default

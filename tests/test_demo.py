@@ -12,6 +12,11 @@ SLICE = {"train": 3000, "val": 100, "test_2016_flickr": 50}
 # A few updates are enough for every step to run and write what is checked
 # (the update-0 figures below come from natbias-step0, before any update).
 MAX_UPDATE = 5
+# Two of the three arms: the default and stock. The zero arm runs the same
+# steps with --natbias-init zero (trained and scored end to end by the
+# translation example, tests/test_examples.py); leaving it out here saves its
+# three fairseq processes (natbias-step0, fairseq-train, fairseq-generate).
+ARMS = ("unigram", "stock")
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +29,7 @@ def natbias_demo(data, output, **env):
     # (tests/conftest.py): the pytest workers already use every core.
     return subprocess.run(
         [str(BIN / "natbias-demo"), "--data", str(data), "--output", str(output),
-         "--max-update", str(MAX_UPDATE), "--vocab-size", "1000"],
+         "--max-update", str(MAX_UPDATE), "--vocab-size", "1000", "--arms", *ARMS],
         capture_output=True, text=True, check=True,
         env=dict(os.environ, OMP_NUM_THREADS="1", **env),
     )
@@ -33,21 +38,21 @@ def natbias_demo(data, output, **env):
 def test_demo_runs_end_to_end_and_skips_finished_steps(multi30k_slice, tmp_path):
     first = natbias_demo(multi30k_slice, tmp_path)
     report = (tmp_path / "report.md").read_text()
-    assert "| unigram |" in report and "| zero |" in report and "| stock |" in report
+    assert "| unigram |" in report and "| stock |" in report and "| zero |" not in report
+    assert "| update | unigram | stock |" in report
+    assert not (tmp_path / "zero").exists()
     assert "nrefs:1|case:mixed|eff:no|tok:13a" in report  # sacreBLEU signature
     assert (tmp_path / "valid_nll.png").stat().st_size > 5000
-    for init in ("unigram", "zero", "stock"):
+    for init in ARMS:
         scores = json.loads((tmp_path / init / "test_scores.json").read_text())
         assert 0 <= scores["bleu"] <= 100 and 0 <= scores["chrf"] <= 100
         hypotheses = (tmp_path / init / "test.hyp").read_text().splitlines()
         assert len(hypotheses) == SLICE["test_2016_flickr"]
-    step0 = {i: json.loads((tmp_path / i / "step0.json").read_text())
-             for i in ("unigram", "zero", "stock")}
+    step0 = {i: json.loads((tmp_path / i / "step0.json").read_text()) for i in ARMS}
     # Fig. 1 at update 0 with the default settings: the fresh unigram model is
     # at the unigram's cross-entropy (on this slice's SentencePiece model), the
-    # zero-bias and stock models far above it.
+    # stock model far above it.
     assert abs(step0["unigram"]["nll"] - step0["unigram"]["unigram_ce"]) < 0.3
-    assert step0["zero"]["nll"] > step0["unigram"]["nll"] + 2.0
     assert step0["stock"]["nll"] > step0["unigram"]["nll"] + 2.0
     assert f"train [unigram]: update {MAX_UPDATE}/{MAX_UPDATE}" in first.stdout
 
@@ -58,5 +63,15 @@ def test_demo_runs_end_to_end_and_skips_finished_steps(multi30k_slice, tmp_path)
     imported = top_level_imports(again.stderr)
     assert "fairseq_natbias" in imported and not imported & {"torch", "fairseq"}, imported
     assert "preprocess" in again.stdout and "skipped" in again.stdout
-    assert "train [zero]: finished before, skipped" in again.stdout
+    assert "train [stock]: finished before, skipped" in again.stdout
     assert "generate [unigram]: scored before, skipped" in again.stdout
+
+
+def test_an_unknown_arm_is_refused_in_one_line(capsys):
+    from fairseq_natbias.cli import demo
+
+    with pytest.raises(SystemExit) as stop:
+        demo.main(["--arms", "unigram", "uniform"])
+    assert stop.value.code == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "--arms: invalid choice: 'uniform'" in error and "'zero'" in error

@@ -81,11 +81,14 @@ def test_biases_share_every_initial_parameter_but_the_bias(toy_bin, weight_init)
             assert torch.equal(states[init][key], value), (init, key)
 
 
-@pytest.mark.parametrize("form", ["abs-capped", "capped", "linear", "exp"])
+# capped, retired for new models in 0.6.1, cannot train from scratch; its
+# steps are abs-capped's while C u > 0 (tests/test_output_projection.py) and a
+# checkpoint that holds it resumes (tests/test_checkpoint_settings.py).
+@pytest.mark.parametrize("form", ["abs-capped", "linear", "exp"])
 def test_one_update_moves_the_gain_by_speed_times_lr(toy_bin, tmp_path, form):
     """Through the real fairseq-train and fairseq's Adam, constant lr: after
     update 1 the logged gain is 0.05 +- speed * lr (abs-capped, the default,
-    capped and linear: the cap and 0 are far) or 0.05 * exp(+- speed * lr) (exp): Adam's first
+    and linear: the cap and 0 are far) or 0.05 * exp(+- speed * lr) (exp): Adam's first
     step on u is lr * sign of its gradient."""
     lr, speed = 1e-3, 30.0
     result = train(toy_bin, tmp_path / "ckpt", "--lr-scheduler", "fixed", "--lr", str(lr),
