@@ -70,8 +70,8 @@ ARM_NOTES = {
 
 
 def report(work, results):
-    """The report of the arms in ``results`` (in the order of ARMS)."""
-    arms = [arm for arm in ARMS if arm in results]
+    """The report of the arms in ``results``, in its order (main's, ARMS')."""
+    arms = list(results)
     curves = {init: pipeline.validation_curve(work / init) for init in arms}
     updates = sorted(set().union(*curves.values()))
     lines = ["## Validation NLL (bits/token) over updates", "",
