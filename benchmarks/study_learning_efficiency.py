@@ -150,6 +150,11 @@ def main():
                              "by their patience train on to it)")
     parser.add_argument("--jobs", type=int, default=2, help="trainings side by side")
     parser.add_argument("--threads", type=int, default=1, help="CPU threads per training")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="where fairseq trains and scores: cuda drops --cpu (a lent GPU "
+                             "machine, docs/gpu.md); such runs and results are named "
+                             "<setting>-cuda, apart from the CPU's, since the same seed "
+                             "gives other numbers there")
     parser.add_argument("--summarise-only", action="store_true",
                         help="no training: the table and plots of the finished runs")
     parser.add_argument("--results", help="also copy the table and plots to this folder")
@@ -180,6 +185,7 @@ def main():
             if args.task == "translation" else LanguageModel(args.lang))
     if args.preset:
         task.use_preset(args.preset)
+    task.device = args.device
     if args.untied:
         task.options = [o for o in task.options if o not in TYING_OPTIONS]
     if args.converge:
@@ -198,7 +204,8 @@ def main():
         raw = first_pairs(raw, work / "raw", langs, args.train_pairs)
     setting = args.setting = (args.schedule + ("-untied" if args.untied else "")
                               + (f"-{args.preset}" if args.preset else "")
-                              + ("-converge" if args.converge else ""))
+                              + ("-converge" if args.converge else "")
+                              + ("-cuda" if args.device == "cuda" else ""))
     study_dir = work / setting
     os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(args.threads)
     data_bin = task.prepare(raw, work)

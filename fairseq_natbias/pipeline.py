@@ -217,12 +217,13 @@ def validation_curve(run_dir, key="nll_loss"):
 # --- fairseq-generate and sacreBLEU --------------------------------------------
 
 
-def evaluate(data_bin, work, run_dir, name, target=LANGS[1], test_set=None):
+def evaluate(data_bin, work, run_dir, name, target=LANGS[1], test_set=None, cpu=True):
     """Test BLEU/chrF of run_dir/checkpoint_best.pt (beam 5), kept in
     run_dir/test_scores.json; the detokenised hypotheses in run_dir/test.hyp.
     ``test_set`` (a Multi30k file stem such as ``test_2017_flickr``, prepared
     by :func:`prepare_test_set`) scores that set instead, into
-    run_dir/<test_set>_scores.json and run_dir/<test_set>.hyp."""
+    run_dir/<test_set>_scores.json and run_dir/<test_set>.hyp. ``cpu=False``
+    decodes on the GPU (the study's --device cuda)."""
     stem = test_set or "test"
     scores_path = run_dir / ("test_scores.json" if test_set is None else f"{stem}_scores.json")
     if scores_path.exists():
@@ -238,7 +239,7 @@ def evaluate(data_bin, work, run_dir, name, target=LANGS[1], test_set=None):
                   "--path", str(run_dir / "checkpoint_best.pt"), "--beam", "5",
                   "--lenpen", "1.0", "--max-len-a", "1.2", "--max-len-b", "10",
                   "--required-batch-size-multiple", "1",
-                  "--cpu", "--batch-size", "128",
+                  *(["--cpu"] if cpu else []), "--batch-size", "128",
                   "--remove-bpe", "sentencepiece", "--num-workers", "0"])
     sentences = parse_generate_output(output.splitlines())
     ordered = [(sentences[i].detokenized if i in sentences else None) or ""

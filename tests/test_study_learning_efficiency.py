@@ -347,3 +347,39 @@ def test_the_zoomed_panel_starts_at_a_quarter_of_a_short_budget(study):
 
     assert summary.zoom_start([line(20000), line(19000)]) == 2000
     assert summary.zoom_start([line(2000), line(1800)]) == 500
+
+
+def test_the_cuda_device_drops_cpu_from_training_and_scoring(study, tmp_path, monkeypatch):
+    """--device cuda: fairseq-train, fairseq-generate and fairseq-eval-lm
+    without --cpu (fairseq then uses the GPU); the default keeps --cpu."""
+    from fairseq_natbias import pipeline
+
+    for task in (study.Translation("de-en"), study.LanguageModel("en")):
+        assert _parsed_training_arguments(study, task, "gain/unigram", tmp_path).cpu
+        task.device = "cuda"
+        assert not _parsed_training_arguments(study, task, "gain/unigram", tmp_path).cpu
+
+    generated = []
+    monkeypatch.setattr(pipeline, "evaluate",
+                        lambda *args, **kwargs: generated.append(kwargs["cpu"]))
+    translation = study.Translation("de-en", ("test_2017_flickr",))
+    translation.evaluate(tmp_path, tmp_path, tmp_path, "cpu run")
+    translation.device = "cuda"
+    translation.evaluate(tmp_path, tmp_path, tmp_path, "cuda run")
+    assert generated == [True, True, False, False]  # test_2016, then test_2017, per device
+
+    commands = []
+
+    def eval_lm(argv):
+        commands.append(argv)
+        return "| Loss (base 2): 5.0000, Perplexity: 32.00"
+
+    monkeypatch.setattr(pipeline, "run", eval_lm)
+    for device in ("cpu", "cuda"):
+        run_dir = tmp_path / f"lm_{device}"
+        run_dir.mkdir()
+        lm = study.LanguageModel("en")
+        lm.device = device
+        lm.evaluate(tmp_path, tmp_path, run_dir, device)
+        assert json.loads((run_dir / "test_scores.json").read_text()) == {"nll": 5.0, "ppl": 32.0}
+    assert ["--cpu" in argv for argv in commands] == [True, False]

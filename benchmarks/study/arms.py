@@ -82,6 +82,13 @@ def first_pairs(raw, folder, langs, pairs):
     return folder
 
 
+def on_device(options, device):
+    """``options`` (a list of fairseq arguments) for ``device``: as they are
+    on the CPU; for "cuda" without ``--cpu``, so fairseq trains, validates,
+    generates and evaluates on the GPU (everything else alike)."""
+    return [o for o in options if device == "cpu" or o != "--cpu"]
+
+
 def converge_options(options, loss_key):
     """The task's options for a --converge run: no BLEU during training (at
     every validation it would cost more than the training between them), the
@@ -103,6 +110,7 @@ class Translation:
     name = "translation"
     stock_arch, natbias_arch = "transformer", "transformer_natbias"
     loss_key = "nll_loss"  # label_smoothed_cross_entropy's NLL, bits
+    device = "cpu"  # or "cuda" (--device): see on_device
     options = [*pipeline.MODEL, *EVAL_BLEU]
 
     def __init__(self, pair, extra_test_sets=()):
@@ -124,13 +132,14 @@ class Translation:
         return data_bin
 
     def training(self):
-        return list(pipeline.TRAINING)
+        return on_device(pipeline.TRAINING, self.device)
 
     def evaluate(self, data_bin, work, run_dir, name):
-        pipeline.evaluate(data_bin, work, run_dir, name, target=self.langs[1])
+        cpu = self.device == "cpu"
+        pipeline.evaluate(data_bin, work, run_dir, name, target=self.langs[1], cpu=cpu)
         for test_set in self.extra_test_sets:
             pipeline.evaluate(data_bin, work, run_dir, name, target=self.langs[1],
-                              test_set=test_set)
+                              test_set=test_set, cpu=cpu)
 
     def test_scores(self, run_dir):
         scores = json.loads((run_dir / "test_scores.json").read_text())
@@ -150,6 +159,7 @@ class LanguageModel:
     name = "lm"
     stock_arch, natbias_arch = "transformer_lm", "transformer_lm_natbias"
     loss_key = "loss"  # cross_entropy's loss, bits
+    device = "cpu"
     # Input/output dims and pre-norm spelt out: fairseq 0.12 builds stock
     # ``--arch transformer_lm`` from its dataclass defaults (512-dim input and
     # output embeddings, post-norm) whatever --decoder-embed-dim says, while
@@ -170,7 +180,7 @@ class LanguageModel:
         return pipeline.prepare_lm(raw, work, vocab_size=self.vocab_size, lang=self.lang)
 
     def training(self):
-        training = list(pipeline.TRAINING)
+        training = on_device(pipeline.TRAINING, self.device)
         for option in ("--criterion", "--label-smoothing"):
             index = training.index(option)
             del training[index:index + 2]
@@ -185,7 +195,8 @@ class LanguageModel:
         say(f"eval-lm [{name}]: test split")
         output = pipeline.run([*pipeline.tool("fairseq-eval-lm"), str(data_bin), "--user-dir",
                                "fairseq_natbias", "--path", str(run_dir / "checkpoint_best.pt"),
-                               "--gen-subset", "test", "--cpu", "--max-tokens", "4096",
+                               "--gen-subset", "test", *on_device(["--cpu"], self.device),
+                               "--max-tokens", "4096",
                                "--tokens-per-sample", "64", "--num-workers", "0"])
         match = re.search(r"Loss \(base 2\): ([\d.]+), Perplexity: ([\d.]+)", output)
         if not match:

@@ -164,9 +164,9 @@ def reach_by_horizon(runs):
     as for :func:`summarise`."""
     stock = [nll_curve(r) for arm, records in runs.items()
              if arm.name == REFERENCE_ARM for r in records]
-    if not stock:
+    horizons = [h for h in HORIZONS if stock and h <= min(u[-1] for u, _ in stock)]
+    if not horizons:  # no stock run, or stock's runs shorter than the first horizon
         return {}
-    horizons = [h for h in HORIZONS if h <= min(u[-1] for u, _ in stock)]
     targets = [float(np.mean([np.interp(h, u, v) for u, v in stock])) for h in horizons]
     found = {}
     for arm, records in runs.items():
