@@ -50,7 +50,11 @@ TABLE_NAME = "converge_3seeds.md"
 
 
 def read_csv(path):
-    """Rows of a CSV whose leading ``#`` lines are comments."""
+    """Rows of a CSV whose leading ``#`` lines are comments; none when the
+    file is absent (only the short-converge study has seeds from before
+    the records)."""
+    if not path.exists():
+        return []
     with open(path, newline="") as handle:
         return list(csv.DictReader(line for line in handle if not line.startswith("#")))
 
@@ -58,31 +62,35 @@ def read_csv(path):
 def seed_from_record(record):
     """One seed's figures from the study's run record: the lowest validation
     NLL and the best checkpoint's test scores (the first test set is the
-    data-bin's own test split, stored without a suffix)."""
+    data-bin's own test split, stored without a suffix). A test set the run
+    was not scored on (a GPU study cut off while decoding) is left out: its
+    cells in the tables show a dash."""
     scores = record["scores"]
     second = CONVERGE_TEST_SETS[1]
-    return {"best_valid_nll": min(record["nll"]),
-            "bleu_test_2016": scores["bleu"], "chrf_test_2016": scores["chrf"],
-            "bleu_test_2017": scores[f"bleu_{second}"],
-            "chrf_test_2017": scores[f"chrf_{second}"]}
+    figures = {"best_valid_nll": min(record["nll"]),
+               "bleu_test_2016": scores["bleu"], "chrf_test_2016": scores["chrf"]}
+    if f"bleu_{second}" in scores:
+        figures.update({"bleu_test_2017": scores[f"bleu_{second}"],
+                        "chrf_test_2017": scores[f"chrf_{second}"]})
+    return figures
 
 
 def seed_from_row(row):
     return {metric: float(row[metric]) for metric in METRICS if row[metric].strip()}
 
 
-def collect_seeds(pairs, arms, results=RESULTS):
+def collect_seeds(pairs, arms, results=RESULTS, setting=SETTING):
     """``{(pair, arm): {seed: {metric: value}}}`` for the given pairs and
     arms that have a seed. A run record (where the study keeps it:
     runs/<pair>_<setting>/<arm's folder>/seed<k>.json) wins over a typed-in
     row for the same seed (it is the run's own output)."""
     seeds = {}
-    for row in read_csv(results / "seeds" / f"{SETTING}_before_records.csv"):
+    for row in read_csv(results / "seeds" / f"{setting}_before_records.csv"):
         if row["pair"] in pairs and row["arm"] in arms:
             seeds.setdefault((row["pair"], row["arm"]), {})[int(row["seed"])] = seed_from_row(row)
     for pair in pairs:
         for arm in arms:
-            archive = results / "runs" / f"{pair}_{SETTING}" / Arm.parse(arm).folder
+            archive = results / "runs" / f"{pair}_{setting}" / Arm.parse(arm).folder
             for path in sorted(archive.glob("seed*.json")):
                 seed = int(path.stem[len("seed"):])
                 record = json.loads(path.read_text())
@@ -96,12 +104,12 @@ def collect_seeds(pairs, arms, results=RESULTS):
     return seeds
 
 
-def two_seed_values(results=RESULTS):
+def two_seed_values(results=RESULTS, setting=SETTING):
     """``{(pair, arm, metric): [a, b]}`` from two-seed mean ± s.e.: for two
     values, mean ± s.e. = (a + b)/2 ± |a - b|/2 (s.e. = s/sqrt(2), s =
     |a - b|/sqrt(2)), so the values are mean - s.e. and mean + s.e."""
     pairs = {}
-    for row in read_csv(results / "seeds" / f"{SETTING}_two_seed_chrf.csv"):
+    for row in read_csv(results / "seeds" / f"{setting}_two_seed_chrf.csv"):
         mean, stderr = float(row["mean"]), float(row["stderr"])
         pairs[(row["pair"], row["arm"], f"chrf_{row['test_set']}")] = [mean - stderr, mean + stderr]
     return pairs
@@ -191,10 +199,10 @@ def differences(seeds, two_seed, pairs, comparisons):
     return "\n".join(lines)
 
 
-def report(seeds, two_seed, pairs, arms, comparisons, budget=DEFAULT_BUDGET):
+def report(seeds, two_seed, pairs, arms, comparisons, budget=DEFAULT_BUDGET, setting=SETTING):
     """The text the script prints: the means, the per-seed table, the differences."""
     return "\n".join([
-        f"Multi30k, {SETTING}, {budget}: mean ± standard error over seeds\n",
+        f"Multi30k, {setting}, {budget}: mean ± standard error over seeds\n",
         table(seeds, two_seed, pairs, arms),
         "\nPer seed:\n",
         per_seed_table(seeds, pairs, arms),
@@ -203,20 +211,22 @@ def report(seeds, two_seed, pairs, arms, comparisons, budget=DEFAULT_BUDGET):
     ]) + "\n"
 
 
-def results_file(text, pairs, arguments=()):
+def results_file(text, pairs, arguments=(), setting=SETTING, results=RESULTS):
     """``text`` (what :func:`report` returns) as the committed results file:
     a header naming the script, the command (with ``arguments``) and the
     sources, then the text."""
-    runs = ", ".join(f"`runs/{pair}_{SETTING}/*/seed*.json`" for pair in pairs)
+    runs = ", ".join(f"`runs/{pair}_{setting}/*/seed*.json`" for pair in pairs)
     command = " ".join([".venv/bin/python benchmarks/combine_seeds.py", *arguments])
+    typed_in = [f"`seeds/{setting}_{name}.csv`" for name in ("before_records", "two_seed_chrf")
+                if (results / "seeds" / f"{setting}_{name}.csv").exists()]
     return (
-        f"# Multi30k {SETTING}: every seed combined\n\n"
+        f"# Multi30k {setting}: every seed combined\n\n"
         "Written by `benchmarks/combine_seeds.py` (do not edit by hand); regenerate with "
         f"`{command}`.\n"
-        f"Sources (under benchmarks/results/): the study's run records {runs}; for the seeds "
-        f"run before records were kept, `seeds/{SETTING}_before_records.csv` and "
-        f"`seeds/{SETTING}_two_seed_chrf.csv`.\n\n"
-        + text)
+        f"Sources (under benchmarks/results/): the study's run records {runs}"
+        + (f"; for the seeds run before records were kept, {' and '.join(typed_in)}"
+           if typed_in else "")
+        + ".\n\n" + text)
 
 
 def selection_arguments(args):
@@ -226,7 +236,8 @@ def selection_arguments(args):
     for option, value, default in (("--pairs", args.pairs, DEFAULT_PAIRS),
                                    ("--arms", args.arms, DEFAULT_ARMS),
                                    ("--compare", args.compare, DEFAULT_COMPARE),
-                                   ("--budget", [args.budget], [DEFAULT_BUDGET])):
+                                   ("--budget", [args.budget], [DEFAULT_BUDGET]),
+                                   ("--setting", [args.setting], [SETTING])):
         if value != default:
             chosen += [option, *(shlex.quote(item) for item in value)]
     return chosen
@@ -240,6 +251,9 @@ def main(argv=None):
                         help="differences to print, as ARM:REFERENCE")
     parser.add_argument("--results", type=Path, default=RESULTS,
                         help="folder holding runs/ and seeds/ (default: benchmarks/results)")
+    parser.add_argument("--setting", default=SETTING,
+                        help="the study setting whose records to combine: runs/<pair>_<setting>/ "
+                             f"(default: {SETTING}; e.g. paper-converge-cuda)")
     parser.add_argument("--budget", default=DEFAULT_BUDGET,
                         help=f"the runs' budget, for the title (default: {DEFAULT_BUDGET})")
     parser.add_argument("--out", type=Path, default=None,
@@ -248,15 +262,17 @@ def main(argv=None):
     args = parser.parse_args(argv)
     comparisons = [tuple(text.split(":", 1)) for text in args.compare]
     arms = list(dict.fromkeys(args.arms + [arm for pair in comparisons for arm in pair]))
-    seeds, two_seed = collect_seeds(args.pairs, arms, args.results), two_seed_values(args.results)
-    text = report(seeds, two_seed, args.pairs, args.arms, comparisons, args.budget)
+    seeds = collect_seeds(args.pairs, arms, args.results, args.setting)
+    two_seed = two_seed_values(args.results, args.setting)
+    text = report(seeds, two_seed, args.pairs, args.arms, comparisons, args.budget, args.setting)
     print(text, end="")
     out = args.out
-    if out is None and (args.pairs, args.arms, args.compare) == (
-            DEFAULT_PAIRS, DEFAULT_ARMS, DEFAULT_COMPARE):
+    if out is None and (args.pairs, args.arms, args.compare, args.setting) == (
+            DEFAULT_PAIRS, DEFAULT_ARMS, DEFAULT_COMPARE, SETTING):
         out = args.results / TABLE_NAME
     if out is not None:
-        out.write_text(results_file(text, args.pairs, selection_arguments(args)))
+        out.write_text(results_file(text, args.pairs, selection_arguments(args), args.setting,
+                                    args.results))
         print(f"wrote {out}", file=sys.stderr)
 
 

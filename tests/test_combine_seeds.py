@@ -149,3 +149,26 @@ def test_another_selection_names_itself_in_the_written_header(tmp_path):
     assert ("regenerate with `.venv/bin/python benchmarks/combine_seeds.py --pairs de-en "
             "--arms stock gain/zero --compare gain/zero:stock --budget '2,000 updates'`") in text
     assert "Multi30k, short-converge, 2,000 updates: mean ± standard error" in text
+
+
+def test_another_setting_reads_its_own_records_and_leaves_unscored_sets_blank(combine, results,
+                                                                                capsys):
+    """--setting paper-converge-cuda combines runs/<pair>_paper-converge-cuda
+    alone (no typed-in rows exist for it); a record without test_2017 scores
+    (decoding cut off) gives its figures for the rest and dashes there."""
+    folder = results / "runs" / "x-y_paper-converge-cuda"
+    for arm, nll, bleu in (("stock", [9.0, 4.5, 4.6], 20.0), ("gain-unigram", [8.0, 4.4], 20.5)):
+        (folder / arm).mkdir(parents=True)
+        (folder / arm / "seed1.json").write_text(json.dumps(
+            {"updates": [0, 100, 200][:len(nll)], "nll": nll,
+             "scores": {"bleu": bleu, "chrf": 40.0}, "step0": {"nll": nll[0]}, "gain": None}))
+    out = results / "paper.md"
+    combine.main(["--results", str(results), "--setting", "paper-converge-cuda",
+                  "--pairs", "x-y", "--arms", "stock", "gain/unigram",
+                  "--compare", "gain/unigram:stock", "--out", str(out)])
+    capsys.readouterr()
+    text = out.read_text()
+    assert "| x-y 1 | 4.500 / 4.400 | 20.00 / 20.50 | – / – |" in text
+    assert "best_valid_nll -0.100 (seeds 1)" in text and "bleu_test_2016 +0.50" in text
+    assert "--setting paper-converge-cuda" in text and "before_records" not in text
+    assert "x-y stock | 1 | 4.500" in text  # seeds 1-3 of the typed-in rows are not read
