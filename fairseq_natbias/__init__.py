@@ -10,7 +10,7 @@ import importlib
 import os
 import sys
 
-__version__ = "0.6.1"
+__version__ = "0.6.2"
 
 # The modules whose import registers something with fairseq (the two
 # architectures and their models, the criterion), and the two compatibility

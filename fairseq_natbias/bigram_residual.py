@@ -21,6 +21,27 @@ checkpoint's shape on loading. The values and beta stay float32 under
 ``--fp16``/``--bf16``: beta D is formed in float32 and rounded once, where it
 is added to the logits (which are in the model's dtype, as fairseq's are).
 
+Leave-one-out in training. The table was counted on the very targets the
+network is trained on, and there it is optimistic: at 3,000 pairs the
+Witten-Bell bigram scores its own training targets about 1.15 bits better
+than held-out ones, and a network trained on the residual leans on that
+(docs/studies/bigram.md). So while training, each position sees the table
+counted without its own target y after v: with c = c(v, y), T = T(v) and
+T' = T - [c = 1] (a pair seen once takes its continuation with it),
+
+    D'[v, y]  = log(1 + (c - 1) / (T' p(y)))  = log(1 + (e^D[v, y] - 1) (c - 1) T / (c T'))
+    D'[v, y'] = log(1 + c(v, y') / (T' p(y'))) = log(1 + (e^D[v, y'] - 1) T / T')   (y' != y)
+
+(p, the unigram, is left whole: one token in N). Validation, generation and
+scoring use the full table. The next token is known inside the decoder for
+translation (the input shifted by one; EOS after the last); a language
+model's last position in a block has its target outside the block, and
+there the full table is used. Rows held dense (over |V| / 8 continuations)
+get the target's own entry left out but keep T: their other entries would
+move by at most log(1 + 8 / |V|). The counts c are a buffer of the table;
+a checkpoint from before they were kept (0.5.0 to 0.6.1) has none, and its
+training resumes as it began, with the full table.
+
 The residual needs the decoder's input tokens, which fairseq's output
 projection never sees, and fairseq calls ``decoder.forward`` directly (the
 sequence generator), so neither a submodule nor a hook can add it. The
@@ -97,11 +118,15 @@ class _AddResidual(torch.autograd.Function):
 class BigramResidual(KeepsFloat32):
     """``beta D[v]`` added to the logits at the positions whose input is v."""
 
-    def __init__(self, indptr: torch.Tensor, indices: torch.Tensor, values: torch.Tensor):
+    def __init__(self, indptr: torch.Tensor, indices: torch.Tensor, values: torch.Tensor,
+                 counts: Optional[torch.Tensor] = None):
         super().__init__()
         self.register_buffer("indptr", indptr.to(torch.int64))
         self.register_buffer("indices", indices.to(torch.int64))
         self.register_buffer("values", values.to(torch.float32))
+        # c(v, y) per entry, for leaving each target out in training; empty:
+        # not known (a table from before 0.6.2, or a swapped prior).
+        self.register_buffer("counts", _counts_or_empty(counts, indices))
         self.weight = nn.Parameter(torch.ones((), dtype=torch.float32))
         self._split_dense_rows()
 
@@ -132,9 +157,21 @@ class BigramResidual(KeepsFloat32):
         self.register_buffer("dense_rows", rows, persistent=False)
         self.register_buffer("sparse_lengths", torch.where(slot >= 0, 0, lengths),
                              persistent=False)
+        self.register_buffer("row_lengths", lengths, persistent=False)
+        rows_of_entries = torch.repeat_interleave(torch.arange(vocab, device=device), lengths)
+        self.register_buffer("entry_keys", rows_of_entries * vocab + self.indices,
+                             persistent=False)  # ascending: rows, then columns
 
-    def forward(self, logits: torch.Tensor, previous: torch.Tensor) -> torch.Tensor:
+    @property
+    def leaves_one_out(self) -> bool:
+        return len(self.counts) == len(self.indices) > 0
+
+    def forward(self, logits: torch.Tensor, previous: torch.Tensor,
+                targets: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Add beta D[previous] to ``logits`` (..., |V|) in place; returns them.
+        With ``targets`` (each position's next token, -1 where not known;
+        training) and the counts known, each position's own target is left
+        out of the table (the module docstring).
 
         Sparse rows: the entries of the N positions' rows are gathered as
         one flat list (position, column, value). Dense rows (the long ones):
@@ -154,14 +191,43 @@ class BigramResidual(KeepsFloat32):
         row_offsets = torch.cumsum(lengths, 0) - lengths
         entries = (torch.arange(total, device=rows.device)
                    - row_offsets[positions] + self.indptr[rows][positions])
-        flat_index = positions * vocab + self.indices[entries]
+        columns = self.indices[entries]
+        flat_index = positions * vocab + columns
+        values = self.values[entries]
         dense_slot = self.dense_slot[rows]
         dense_positions = torch.nonzero(dense_slot >= 0).flatten()
-        return _AddResidual.apply(logits, self.weight, flat_index, self.values[entries],
+        if targets is not None and self.leaves_one_out:
+            flat_index, values = self._leave_one_out(rows, targets.reshape(-1), positions,
+                                                     columns, flat_index, values, dense_slot)
+        return _AddResidual.apply(logits, self.weight, flat_index, values,
                                   dense_positions, dense_slot[dense_positions], self.dense_rows)
 
+    def _leave_one_out(self, rows, targets, positions, columns, flat_index, values, dense_slot):
+        """The gathered sparse entries with each position's target left out
+        (module docstring), plus one correcting entry per position whose row
+        is dense and holds its target."""
+        vocab = self.vocab_size
+        query = rows * vocab + targets.clamp(min=0)
+        entry = torch.searchsorted(self.entry_keys, query).clamp(max=len(self.entry_keys) - 1)
+        found = (targets >= 0) & (self.entry_keys[entry] == query)
+        count = torch.where(found, self.counts[entry], torch.zeros_like(self.counts[entry]))
+        distinct = self.row_lengths[rows].to(torch.float32)
+        singleton = found & (count == 1) & (distinct > 1)
+        row_factor = torch.where(singleton, distinct / (distinct - 1), torch.ones_like(distinct))
+        own_factor = torch.where(found, (count - 1) / count.clamp(min=1), torch.ones_like(count))
+        # Sparse rows: every entry of a row that lost a continuation, and the target's own.
+        factor = row_factor[positions] * torch.where(columns == targets[positions],
+                                                     own_factor[positions], 1.0)
+        values = torch.where(factor != 1, torch.log1p(torch.expm1(values) * factor), values)
+        # Dense rows: the target's own entry only (T kept).
+        fix = torch.nonzero(found & (dense_slot >= 0)).flatten()
+        own = self.values[entry[fix]]
+        correction = torch.log1p(torch.expm1(own) * own_factor[fix]) - own
+        return (torch.cat([flat_index, fix * vocab + targets[fix]]),
+                torch.cat([values, correction]))
+
     def replace_table(self, indptr: torch.Tensor, indices: torch.Tensor,
-                      values: torch.Tensor) -> None:
+                      values: torch.Tensor, counts: Optional[torch.Tensor] = None) -> None:
         """Another table of the same vocabulary (the prior swapped); beta kept."""
         if len(indptr) != len(self.indptr):
             raise ValueError(f"the new table has {len(indptr) - 1} rows, the model "
@@ -170,20 +236,23 @@ class BigramResidual(KeepsFloat32):
         self.indptr = indptr.to(device, torch.int64)
         self.indices = indices.to(device, torch.int64)
         self.values = values.to(device, torch.float32)
+        self.counts = _counts_or_empty(counts, indices).to(device)
         self._split_dense_rows()
 
     # The table, its dense rows and beta stay float32 when the model is cast
     # to half; they only move device.
     float32_parameters = ("weight",)
-    float32_buffers = ("values", "dense_rows")
+    float32_buffers = ("values", "dense_rows", "counts")
 
     def _float32_device(self) -> torch.device:
         return self.indptr.device
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         # A placeholder table takes the saved one's size before it is copied;
-        # the dense rows are derived again from what was loaded.
-        for name in ("indices", "values"):
+        # the dense rows are derived again from what was loaded. A table
+        # saved before the counts were kept loads without them.
+        state_dict.setdefault(prefix + "counts", torch.zeros(0))
+        for name in ("indices", "values", "counts"):
             saved = state_dict.get(prefix + name)
             if saved is not None and saved.shape != self._buffers[name].shape:
                 self._buffers[name] = torch.empty(saved.shape, dtype=self._buffers[name].dtype,
@@ -196,12 +265,35 @@ class BigramResidual(KeepsFloat32):
                 f"dense rows={len(self.dense_rows)}")
 
 
+def _counts_or_empty(counts, indices):
+    if counts is None:
+        return torch.zeros(0, dtype=torch.float32, device=indices.device)
+    return counts.to(indices.device, torch.float32)
+
+
 class BigramResidualDecoder:
     """Mixin over a fairseq transformer decoder: its logits get the bigram
     residual of its input tokens (under incremental decoding the last one,
     the token whose successor is being scored)."""
 
     bigram_residual: BigramResidual
+    # Translation: the target after the last input token is EOS. A language
+    # model's is the first token of the next block, not known here.
+    eos_ends_the_input = True
+
+    def next_tokens(self, prev_output_tokens):
+        """Each position's target, read off the decoder's input (shifted by
+        one), -1 where it is not known (padding; a language model's last)."""
+        following = torch.full_like(prev_output_tokens, -1)
+        following[:, :-1] = prev_output_tokens[:, 1:]
+        pad = self.padding_idx
+        real = prev_output_tokens != pad
+        ends = real & ((following == pad) | (following == -1))
+        following = torch.where(following == pad, torch.full_like(following, -1), following)
+        if self.eos_ends_the_input:
+            following = torch.where(ends, torch.full_like(following, self.dictionary.eos()),
+                                    following)
+        return torch.where(real, following, torch.full_like(following, -1))
 
     def forward(self, prev_output_tokens, encoder_out=None, incremental_state=None,
                 features_only: bool = False, **kwargs):
@@ -210,8 +302,10 @@ class BigramResidualDecoder:
                                    features_only=features_only, **kwargs)
         if features_only:
             return x, extra
-        previous = prev_output_tokens[:, -1:] if incremental_state is not None else prev_output_tokens
-        return self.bigram_residual(x, previous), extra
+        if incremental_state is not None:
+            return self.bigram_residual(x, prev_output_tokens[:, -1:]), extra
+        targets = self.next_tokens(prev_output_tokens) if self.training else None
+        return self.bigram_residual(x, prev_output_tokens, targets), extra
 
 
 class TransformerDecoderBaseWithBigram(BigramResidualDecoder, TransformerDecoderBase):
@@ -220,6 +314,8 @@ class TransformerDecoderBaseWithBigram(BigramResidualDecoder, TransformerDecoder
 
 class TransformerDecoderWithBigram(BigramResidualDecoder, TransformerDecoder):
     """The language model's decoder (fairseq's legacy ``TransformerDecoder``)."""
+
+    eos_ends_the_input = False
 
 
 WITH_BIGRAM = {TransformerDecoderBase: TransformerDecoderBaseWithBigram,

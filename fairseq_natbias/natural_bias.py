@@ -117,8 +117,10 @@ class NaturalBiasModel:
         log_unigram = unigram.unigram_log_probs(counts, args.natbias_smoothing)
         residual = None
         if pairs is not None:
+            table = pairs.table()
             residual = bigram_residual.BigramResidual(
-                *bigram.witten_bell_residual(pairs.table(), log_unigram))
+                *bigram.witten_bell_residual(table, log_unigram),
+                counts=torch.from_numpy(table.counts))
         bias = _initial_bias(args, task, log_unigram)
         # W's reference norm is the log-unigram's also for zero / none, so that
         # the three runs share W and differ in the bias alone.

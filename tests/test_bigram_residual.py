@@ -52,6 +52,96 @@ def test_sparse_residual_equals_the_dense_table_with_gradients(monkeypatch, dens
                                .expand(2, 3, 4))
 
 
+@pytest.mark.parametrize("dense_fraction", [1, 8])  # all rows sparse; all rows dense
+def test_training_leaves_each_target_out_of_the_table(monkeypatch, dense_fraction):
+    """With targets, each position gets the Witten-Bell table counted
+    without its own (previous, target) pair, worked here from the counts:
+    D = log(1 + c / (T p)), with c one less and, for a pair seen once, T one
+    less (sparse rows; dense rows keep T). Without targets: the full table."""
+    monkeypatch.setattr(bigram_residual, "DENSE_ROW_FRACTION", dense_fraction)
+    vocab = 5
+    p = np.array([0.1, 0.2, 0.3, 0.15, 0.25])
+    counts = {(0, 1): 3, (0, 2): 1, (0, 4): 2, (2, 3): 1, (3, 0): 1, (3, 1): 5}
+    def table(counts, keep_t=None):
+        t = Counter(v for (v, _), c in counts.items() if c > 0)
+        if keep_t is not None:
+            t[keep_t[0]] = keep_t[1]
+        dense = np.zeros((vocab, vocab))
+        for (v, y), c in counts.items():
+            if c > 0:
+                dense[v, y] = math.log(1 + c / (t[v] * p[y]))
+        return dense
+    full = table(counts)
+    keys = sorted(counts)
+    residual = BigramResidual(torch.tensor(np.cumsum([0] + [sum(1 for v, _ in keys if v == r)
+                                                           for r in range(vocab)])),
+                              torch.tensor([y for _, y in keys]),
+                              torch.tensor([full[k] for k in keys], dtype=torch.float32),
+                              counts=torch.tensor([float(counts[k]) for k in keys]))
+    residual.weight.data.fill_(1.0)
+    previous = torch.tensor([[0, 0, 0, 2, 3, 1, 4]])
+    targets = torch.tensor([[1, 2, 3, 3, 0, 2, -1]])  # 3 after 0 and 2 after 1: unseen
+    logits = residual(torch.zeros(1, 7, vocab), previous, targets)[0].detach().double().numpy()
+    for i, (v, y) in enumerate(zip(previous[0].tolist(), targets[0].tolist())):
+        left_out = dict(counts)
+        if (v, y) in counts:
+            left_out[v, y] -= 1
+        distinct = sum(1 for (w, _), c in counts.items() if w == v)
+        keep_t = (v, distinct) if dense_fraction == 8 and distinct else None
+        np.testing.assert_allclose(logits[i], table(left_out, keep_t)[v], atol=1e-6,
+                                   err_msg=f"position {i}: {v} -> {y}")
+    # (0 -> 2) was seen once: its entry is gone; T(0) from 3 to 2 in a sparse row.
+    assert logits[1, 2] == 0.0
+    if dense_fraction == 1:
+        assert logits[1, 1] == pytest.approx(math.log(1 + 3 / (2 * 0.2)), abs=1e-6)
+    # (2 -> 3), the row's only pair, seen once: the row is empty.
+    assert not logits[3].any()
+    np.testing.assert_allclose(residual(torch.zeros(1, 7, vocab), previous)[0].detach().numpy(),
+                               full[previous[0].numpy()], atol=1e-6)
+
+
+def test_a_table_saved_without_counts_loads_and_trains_on_the_full_table():
+    """0.5.0-0.6.1 saved no counts: such a table loads into a placeholder
+    (strictly) and, given targets, adds the full table as it did; one saved
+    with counts loads them and leaves the targets out."""
+    indptr, indices = torch.tensor([0, 2, 2, 3]), torch.tensor([0, 2, 1])
+    values, counts = torch.tensor([0.5, 1.5, 2.0]), torch.tensor([1.0, 4.0, 2.0])
+    saved = BigramResidual(indptr, indices, values, counts=counts).state_dict()
+    previous, targets = torch.tensor([[0, 2]]), torch.tensor([[0, 1]])
+    full = torch.zeros(1, 2, 3)
+    full[0, 0, [0, 2]], full[0, 1, 1] = values[:2], values[2]
+    old = {name: tensor for name, tensor in saved.items() if name != "counts"}
+    for state, leaves_out in ((old, False), (saved, True)):
+        loaded = BigramResidual.placeholder(3)
+        loaded.load_state_dict(state, strict=True)
+        assert loaded.leaves_one_out == leaves_out
+        added = loaded(torch.zeros(1, 2, 3), previous, targets).detach()
+        assert torch.equal(added, full) != leaves_out
+    assert torch.equal(loaded.counts, counts)
+
+
+def test_the_decoder_reads_each_positions_target_off_its_input(toy_bin, toy_lm_bin, tmp_path):
+    """Translation: the input shifted by one, EOS after the last real token,
+    -1 under padding; a language model: its last position not known."""
+    task, model, _ = build_in_process(toy_bin, tmp_path / "mt", *ORDER_2)
+    decoder = model.decoder
+    pad, eos = decoder.padding_idx, decoder.dictionary.eos()
+    prev = torch.tensor([[eos, 7, 8, 9], [eos, 10, pad, pad]])
+    assert decoder.next_tokens(prev).tolist() == [[7, 8, 9, eos], [10, eos, -1, -1]]
+    batch = first_sentences(task, "train", n=6)
+    net_input, target = batch["net_input"], batch["target"]
+    assert torch.equal(torch.where(target == pad, -1, target),
+                       decoder.next_tokens(net_input["prev_output_tokens"]))
+    lm_task, lm, _ = build_in_process(toy_lm_bin, tmp_path / "lm", *ORDER_2,
+                                      arch="transformer_lm_natbias",
+                                      model=TINY_LM + TINY_LM_TRAINING[:4])
+    assert lm.decoder.next_tokens(torch.tensor([[eos, 7, 8, 9]])).tolist() == [[7, 8, 9, -1]]
+    lm_batch = first_sentences(lm_task, "train", n=2)
+    known = lm.decoder.next_tokens(lm_batch["net_input"]["src_tokens"])
+    shown = known >= 0
+    assert torch.equal(known[shown], lm_batch["target"][shown]) and shown[:, :-1].all()
+
+
 def witten_bell_cross_entropy(train_text, valid_lines, dictionary):
     """Bits per target of ``valid_lines`` under the interpolated Witten-Bell
     bigram of the training targets, and under their add-one unigram alone,
