@@ -390,11 +390,25 @@ def test_the_wheel_check_knows_this_packages_requirements():
     assert {"torch", "hydra-core", "omegaconf", "bitarray", "sacrebleu"} <= names
 
 
-def documented_device_command():
+def documented_device_command(script="benchmarks/gpu_check.py"):
+    """The one device command of docs/gpu.md that runs ``script``."""
     text = (REPO / "docs" / "gpu.md").read_text()
-    commands = re.findall(r"```bash\n(python3 -m pip install[^\n]*)\n```", text)
+    commands = [command for command in
+                re.findall(r"```bash\n(python3 -m pip install[^\n]*)\n```", text)
+                if script in command]
     assert len(commands) == 1
     return commands[0]
+
+
+def test_the_documented_study_command_installs_the_wheels_and_names_the_carried_data():
+    command = documented_device_command("benchmarks/gpu_study.sh")
+    assert len(command) <= 2000
+    install, rest = command.split(" || exit; ")
+    assert "--target /tmp/site gpu_prep/wheels/*.whl" in install
+    assert (REPO / "benchmarks" / "gpu_study.sh").exists()
+    seconds, out, workdir, *args = rest.split("bash benchmarks/gpu_study.sh ")[1].split()
+    assert int(seconds) < 600 and out == "$OUT" and not workdir.startswith("-")
+    assert args[:2] == ["--multi30k", "gpu_prep/multi30k_all"]
 
 
 def test_the_documented_device_command_is_complete():
