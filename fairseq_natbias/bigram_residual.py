@@ -150,17 +150,18 @@ class BigramResidual(KeepsFloat32):
         slot = torch.full((vocab,), -1, dtype=torch.int64, device=device)
         slot[dense] = torch.arange(len(dense), device=device)
         rows = torch.zeros(len(dense), vocab, dtype=torch.float32, device=device)
+        counts = torch.zeros(len(dense) if self.leaves_one_out else 0, vocab,
+                             dtype=torch.float32, device=device)
         for i, v in enumerate(dense.tolist()):
             span = slice(int(self.indptr[v]), int(self.indptr[v + 1]))
             rows[i, self.indices[span]] = self.values[span]
+            if self.leaves_one_out:
+                counts[i, self.indices[span]] = self.counts[span]
         self.register_buffer("dense_slot", slot, persistent=False)
         self.register_buffer("dense_rows", rows, persistent=False)
+        self.register_buffer("dense_counts", counts, persistent=False)
         self.register_buffer("sparse_lengths", torch.where(slot >= 0, 0, lengths),
                              persistent=False)
-        self.register_buffer("row_lengths", lengths, persistent=False)
-        rows_of_entries = torch.repeat_interleave(torch.arange(vocab, device=device), lengths)
-        self.register_buffer("entry_keys", rows_of_entries * vocab + self.indices,
-                             persistent=False)  # ascending: rows, then columns
 
     @property
     def leaves_one_out(self) -> bool:
@@ -198,32 +199,34 @@ class BigramResidual(KeepsFloat32):
         dense_positions = torch.nonzero(dense_slot >= 0).flatten()
         if targets is not None and self.leaves_one_out:
             flat_index, values = self._leave_one_out(rows, targets.reshape(-1), positions,
-                                                     columns, flat_index, values, dense_slot)
+                                                     entries, columns, flat_index, values,
+                                                     dense_slot)
         return _AddResidual.apply(logits, self.weight, flat_index, values,
                                   dense_positions, dense_slot[dense_positions], self.dense_rows)
 
-    def _leave_one_out(self, rows, targets, positions, columns, flat_index, values, dense_slot):
+    def _leave_one_out(self, rows, targets, positions, entries, columns, flat_index, values,
+                       dense_slot):
         """The gathered sparse entries with each position's target left out
         (module docstring), plus one correcting entry per position whose row
-        is dense and holds its target."""
-        vocab = self.vocab_size
-        query = rows * vocab + targets.clamp(min=0)
-        entry = torch.searchsorted(self.entry_keys, query).clamp(max=len(self.entry_keys) - 1)
-        found = (targets >= 0) & (self.entry_keys[entry] == query)
-        count = torch.where(found, self.counts[entry], torch.zeros_like(self.counts[entry]))
-        distinct = self.row_lengths[rows].to(torch.float32)
-        singleton = found & (count == 1) & (distinct > 1)
+        is dense and holds its target. A sparse row's target entry is found
+        among the entries already gathered, a dense row's in its dense counts."""
+        is_target = columns == targets[positions]
+        count = torch.zeros(len(rows), dtype=torch.float32, device=rows.device)
+        count.index_add_(0, positions[is_target], self.counts[entries[is_target]])
+        dense = torch.nonzero((dense_slot >= 0) & (targets >= 0)).flatten()
+        count[dense] = self.dense_counts[dense_slot[dense], targets[dense]]
+        distinct = self.sparse_lengths[rows].to(torch.float32)  # T(v); 0 for dense rows (T kept)
+        singleton = (count == 1) & (distinct > 1)
         row_factor = torch.where(singleton, distinct / (distinct - 1), torch.ones_like(distinct))
-        own_factor = torch.where(found, (count - 1) / count.clamp(min=1), torch.ones_like(count))
+        own_factor = (count - 1).clamp(min=0) / count.clamp(min=1)  # 1 - 1/c; 0 when c = 1
         # Sparse rows: every entry of a row that lost a continuation, and the target's own.
-        factor = row_factor[positions] * torch.where(columns == targets[positions],
-                                                     own_factor[positions], 1.0)
+        factor = row_factor[positions] * torch.where(is_target, own_factor[positions], 1.0)
         values = torch.where(factor != 1, torch.log1p(torch.expm1(values) * factor), values)
         # Dense rows: the target's own entry only (T kept).
-        fix = torch.nonzero(found & (dense_slot >= 0)).flatten()
-        own = self.values[entry[fix]]
+        fix = dense[count[dense] > 0]
+        own = self.dense_rows[dense_slot[fix], targets[fix]]
         correction = torch.log1p(torch.expm1(own) * own_factor[fix]) - own
-        return (torch.cat([flat_index, fix * vocab + targets[fix]]),
+        return (torch.cat([flat_index, fix * self.vocab_size + targets[fix]]),
                 torch.cat([values, correction]))
 
     def replace_table(self, indptr: torch.Tensor, indices: torch.Tensor,
@@ -242,7 +245,7 @@ class BigramResidual(KeepsFloat32):
     # The table, its dense rows and beta stay float32 when the model is cast
     # to half; they only move device.
     float32_parameters = ("weight",)
-    float32_buffers = ("values", "dense_rows", "counts")
+    float32_buffers = ("values", "dense_rows", "counts", "dense_counts")
 
     def _float32_device(self) -> torch.device:
         return self.indptr.device
