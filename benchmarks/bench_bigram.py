@@ -427,7 +427,10 @@ def swap_in_wmt_table(arm, table_path):
         return False
     counts = bigram.BigramCounts(saved["indptr"], saved["indices"], saved["counts"])
     log_unigram = unigram.unigram_log_probs(saved["unigram"], 1.0)
-    residual.replace_table(*bigram.witten_bell_residual(counts, log_unigram))
+    # The counts too, so that training leaves each target out of this table
+    # as it does out of a counted one (0.6.2): the cost measured is training's.
+    residual.replace_table(*bigram.witten_bell_residual(counts, log_unigram),
+                           counts=torch.from_numpy(saved["counts"].astype(np.float32)))
     with torch.no_grad():  # the bias as if counted there too (the cost does not depend on it)
         arm.model.decoder.output_projection.bias.copy_(log_unigram)
     return True
@@ -438,21 +441,24 @@ def entries_per_batch(residual, sample):
     return int((residual.indptr[rows + 1] - residual.indptr[rows]).sum())
 
 
-def time_residual_alone(residual, samples, vocab, repeats=1):
+def time_residual_alone(residual, samples, vocab, padding_idx, repeats=1):
     """Forward (into a (B, T, |V|) logits tensor) and backward to beta of the
-    residual alone, per batch: medians in seconds."""
+    residual alone, per batch, as in training: each position's target left
+    out of the table (0.6.2). Medians in seconds."""
     import torch
 
     forward, backward = [], []
     for sample in samples:
         previous = sample["net_input"]["prev_output_tokens"]
+        target = sample["target"]
+        targets = torch.where(target == padding_idx, torch.full_like(target, -1), target)
         shape = (*previous.shape, vocab)
         base = torch.zeros(shape)
         grad = torch.randn(shape)
         for _ in range(repeats):
             logits = base.clone().requires_grad_(False)
             start = time.perf_counter()
-            out = residual(logits, previous)
+            out = residual(logits, previous, targets)
             middle = time.perf_counter()
             torch.autograd.grad(out, [residual.weight], grad)
             end = time.perf_counter()
@@ -503,7 +509,8 @@ def measure_cost_case(name, data_bin, args, workdir, table_path=None):
         residual = residual_of(arms[label])
         if residual is not None:
             entries = [entries_per_batch(residual, s) for s in timed_batches]
-            fwd, bwd = time_residual_alone(residual, timed_batches[:args.residual_batches], vocab)
+            fwd, bwd = time_residual_alone(residual, timed_batches[:args.residual_batches], vocab,
+                                            arms[label].model.decoder.padding_idx)
             rows[label].update(pairs=int(len(residual.indices)),
                                entries_per_batch=statistics.mean(entries),
                                max_entries_per_batch=max(entries),
@@ -621,7 +628,7 @@ def render(counting, cost):
     lines = ["# Cost of `--natbias-order 2` (the bigram residual)", "",
              "Written by `benchmarks/bench_bigram.py` (what it measures and how: its "
              "docstring). **Measured under load**: the 2-core development machine was "
-             "running two fairseq-train processes and test runs beside it, so the "
+             "running fairseq-train beside it (the load averages below), so the "
              "timings are noisy; the arms alternate on the same batches and the figures "
              "are medians, with the interquartile range in brackets.", ""]
     if counting:
@@ -680,7 +687,9 @@ def render(counting, cost):
             "\"paired\" is the median over batches of the per-batch ratio to order 1, the "
             "steadier figure under load: the interquartile ranges are wider than the "
             "difference between stock and order 1 (which bench_overhead.py measures at "
-            "1.02x), so that difference is noise here.", ""]
+            "1.02x), so that difference is noise here. Order 2 trains leave-one-out "
+            "(0.6.2: each target left out of the table it is scored against), and so do "
+            "its timed updates and the residual alone.", ""]
         for case in cost["cases"]:
             lines += [f"### {case['case']}", "",
                       f"|V| = {case['vocab']:,}; {case['tokens_per_batch']:.0f} target tokens per "
