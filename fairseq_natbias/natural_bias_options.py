@@ -73,9 +73,9 @@ def add_args(parser) -> None:
                        help="1 (default): the unigram bias; 2 (experimental): adds "
                             "beta*D[previous token], a fixed Witten-Bell bigram residual "
                             "counted from the training targets, trained leave-one-out; "
-                            "measured better than 1 only for a small English language "
-                            "model, worse for a German one and in translation "
-                            "(docs/studies/bigram.md)")
+                            "measured better than 1 for a language model's first 1,000 "
+                            "updates, at the end of training only for a small English "
+                            "one, worse in translation (docs/studies/bigram.md)")
     group.add_argument("--natbias-counts", metavar="PATH",
                        help="counts file for --natbias-init file "
                             "(make one with natbias-count)")
