@@ -430,7 +430,7 @@ def swap_in_wmt_table(arm, table_path):
     # The counts too, so that training leaves each target out of this table
     # as it does out of a counted one (0.6.2): the cost measured is training's.
     residual.replace_table(*bigram.witten_bell_residual(counts, log_unigram),
-                           counts=torch.from_numpy(saved["counts"].astype(np.float32)))
+                           counts=torch.from_numpy(counts.counts))
     with torch.no_grad():  # the bias as if counted there too (the cost does not depend on it)
         arm.model.decoder.output_projection.bias.copy_(log_unigram)
     return True
@@ -441,17 +441,19 @@ def entries_per_batch(residual, sample):
     return int((residual.indptr[rows + 1] - residual.indptr[rows]).sum())
 
 
-def time_residual_alone(residual, samples, vocab, padding_idx, repeats=1):
+def time_residual_alone(decoder, samples, vocab, repeats=1):
     """Forward (into a (B, T, |V|) logits tensor) and backward to beta of the
-    residual alone, per batch, as in training: each position's target left
-    out of the table (0.6.2). Medians in seconds."""
+    decoder's residual alone, per batch, as in training: each position's
+    target, read off the input by the decoder itself, left out of the table
+    (0.6.2). Medians in seconds."""
     import torch
+    from fairseq_natbias import bigram_residual
 
+    residual = bigram_residual.bigram_residual(decoder)
     forward, backward = [], []
     for sample in samples:
         previous = sample["net_input"]["prev_output_tokens"]
-        target = sample["target"]
-        targets = torch.where(target == padding_idx, torch.full_like(target, -1), target)
+        targets = decoder.next_tokens(previous)
         shape = (*previous.shape, vocab)
         base = torch.zeros(shape)
         grad = torch.randn(shape)
@@ -509,8 +511,8 @@ def measure_cost_case(name, data_bin, args, workdir, table_path=None):
         residual = residual_of(arms[label])
         if residual is not None:
             entries = [entries_per_batch(residual, s) for s in timed_batches]
-            fwd, bwd = time_residual_alone(residual, timed_batches[:args.residual_batches], vocab,
-                                            arms[label].model.decoder.padding_idx)
+            fwd, bwd = time_residual_alone(arms[label].model.decoder,
+                                            timed_batches[:args.residual_batches], vocab)
             rows[label].update(pairs=int(len(residual.indices)),
                                entries_per_batch=statistics.mean(entries),
                                max_entries_per_batch=max(entries),
