@@ -229,9 +229,18 @@ def results_file(text, pairs, arguments=(), setting=SETTING, results=RESULTS):
         + ".\n\n" + text)
 
 
+def is_default_selection(args):
+    """Every pair, arm, comparison and the setting the defaults: the one
+    selection whose table is written to TABLE_NAME without --out."""
+    return (args.pairs, args.arms, args.compare, args.setting) == (
+        DEFAULT_PAIRS, DEFAULT_ARMS, DEFAULT_COMPARE, SETTING)
+
+
 def selection_arguments(args):
     """The options that chose other pairs, arms, comparisons or title than
-    the defaults, as a command line repeats them (quoted where needed)."""
+    the defaults, as a command line repeats them (quoted where needed); for
+    another selection also --out, without which nothing would be written, so
+    that the header's command regenerates its own file."""
     chosen = []
     for option, value, default in (("--pairs", args.pairs, DEFAULT_PAIRS),
                                    ("--arms", args.arms, DEFAULT_ARMS),
@@ -240,6 +249,8 @@ def selection_arguments(args):
                                    ("--setting", [args.setting], [SETTING])):
         if value != default:
             chosen += [option, *(shlex.quote(item) for item in value)]
+    if args.out is not None and not is_default_selection(args):
+        chosen += ["--out", shlex.quote(str(args.out))]
     return chosen
 
 
@@ -267,8 +278,7 @@ def main(argv=None):
     text = report(seeds, two_seed, args.pairs, args.arms, comparisons, args.budget, args.setting)
     print(text, end="")
     out = args.out
-    if out is None and (args.pairs, args.arms, args.compare, args.setting) == (
-            DEFAULT_PAIRS, DEFAULT_ARMS, DEFAULT_COMPARE, SETTING):
+    if out is None and is_default_selection(args):
         out = args.results / TABLE_NAME
     if out is not None:
         out.write_text(results_file(text, args.pairs, selection_arguments(args), args.setting,

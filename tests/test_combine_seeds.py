@@ -147,7 +147,8 @@ def test_another_selection_names_itself_in_the_written_header(tmp_path):
                   "gain/zero:stock", "--budget", "2,000 updates", "--out", str(out)])
     text = out.read_text()
     assert ("regenerate with `.venv/bin/python benchmarks/combine_seeds.py --pairs de-en "
-            "--arms stock gain/zero --compare gain/zero:stock --budget '2,000 updates'`") in text
+            f"--arms stock gain/zero --compare gain/zero:stock --budget '2,000 updates' "
+            f"--out {out}`") in text
     assert "Multi30k, short-converge, 2,000 updates: mean ± standard error" in text
 
 
