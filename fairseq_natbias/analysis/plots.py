@@ -105,13 +105,17 @@ PANEL_TITLE_WIDTH = 40
 
 def curve_panels(
     panels: Dict[str, List[dict]], ylabel: str, path: str, logx: bool = True,
-    title: Optional[str] = None,
+    title: Optional[str] = None, ylim: Optional[Tuple[float, float]] = None,
+    xlabel: str = "training updates", zero_line: bool = False, legend_loc: str = "best",
 ) -> str:
     """``panels[dataset] = [{"label", "x", "mean", "low", "high"}, ...]``: one
-    line per init, the band between low and high shaded."""
+    line per init, the band between low and high shaded; a curve with a
+    ``"mark": (x, y)`` gets a dot of its colour there. ``ylim``: every
+    panel's y range (shared); ``zero_line``: a grey line at y = 0, for
+    curves of differences; ``legend_loc``: matplotlib's ``loc``."""
     if not panels:
         raise AnalysisError(f"nothing to plot for {path}")
-    fig, axes = _grid(1, len(panels))
+    fig, axes = _grid(1, len(panels), sharey=ylim is not None)
     colors = _label_colors(c["label"] for curves in panels.values() for c in curves)
     for ax, (dataset, curves) in zip(axes[0], panels.items()):
         for curve in curves:
@@ -119,14 +123,21 @@ def curve_panels(
             ax.plot(curve["x"], curve["mean"], label=curve["label"], color=color)
             ax.fill_between(curve["x"], curve["low"], curve["high"],
                             color=color, alpha=0.25, linewidth=0)
+            if "mark" in curve:
+                mark_x, mark_y = curve["mark"]
+                ax.plot([mark_x], [mark_y], "o", color=color)
+        if ylim is not None:
+            ax.set_ylim(*ylim)
+        if zero_line:
+            ax.axhline(0.0, color="grey", linewidth=0.8)
         if logx:
             ax.set_xscale("log")
             ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
-        ax.set_xlabel("training updates")
+        ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)
         # long names wrapped so that they fit a narrow panel
         ax.set_title(textwrap.fill(dataset, PANEL_TITLE_WIDTH), fontsize="medium")
-        ax.legend(fontsize="small")
+        ax.legend(fontsize="small", loc=legend_loc)
     if title:
         fig.suptitle(title)
     return save(fig, path)
