@@ -15,7 +15,10 @@ arms
     ``WINIT/BIAS``              ``--arch transformer_natbias`` (or
                                 ``transformer_lm_natbias``) with
                                 ``--natbias-weight-init WINIT --natbias-init BIAS``,
-                                e.g. ``gain/unigram``, ``fairseq/zero``
+                                e.g. ``gain/unigram``, ``fairseq/zero``; BIAS
+                                ``bigram`` adds ``--natbias-order 2``,
+                                ``frozen-unigram`` holds the unigram bias
+                                fixed (``--natbias-freeze``)
     ``gain@G0,C/BIAS``          the ``gain`` init with ``--natbias-gain-init G0
                                 --natbias-gain-speed C`` (for screening)
     ``gain@G0,C,FORM/BIAS``     ... and ``--natbias-gain-form FORM`` (abs-capped,

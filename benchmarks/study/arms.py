@@ -14,6 +14,7 @@ from typing import Optional
 
 from fairseq_natbias import pipeline
 from fairseq_natbias.data_fetch import SPLIT_FILES, raw_file, read_lines
+from fairseq_natbias.natural_bias_options import BIAS_INITS
 from fairseq_natbias.pipeline import say
 
 SCHEDULES = {
@@ -228,7 +229,7 @@ class Arm:
             return cls(text)
         match = re.fullmatch(
             r"(\w+)(?:@([\d.e-]+),([\d.e-]+)(?:,(abs-capped|capped|exp|linear)(?:,(lr|peak))?)?)?"
-            r"/(unigram|zero|none|bigram)", text)
+            r"/(unigram|zero|none|bigram|frozen-unigram)", text)
         if not match:
             raise SystemExit(f"study: bad arm {text!r}: give stock, WINIT/BIAS, "
                              "gain@G0,C/BIAS, gain@G0,C,FORM/BIAS or gain@G0,C,FORM,SCHED/BIAS")
@@ -242,12 +243,15 @@ class Arm:
     def model_arguments(self, task):
         if self.name == REFERENCE_ARM:
             return ["--arch", task.stock_arch]
-        # BIAS "bigram": the unigram bias plus the bigram residual (--natbias-order 2).
+        # BIAS "bigram": the unigram bias plus the bigram residual (--natbias-order 2);
+        # "frozen-unigram": the unigram bias held fixed for the whole run (--natbias-freeze).
         options = ["--arch", task.natbias_arch,
-                   "--natbias-init", "unigram" if self.bias == "bigram" else self.bias,
+                   "--natbias-init", self.bias if self.bias in BIAS_INITS else "unigram",
                    "--natbias-weight-init", self.weight_init]
         if self.bias == "bigram":
             options += ["--natbias-order", "2"]
+        if self.bias == "frozen-unigram":
+            options += ["--natbias-freeze"]
         if self.gain_init:
             options += ["--natbias-gain-init", self.gain_init,
                         "--natbias-gain-speed", self.gain_speed]
