@@ -14,7 +14,7 @@ update marked on each line.
 
     .venv/bin/python benchmarks/head_start_at_best.py            # the committed selection
     .venv/bin/python benchmarks/head_start_at_best.py --pairs de-en \\
-        --setting "3,000 pairs=n3000_short-converge:gain_0.05_20_capped-unigram" --out /tmp/x.md
+        --setting "3,000 short=n3000_short-converge:gain_0.05_20_capped-unigram" --out /tmp/x.md
 
 A setting is ``LABEL=SETTING:ARM``: the records are
 ``RESULTS/runs/<pair>_<SETTING>/{stock,<ARM>}/seed<k>.json``.
@@ -70,7 +70,7 @@ def parse_setting(text):
     match = re.fullmatch(r"([^=]+)=([^:]+):(.+)", text)
     if not match:
         raise SystemExit(f"head_start_at_best: --setting {text!r} is not LABEL=SETTING:ARM "
-                         "(e.g. '3,000 pairs=n3000_short-converge:gain-unigram')")
+                         "(e.g. '3,000 short=n3000_short-converge:gain-unigram')")
     return match.groups()
 
 
@@ -139,7 +139,7 @@ def markdown(rows, margin):
     return "\n".join(lines)
 
 
-def plot(rows, path, pairs):
+def plot(rows, path):
     """The lead over updates (log x, from update 200), one panel per pair,
     stock's mean best update marked on each setting's line."""
     panels = {}
@@ -185,7 +185,7 @@ def main(argv=None):
     command = ".venv/bin/python benchmarks/head_start_at_best.py" + (
         "" if is_default_selection(args) and not args.out
         else " " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:])))
-    png = Path(plot(rows, out.with_suffix(".png"), args.pairs))
+    png = Path(plot(rows, out.with_suffix(".png")))
     out.write_text(HEADER.format(command=command, png=png.name) + table + "\n")
     print(f"wrote {out}", file=sys.stderr)
 
