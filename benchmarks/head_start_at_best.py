@@ -96,16 +96,16 @@ def lead_curve(stock, arm):
     return updates, np.interp(updates, arm_updates, arm_nll) - stock_nll[keep]
 
 
-def seed_figures(stock, arm, margin):
-    """One seed's figures (bits, updates)."""
-    updates, lead = lead_curve(stock, arm)
+def seed_figures(stock, arm, lead, margin):
+    """One seed's figures (bits, updates), ``lead`` its :func:`lead_curve`."""
+    updates, difference = lead
     stock_updates, stock_nll = nll_curve(stock)
     best_at = float(stock_updates[int(np.argmin(stock_nll))])
-    ahead = updates[lead <= -margin]
-    return {"lead_early": float(np.interp(EARLY, updates, lead)),
+    ahead = updates[difference <= -margin]
+    return {"lead_early": float(np.interp(EARLY, updates, difference)),
             "stock_best_update": best_at,
-            "lead_at_stock_best": float(np.interp(best_at, updates, lead)),
-            "best_difference": float(np.min(nll_curve(arm)[1]) - np.min(stock_nll)),
+            "lead_at_stock_best": float(np.interp(best_at, updates, difference)),
+            "best_difference": float(np.min(arm["nll"]) - np.min(stock_nll)),
             "last_ahead": float(ahead[-1]) if len(ahead) else 0.0}
 
 
@@ -118,10 +118,10 @@ def summarise(results, pairs, settings, margin):
             found = seed_pairs(results, pair, setting, arm)
             if not found:
                 continue
-            figures = [seed_figures(stock, arm_record, margin)
-                       for stock, arm_record in found.values()]
-            summary = {key: mean_stderr([f[key] for f in figures]) for key in figures[0]}
             curves = [lead_curve(stock, arm_record) for stock, arm_record in found.values()]
+            figures = [seed_figures(stock, arm_record, curve, margin)
+                       for (stock, arm_record), curve in zip(found.values(), curves)]
+            summary = {key: mean_stderr([f[key] for f in figures]) for key in figures[0]}
             rows.append((label, pair, sorted(found), summary, band(curves)))
     return rows
 
