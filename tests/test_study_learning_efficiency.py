@@ -221,16 +221,18 @@ def test_screening_arms_reach_fairseq_train(study, tmp_path, arm, gain_settings)
             parsed.natbias_gain_schedule) == gain_settings
 
 
-@pytest.mark.parametrize("arm, init, order, freeze", [
-    ("gain/unigram", "unigram", 1, False),
-    ("gain/bigram", "unigram", 2, False),
-    ("gain/frozen-unigram", "unigram", 1, True),
-    ("fairseq/zero", "zero", 1, False),
+@pytest.mark.parametrize("arm, init, order, freeze, smoothing", [
+    ("gain/unigram", "unigram", 1, False, 1.0),
+    ("gain/bigram", "unigram", 2, False, 1.0),
+    ("gain/frozen-unigram", "unigram", 1, True, 1.0),
+    ("fairseq/zero", "zero", 1, False, 1.0),
+    ("gain/unigram~2.42", "unigram", 1, False, 2.42),
 ])
-def test_bias_of_an_arm_as_fairseq_train_parses_it(study, tmp_path, arm, init, order, freeze):
+def test_bias_of_an_arm_as_fairseq_train_parses_it(study, tmp_path, arm, init, order, freeze,
+                                                   smoothing):
     parsed = _parsed_training_arguments(study, study.Translation("de-en"), arm, tmp_path)
-    assert (parsed.natbias_init, parsed.natbias_order, parsed.natbias_freeze) == (
-        init, order, freeze)
+    assert (parsed.natbias_init, parsed.natbias_order, parsed.natbias_freeze,
+            parsed.natbias_smoothing) == (init, order, freeze, smoothing)
 
 
 def test_zoomed_panel_keeps_the_line_from_its_first_update(study):

@@ -222,6 +222,7 @@ class Arm:
     gain_speed: Optional[str] = None
     gain_form: Optional[str] = None
     gain_schedule: Optional[str] = None
+    smoothing: Optional[str] = None
 
     @classmethod
     def parse(cls, text):
@@ -229,12 +230,15 @@ class Arm:
             return cls(text)
         match = re.fullmatch(
             r"(\w+)(?:@([\d.e-]+),([\d.e-]+)(?:,(abs-capped|capped|exp|linear)(?:,(lr|peak))?)?)?"
-            r"/(unigram|zero|none|bigram|frozen-unigram)", text)
+            r"/(unigram|zero|none|bigram|frozen-unigram)(?:~([\d.]+))?", text)
         if not match:
             raise SystemExit(f"study: bad arm {text!r}: give stock, WINIT/BIAS, "
-                             "gain@G0,C/BIAS, gain@G0,C,FORM/BIAS or gain@G0,C,FORM,SCHED/BIAS")
-        weight_init, gain_init, gain_speed, gain_form, gain_schedule, bias = match.groups()
-        return cls(text, weight_init, bias, gain_init, gain_speed, gain_form, gain_schedule)
+                             "gain@G0,C/BIAS, gain@G0,C,FORM/BIAS or gain@G0,C,FORM,SCHED/BIAS, "
+                             "BIAS optionally ending in ~ALPHA")
+        weight_init, gain_init, gain_speed, gain_form, gain_schedule, bias, smoothing = (
+            match.groups())
+        return cls(text, weight_init, bias, gain_init, gain_speed, gain_form, gain_schedule,
+                   smoothing)
 
     @property
     def folder(self):
@@ -259,4 +263,6 @@ class Arm:
             options += ["--natbias-gain-form", self.gain_form]
         if self.gain_schedule:
             options += ["--natbias-gain-schedule", self.gain_schedule]
+        if self.smoothing:
+            options += ["--natbias-smoothing", self.smoothing]
         return options
