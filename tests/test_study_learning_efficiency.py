@@ -83,6 +83,11 @@ def test_converged_table_aims_at_stocks_best(study, tmp_path):
     # 625 of stock's 1250: 0.50x; BLEU 24.5 against 21.5 (2016), 21.5 against 19.5 (2017).
     assert "updates to reach stock: 0.50x of stock's 1250 to its best" in table
     assert "test BLEU +3.000" in table and "test_2017_flickr BLEU +2.000" in table
+    # Differences are paired by seed: best NLL 3.5 - 4.0 and 3.4 - 3.8, so
+    # -0.45 with s.e. |(-0.5) - (-0.4)| / 2 = 0.05 (unpaired it would be
+    # sqrt(0.05^2 + 0.1^2) = 0.112); BLEU +3 on both seeds, s.e. 0.
+    assert "best valid NLL -0.450 (paired over 2 seeds, s.e. 0.050, -9.0 s.e.)" in table
+    assert "test BLEU +3.000 (paired over 2 seeds, s.e. 0.000)" in table
     # Reach by horizon, h = 1000 only (stock's shortest run ends at 1500):
     # stock's mean NLL there is (4.0 + 4.2) / 2 = 4.1, which the natbias arm
     # crosses at 500 + 250 * (4.3 - 4.1) / (4.3 - 3.5) = 562.5 in both seeds.
@@ -94,6 +99,35 @@ def test_converged_table_aims_at_stocks_best(study, tmp_path):
     partly = np.array([[0.5625, 0.9], [0.5, np.inf]])
     assert "| gain/unigram | 0.53 ± 0.03 | 0.90, never |" in study.markdown_reach_by_horizon(
         {"gain/unigram": ([1000, 2000], partly)})
+
+
+def test_differences_pair_only_the_seeds_both_arms_have(study, tmp_path):
+    """An arm with seeds 1-2 against one with seed 1 only cannot be paired
+    (one common seed): the difference of means, without a standard error;
+    with seeds 1-3 against 1-2 the pairs are seeds 1 and 2 alone."""
+    root = tmp_path / "short-converge"
+    curves = {"stock": {1: 4.0, 2: 3.8, 3: 3.0}, "gain-unigram": {1: 3.5, 2: 3.4}}
+    for folder, bests in curves.items():
+        for seed, best in bests.items():
+            _write_run(root / folder / f"seed{seed}", [(500, 5.0), (1000, best)], 20.0, 18.0)
+    task = study.Translation("de-en", ("test_2017_flickr",))
+    arms = [study.Arm.parse("stock"), study.Arm.parse("gain/unigram")]
+
+    def best_nll_line(stock_seeds, natbias_seeds):
+        runs = study.collect_runs(task, root, arms, [1, 2, 3])
+        runs = {arm: [r for r in records if r["seed"] in
+                      (stock_seeds if arm.name == "stock" else natbias_seeds)]
+                for arm, records in runs.items()}
+        rows, target, _, _ = study.summarise(task, runs, converge=True)
+        table = study.markdown_converged(rows, target, "t", study.CONVERGE_TEST_SETS)
+        return table.split("best valid NLL ")[-1]
+
+    # (3.5 + 3.4) / 2 - (4.0 + 3.8 + 3.0) / 3 = 3.45 - 3.6 = -0.15, but paired
+    # over seeds 1-2: -0.45, s.e. 0.05.
+    assert best_nll_line({1, 2, 3}, {1, 2}).startswith("-0.450 (paired over 2 seeds, s.e. 0.050")
+    # seed 1 alone for the natbias arm: 3.5 - 3.6 = -0.1, no pairs and no
+    # standard error for one seed.
+    assert best_nll_line({1, 2, 3}, {1}).startswith("-0.100 (one seed: no s.e.)")
 
 
 def test_archived_records_stand_in_for_runs_whose_logs_are_gone(study, tmp_path):

@@ -188,7 +188,9 @@ def collect_runs(task, study_dir, arms, seeds, archive=None, with_bleu_curve=Fal
                 record = json.loads(kept.read_text())
             else:
                 continue
-            records.append(record)
+            # The seed travels with the record in memory (not in the file: the
+            # file's name holds it), so that differences can pair arms by seed.
+            records.append({**record, "seed": seed})
         if records:
             runs[arm] = records
     return runs

@@ -112,6 +112,7 @@ def summarise(task, runs, converge=False):
                                          for u, v in bleu]),
                 "final_bleu": mean_stderr([v[-1] for _, v in bleu]),
             })
+        row["per_seed"] = per_seed(records, nll, bleu, scores, task, converge)
         rows.append(row)
         for lines, curves in ((nll_lines, nll), (bleu_lines, bleu)):
             if not curves:
@@ -120,6 +121,24 @@ def summarise(task, runs, converge=False):
             lines.append({"label": arm.name, "x": grid, "mean": mean,
                           "low": mean - se, "high": mean + se})
     return rows, target, nll_lines, bleu_lines
+
+
+def per_seed(records, nll, bleu, scores, task, converge):
+    """``{quantity: {seed: value}}`` of the quantities the differences under a
+    table compare (:func:`comparisons`), for pairing two arms by seed."""
+    seeds = [record.get("seed") for record in records]
+    values = {"alc": [alc.area_under_learning_curve(u, v).alc for u, v in nll]}
+    if converge:
+        values["best_nll"] = [float(np.min(v)) for _, v in nll]
+    if bleu:
+        values["alc_bleu"] = [alc.area_under_learning_curve(u, v).alc for u, v in bleu]
+    if task.name == "translation":
+        values["bleu"] = [s["bleu"] for s in scores]
+        for test_set in task.extra_test_sets:
+            values[f"bleu_{test_set}"] = [s[f"bleu_{test_set}"] for s in scores]
+    else:
+        values["test_ppl"] = [s["ppl"] for s in scores]
+    return {key: dict(zip(seeds, column)) for key, column in values.items()}
 
 
 def markdown(rows, target, title):
@@ -255,14 +274,37 @@ def markdown_converged(rows, target, title, test_sets, patience=6):
 
 
 # Pairs of arms compared in the text under the table: the bias under one weight
-# init, and the default against stock fairseq.
+# init, the default and the paper's model (the bias on fairseq's weights)
+# against stock fairseq, and the default against the paper's model.
 COMPARED = (("gain/unigram", "gain/zero"), ("fairseq/unigram", "fairseq/zero"),
-            ("gain/unigram", "stock"), ("gain/zero", "stock"))
+            ("gain/unigram", "stock"), ("gain/zero", "stock"),
+            ("fairseq/unigram", "stock"), ("gain/unigram", "fairseq/unigram"))
+
+
+def difference(a, b, key):
+    """Arm ``a`` minus arm ``b`` in one quantity, and the text of its spread.
+    Paired by seed where the two share two seeds or more: a study's arms
+    see the same seed's batches in the same order (fairseq shuffles by seed
+    and epoch, not by model), so a seed's two runs are not independent, and
+    the mean of the per-seed differences with its own standard error is the
+    estimate that counts (the issue's targets are paired). Otherwise the
+    difference of the means, with sqrt(se_a^2 + se_b^2)."""
+    seeds_a, seeds_b = a.get("per_seed", {}).get(key, {}), b.get("per_seed", {}).get(key, {})
+    common = [seed for seed in seeds_a if seed is not None and seed in seeds_b]
+    if len(common) >= 2:
+        paired = mean_stderr([seeds_a[seed] - seeds_b[seed] for seed in common])
+        size = f", {paired.mean / paired.stderr:.1f} s.e." if paired.stderr > 0 else ""
+        return paired.mean, f" (paired over {len(common)} seeds, s.e. {paired.stderr:.3f}{size})"
+    x, y = a[key], b[key]
+    se = math.sqrt(x.stderr ** 2 + y.stderr ** 2)  # nan with a single seed
+    spread = (f" (s.e. {se:.3f}, {(x.mean - y.mean) / se:.1f} s.e.)"
+              if math.isfinite(se) and se > 0 else " (one seed: no s.e.)")
+    return x.mean - y.mean, spread
 
 
 def comparisons(rows, reference_updates=None):
-    """Differences of means with the standard error of the difference
-    (sqrt(se_a^2 + se_b^2), seeds independent), and the mean ratio of updates
+    """Differences between arms (:func:`difference`: paired by seed where
+    they can be), and the mean ratio of updates
     to reach stock's last validation NLL to the updates of a run, or, given
     ``reference_updates`` (a --converge study), to stock's mean update of its
     best validation NLL."""
@@ -280,11 +322,8 @@ def comparisons(rows, reference_updates=None):
         for key, label in keys:
             if key not in by_arm[a]:
                 continue
-            x, y = by_arm[a][key], by_arm[b][key]
-            se = math.sqrt(x.stderr ** 2 + y.stderr ** 2)  # nan with a single seed
-            spread = (f" (s.e. {se:.3f}, {(x.mean - y.mean) / se:.1f} s.e.)"
-                      if math.isfinite(se) and se > 0 else " (one seed: no s.e.)")
-            parts.append(f"{label} {x.mean - y.mean:+.3f}{spread}")
+            value, spread = difference(by_arm[a], by_arm[b], key)
+            parts.append(f"{label} {value:+.3f}{spread}")
         reach = [r for r in by_arm[a]["reach"] if math.isfinite(r)]
         if reach and by_arm[a]["reach"]:
             span = reference_updates or by_arm[a]["final_update"]
