@@ -102,9 +102,9 @@ def test_converged_table_aims_at_stocks_best(study, tmp_path):
 
 
 def test_differences_pair_only_the_seeds_both_arms_have(study, tmp_path):
-    """An arm with seeds 1-2 against one with seed 1 only cannot be paired
-    (one common seed): the difference of means, without a standard error;
-    with seeds 1-3 against 1-2 the pairs are seeds 1 and 2 alone."""
+    """Seeds 1-3 against 1-2 pair seeds 1 and 2 alone; against seed 1 alone,
+    that seed's difference, without a standard error; with no seed in
+    common, the difference of the means."""
     root = tmp_path / "short-converge"
     curves = {"stock": {1: 4.0, 2: 3.8, 3: 3.0}, "gain-unigram": {1: 3.5, 2: 3.4}}
     for folder, bests in curves.items():
@@ -125,9 +125,10 @@ def test_differences_pair_only_the_seeds_both_arms_have(study, tmp_path):
     # (3.5 + 3.4) / 2 - (4.0 + 3.8 + 3.0) / 3 = 3.45 - 3.6 = -0.15, but paired
     # over seeds 1-2: -0.45, s.e. 0.05.
     assert best_nll_line({1, 2, 3}, {1, 2}).startswith("-0.450 (paired over 2 seeds, s.e. 0.050")
-    # seed 1 alone for the natbias arm: 3.5 - 3.6 = -0.1, no pairs and no
-    # standard error for one seed.
-    assert best_nll_line({1, 2, 3}, {1}).startswith("-0.100 (one seed: no s.e.)")
+    # seed 1 alone for the natbias arm: that seed's 3.5 - 4.0, not 3.5 - 3.6.
+    assert best_nll_line({1, 2, 3}, {1}).startswith("-0.500 (seed 1 only: no s.e.)")
+    # no seed in common: the difference of the means, 3.4 - 4.0, one seed each.
+    assert best_nll_line({1}, {2}).startswith("-0.600 (one seed: no s.e.)")
 
 
 def test_archived_records_stand_in_for_runs_whose_logs_are_gone(study, tmp_path):

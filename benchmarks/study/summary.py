@@ -287,7 +287,8 @@ def difference(a, b, key):
     see the same seed's batches in the same order (fairseq shuffles by seed
     and epoch, not by model), so a seed's two runs are not independent, and
     the mean of the per-seed differences with its own standard error is the
-    estimate that counts (the issue's targets are paired). Otherwise the
+    estimate that counts (the issue's targets are paired); one seed in
+    common gives that seed's difference alone. Rows without seeds: the
     difference of the means, with sqrt(se_a^2 + se_b^2)."""
     seeds_a, seeds_b = a.get("per_seed", {}).get(key, {}), b.get("per_seed", {}).get(key, {})
     common = [seed for seed in seeds_a if seed is not None and seed in seeds_b]
@@ -295,6 +296,9 @@ def difference(a, b, key):
         paired = mean_stderr([seeds_a[seed] - seeds_b[seed] for seed in common])
         size = f", {paired.mean / paired.stderr:.1f} s.e." if paired.stderr > 0 else ""
         return paired.mean, f" (paired over {len(common)} seeds, s.e. {paired.stderr:.3f}{size})"
+    if len(common) == 1:
+        seed = common[0]
+        return seeds_a[seed] - seeds_b[seed], f" (seed {seed} only: no s.e.)"
     x, y = a[key], b[key]
     se = math.sqrt(x.stderr ** 2 + y.stderr ** 2)  # nan with a single seed
     spread = (f" (s.e. {se:.3f}, {(x.mean - y.mean) / se:.1f} s.e.)"
