@@ -1,6 +1,7 @@
 """natbias-frequency (Fig. 4): per-token log-probabilities against the training
 log-unigram, full model and bias dropped, in equal-width bins."""
 
+import argparse
 import datetime
 import math
 import shutil
@@ -197,6 +198,29 @@ def test_bad_inputs_end_with_a_clear_message(checkpoints, toy_bin, fresh_copy):
     with pytest.raises(SystemExit, match="natbias-frequency: error: .*valid2"):
         frequency_cli.main([str(toy_bin), "--model", str(checkpoints["zero"]),
                             "--gen-subset", "valid2", "--out-dir", "unused"])
+
+
+def test_user_dir_of_this_package_is_taken_as_loaded(checkpoints, toy_bin, tmp_path):
+    """fairseq's habit, --user-dir fairseq_natbias, from a second copy of the
+    package (an installed one beside a checkout): fairseq alone refuses it as
+    not globally unique; the tool knows the package is loaded. A plugin that
+    does not import ends with the tool's message, not a traceback."""
+    from fairseq import utils
+
+    other_copy = tmp_path / "copy" / "fairseq_natbias"
+    other_copy.mkdir(parents=True)
+    (other_copy / "__init__.py").write_text("")
+    with pytest.raises(ImportError, match="not globally unique"):
+        utils.import_user_module(argparse.Namespace(user_dir=str(other_copy)))
+    frequency_cli.main([str(toy_bin), "--model", str(checkpoints["zero"]),
+                        "--user-dir", str(other_copy), "--out-dir", str(tmp_path / "out")])
+    assert (tmp_path / "out" / "frequency_tokens.csv").exists()
+    broken = tmp_path / "broken_plugin"
+    broken.mkdir()
+    (broken / "__init__.py").write_text("import a_module_nobody_has\n")
+    with pytest.raises(SystemExit, match="natbias-frequency: error: --user-dir .*broken_plugin"):
+        frequency_cli.main([str(toy_bin), "--model", str(checkpoints["zero"]),
+                            "--user-dir", str(broken), "--out-dir", str(tmp_path / "unused")])
 
 
 def test_checkpoint_with_unknown_pickled_types_gets_a_hint(checkpoints, toy_bin, tmp_path):

@@ -17,7 +17,9 @@ target_log_unigram buffer if there is none). Natural logarithms throughout.
 """
 
 
-from fairseq_natbias.analysis import frequency
+import os
+
+from fairseq_natbias.analysis import AnalysisError, frequency
 from fairseq_natbias.cli.common import parser_for, print_written, progress_on_stderr, run_tool
 
 PROG = "natbias-frequency"
@@ -34,7 +36,8 @@ def build_parser():
                         help=f"equal-length intervals of log-unigram (default {frequency.DEFAULT_BINS})")
     parser.add_argument("--max-tokens", type=int, default=4096, help="tokens per batch")
     parser.add_argument("--cpu", action="store_true", help="score on the CPU even if CUDA is there")
-    parser.add_argument("--user-dir", help="another fairseq plugin the checkpoint needs")
+    parser.add_argument("--user-dir", help="another fairseq plugin the checkpoint needs "
+                                           "(this package is loaded already)")
     parser.add_argument("--out-dir", required=True, help="directory for the CSVs and frequency.png")
     return parser
 
@@ -48,14 +51,28 @@ def labelled_checkpoints(specs):
     return pairs
 
 
+def import_other_plugin(user_dir):
+    """``--user-dir``: another fairseq plugin the checkpoint needs. This
+    package is loaded already, so ``--user-dir fairseq_natbias``, which every
+    fairseq command of the package takes, does nothing here (fairseq would
+    refuse it as a second copy where the package is installed rather than
+    run from its checkout); a plugin that cannot be imported is bad input."""
+    from argparse import Namespace
+    from fairseq import utils
+
+    if os.path.basename(os.path.normpath(user_dir)) == __package__.split(".")[0]:
+        return
+    try:
+        utils.import_user_module(Namespace(user_dir=user_dir))
+    except ImportError as error:
+        raise AnalysisError(f"--user-dir {user_dir}: {error}") from error
+
+
 def run(args):
     import torch
 
     if args.user_dir:
-        from argparse import Namespace
-        from fairseq import utils
-
-        utils.import_user_module(Namespace(user_dir=args.user_dir))
+        import_other_plugin(args.user_dir)
     use_cuda = torch.cuda.is_available() and not args.cpu
     analysis = frequency.analyse(
         labelled_checkpoints(args.model), args.data, args.gen_subset, args.bins,
