@@ -310,15 +310,24 @@ def build_from_training_args(argv):
 
 
 def this_plugin_as_user_dir(argv):
-    """``--user-dir .../fairseq_natbias`` names this package, already imported
-    here: point it at this very copy, which fairseq accepts."""
-    from fairseq_natbias import plugin_dir
-
+    """``argv`` with its ``--user-dir`` passed through :func:`this_copy`."""
     argv = list(argv)
     for i, arg in enumerate(argv[:-1]):
-        if arg == "--user-dir" and os.path.basename(os.path.normpath(argv[i + 1])) == "fairseq_natbias":
-            argv[i + 1] = plugin_dir()
+        if arg == "--user-dir":
+            argv[i + 1] = this_copy(argv[i + 1])
     return argv
+
+
+def this_copy(user_dir):
+    """A ``--user-dir .../fairseq_natbias`` names this package, which a tool
+    has imported already, perhaps from another copy (an installed one beside
+    a checkout), which fairseq refuses as "not globally unique": point it at
+    this very copy, which fairseq accepts. Any other plugin: unchanged."""
+    from fairseq_natbias import plugin_dir
+
+    if os.path.basename(os.path.normpath(user_dir)) == "fairseq_natbias":
+        return plugin_dir()
+    return user_dir
 
 
 def validation_divergence(task, model, split="valid", max_tokens=4000):

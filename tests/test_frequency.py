@@ -203,8 +203,9 @@ def test_bad_inputs_end_with_a_clear_message(checkpoints, toy_bin, fresh_copy):
 def test_user_dir_of_this_package_is_taken_as_loaded(checkpoints, toy_bin, tmp_path):
     """fairseq's habit, --user-dir fairseq_natbias, from a second copy of the
     package (an installed one beside a checkout): fairseq alone refuses it as
-    not globally unique; the tool knows the package is loaded. A plugin that
-    does not import ends with the tool's message, not a traceback."""
+    not globally unique; the tool points it at the copy it has loaded, as
+    natbias-step0 does. A plugin that does not import ends with the tool's
+    message, not a traceback."""
     from fairseq import utils
 
     other_copy = tmp_path / "copy" / "fairseq_natbias"

@@ -17,8 +17,6 @@ target_log_unigram buffer if there is none). Natural logarithms throughout.
 """
 
 
-import os
-
 from fairseq_natbias.analysis import AnalysisError, frequency
 from fairseq_natbias.cli.common import parser_for, print_written, progress_on_stderr, run_tool
 
@@ -51,19 +49,17 @@ def labelled_checkpoints(specs):
     return pairs
 
 
-def import_other_plugin(user_dir):
-    """``--user-dir``: another fairseq plugin the checkpoint needs. This
-    package is loaded already, so ``--user-dir fairseq_natbias``, which every
-    fairseq command of the package takes, does nothing here (fairseq would
-    refuse it as a second copy where the package is installed rather than
-    run from its checkout); a plugin that cannot be imported is bad input."""
+def import_plugin(user_dir):
+    """``--user-dir``: another fairseq plugin the checkpoint needs, or this
+    package by fairseq's habit (:func:`~fairseq_natbias.pipeline.this_copy`);
+    a plugin that cannot be imported is bad input."""
     from argparse import Namespace
     from fairseq import utils
 
-    if os.path.basename(os.path.normpath(user_dir)) == __package__.split(".")[0]:
-        return
+    from fairseq_natbias.pipeline import this_copy
+
     try:
-        utils.import_user_module(Namespace(user_dir=user_dir))
+        utils.import_user_module(Namespace(user_dir=this_copy(user_dir)))
     except ImportError as error:
         raise AnalysisError(f"--user-dir {user_dir}: {error}") from error
 
@@ -72,7 +68,7 @@ def run(args):
     import torch
 
     if args.user_dir:
-        import_other_plugin(args.user_dir)
+        import_plugin(args.user_dir)
     use_cuda = torch.cuda.is_available() and not args.cpu
     analysis = frequency.analyse(
         labelled_checkpoints(args.model), args.data, args.gen_subset, args.bins,
