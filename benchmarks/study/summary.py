@@ -75,12 +75,12 @@ def summarise(task, runs, converge=False):
         scores = [r["scores"] for r in records]
         step0 = [r["step0"] for r in records]
         gains = [r["gain"] for r in records if r["gain"] is not None]
+        compared = compared_values(nll, bleu, scores, task, converge)
         row = {
             "arm": arm.name, "n": len(records),
             "step0": mean_stderr([v[0] for _, v in nll]),
             "unigram_ce": (mean_stderr([s["unigram_ce"] for s in step0])
                            if all("unigram_ce" in s for s in step0) else None),
-            "alc": mean_stderr([alc.area_under_learning_curve(u, v).alc for u, v in nll]),
             "reach": ([updates_to_reach(u, v, target) for u, v in nll]
                       if target is not None else []),
             "final_update": int(nll[0][0][-1]),
@@ -89,30 +89,23 @@ def summarise(task, runs, converge=False):
         }
         if converge:
             row.update({
-                "best_nll": mean_stderr([float(np.min(v)) for _, v in nll]),
                 "best_update": [int(u[np.argmin(v)]) for u, v in nll],
                 "last_update": [int(u[-1]) for u, _ in nll],
             })
         if task.name == "translation":
             row.update({
-                "bleu": mean_stderr([s["bleu"] for s in scores]),
                 "chrf": mean_stderr([s["chrf"] for s in scores]),
                 "signatures": (scores[0]["bleu_signature"], scores[0]["chrf_signature"]),
             })
             for test_set in task.extra_test_sets:
-                row.update({f"{key}_{test_set}": mean_stderr([s[f"{key}_{test_set}"]
-                                                               for s in scores])
-                            for key in ("bleu", "chrf")})
+                row[f"chrf_{test_set}"] = mean_stderr([s[f"chrf_{test_set}"] for s in scores])
         else:
-            row.update({"test_nll": mean_stderr([s["nll"] for s in scores]),
-                        "test_ppl": mean_stderr([s["ppl"] for s in scores])})
+            row["test_nll"] = mean_stderr([s["nll"] for s in scores])
         if with_bleu_curves:
-            row.update({
-                "alc_bleu": mean_stderr([alc.area_under_learning_curve(u, v).alc
-                                         for u, v in bleu]),
-                "final_bleu": mean_stderr([v[-1] for _, v in bleu]),
-            })
-        row["per_seed"] = per_seed(records, nll, bleu, scores, task, converge)
+            row["final_bleu"] = mean_stderr([v[-1] for _, v in bleu])
+        row.update({key: mean_stderr(values) for key, values in compared.items()})
+        seeds = [record.get("seed") for record in records]
+        row["per_seed"] = {key: dict(zip(seeds, values)) for key, values in compared.items()}
         rows.append(row)
         for lines, curves in ((nll_lines, nll), (bleu_lines, bleu)):
             if not curves:
@@ -123,10 +116,10 @@ def summarise(task, runs, converge=False):
     return rows, target, nll_lines, bleu_lines
 
 
-def per_seed(records, nll, bleu, scores, task, converge):
-    """``{quantity: {seed: value}}`` of the quantities the differences under a
-    table compare (:func:`comparisons`), for pairing two arms by seed."""
-    seeds = [record.get("seed") for record in records]
+def compared_values(nll, bleu, scores, task, converge):
+    """``{quantity: [value per seed]}`` of the quantities the differences
+    under a table compare (:func:`comparisons`): the row's mean ± s.e. of
+    each, and its values by seed for pairing two arms."""
     values = {"alc": [alc.area_under_learning_curve(u, v).alc for u, v in nll]}
     if converge:
         values["best_nll"] = [float(np.min(v)) for _, v in nll]
@@ -138,7 +131,7 @@ def per_seed(records, nll, bleu, scores, task, converge):
             values[f"bleu_{test_set}"] = [s[f"bleu_{test_set}"] for s in scores]
     else:
         values["test_ppl"] = [s["ppl"] for s in scores]
-    return {key: dict(zip(seeds, column)) for key, column in values.items()}
+    return values
 
 
 def markdown(rows, target, title):
