@@ -30,6 +30,9 @@ arms
     ``gain@G0,C,FORM,SCHED/BIAS`` ... and ``--natbias-gain-schedule SCHED`` (lr or peak)
     ``.../BIAS~ALPHA``          any of these with ``--natbias-smoothing ALPHA``
                                 (e.g. ``gain/unigram~2.42``)
+    ``ARM+unigram-ls``          any arm, stock included, trained with
+                                ``--criterion unigram_label_smoothed_cross_entropy``
+                                (label smoothing towards the target unigram)
 schedules (``--schedule``)
     ``short``  lr 1e-3, inverse-sqrt warm-up 100 updates (the demo's)
     ``paper``  lr 5e-4, inverse-sqrt warm-up 4,000 updates from 1e-7 (the

@@ -10,14 +10,15 @@ import importlib
 import os
 import sys
 
-__version__ = "0.6.2"
+__version__ = "0.7.0"
 
 # The modules whose import registers something with fairseq (the two
-# architectures and their models, the criterion), and the two compatibility
+# architectures and their models, the two criteria), and the two compatibility
 # shims every process that loads a checkpoint needs. fairseq's registries fill
 # as these modules are imported, which is how --user-dir works.
 REGISTERED_MODULES = ("checkpoint_loading", "numpy_compat", "transformer_lm_natbias",
-                      "transformer_natbias", "unigram_regularized_cross_entropy")
+                      "transformer_natbias", "unigram_label_smoothed_cross_entropy",
+                      "unigram_regularized_cross_entropy")
 # Programs that use only the package's text helpers (log and score readers,
 # SentencePiece, finding the data): a process started as one of them skips the
 # registration, so it starts without torch or fairseq (about 5 s on a
@@ -45,7 +46,7 @@ def plugin_dir() -> str:
 
 
 def register():
-    """Register the architectures, models and criterion with fairseq (import
+    """Register the architectures, models and criteria with fairseq (import
     them); a second call does nothing."""
     try:
         import fairseq  # noqa: F401

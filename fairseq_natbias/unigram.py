@@ -368,6 +368,57 @@ def unigram_log_probs(counts: Sequence[int], alpha: float = 1.0) -> torch.Tensor
     return (smoothed.log() - smoothed.sum().log()).float()
 
 
+class TrainingUnigram:
+    """omega, the target unigram of a task's training split, for a criterion
+    (``unigram_regularized_cross_entropy``, ``unigram_label_smoothed_cross_entropy``).
+
+    Counted on first use, not when the criterion is built: fairseq builds
+    the criterion before it loads any data, and a criterion that never needs
+    omega (a regulariser switched off) must not need the training split
+    either. ``fix`` ends the message when the split cannot be counted."""
+
+    def __init__(self, task, split: str, alpha: float, criterion: str, fix: str):
+        self.task, self.split, self.alpha = task, split, float(alpha)
+        self.criterion, self.fix = criterion, fix
+        self._log_probs = None
+        self._on = {}  # (device, dtype) -> omega there
+
+    @property
+    def counted(self) -> bool:
+        return self._log_probs is not None
+
+    def log_probs(self) -> torch.Tensor:
+        """log omega(v), float32 on the CPU, one per target-dictionary entry."""
+        if self._log_probs is None:
+            try:
+                counts = count_training_targets(self.task, self.split)
+            except UnigramError as error:
+                raise UnigramError(f"criterion {self.criterion}: {error} ({self.fix})") from error
+            self._log_probs = unigram_log_probs(counts, self.alpha)
+        return self._log_probs
+
+    def probs_like(self, like: torch.Tensor) -> torch.Tensor:
+        """omega(v) on ``like``'s device, in its dtype."""
+        key = (like.device, like.dtype)
+        if key not in self._on:
+            self._on[key] = self.log_probs().exp().to(like)
+        return self._on[key]
+
+    def warn_if_not_the_models(self, model, option: str) -> None:
+        """Warn when ``model`` carries a different target unigram (its
+        --natbias-smoothing differs from the criterion's ``option``)."""
+        theirs = getattr(model, "target_log_unigram", None) if model is not None else None
+        if theirs is None or not torch.any(theirs != 0):
+            return
+        gap = (theirs.detach().float().cpu() - self.log_probs()).abs().max().item()
+        if gap > 1e-5:
+            logger.warning(
+                "%s: the model's target unigram differs from the criterion's by up "
+                "to %.3g in log-probability; set %s to the model's --natbias-smoothing",
+                self.criterion, gap, option,
+            )
+
+
 # --- counts files (App. A.7: a bias estimated on another corpus) -------------
 
 

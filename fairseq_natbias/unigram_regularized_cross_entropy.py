@@ -133,8 +133,11 @@ class UnigramRegularizedCrossEntropyCriterion(LabelSmoothedCrossEntropyCriterion
         self.clamp = float(unigram_reg_clamp)
         self.train_subset = train_subset
         self.num_updates = 0
-        self._log_omega = None  # counted by prepare()
-        self._omega_cache = {}
+        self.unigram = unigram.TrainingUnigram(
+            task, train_subset, self.smoothing, NAME,
+            fix="The regulariser's unigram is counted on the training split named by "
+                "--train-subset; or switch the regulariser off with --unigram-reg-updates 0.",
+        )
         self._pending = None
         _follow_training(task, self)
 
@@ -190,28 +193,14 @@ class UnigramRegularizedCrossEntropyCriterion(LabelSmoothedCrossEntropyCriterion
         (``task.begin_epoch``), so missing data fails before the first update,
         while ``fairseq-validate`` (validation never uses the term) needs no
         training data."""
-        if self._log_omega is None and self.weight > 0 and self.reg_updates > 0:
-            self._log_omega = self._count()
-            _compare_with_model_unigram(model, self._log_omega)
+        if not self.unigram.counted and self.weight > 0 and self.reg_updates > 0:
+            self.unigram.log_probs()
+            self.unigram.warn_if_not_the_models(model, "--unigram-reg-smoothing")
 
     def omega(self, like: torch.Tensor, model=None) -> torch.Tensor:
         """The target unigram omega(v), on ``like``'s device and dtype."""
         self.prepare(model)
-        key = (like.device, like.dtype)
-        if key not in self._omega_cache:
-            self._omega_cache[key] = self._log_omega.exp().to(like)
-        return self._omega_cache[key]
-
-    def _count(self) -> torch.Tensor:
-        try:
-            counts = unigram.count_training_targets(self.task, self.train_subset)
-        except unigram.UnigramError as error:
-            raise unigram.UnigramError(
-                f"criterion {NAME}: {error} (The regulariser's unigram is counted "
-                "on the training split named by --train-subset; or switch the "
-                "regulariser off with --unigram-reg-updates 0.)"
-            ) from error
-        return unigram.unigram_log_probs(counts, self.smoothing)
+        return self.unigram.probs_like(like)
 
     # --- logging --------------------------------------------------------------
 
@@ -261,21 +250,6 @@ def _check_options(weight, updates, smoothing, clamp):
             f"bound), got {clamp!r}"
         )
     return float(weight), int(updates)
-
-
-def _compare_with_model_unigram(model, log_omega) -> None:
-    """Warn when the model carries a different target unigram (e.g.
-    --natbias-smoothing differs from --unigram-reg-smoothing)."""
-    theirs = getattr(model, "target_log_unigram", None) if model is not None else None
-    if theirs is None or not torch.any(theirs != 0):
-        return
-    gap = (theirs.detach().float().cpu() - log_omega).abs().max().item()
-    if gap > 1e-5:
-        logger.warning(
-            "unigram regulariser: the model's target unigram differs from the "
-            "criterion's by up to %.3g in log-probability; set "
-            "--unigram-reg-smoothing to the model's --natbias-smoothing", gap,
-        )
 
 
 def _follow_training(task, criterion) -> None:

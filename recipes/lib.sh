@@ -409,7 +409,9 @@ prepare_direction() {
 # --- the grid ----------------------------------------------------------------------------
 
 # Runs, in order: INITS, then `file` (App. A.7) when there are external counts,
-# then <init>-unireg (App. A.4) when UNIGRAM_REG_WEIGHT is set.
+# then <init>-unireg (App. A.4) when UNIGRAM_REG_WEIGHT is set, then
+# <init>-unigram-ls for UNIGRAM_LS_INITS (their own names, so that they never
+# resume, or get skipped as, a run of the paper's criterion).
 grid_names() {
     local init
     echo $INITS
@@ -417,6 +419,7 @@ grid_names() {
     if [[ -n $UNIGRAM_REG_WEIGHT ]]; then
         for init in $UNIGRAM_REG_INITS; do echo "$init-unireg"; done
     fi
+    for init in $UNIGRAM_LS_INITS; do echo "$init-unigram-ls"; done
 }
 
 # "<name> <seed>" per run; GRID_TASK=k keeps only the k-th (0-based; for job arrays).
@@ -433,6 +436,7 @@ grid_runs() {
 # Fills the array ARGS with fairseq-train's arguments for one run.
 train_args() {
     local name=$1 seed=$2 run=$3 init=${1%-unireg} model=() extra=()
+    init=${init%-unigram-ls}
     read -ra model <<<"$(recipe_model_args) $MODEL_ARGS"
     read -ra extra <<<"$TRAIN_ARGS"
     ARGS=("$DIR/data-bin" --user-dir "$NATBIAS_REPO/fairseq_natbias"
@@ -460,6 +464,8 @@ train_args() {
     if [[ $name == *-unireg ]]; then
         ARGS+=(--criterion unigram_regularized_cross_entropy
             --unigram-reg-weight "$UNIGRAM_REG_WEIGHT" --unigram-reg-updates "$UNIGRAM_REG_UPDATES")
+    elif [[ $name == *-unigram-ls ]]; then
+        ARGS+=(--criterion unigram_label_smoothed_cross_entropy)
     else
         ARGS+=(--criterion label_smoothed_cross_entropy)
     fi

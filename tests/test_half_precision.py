@@ -241,6 +241,23 @@ def test_rare_tokens_biases_keep_learning(fp16_runs, optimiser):
     assert torch.isfinite(after).all()
 
 
+def test_unigram_label_smoothing_trains_at_stocks_loss_scale(fp16_runs, multi30k_bin):
+    """unigram_label_smoothed_cross_entropy under --fp16's loss scaling: its
+    unigram term is taken in float32 from fairseq's float32 log-probabilities,
+    so the default skips no more updates than stock with the standard
+    criterion, keeps its loss scale, and its rare tokens' biases move."""
+    run = drive_half_precision(multi30k_bin, "transformer_natbias",
+                               FP16_FLAGS["fp16"] + ["--share-all-embeddings", "--criterion",
+                                                     "unigram_label_smoothed_cross_entropy"])
+    stock = fp16_runs["transformer"]
+    assert run["skipped"] <= stock["skipped"], (run["scales"], stock["scales"])
+    assert min(run["scales"]) >= min(stock["scales"]) / 2, (run["scales"], stock["scales"])
+    before, after = run["bias"]
+    rare = before < -8
+    assert (after[rare] != before[rare]).float().mean() > 0.99
+    assert torch.isfinite(after).all()
+
+
 def test_memory_efficient_bf16_keeps_the_bias_learning(multi30k_bin):
     """bfloat16 spaces |b| >= 8 by 0.0625: with no float32 master copy, a
     bias held in bfloat16 could never move by 1e-3."""

@@ -361,6 +361,21 @@ def test_appendix_variants_pass_their_options(tmp_path):
     assert "--fp16" not in zero  # CPU
 
 
+def test_unigram_label_smoothing_runs_have_their_own_names_and_criterion(tmp_path):
+    """UNIGRAM_LS_INITS adds <init>-unigram-ls runs after the paper's grid,
+    trained with the unigram-smoothed criterion and the init they name."""
+    out = lib('SRC=de TGT=en DIR=$PWD NGPUS=0 INITS="unigram zero" UNIGRAM_LS_INITS="unigram none"; '
+              'grid_names; echo ===; train_args none-unigram-ls 1 run; printf "%s\\n" "${ARGS[@]}"',
+              tmp_path)
+    names, args = out.split("===\n")
+    assert names.split() == ["unigram", "zero", "unigram-unigram-ls", "none-unigram-ls"]
+    args = args.split("\n")
+    assert args.count("--criterion") == 1
+    assert args[args.index("--criterion") + 1] == "unigram_label_smoothed_cross_entropy"
+    assert args[args.index("--natbias-init") + 1] == "none"
+    assert args[args.index("--label-smoothing") + 1] == "0.1"
+
+
 @pytest.mark.parametrize("script", RECIPE_SCRIPTS + [RECIPES / "lib.sh", DEFAULTS,
                                                RECIPES / "slurm.sbatch"],
                          ids=lambda p: str(Path(p).relative_to(RECIPES)))

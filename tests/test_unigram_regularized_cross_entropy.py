@@ -127,7 +127,7 @@ def test_omega_is_the_models_bias_unigram(tmp_path, toy_bin, toy_log_unigram):
     task, model, criterion = regularised(tmp_path, toy_bin, 0.3, 5, "--natbias-smoothing", "0.5",
                                          "--unigram-reg-smoothing", "0.5")
     criterion.prepare(model)
-    assert torch.equal(criterion._log_omega, model.target_log_unigram)
+    assert torch.equal(criterion.unigram.log_probs(), model.target_log_unigram)
     assert torch.equal(model.decoder.output_projection.bias.detach(), model.target_log_unigram)
 
 
@@ -232,7 +232,7 @@ def test_no_training_data_needed_when_the_term_cannot_be_on(tmp_path, toy_bin, f
         task.begin_epoch(1, model)
     model.train(training)
     loss, _, _ = criterion(model, first_sentences(task, "valid"))
-    assert torch.isfinite(loss) and criterion._log_omega is None
+    assert torch.isfinite(loss) and not criterion.unigram.counted
 
 
 def test_a_task_that_is_neither_translation_nor_lm_is_refused(toy_bin):

@@ -5,6 +5,7 @@ fairseq options and data preparation, the options of a --converge run, and
 the data-size helpers of --train-pairs (see the script's docstring for the
 meaning of each)."""
 
+import dataclasses
 import gzip
 import json
 import math
@@ -211,6 +212,12 @@ class LanguageModel:
         return (run_dir / "test_scores.json").exists()
 
 
+# ARM+NAME: the arm trained with this criterion instead of the task's own
+# (label_smoothed_cross_entropy, eps 0.1; cross_entropy for a language model);
+# the eps of the task's --label-smoothing, 0.1 for a language model.
+CRITERIA = {"unigram-ls": ["--criterion", "unigram_label_smoothed_cross_entropy"]}
+
+
 @dataclass(frozen=True)
 class Arm:
     """One configuration of the comparison (see the module docstring)."""
@@ -223,9 +230,16 @@ class Arm:
     gain_form: Optional[str] = None
     gain_schedule: Optional[str] = None
     smoothing: Optional[str] = None
+    criterion: Optional[str] = None  # ARM+unigram-ls: see CRITERIA
 
     @classmethod
     def parse(cls, text):
+        base, plus, criterion = text.partition("+")
+        if plus:
+            if criterion not in CRITERIA:
+                raise SystemExit(f"study: bad arm {text!r}: after + give one of "
+                                 f"{', '.join(CRITERIA)}")
+            return dataclasses.replace(cls.parse(base), name=text, criterion=criterion)
         if text == REFERENCE_ARM:
             return cls(text)
         match = re.fullmatch(
@@ -244,8 +258,13 @@ class Arm:
     def folder(self):
         return self.name.replace("/", "-").replace("@", "_").replace(",", "_")
 
+    def criterion_arguments(self):
+        """The criterion replacing the task's own (after its options, so it
+        wins): none unless the arm names one."""
+        return CRITERIA[self.criterion] if self.criterion else []
+
     def model_arguments(self, task):
-        if self.name == REFERENCE_ARM:
+        if self.weight_init is None:  # stock, with or without a criterion of its own
             return ["--arch", task.stock_arch]
         # BIAS "bigram": the unigram bias plus the bigram residual (--natbias-order 2);
         # "frozen-unigram": the unigram bias held fixed for the whole run (--natbias-freeze).

@@ -37,7 +37,8 @@ def training_arguments(task, data_bin, run_dir, arm, seed, args):
         else:
             training += [option, str(value)]
     return pipeline.train_command(data_bin, run_dir,
-                                  [*arm.model_arguments(task), *task.options, *training],
+                                  [*arm.model_arguments(task), *task.options, *training,
+                                   *arm.criterion_arguments()],
                                   args.max_update)
 
 
