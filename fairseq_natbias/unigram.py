@@ -350,12 +350,16 @@ def _sum_counts(splits, vocab_size, pairs=None) -> np.ndarray:
     return counts
 
 
-def check_smoothing(alpha: float) -> float:
+def check_smoothing(alpha: float, option: str = "--natbias-smoothing") -> float:
+    """``alpha`` as a float, or the error naming ``option`` (the models', or a
+    criterion's, which should repeat the models' value)."""
     if not (isinstance(alpha, (int, float)) and math.isfinite(alpha) and alpha > 0):
+        advice = ("The default 1.0 is add-one (Laplace) smoothing." if option == "--natbias-smoothing"
+                  else "Use the value of --natbias-smoothing (default 1.0, add-one smoothing).")
         raise UnigramError(
-            f"--natbias-smoothing must be a finite number > 0, got {alpha!r}: "
+            f"{option} must be a finite number > 0, got {alpha!r}: "
             "tokens that never occur as targets (<pad>, <s>, rare pieces) would "
-            "get log 0 = -inf. The default 1.0 is add-one (Laplace) smoothing."
+            f"get log 0 = -inf. {advice}"
         )
     return float(alpha)
 

@@ -41,7 +41,6 @@ validation alike, ``nll_loss`` the plain NLL; ``--label-smoothing 0`` is
 exactly ``label_smoothed_cross_entropy`` with 0 (omega is then never counted).
 """
 
-import math
 from dataclasses import dataclass, field
 
 import torch
@@ -109,11 +108,12 @@ class UnigramLabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCriteri
         with omega, in float32 even under --amp (whose autocast would run the
         product in half precision)."""
         first_use = not self.unigram.counted
-        omega = self.unigram.probs_like(lprobs.float())
+        lprobs = lprobs.float()  # fairseq's are float32 already: no copy
+        omega = self.unigram.probs_like(lprobs)
         if first_use:
             self.unigram.warn_if_not_the_models(model, "--unigram-smoothing")
         with torch.autocast(device_type=lprobs.device.type, enabled=False):
-            return -torch.matmul(lprobs.float(), omega)
+            return -torch.matmul(lprobs, omega)
 
 
 def _check_options(label_smoothing, alpha):
@@ -122,9 +122,4 @@ def _check_options(label_smoothing, alpha):
             f"criterion {NAME}: --label-smoothing must be in [0, 1), got "
             f"{label_smoothing!r} (the paper's is 0.1; 0 is plain cross-entropy)"
         )
-    if not (isinstance(alpha, (int, float)) and math.isfinite(alpha) and alpha > 0):
-        raise ValueError(
-            f"criterion {NAME}: --unigram-smoothing must be a finite number > 0, got "
-            f"{alpha!r}: tokens never seen as targets would get probability 0. "
-            "Use the value of --natbias-smoothing (default 1.0, add-one smoothing)."
-        )
+    unigram.check_smoothing(alpha, "--unigram-smoothing")

@@ -238,12 +238,7 @@ def _check_options(weight, updates, smoothing, clamp):
         raise ValueError(f"--unigram-reg-weight must be a finite number >= 0, got {weight!r}. {fix}")
     if isinstance(updates, bool) or int(updates) != updates or updates < 0:
         raise ValueError(f"--unigram-reg-updates must be an integer >= 0, got {updates!r}. {fix}")
-    if not (isinstance(smoothing, (int, float)) and math.isfinite(smoothing) and smoothing > 0):
-        raise ValueError(
-            f"--unigram-reg-smoothing must be a finite number > 0, got {smoothing!r}: "
-            "unseen tokens would get log 0. Use the value of --natbias-smoothing "
-            "(default 1.0, add-one smoothing)."
-        )
+    unigram.check_smoothing(smoothing, "--unigram-reg-smoothing")
     if not (isinstance(clamp, (int, float)) and clamp > 0):
         raise ValueError(
             f"--unigram-reg-clamp must be > 0 (a multiple of ln|V|; inf for no "
