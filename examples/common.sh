@@ -74,11 +74,28 @@ train_translation() {
         --share-all-embeddings --dropout 0.1 \
         --optimizer adam --adam-betas '(0.9, 0.997)' --lr "$LR" \
         --lr-scheduler inverse_sqrt --warmup-updates "$WARMUP" \
-        --criterion label_smoothed_cross_entropy --label-smoothing 0.1 \
+        --criterion "$CRITERION" --label-smoothing 0.1 \
         --max-tokens "$MAX_TOKENS" --max-update "$MAX_UPDATE" --seed "$SEED" \
         --save-dir "$run" --no-epoch-checkpoints --num-workers 0 \
         --log-format simple --log-interval 25 --no-progress-bar $TRAIN_ARGS
 }
+
+# trained_before RUN: whether RUN's training finished before (its train.done),
+# which records the CRITERION it was trained with. Another CRITERION now stops
+# the script: its runs would be compared with runs of the other criterion
+# unnoticed. An empty train.done is from before CRITERION existed, when the
+# examples always trained with label_smoothed_cross_entropy.
+trained_before() {
+    local run=$1 trained_with
+    [[ -f $run/train.done ]] || return 1
+    trained_with=$(<"$run/train.done")
+    trained_with=${trained_with:-label_smoothed_cross_entropy}
+    [[ $trained_with == "$CRITERION" ]] ||
+        die "$run was trained with --criterion $trained_with, not CRITERION=$CRITERION: set WORK to another folder, or remove $run to train it again"
+}
+
+# mark_trained RUN: its training finished, with this CRITERION.
+mark_trained() { echo "$CRITERION" >"$1/train.done"; }
 
 # text_file STEM: STEM or STEM.gz, whichever exists (status 1 if neither, for
 # the script's own message).

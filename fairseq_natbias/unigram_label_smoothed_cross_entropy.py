@@ -30,7 +30,7 @@ undo. Measured on Multi30k (3,000 and 10,000 pairs, 2+2 layers, CPU): the
 natural-bias default with this criterion ends 0.08-0.16 bits of best
 validation NLL below stock fairseq with its own; stock's model with this
 criterion gets 0.07-0.13 of that, so most of the gain is the criterion's;
-on all 29,000 pairs (20,000 updates, seeds 1-2) 0.04-0.08 bits below stock,
+on all 29,000 pairs (20,000 updates, 3 seeds) 0.05-0.07 bits below stock,
 where the default alone ends level
 (docs/studies/small_corpora.md#label-smoothing-towards-the-unigram-070).
 

@@ -157,6 +157,29 @@ def test_translation_run_again_skips_every_step(translation):
         [l for l in result.stdout.splitlines() if SCORE_LINE.match(l)]
 
 
+def test_translation_with_the_unigram_criterion(translation, tmp_path):
+    """CRITERION reaches fairseq-train (the checkpoint's own config says so),
+    and a WORK trained under another criterion is refused rather than
+    compared with it unnoticed."""
+
+    _, work, env = translation
+    criterion = "unigram_label_smoothed_cross_entropy"
+    refused = run_example(["bash", SCRIPTS["translation"]], {**env, "CRITERION": criterion})
+    assert_one_line_error(refused, "examples/translation/run.sh",
+                          f"{work}/runs/unigram was trained with --criterion "
+                          f"label_smoothed_cross_entropy, not CRITERION={criterion}")
+    # the staged text, SentencePiece model and data-bin are reused: training only
+    ours = tmp_path / "translation"
+    shutil.copytree(work, ours, ignore=shutil.ignore_patterns("runs"))
+    succeeded(run_example(["bash", SCRIPTS["translation"]],
+                          {**env, "WORK": ours, "CRITERION": criterion, "INITS": "unigram",
+                           "MAX_UPDATE": 2}))
+    run = ours / "runs/unigram"
+    saved = torch.load(run / "checkpoint_best.pt", map_location="cpu", weights_only=False)
+    assert saved["cfg"]["criterion"]["_name"] == criterion
+    assert (run / "train.done").read_text().strip() == criterion
+
+
 def test_translation_bad_data_folder(tmp_path):
     result = run_example(["bash", SCRIPTS["translation"]],
                          {"DATA": tmp_path, "WORK": tmp_path / "w"})

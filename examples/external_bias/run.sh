@@ -35,6 +35,7 @@ MAX_TOKENS=${MAX_TOKENS-3000}       # tokens per batch
 LR=${LR-1e-3}                       # peak learning rate (inverse square root schedule)
 WARMUP=${WARMUP-100}                # warm-up updates
 SEED=${SEED-1}                      # the translation example's seed: the runs differ in the bias alone
+CRITERION=${CRITERION-label_smoothed_cross_entropy}  # the translation example's criterion (give the same)
 TRAIN_ARGS=${TRAIN_ARGS-}           # more fairseq-train options
 BEAM=${BEAM-5}                      # beam size
 
@@ -81,13 +82,13 @@ else
 fi
 
 # --- 3. train with b = log p_unigram of the external counts (add-one smoothed) ------------------------
-if [[ -f $RUN/train.done ]]; then
+if trained_before "$RUN"; then
     say "train [file]: finished before, skipped"
 else
     mkdir -p "$RUN"
-    say "train [file]: $MAX_UPDATE updates, bias from $WORK/external.counts (log: $RUN/train.log)"
+    say "train [file]: $MAX_UPDATE updates, --criterion $CRITERION, bias from $WORK/external.counts (log: $RUN/train.log)"
     train_translation "$RUN" "$DATA_BIN" --natbias-init file --natbias-counts "$WORK/external.counts"
-    touch "$RUN/train.done"
+    mark_trained "$RUN"
 fi
 
 # --- 4. translate and score, as examples/translation/run.sh does ---------------------------------------
