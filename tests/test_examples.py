@@ -161,7 +161,6 @@ def test_translation_with_the_unigram_criterion(translation, tmp_path):
     """CRITERION reaches fairseq-train (the checkpoint's own config says so),
     and a WORK trained under another criterion is refused rather than
     compared with it unnoticed."""
-
     _, work, env = translation
     criterion = "unigram_label_smoothed_cross_entropy"
     refused = run_example(["bash", SCRIPTS["translation"]], {**env, "CRITERION": criterion})
