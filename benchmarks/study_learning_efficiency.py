@@ -33,6 +33,8 @@ arms
     ``ARM+unigram-ls``          any arm, stock included, trained with
                                 ``--criterion unigram_label_smoothed_cross_entropy``
                                 (label smoothing towards the target unigram)
+    ``ARM+unigram-ls@EPS``      ... with ``--label-smoothing EPS`` (default: the
+                                task's, 0.1)
 schedules (``--schedule``)
     ``short``  lr 1e-3, inverse-sqrt warm-up 100 updates (the demo's)
     ``paper``  lr 5e-4, inverse-sqrt warm-up 4,000 updates from 1e-7 (the

@@ -270,24 +270,29 @@ def test_bias_of_an_arm_as_fairseq_train_parses_it(study, tmp_path, arm, init, o
             parsed.natbias_smoothing) == (init, order, freeze, smoothing)
 
 
-@pytest.mark.parametrize("arm, architecture, criterion", [
-    ("stock", "transformer", "label_smoothed_cross_entropy"),
-    ("stock+unigram-ls", "transformer", "unigram_label_smoothed_cross_entropy"),
+@pytest.mark.parametrize("arm, architecture, criterion, epsilon", [
+    ("stock", "transformer", "label_smoothed_cross_entropy", 0.1),
+    ("stock+unigram-ls", "transformer", "unigram_label_smoothed_cross_entropy", 0.1),
     ("gain@0.05,20,abs-capped/unigram+unigram-ls", "transformer_natbias",
-     "unigram_label_smoothed_cross_entropy"),
+     "unigram_label_smoothed_cross_entropy", 0.1),
+    ("gain@0.05,20,abs-capped/unigram+unigram-ls@0.2", "transformer_natbias",
+     "unigram_label_smoothed_cross_entropy", 0.2),
 ])
 def test_criterion_of_an_arm_as_fairseq_train_parses_it(study, tmp_path, arm, architecture,
-                                                        criterion):
-    """ARM+unigram-ls replaces the task's criterion, its epsilon kept (0.1)."""
+                                                        criterion, epsilon):
+    """ARM+unigram-ls replaces the task's criterion, its epsilon kept (0.1)
+    unless the arm names its own (@EPS)."""
     parsed = _parsed_training_arguments(study, study.Translation("de-en"), arm, tmp_path)
-    assert (parsed.arch, parsed.criterion, parsed.label_smoothing) == (architecture, criterion, 0.1)
+    assert (parsed.arch, parsed.criterion, parsed.label_smoothing) == (
+        architecture, criterion, epsilon)
     if "gain@" in arm:
         assert parsed.natbias_gain_form == "abs-capped"
 
 
-def test_an_unknown_criterion_suffix_is_refused(study):
-    with pytest.raises(SystemExit, match="after \\+ give one of unigram-ls"):
-        study.Arm.parse("stock+uniform-ls")
+@pytest.mark.parametrize("arm", ["stock+uniform-ls", "stock+unigram-ls@2", "stock+unigram-ls@"])
+def test_an_unknown_criterion_suffix_is_refused(study, arm):
+    with pytest.raises(SystemExit, match="after \\+ give one of unigram-ls, optionally @EPS"):
+        study.Arm.parse(arm)
 
 
 def test_zoomed_panel_keeps_the_line_from_its_first_update(study):

@@ -214,7 +214,8 @@ class LanguageModel:
 
 # ARM+NAME: the arm trained with this criterion instead of the task's own
 # (label_smoothed_cross_entropy, eps 0.1; cross_entropy for a language model);
-# the eps of the task's --label-smoothing, 0.1 for a language model.
+# the eps of the task's --label-smoothing, 0.1 for a language model, unless
+# the name ends in @EPS (ARM+unigram-ls@0.2).
 CRITERIA = {"unigram-ls": ["--criterion", "unigram_label_smoothed_cross_entropy"]}
 
 
@@ -231,15 +232,18 @@ class Arm:
     gain_schedule: Optional[str] = None
     smoothing: Optional[str] = None
     criterion: Optional[str] = None  # ARM+unigram-ls: see CRITERIA
+    epsilon: Optional[str] = None  # ARM+unigram-ls@EPS: its --label-smoothing
 
     @classmethod
     def parse(cls, text):
         base, plus, criterion = text.partition("+")
         if plus:
-            if criterion not in CRITERIA:
+            criterion, at, epsilon = criterion.partition("@")
+            if criterion not in CRITERIA or (at and not re.fullmatch(r"0?\.\d+", epsilon)):
                 raise SystemExit(f"study: bad arm {text!r}: after + give one of "
-                                 f"{', '.join(CRITERIA)}")
-            return dataclasses.replace(cls.parse(base), name=text, criterion=criterion)
+                                 f"{', '.join(CRITERIA)}, optionally @EPS (0 < EPS < 1)")
+            return dataclasses.replace(cls.parse(base), name=text, criterion=criterion,
+                                       epsilon=epsilon or None)
         if text == REFERENCE_ARM:
             return cls(text)
         match = re.fullmatch(
@@ -261,7 +265,10 @@ class Arm:
     def criterion_arguments(self):
         """The criterion replacing the task's own (after its options, so it
         wins): none unless the arm names one."""
-        return CRITERIA[self.criterion] if self.criterion else []
+        if not self.criterion:
+            return []
+        epsilon = ["--label-smoothing", self.epsilon] if self.epsilon else []
+        return CRITERIA[self.criterion] + epsilon
 
     def model_arguments(self, task):
         if self.weight_init is None:  # stock, with or without a criterion of its own
