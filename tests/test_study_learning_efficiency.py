@@ -289,7 +289,8 @@ def test_criterion_of_an_arm_as_fairseq_train_parses_it(study, tmp_path, arm, ar
         assert parsed.natbias_gain_form == "abs-capped"
 
 
-@pytest.mark.parametrize("arm", ["stock+uniform-ls", "stock+unigram-ls@2", "stock+unigram-ls@"])
+@pytest.mark.parametrize("arm", ["stock+uniform-ls", "stock+unigram-ls@2", "stock+unigram-ls@",
+                                 "stock+unigram-ls@0.0"])
 def test_an_unknown_criterion_suffix_is_refused(study, arm):
     with pytest.raises(SystemExit, match="after \\+ give one of unigram-ls, optionally @EPS"):
         study.Arm.parse(arm)

@@ -239,7 +239,7 @@ class Arm:
         base, plus, criterion = text.partition("+")
         if plus:
             criterion, at, epsilon = criterion.partition("@")
-            if criterion not in CRITERIA or (at and not re.fullmatch(r"0?\.\d+", epsilon)):
+            if criterion not in CRITERIA or (at and not re.fullmatch(r"0?\.\d*[1-9]\d*", epsilon)):
                 raise SystemExit(f"study: bad arm {text!r}: after + give one of "
                                  f"{', '.join(CRITERIA)}, optionally @EPS (0 < EPS < 1)")
             return dataclasses.replace(cls.parse(base), name=text, criterion=criterion,
