@@ -84,14 +84,16 @@ train_translation() {
 # which records the CRITERION it was trained with. Another CRITERION now stops
 # the script: its runs would be compared with runs of the other criterion
 # unnoticed. An empty train.done is from before CRITERION existed, when the
-# examples always trained with label_smoothed_cross_entropy.
+# examples always trained with label_smoothed_cross_entropy (the default
+# until the examples moved to unigram_label_smoothed_cross_entropy, so a WORK
+# from then is refused with the CRITERION that keeps it).
 trained_before() {
     local run=$1 trained_with
     [[ -f $run/train.done ]] || return 1
     trained_with=$(<"$run/train.done")
     trained_with=${trained_with:-label_smoothed_cross_entropy}
     [[ $trained_with == "$CRITERION" ]] ||
-        die "$run was trained with --criterion $trained_with, not CRITERION=$CRITERION: set WORK to another folder, or remove $run to train it again"
+        die "$run was trained with --criterion $trained_with, not CRITERION=$CRITERION: give CRITERION=$trained_with to keep using it, set WORK to another folder, or remove $run to train it again"
 }
 
 # mark_trained RUN: its training finished, with this CRITERION.

@@ -157,26 +157,36 @@ def test_translation_run_again_skips_every_step(translation):
         [l for l in result.stdout.splitlines() if SCORE_LINE.match(l)]
 
 
-def test_translation_with_the_unigram_criterion(translation, tmp_path):
-    """CRITERION reaches fairseq-train (the checkpoint's own config says so),
-    and a WORK trained under another criterion is refused rather than
-    compared with it unnoticed."""
+def test_translation_criterion_default_and_choice(translation, tmp_path):
+    """The default run trains with unigram label smoothing (the checkpoint's
+    own config says so); CRITERION reaches fairseq-train; a WORK trained under
+    another criterion, or before CRITERION existed (an empty train.done), is
+    refused with the CRITERION that keeps it rather than compared unnoticed."""
     _, work, env = translation
-    criterion = "unigram_label_smoothed_cross_entropy"
-    refused = run_example(["bash", SCRIPTS["translation"]], {**env, "CRITERION": criterion})
+    default, papers = "unigram_label_smoothed_cross_entropy", "label_smoothed_cross_entropy"
+    trained = torch.load(work / "runs/unigram/checkpoint_best.pt", map_location="cpu",
+                         weights_only=False)
+    assert trained["cfg"]["criterion"]["_name"] == default
+    assert (work / "runs/unigram/train.done").read_text().strip() == default
+    refused = run_example(["bash", SCRIPTS["translation"]], {**env, "CRITERION": papers})
     assert_one_line_error(refused, "examples/translation/run.sh",
-                          f"{work}/runs/unigram was trained with --criterion "
-                          f"label_smoothed_cross_entropy, not CRITERION={criterion}")
+                          f"{work}/runs/unigram was trained with --criterion {default}, "
+                          f"not CRITERION={papers}: give CRITERION={default} to keep using it")
     # the staged text, SentencePiece model and data-bin are reused: training only
     ours = tmp_path / "translation"
     shutil.copytree(work, ours, ignore=shutil.ignore_patterns("runs"))
     succeeded(run_example(["bash", SCRIPTS["translation"]],
-                          {**env, "WORK": ours, "CRITERION": criterion, "INITS": "unigram",
+                          {**env, "WORK": ours, "CRITERION": papers, "INITS": "unigram",
                            "MAX_UPDATE": 2}))
     run = ours / "runs/unigram"
     saved = torch.load(run / "checkpoint_best.pt", map_location="cpu", weights_only=False)
-    assert saved["cfg"]["criterion"]["_name"] == criterion
-    assert (run / "train.done").read_text().strip() == criterion
+    assert saved["cfg"]["criterion"]["_name"] == papers
+    assert (run / "train.done").read_text().strip() == papers
+    (run / "train.done").write_text("")  # as the examples wrote it before CRITERION
+    old = run_example(["bash", SCRIPTS["translation"]], {**env, "WORK": ours, "INITS": "unigram"})
+    assert_one_line_error(old, "examples/translation/run.sh",
+                          f"{run} was trained with --criterion {papers}, not CRITERION={default}: "
+                          f"give CRITERION={papers} to keep using it")
 
 
 def test_translation_bad_data_folder(tmp_path):

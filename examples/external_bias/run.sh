@@ -35,7 +35,7 @@ MAX_TOKENS=${MAX_TOKENS-3000}       # tokens per batch
 LR=${LR-1e-3}                       # peak learning rate (inverse square root schedule)
 WARMUP=${WARMUP-100}                # warm-up updates
 SEED=${SEED-1}                      # the translation example's seed: the runs differ in the bias alone
-CRITERION=${CRITERION-label_smoothed_cross_entropy}  # the translation example's criterion (give the same)
+CRITERION=${CRITERION-unigram_label_smoothed_cross_entropy}  # the translation example's criterion (give the same)
 TRAIN_ARGS=${TRAIN_ARGS-}           # more fairseq-train options
 BEAM=${BEAM-5}                      # beam size
 
