@@ -298,6 +298,19 @@ def test_external_bias_missing_text(translation, tmp_path):
     assert_one_line_error(result, "examples/external_bias/run.sh", "no such file", "EXTERNAL_TEXT")
 
 
+def test_external_bias_refuses_translation_runs_of_another_criterion(translation, tmp_path):
+    """Its scores are printed beside the translation runs': not under mixed criteria."""
+    _, translation_work, _ = translation
+    papers = "label_smoothed_cross_entropy"
+    result = run_example(["bash", SCRIPTS["external_bias"]], {
+        "TRANSLATION_WORK": translation_work, "WORK": tmp_path, "CRITERION": papers,
+        "EXTERNAL_TEXT": MULTI30K / "train.en.gz"})
+    assert_one_line_error(result, "examples/external_bias/run.sh",
+                          f"{translation_work}/runs/", "was trained with --criterion "
+                          f"unigram_label_smoothed_cross_entropy, not CRITERION={papers}")
+    assert not (tmp_path / "runs").exists()
+
+
 # --- frequency_analysis ------------------------------------------------------------------
 
 

@@ -50,6 +50,10 @@ RUN=$WORK/runs/file
 # --- what this needs -------------------------------------------------------------------
 [[ -f $DATA_BIN/dict.$TGT.txt && -f $TRANSLATION_WORK/spm.model ]] ||
     die "TRANSLATION_WORK=$TRANSLATION_WORK has no data-bin/dict.$TGT.txt and spm.model: run examples/translation/run.sh first (same WORK, SRC, TGT)"
+# The scores are printed beside the translation example's runs: one criterion for all.
+for translation_run in "$TRANSLATION_WORK"/runs/*/; do
+    trained_before "${translation_run%/}" || true
+done
 if [[ -z $EXTERNAL_TEXT ]]; then
     # The translation example's data, found the same way (DATA empty: as `make demo` does).
     DATA=${DATA-}
