@@ -83,10 +83,9 @@ train_translation() {
 # trained_before RUN: whether RUN's training finished before (its train.done),
 # which records the CRITERION it was trained with. Another CRITERION now stops
 # the script: its runs would be compared with runs of the other criterion
-# unnoticed. An empty train.done is from before CRITERION existed, when the
-# examples always trained with label_smoothed_cross_entropy (the default
-# until the examples moved to unigram_label_smoothed_cross_entropy, so a WORK
-# from then is refused with the CRITERION that keeps it).
+# unnoticed; the message names the CRITERION that keeps RUN. An empty
+# train.done is from before CRITERION existed, when the examples always
+# trained with label_smoothed_cross_entropy.
 trained_before() {
     local run=$1 trained_with
     [[ -f $run/train.done ]] || return 1
