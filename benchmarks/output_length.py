@@ -1,0 +1,114 @@
+"""Are the outputs shorter? Hypothesis/reference length of a learning-
+efficiency study's kept translations (issue 36: the criterion's outputs).
+
+The study keeps each run's beam-5 translations of the best checkpoint as
+``WORK/<setting>/<arm>/seed<k>/<test set>.hyp`` (``test.hyp`` is
+test_2016_flickr), and the detokenised references as
+``WORK/text/test.raw.<tgt>`` and ``WORK/text-<test set>/test.raw.<tgt>``.
+The length ratio is sacreBLEU's own, c / r in BLEU's brevity penalty
+
+    BP = min(1, exp(1 - r / c)),
+
+c and r the hypotheses' and references' total lengths in ``13a`` tokens:
+below 1 the outputs are shorter than the references, and BLEU pays for it.
+Printed as a Markdown table per setting: each arm's mean ± standard error
+over seeds per test set, and the ratio of every seed.
+
+    .venv/bin/python benchmarks/output_length.py /work/study/de-en_n3000/short-converge \\
+        /work/study/fr-en_n3000/short-converge --out benchmarks/results/x.md
+"""
+
+import argparse
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from fairseq_natbias.analysis.stats import mean_stderr  # noqa: E402
+
+# The study's kept translations: file stem -> (test set name, the
+# references' folder under the pair's work folder).
+TEST_SETS = {"test": ("test_2016_flickr", "text"),
+             "test_2017_flickr": ("test_2017_flickr", "text-test_2017_flickr")}
+
+
+def length_ratio(hypotheses, references):
+    """c / r: the hypotheses' total 13a-token length over the references',
+    as sacreBLEU's BLEU counts them for its brevity penalty."""
+    if len(hypotheses) != len(references):
+        raise SystemExit(f"output_length: {len(hypotheses)} hypotheses but "
+                         f"{len(references)} references (was a decode cut short?)")
+    from sacrebleu.metrics import BLEU
+
+    score = BLEU().corpus_score(hypotheses, [references])
+    return score.sys_len / score.ref_len
+
+
+def read_lines(path):
+    return path.read_text(encoding="utf-8").splitlines()
+
+
+def setting_ratios(setting_dir):
+    """``{arm: {test set: {seed: ratio}}}`` of every kept translation under
+    one study setting folder (WORK/<setting>)."""
+    work, target = setting_dir.parent, target_language(setting_dir.parent.name)
+    found = {}
+    for hyp in sorted(setting_dir.glob("*/seed*/*.hyp")):
+        if hyp.stem not in TEST_SETS:
+            continue
+        name, folder = TEST_SETS[hyp.stem]
+        references = work / folder / f"test.raw.{target}"
+        if not references.is_file():
+            raise SystemExit(f"output_length: {hyp} has no references at {references} "
+                             "(give the study's own WORK/<setting> folder)")
+        seed = int(hyp.parent.name[len("seed"):])
+        ratio = length_ratio(read_lines(hyp), read_lines(references))
+        found.setdefault(hyp.parent.parent.name, {}).setdefault(name, {})[seed] = ratio
+    return found
+
+
+def target_language(pair_folder):
+    """``en`` from the study's pair folders ``de-en`` and ``de-en_n3000``."""
+    pair = pair_folder.split("_")[0]
+    if "-" not in pair:
+        raise SystemExit(f"output_length: {pair_folder!r} is not a study pair folder "
+                         "(SRC-TGT, optionally _nN): give WORK/<pair>/<setting>")
+    return pair.split("-")[1]
+
+
+def markdown(title, ratios):
+    """One table: arm, test set, mean ± s.e. over seeds, and every seed's ratio."""
+    lines = [f"### {title}", "",
+             "| arm | test set | length ratio (hyp/ref) | per seed |", "|---|---|---|---|"]
+    for arm in sorted(ratios):
+        for test_set in sorted(ratios[arm]):
+            seeds = ratios[arm][test_set]
+            summary = mean_stderr(list(seeds.values())).format(3, count=False)
+            each = " / ".join(f"{seeds[s]:.3f} (seed {s})" for s in sorted(seeds))
+            lines.append(f"| {arm} | {test_set} | {summary} | {each} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("settings", nargs="+", type=Path, metavar="WORK/PAIR/SETTING",
+                        help="a study setting folder, e.g. WORK/de-en_n3000/short-converge")
+    parser.add_argument("--out", type=Path, help="also write the tables here")
+    args = parser.parse_args(argv)
+    tables = []
+    for setting in args.settings:
+        if not setting.is_dir():
+            raise SystemExit(f"output_length: no folder {setting}")
+        ratios = setting_ratios(setting)
+        if not ratios:
+            raise SystemExit(f"output_length: no kept translations (*/seed*/*.hyp) under {setting}")
+        tables.append(markdown(f"{setting.parent.name} {setting.name}", ratios))
+    text = "\n".join(tables)
+    print(text, end="")
+    if args.out:
+        args.out.write_text(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,63 @@
+"""benchmarks/output_length.py: hypothesis/reference length in 13a tokens
+over a study's kept translations, checked against counts worked by hand."""
+
+import pytest
+
+from natbias_testing import benchmark_script
+
+
+@pytest.fixture(scope="module")
+def output_length():
+    return benchmark_script("output_length")
+
+
+def test_ratio_counts_13a_tokens(output_length):
+    # 13a splits the comma and the full stop off: "Hello , world ." is 4
+    # tokens, "a dog" 2 -> c = 6; references 4 + 4 -> r = 8.
+    ratio = output_length.length_ratio(["Hello, world.", "a dog"],
+                                       ["Hello there, world", "a dog runs ."])
+    assert ratio == pytest.approx(6 / 8)
+
+
+def test_mismatched_line_counts_are_refused(output_length):
+    with pytest.raises(SystemExit, match="2 hypotheses but 1 references"):
+        output_length.length_ratio(["a", "b"], ["a"])
+
+
+def write(path, lines):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def fake_study(root):
+    """WORK/de-en_n3000/short-converge with two seeds of one arm on both
+    test sets, laid out as the study keeps them."""
+    work = root / "de-en_n3000"
+    write(work / "text" / "test.raw.en", ["a b c d", "e f g"])  # r = 7
+    write(work / "text-test_2017_flickr" / "test.raw.en", ["a b"])  # r = 2
+    runs = work / "short-converge" / "stock"
+    write(runs / "seed1" / "test.hyp", ["a b c", "d e"])  # c = 5
+    write(runs / "seed2" / "test.hyp", ["a b c d", "e f g"])  # c = 7
+    write(runs / "seed1" / "test_2017_flickr.hyp", ["a b c"])  # c = 3
+    write(runs / "seed2" / "test_2017_flickr.hyp", ["a"])  # c = 1
+    return work / "short-converge"
+
+
+def test_a_study_folder_gives_each_seed_and_the_mean(output_length, tmp_path, capsys):
+    setting = fake_study(tmp_path)
+    ratios = output_length.setting_ratios(setting)
+    assert ratios["stock"]["test_2016_flickr"] == pytest.approx({1: 5 / 7, 2: 1.0})
+    assert ratios["stock"]["test_2017_flickr"] == pytest.approx({1: 1.5, 2: 0.5})
+    out = tmp_path / "lengths.md"
+    output_length.main([str(setting), "--out", str(out)])
+    # mean (5/7 + 1) / 2 = 0.857, standard error |1 - 5/7| / 2 = 0.143
+    assert "| stock | test_2016_flickr | 0.857 ± 0.143 | 0.714 (seed 1) / 1.000 (seed 2) |" \
+        in out.read_text()
+    assert "| stock | test_2017_flickr | 1.000 ± 0.500 |" in capsys.readouterr().out
+
+
+def test_a_folder_without_references_names_what_is_missing(output_length, tmp_path):
+    setting = fake_study(tmp_path)
+    (tmp_path / "de-en_n3000" / "text" / "test.raw.en").unlink()
+    with pytest.raises(SystemExit, match="has no references at .*text/test.raw.en"):
+        output_length.main([str(setting)])
