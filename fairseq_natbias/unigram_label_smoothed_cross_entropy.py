@@ -26,10 +26,11 @@ epsilon CE(omega, p) = CE(omega, p), least at p = omega. So the natural bias
 b = log omega (eq. 3) is exactly where this objective wants the context-free
 part of the model, for the whole run. Under uniform smoothing that optimum is
 (1 - epsilon) omega + epsilon/|V| instead, which the context has to learn to
-undo. omega keeps its end-of-sentence entry for that reason: without it the
-prior no longer has log omega as its optimum, and at 3,000 pairs (seeds 1-3)
-the run ended 0.01 bits lower with no better BLEU or length
-(docs/studies/small_corpora.md, "The end of sentence in the prior").
+undo. omega keeps its end-of-sentence entry for the same reason: without
+it, log omega would no longer be that optimum. A prior without EOS was
+screened at 3,000 pairs (seeds 1-3): 0.01 bits lower, BLEU and output
+length no better (docs/studies/small_corpora.md, "The end of sentence in
+the prior").
 Measured on Multi30k (3,000 and 10,000 pairs, 2+2 layers, CPU): the
 natural-bias default with this criterion ends 0.08-0.16 bits of best
 validation NLL below stock fairseq with its own; stock's model with this
