@@ -9,7 +9,7 @@ under fairseq's uniform u, and eps omega(EOS) under the target unigram
 target length plus one). This measures what a trained model puts there:
 the mean of p(EOS | y_<t, x) over the reference's non-final positions, and
 over its final positions (where the reference token is EOS), on one split
-of a data-bin, each checkpoint read as fairseq-generate reads it.
+of a data-bin, each checkpoint read as natbias-frequency reads it.
 
     .venv/bin/python benchmarks/eos_probability.py WORK/de-en_n3000/data-bin \\
         stock=RUN/stock/seed1/checkpoint_best.pt default=RUN/.../checkpoint_best.pt
@@ -37,11 +37,11 @@ def eos_sums(lprobs, target, eos, pad):
 
 def mean_eos_probability(model, task, split, max_tokens=4096):
     """``(non-final mean, final mean, non-final positions, final positions)``
-    of ``model`` on ``split`` of ``task``'s data, teacher-forced, in eval mode."""
+    of ``model`` on ``split`` of ``task``'s data (loaded already),
+    teacher-forced, in eval mode."""
     import torch
 
     dictionary = task.target_dictionary
-    task.load_dataset(split)
     batches = task.get_batch_iterator(task.dataset(split), max_tokens=max_tokens,
                                       ignore_invalid_inputs=True).next_epoch_itr(shuffle=False)
     totals = [0.0, 0, 0.0, 0]
@@ -58,17 +58,6 @@ def mean_eos_probability(model, task, split, max_tokens=4096):
     return non_final_sum / non_final, final_sum / final, non_final, final
 
 
-def load(checkpoint, data_bin):
-    """Model and task of ``checkpoint``, reading ``data_bin`` (this checkout's
-    fairseq_natbias registered first, as ``--user-dir`` would)."""
-    import fairseq_natbias  # noqa: F401  (registers the natbias models and criteria)
-    from fairseq import checkpoint_utils
-
-    models, _, task = checkpoint_utils.load_model_ensemble_and_task(
-        [str(checkpoint)], arg_overrides={"data": str(data_bin)})
-    return models[0], task
-
-
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("data_bin", type=Path)
@@ -77,6 +66,8 @@ def main(argv=None):
     args = parser.parse_args(argv)
     import torch
 
+    from fairseq_natbias.analysis.frequency import load_checkpoint
+
     torch.set_num_threads(1)  # beside trainings: one core
     rows = ["| model | mean p(EOS), non-final positions | mean p(EOS), final positions | positions |",
             "|---|---|---|---|"]
@@ -84,7 +75,9 @@ def main(argv=None):
         name, _, path = item.rpartition("=")
         if not name or not Path(path).is_file():
             raise SystemExit(f"eos_probability: give NAME=CHECKPOINT with an existing file, not {item!r}")
-        model, task = load(path, args.data_bin)
+        # natbias-frequency's loading: the package's checkpoint reading, the
+        # dictionaries checked against data_bin's, the split loaded.
+        model, task, _ = load_checkpoint(path, str(args.data_bin), args.split, use_cuda=False)
         non_final, final, n_non_final, n_final = mean_eos_probability(model, task, args.split)
         rows.append(f"| {name} | {non_final:.5f} | {final:.4f} | {n_non_final:,} + {n_final:,} |")
     print("\n".join(rows))

@@ -24,13 +24,17 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
 
 from fairseq_natbias.analysis.stats import mean_stderr  # noqa: E402
+from fairseq_natbias.data_fetch import read_lines  # noqa: E402
+# The study that kept the translations: its test sets, the first decoded as
+# ``test`` (the data-bin's own split), each further one under its own name.
+from study.arms import CONVERGE_TEST_SETS  # noqa: E402
 
-# The study's kept translations: file stem -> (test set name, the
-# references' folder under the pair's work folder).
-TEST_SETS = {"test": ("test_2016_flickr", "text"),
-             "test_2017_flickr": ("test_2017_flickr", "text-test_2017_flickr")}
+# file stem -> (test set name, the references' folder under the pair's work folder)
+TEST_SETS = {"test": (CONVERGE_TEST_SETS[0], "text"),
+             **{name: (name, f"text-{name}") for name in CONVERGE_TEST_SETS[1:]}}
 
 
 def length_ratio(hypotheses, references):
@@ -43,10 +47,6 @@ def length_ratio(hypotheses, references):
 
     score = BLEU().corpus_score(hypotheses, [references])
     return score.sys_len / score.ref_len
-
-
-def read_lines(path):
-    return path.read_text(encoding="utf-8").splitlines()
 
 
 def setting_ratios(setting_dir):

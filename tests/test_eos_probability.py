@@ -43,6 +43,7 @@ def test_a_context_free_model_gives_its_bias_everywhere(eos_probability, toy_bin
     with torch.no_grad():
         projection.weight.zero_()
         projection.bias.copy_(bias)
+    task.load_dataset("valid")
     non_final, final, n_non_final, n_final = eos_probability.mean_eos_probability(
         model, task, "valid")
     assert non_final == pytest.approx(0.5, rel=1e-5)
