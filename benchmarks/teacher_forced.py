@@ -41,10 +41,9 @@ sys.path.insert(0, str(REPO))
 from fairseq_natbias.analysis.stats import mean_stderr  # noqa: E402
 
 LN2 = math.log(2.0)
-# name, format, digits of a difference
-MEASURES = (("nll", "NLL (bits)", "{:.4f}"), ("top1", "top-1 accuracy", "{:.4f}"),
-            ("entropy", "entropy (bits)", "{:.3f}"), ("eos_non_final", "p(EOS), non-final", "{:.5f}"),
-            ("eos_final", "p(EOS), final", "{:.4f}"))
+# (key of :func:`means`, column label, decimals printed, differences included)
+MEASURES = (("nll", "NLL (bits)", 4), ("top1", "top-1 accuracy", 4), ("entropy", "entropy (bits)", 3),
+            ("eos_non_final", "p(EOS), non-final", 5), ("eos_final", "p(EOS), final", 4))
 
 
 def batch_sums(lprobs, target, eos, pad):
@@ -52,12 +51,14 @@ def batch_sums(lprobs, target, eos, pad):
     vocabulary) natural log-probabilities, ``target`` (batch, length) ids;
     padding counts nowhere. Keys: tokens, final (positions whose reference
     is EOS), nll (nats), top1, entropy (nats), eos_non_final, eos_final."""
+    import torch
+
     lprobs = lprobs.float()
     real = target.ne(pad)
     final = target.eq(eos) & real
     non_final = real & ~final
     reference = lprobs.gather(-1, target.unsqueeze(-1)).squeeze(-1)
-    entropy = -(lprobs.exp() * lprobs).sum(-1)
+    entropy = torch.special.entr(lprobs.exp()).sum(-1)  # 0 where p = 0, not 0 * -inf
     p_eos = lprobs[..., eos].exp()
     return {
         "tokens": int(real.sum()), "final": int(final.sum()),
@@ -86,10 +87,10 @@ def teacher_forced(model, task, split, max_tokens=4096):
     ``task``'s data (loaded already), in eval mode."""
     import torch
 
+    from fairseq_natbias.analysis.frequency import reference_batches
+
     dictionary = task.target_dictionary
-    batches = task.get_batch_iterator(task.dataset(split), max_tokens=max_tokens,
-                                      required_batch_size_multiple=1,
-                                      ignore_invalid_inputs=True).next_epoch_itr(shuffle=False)
+    batches = reference_batches(model, task, task.dataset(split), max_tokens)
     totals = {}
     model.eval()
     with torch.no_grad():
@@ -118,7 +119,7 @@ def tables(results):
     rows = [head, "|---|" + "---|" * (len(MEASURES) + 1)]
     for arm, seed, values in results:
         name = arm if seed is None else f"{arm}, seed {seed}"
-        rows.append(f"| {name} | " + " | ".join(fmt.format(values[key]) for key, _, fmt in MEASURES)
+        rows.append(f"| {name} | " + " | ".join(f"{values[key]:.{digits}f}" for key, _, digits in MEASURES)
                     + f" | {values['tokens']:,} |")
     arms = list(dict.fromkeys(arm for arm, _, _ in results))
     by_arm = {arm: {seed: values for a, seed, values in results if a == arm} for arm in arms}
@@ -128,11 +129,8 @@ def tables(results):
         seeds = [s for s in by_arm[arm] if s is not None and s in by_arm[reference]]
         if not seeds:
             continue
-        cells = []
-        for key, _, fmt in MEASURES:
-            stat = mean_stderr([by_arm[arm][s][key] - by_arm[reference][s][key] for s in seeds])
-            digits = len(fmt.format(0.0).split(".")[1])
-            cells.append(stat.signed(digits))
+        cells = [mean_stderr([by_arm[arm][s][key] - by_arm[reference][s][key] for s in seeds]).signed(digits)
+                 for key, _, digits in MEASURES]
         diff_rows.append(f"| {arm} − {reference} (seeds {', '.join(seeds)}) | " + " | ".join(cells) + " |")
     if diff_rows:
         rows += ["", f"Paired by seed, mean ± standard error, − {reference}:", "",

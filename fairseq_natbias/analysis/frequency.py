@@ -182,7 +182,7 @@ def score_reference_tokens(model, task, split, max_tokens=4096, use_cuda=False,
         raise AnalysisError(f"the {split} split of {unigram.task_config(task).data} is empty: nothing to score")
     vocab = len(task.target_dictionary)
     totals = [torch.zeros(vocab, dtype=torch.float64) for _ in range(3)]
-    batches = _batches(model, task, dataset, max_tokens)
+    batches = reference_batches(model, task, dataset, max_tokens)
     done = 0
     with torch.no_grad():
         for i, sample in enumerate(batches, start=1):
@@ -199,7 +199,10 @@ def score_reference_tokens(model, task, split, max_tokens=4096, use_cuda=False,
     return occurrences.astype(np.int64), sum_full, sum_without, done
 
 
-def _batches(model, task, dataset, max_tokens):
+def reference_batches(model, task, dataset, max_tokens):
+    """Every sentence of ``dataset`` once, in fairseq's length order, for
+    teacher-forced scoring: no batch dropped for its size (fairseq issue
+    #5036), none longer than the model takes."""
     from fairseq import utils
 
     return task.get_batch_iterator(
