@@ -41,7 +41,7 @@ sys.path.insert(0, str(REPO))
 from fairseq_natbias.analysis.stats import mean_stderr  # noqa: E402
 
 LN2 = math.log(2.0)
-# (key of :func:`means`, column label, decimals printed, differences included)
+# (key of :func:`means`, column label, decimals printed for it and for its paired difference)
 MEASURES = (("nll", "NLL (bits)", 4), ("top1", "top-1 accuracy", 4), ("entropy", "entropy (bits)", 3),
             ("eos_non_final", "p(EOS), non-final", 5), ("eos_final", "p(EOS), final", 4))
 
