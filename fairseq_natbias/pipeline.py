@@ -235,20 +235,28 @@ def evaluate(data_bin, work, run_dir, name, target=LANGS[1], test_set=None, cpu=
         text = work / "text"
     say(f"generate [{name}]: beam 5 on {'the test set' if test_set is None else stem}, "
         "then sacreBLEU")
-    output = run([*tool("fairseq-generate"), str(data_bin), "--user-dir", "fairseq_natbias",
-                  "--path", str(run_dir / "checkpoint_best.pt"), "--beam", "5",
-                  "--lenpen", "1.0", "--max-len-a", "1.2", "--max-len-b", "10",
-                  "--required-batch-size-multiple", "1",
-                  *(["--cpu"] if cpu else []), "--batch-size", "128",
-                  "--remove-bpe", "sentencepiece", "--num-workers", "0"])
-    sentences = parse_generate_output(output.splitlines())
-    ordered = [(sentences[i].detokenized if i in sentences else None) or ""
-               for i in range(len(sentences))]
+    ordered = translate(data_bin, run_dir / "checkpoint_best.pt", cpu=cpu)
     (run_dir / f"{stem}.hyp").write_text("\n".join(ordered) + "\n", encoding="utf-8")
     references = (text / f"test.raw.{target}").read_text(encoding="utf-8").splitlines()
     scores = sacrebleu_scores(ordered, references[: len(ordered)])
     scores_path.write_text(json.dumps(scores, indent=1))
     return scores
+
+
+def translate(data_bin, checkpoint, subset="test", lenpen=1.0, cpu=True):
+    """The detokenised beam-5 translations of data_bin's ``subset`` by
+    ``checkpoint``, in sentence order (an empty line where fairseq gave
+    none): the one decoding command of the study, the demo and the
+    length-penalty screen, so that their scores compare."""
+    output = run([*tool("fairseq-generate"), str(data_bin), "--user-dir", "fairseq_natbias",
+                  "--path", str(checkpoint), "--gen-subset", subset, "--beam", "5",
+                  "--lenpen", str(lenpen), "--max-len-a", "1.2", "--max-len-b", "10",
+                  "--required-batch-size-multiple", "1",
+                  *(["--cpu"] if cpu else []), "--batch-size", "128",
+                  "--remove-bpe", "sentencepiece", "--num-workers", "0"])
+    sentences = parse_generate_output(output.splitlines())
+    return [(sentences[i].detokenized if i in sentences else None) or ""
+            for i in range(len(sentences))]
 
 
 def prepare_test_set(raw, work, data_bin, langs, test_set):
