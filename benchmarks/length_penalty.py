@@ -108,9 +108,10 @@ def screen_run(run_dir, sources, grid):
     chosen = best_lenpen(valid)
     row = {"lenpen": chosen, "valid": valid, "test": {}}
     for test_set in CONVERGE_TEST_SETS:
-        tuned = (decode_scores(run_dir, test_set, sources[test_set], chosen)["bleu"]
-                 if chosen != STUDY_LENPEN else study_test_bleu(run_dir, test_set))
-        row["test"][test_set] = {"study": study_test_bleu(run_dir, test_set), "tuned": tuned}
+        study = study_test_bleu(run_dir, test_set)
+        tuned = (study if chosen == STUDY_LENPEN
+                 else decode_scores(run_dir, test_set, sources[test_set], chosen)["bleu"])
+        row["test"][test_set] = {"study": study, "tuned": tuned}
     return row
 
 
