@@ -37,7 +37,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 from fairseq_natbias import pipeline  # noqa: E402
 from fairseq_natbias.analysis.stats import mean_stderr  # noqa: E402
-from study.arms import CONVERGE_TEST_SETS  # noqa: E402
+from study.arms import CONVERGE_TEST_SETS, pair_target  # noqa: E402
 
 GRID = (0.6, 0.8, 1.0, 1.2, 1.4, 1.6, 2.0)
 STUDY_LENPEN = 1.0
@@ -174,10 +174,8 @@ def main(argv=None):
     if STUDY_LENPEN not in args.grid:
         raise SystemExit(f"length_penalty: the grid must hold the study's lenpen {STUDY_LENPEN} "
                          "(the table compares against it)")
-    pair = args.setting.parent.name.split("_")[0]
-    if "-" not in pair:
-        raise SystemExit(f"length_penalty: {args.setting} is not WORK/<SRC-TGT>/<setting>")
-    sources = split_sources(args.setting.parent, pair.split("-")[1])
+    target = pair_target(args.setting.parent.name, "length_penalty")
+    sources = split_sources(args.setting.parent, target)
     rows = {}
     for arm in args.arms:
         for seed in args.seeds:

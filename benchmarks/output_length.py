@@ -30,7 +30,7 @@ from fairseq_natbias.analysis.stats import mean_stderr  # noqa: E402
 from fairseq_natbias.data_fetch import read_lines  # noqa: E402
 # The study that kept the translations: its test sets, the first decoded as
 # ``test`` (the data-bin's own split), each further one under its own name.
-from study.arms import CONVERGE_TEST_SETS  # noqa: E402
+from study.arms import CONVERGE_TEST_SETS, pair_target  # noqa: E402
 
 # file stem -> (test set name, the references' folder under the pair's work folder)
 TEST_SETS = {"test": (CONVERGE_TEST_SETS[0], "text"),
@@ -52,7 +52,7 @@ def length_ratio(hypotheses, references):
 def setting_ratios(setting_dir):
     """``{arm: {test set: {seed: ratio}}}`` of every kept translation under
     one study setting folder (WORK/<setting>)."""
-    work, target = setting_dir.parent, target_language(setting_dir.parent.name)
+    work, target = setting_dir.parent, pair_target(setting_dir.parent.name, "output_length")
     found = {}
     for hyp in sorted(setting_dir.glob("*/seed*/*.hyp")):
         if hyp.stem not in TEST_SETS:
@@ -66,15 +66,6 @@ def setting_ratios(setting_dir):
         ratio = length_ratio(read_lines(hyp), read_lines(references))
         found.setdefault(hyp.parent.parent.name, {}).setdefault(name, {})[seed] = ratio
     return found
-
-
-def target_language(pair_folder):
-    """``en`` from the study's pair folders ``de-en`` and ``de-en_n3000``."""
-    pair = pair_folder.split("_")[0]
-    if "-" not in pair:
-        raise SystemExit(f"output_length: {pair_folder!r} is not a study pair folder "
-                         "(SRC-TGT, optionally _nN): give WORK/<pair>/<setting>")
-    return pair.split("-")[1]
 
 
 def markdown(title, ratios):

@@ -61,3 +61,10 @@ def test_a_folder_without_references_names_what_is_missing(output_length, tmp_pa
     (tmp_path / "de-en_n3000" / "text" / "test.raw.en").unlink()
     with pytest.raises(SystemExit, match="has no references at .*text/test.raw.en"):
         output_length.main([str(setting)])
+
+
+def test_a_folder_outside_a_study_pair_is_refused_by_name(output_length, tmp_path):
+    setting = tmp_path / "runs" / "short-converge"  # "runs": no SRC-TGT to read
+    setting.mkdir(parents=True)
+    with pytest.raises(SystemExit, match=r"output_length: 'runs' is not a study pair folder"):
+        output_length.main([str(setting)])

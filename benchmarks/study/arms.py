@@ -59,6 +59,17 @@ def vocabulary_for(pairs):
     return int(max(500, 500 * round(scaled / 500)))
 
 
+def pair_target(pair_folder, program):
+    """The target language of a study pair folder: ``en`` from ``de-en``
+    (whole corpus) and ``de-en_n3000`` (``--train-pairs 3000``); a folder of
+    any other name is refused, naming ``program``, the script that read it."""
+    pair = pair_folder.split("_")[0]
+    if "-" not in pair:
+        raise SystemExit(f"{program}: {pair_folder!r} is not a study pair folder "
+                         "(SRC-TGT, optionally _nN): give WORK/<pair>/<setting>")
+    return pair.split("-")[1]
+
+
 def first_pairs(raw, folder, langs, pairs):
     """A raw-text folder whose training text is the first ``pairs`` lines of
     ``raw``'s (each language alike, so they stay aligned) and whose other
