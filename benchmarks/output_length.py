@@ -12,7 +12,10 @@ The length ratio is sacreBLEU's own, c / r in BLEU's brevity penalty
 c and r the hypotheses' and references' total lengths in ``13a`` tokens:
 below 1 the outputs are shorter than the references, and BLEU pays for it.
 Printed as a Markdown table per setting: each arm's mean ± standard error
-over seeds per test set, and the ratio of every seed.
+over seeds per test set, and the ratio of every seed. ``--by-reference-length``
+adds, under each test set, the same ratio within groups of sentences by
+their reference's length (13a tokens: 1-9, 10-14, 15-19, 20 or more): are
+the outputs short everywhere, or on long sentences?
 
     .venv/bin/python benchmarks/output_length.py /work/study/de-en_n3000/short-converge \\
         /work/study/fr-en_n3000/short-converge --out benchmarks/results/x.md
@@ -37,6 +40,13 @@ TEST_SETS = {"test": (CONVERGE_TEST_SETS[0], "text"),
              **{name: (name, f"text-{name}") for name in CONVERGE_TEST_SETS[1:]}}
 
 
+# --by-reference-length: the groups, by the reference's length in 13a tokens
+# (inclusive; None: no upper end). Multi30k's English references fall into
+# them as 18 / 54 / 22 / 7 % (test_2016_flickr, longer) and 40 / 42 / 13 / 5 %
+# (test_2017_flickr).
+REFERENCE_LENGTHS = ((1, 9), (10, 14), (15, 19), (20, None))
+
+
 def length_ratio(hypotheses, references):
     """c / r: the hypotheses' total 13a-token length over the references',
     as sacreBLEU's BLEU counts them for its brevity penalty."""
@@ -49,9 +59,11 @@ def length_ratio(hypotheses, references):
     return score.sys_len / score.ref_len
 
 
-def setting_ratios(setting_dir):
+def setting_ratios(setting_dir, by_reference_length=False):
     """``{arm: {test set: {seed: ratio}}}`` of every kept translation under
-    one study setting folder (WORK/<setting>)."""
+    one study setting folder (WORK/<setting>); ``by_reference_length`` adds,
+    after each test set, one entry per group of :data:`REFERENCE_LENGTHS`
+    (named with its range and sentence count)."""
     work, target = setting_dir.parent, pair_target(setting_dir.parent.name, "output_length")
     found = {}
     for hyp in sorted(setting_dir.glob("*/seed*/*.hyp")):
@@ -63,17 +75,42 @@ def setting_ratios(setting_dir):
             raise SystemExit(f"output_length: {hyp} has no references at {references} "
                              "(give the study's own WORK/<setting> folder)")
         seed = int(hyp.parent.name[len("seed"):])
-        ratio = length_ratio(read_lines(hyp), read_lines(references))
-        found.setdefault(hyp.parent.parent.name, {}).setdefault(name, {})[seed] = ratio
+        hypotheses, references = read_lines(hyp), read_lines(references)
+        groups = {name: (hypotheses, references)}
+        if by_reference_length:
+            groups.update(reference_length_groups(name, hypotheses, references))
+        arm = found.setdefault(hyp.parent.parent.name, {})
+        for group, (group_hypotheses, group_references) in groups.items():
+            arm.setdefault(group, {})[seed] = length_ratio(group_hypotheses, group_references)
     return found
 
 
+def reference_length_groups(name, hypotheses, references):
+    """``{"<name>, references LO-HI tokens (n = N)": (hypotheses, references)}``
+    for each non-empty group of :data:`REFERENCE_LENGTHS`, in their order."""
+    from sacrebleu.tokenizers.tokenizer_13a import Tokenizer13a
+
+    if len(hypotheses) != len(references):
+        length_ratio(hypotheses, references)  # refuses, naming both counts
+    tokenize = Tokenizer13a()
+    groups = {}
+    for low, high in REFERENCE_LENGTHS:
+        pairs = [(h, r) for h, r in zip(hypotheses, references)
+                 if low <= len(tokenize(r).split()) <= (high or float("inf"))]
+        if pairs:
+            span = f"{low}–{high}" if high else f"{low} or more"
+            groups[f"{name}, references {span} tokens (n = {len(pairs)})"] = (
+                [h for h, _ in pairs], [r for _, r in pairs])
+    return groups
+
+
 def markdown(title, ratios):
-    """One table: arm, test set, mean ± s.e. over seeds, and every seed's ratio."""
+    """One table: arm, test set (in the order found: each set, then its
+    reference-length groups), mean ± s.e. over seeds, and every seed's ratio."""
     lines = [f"### {title}", "",
              "| arm | test set | length ratio (hyp/ref) | per seed |", "|---|---|---|---|"]
     for arm in sorted(ratios):
-        for test_set in sorted(ratios[arm]):
+        for test_set in ratios[arm]:
             seeds = ratios[arm][test_set]
             summary = mean_stderr(list(seeds.values())).format(3, count=False)
             each = " / ".join(f"{seeds[s]:.3f} (seed {s})" for s in sorted(seeds))
@@ -85,13 +122,15 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("settings", nargs="+", type=Path, metavar="WORK/PAIR/SETTING",
                         help="a study setting folder, e.g. WORK/de-en_n3000/short-converge")
+    parser.add_argument("--by-reference-length", action="store_true",
+                        help="also the ratio within groups of sentences by reference length")
     parser.add_argument("--out", type=Path, help="also write the tables here")
     args = parser.parse_args(argv)
     tables = []
     for setting in args.settings:
         if not setting.is_dir():
             raise SystemExit(f"output_length: no folder {setting}")
-        ratios = setting_ratios(setting)
+        ratios = setting_ratios(setting, args.by_reference_length)
         if not ratios:
             raise SystemExit(f"output_length: no kept translations (*/seed*/*.hyp) under {setting}")
         tables.append(markdown(f"{setting.parent.name} {setting.name}", ratios))

@@ -68,3 +68,21 @@ def test_a_folder_outside_a_study_pair_is_refused_by_name(output_length, tmp_pat
     setting.mkdir(parents=True)
     with pytest.raises(SystemExit, match=r"output_length: 'runs' is not a study pair folder"):
         output_length.main([str(setting)])
+
+
+def test_reference_length_groups_split_the_ratio(output_length, tmp_path):
+    work = tmp_path / "de-en"
+    # 13a tokens: "Hello, world." is 4; the long reference 12 words + "." = 13.
+    write(work / "text" / "test.raw.en", ["Hello, world.", " ".join(["w"] * 12) + "."])
+    setting = work / "paper-converge"
+    write(setting / "stock" / "seed1" / "test.hyp", ["Hello.", " ".join(["w"] * 6)])  # 2, 6
+    ratios = output_length.setting_ratios(setting, by_reference_length=True)["stock"]
+    # whole set (2 + 6) / (4 + 13); the groups 2 / 4 and 6 / 13; no sentence of 15 or more
+    assert list(ratios) == ["test_2016_flickr",
+                            "test_2016_flickr, references 1–9 tokens (n = 1)",
+                            "test_2016_flickr, references 10–14 tokens (n = 1)"]
+    assert [r[1] for r in ratios.values()] == pytest.approx([8 / 17, 2 / 4, 6 / 13])
+    out = tmp_path / "lengths.md"
+    output_length.main([str(setting), "--by-reference-length", "--out", str(out)])
+    assert "| stock | test_2016_flickr, references 10–14 tokens (n = 1) | 0.462 |" \
+        in out.read_text()
