@@ -15,7 +15,11 @@ Printed as a Markdown table per setting: each arm's mean ± standard error
 over seeds per test set, and the ratio of every seed. ``--by-reference-length``
 adds, under each test set, the same ratio within groups of sentences by
 their reference's length (13a tokens: 1-9, 10-14, 15-19, 20 or more): are
-the outputs short everywhere, or on long sentences?
+the outputs short everywhere, or on long sentences? ``--brevity-penalty``
+adds two tables of what the length costs: BP itself, and BLEU / BP, the
+geometric mean of the n-gram precisions (x 100) that BLEU multiplies by BP,
+so that BLEU = BP x (BLEU / BP) splits a BLEU difference into the part that
+is length and the part that is the words.
 
     .venv/bin/python benchmarks/output_length.py /work/study/de-en_n3000/short-converge \\
         /work/study/fr-en_n3000/short-converge --out benchmarks/results/x.md
@@ -47,21 +51,45 @@ TEST_SETS = {"test": (CONVERGE_TEST_SETS[0], "text"),
 REFERENCE_LENGTHS = ((1, 9), (10, 14), (15, 19), (20, None))
 
 
-def length_ratio(hypotheses, references):
-    """c / r: the hypotheses' total 13a-token length over the references',
-    as sacreBLEU's BLEU counts them for its brevity penalty."""
+def corpus_bleu(hypotheses, references):
+    """sacreBLEU's corpus BLEU (its defaults, the study's signature), line by line."""
     if len(hypotheses) != len(references):
         raise SystemExit(f"output_length: {len(hypotheses)} hypotheses but "
                          f"{len(references)} references (was a decode cut short?)")
     from sacrebleu.metrics import BLEU
 
-    score = BLEU().corpus_score(hypotheses, [references])
+    return BLEU().corpus_score(hypotheses, [references])
+
+
+def length_ratio(hypotheses, references):
+    """c / r: the hypotheses' total 13a-token length over the references',
+    as sacreBLEU's BLEU counts them for its brevity penalty."""
+    score = corpus_bleu(hypotheses, references)
     return score.sys_len / score.ref_len
 
 
-def setting_ratios(setting_dir, by_reference_length=False):
-    """``{arm: {test set: {seed: ratio}}}`` of every kept translation under
-    one study setting folder (WORK/<setting>); ``by_reference_length`` adds,
+def brevity_penalty(hypotheses, references):
+    """BLEU's BP = min(1, exp(1 - r / c))."""
+    return corpus_bleu(hypotheses, references).bp
+
+
+def bleu_without_brevity_penalty(hypotheses, references):
+    """BLEU / BP: the geometric mean of the 1- to 4-gram precisions, x 100
+    (0 for empty outputs, whose BP is 0 too)."""
+    score = corpus_bleu(hypotheses, references)
+    return score.score / score.bp if score.bp else 0.0
+
+
+# --brevity-penalty adds these tables: (column heading, measure, decimals)
+MEASURES = {"length": ("length ratio (hyp/ref)", length_ratio, 3),
+            "brevity": ("brevity penalty (BP)", brevity_penalty, 4),
+            "precision": ("BLEU / BP (the n-gram precisions)", bleu_without_brevity_penalty, 2)}
+
+
+def setting_values(setting_dir, by_reference_length=False, measure=length_ratio):
+    """``{arm: {test set: {seed: value}}}``, ``measure(hypotheses,
+    references)`` (the length ratio unless given) of every kept translation
+    under one study setting folder (WORK/<setting>); ``by_reference_length`` adds,
     after each test set, one entry per group of :data:`REFERENCE_LENGTHS`
     (named with its range and sentence count)."""
     work, target = setting_dir.parent, pair_target(setting_dir.parent.name, "output_length")
@@ -81,7 +109,7 @@ def setting_ratios(setting_dir, by_reference_length=False):
             groups.update(reference_length_groups(name, hypotheses, references))
         arm = found.setdefault(hyp.parent.parent.name, {})
         for group, (group_hypotheses, group_references) in groups.items():
-            arm.setdefault(group, {})[seed] = length_ratio(group_hypotheses, group_references)
+            arm.setdefault(group, {})[seed] = measure(group_hypotheses, group_references)
     return found
 
 
@@ -91,7 +119,7 @@ def reference_length_groups(name, hypotheses, references):
     from sacrebleu.tokenizers.tokenizer_13a import Tokenizer13a
 
     if len(hypotheses) != len(references):
-        length_ratio(hypotheses, references)  # refuses, naming both counts
+        corpus_bleu(hypotheses, references)  # refuses, naming both counts
     tokenize = Tokenizer13a()
     groups = {}
     for low, high in REFERENCE_LENGTHS:
@@ -104,16 +132,16 @@ def reference_length_groups(name, hypotheses, references):
     return groups
 
 
-def markdown(title, ratios):
+def markdown(title, values, heading=MEASURES["length"][0], decimals=3):
     """One table: arm, test set (in the order found: each set, then its
-    reference-length groups), mean ± s.e. over seeds, and every seed's ratio."""
+    reference-length groups), mean ± s.e. over seeds, and every seed's value."""
     lines = [f"### {title}", "",
-             "| arm | test set | length ratio (hyp/ref) | per seed |", "|---|---|---|---|"]
-    for arm in sorted(ratios):
-        for test_set in ratios[arm]:
-            seeds = ratios[arm][test_set]
-            summary = mean_stderr(list(seeds.values())).format(3, count=False)
-            each = " / ".join(f"{seeds[s]:.3f} (seed {s})" for s in sorted(seeds))
+             f"| arm | test set | {heading} | per seed |", "|---|---|---|---|"]
+    for arm in sorted(values):
+        for test_set in values[arm]:
+            seeds = values[arm][test_set]
+            summary = mean_stderr(list(seeds.values())).format(decimals, count=False)
+            each = " / ".join(f"{seeds[s]:.{decimals}f} (seed {s})" for s in sorted(seeds))
             lines.append(f"| {arm} | {test_set} | {summary} | {each} |")
     return "\n".join(lines) + "\n"
 
@@ -124,16 +152,24 @@ def main(argv=None):
                         help="a study setting folder, e.g. WORK/de-en_n3000/short-converge")
     parser.add_argument("--by-reference-length", action="store_true",
                         help="also the ratio within groups of sentences by reference length")
+    parser.add_argument("--brevity-penalty", action="store_true",
+                        help="also tables of BLEU's brevity penalty and of BLEU / it")
     parser.add_argument("--out", type=Path, help="also write the tables here")
     args = parser.parse_args(argv)
+    measures = list(MEASURES.values()) if args.brevity_penalty else [MEASURES["length"]]
     tables = []
     for setting in args.settings:
         if not setting.is_dir():
             raise SystemExit(f"output_length: no folder {setting}")
-        ratios = setting_ratios(setting, args.by_reference_length)
-        if not ratios:
-            raise SystemExit(f"output_length: no kept translations (*/seed*/*.hyp) under {setting}")
-        tables.append(markdown(f"{setting.parent.name} {setting.name}", ratios))
+        for heading, measure, decimals in measures:
+            values = setting_values(setting, args.by_reference_length, measure)
+            if not values:
+                raise SystemExit(f"output_length: no kept translations (*/seed*/*.hyp) "
+                                 f"under {setting}")
+            title = f"{setting.parent.name} {setting.name}"
+            if measure is not length_ratio:
+                title += f": {heading}"
+            tables.append(markdown(title, values, heading, decimals))
     text = "\n".join(tables)
     print(text, end="")
     if args.out:

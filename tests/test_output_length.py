@@ -1,6 +1,8 @@
 """benchmarks/output_length.py: hypothesis/reference length in 13a tokens
 over a study's kept translations, checked against counts worked by hand."""
 
+import math
+
 import pytest
 
 from natbias_testing import benchmark_script
@@ -45,7 +47,7 @@ def fake_study(root):
 
 def test_a_study_folder_gives_each_seed_and_the_mean(output_length, tmp_path, capsys):
     setting = fake_study(tmp_path)
-    ratios = output_length.setting_ratios(setting)
+    ratios = output_length.setting_values(setting)
     assert ratios["stock"]["test_2016_flickr"] == pytest.approx({1: 5 / 7, 2: 1.0})
     assert ratios["stock"]["test_2017_flickr"] == pytest.approx({1: 1.5, 2: 0.5})
     out = tmp_path / "lengths.md"
@@ -76,7 +78,7 @@ def test_reference_length_groups_split_the_ratio(output_length, tmp_path):
     write(work / "text" / "test.raw.en", ["Hello, world.", " ".join(["w"] * 12) + "."])
     setting = work / "paper-converge"
     write(setting / "stock" / "seed1" / "test.hyp", ["Hello.", " ".join(["w"] * 6)])  # 2, 6
-    ratios = output_length.setting_ratios(setting, by_reference_length=True)["stock"]
+    ratios = output_length.setting_values(setting, by_reference_length=True)["stock"]
     # whole set (2 + 6) / (4 + 13); the groups 2 / 4 and 6 / 13; no sentence of 15 or more
     assert list(ratios) == ["test_2016_flickr",
                             "test_2016_flickr, references 1–9 tokens (n = 1)",
@@ -86,3 +88,24 @@ def test_reference_length_groups_split_the_ratio(output_length, tmp_path):
     output_length.main([str(setting), "--by-reference-length", "--out", str(out)])
     assert "| stock | test_2016_flickr, references 10–14 tokens (n = 1) | 0.462 |" \
         in out.read_text()
+
+
+def test_brevity_penalty_splits_bleu_into_length_and_words(output_length, tmp_path):
+    work = tmp_path / "de-en"
+    write(work / "text" / "test.raw.en", ["a b c d e f"])
+    setting = work / "paper-converge"
+    # every n-gram of "a b c d" is in the reference: precisions 100 %; c = 4, r = 6
+    write(setting / "stock" / "seed1" / "test.hyp", ["a b c d"])
+    hypotheses, references = ["a b c d"], ["a b c d e f"]
+    assert output_length.brevity_penalty(hypotheses, references) == pytest.approx(
+        math.exp(1 - 6 / 4))
+    assert output_length.bleu_without_brevity_penalty(hypotheses, references) == \
+        pytest.approx(100.0)
+    assert output_length.bleu_without_brevity_penalty([""], ["a b"]) == 0.0  # no output
+    out = tmp_path / "lengths.md"
+    output_length.main([str(setting), "--brevity-penalty", "--out", str(out)])
+    text = out.read_text()
+    assert "### de-en paper-converge: brevity penalty (BP)" in text
+    assert "| stock | test_2016_flickr | 0.6065 | 0.6065 (seed 1) |" in text  # exp(-0.5)
+    assert "| stock | test_2016_flickr | 100.00 | 100.00 (seed 1) |" in text
+    assert "| stock | test_2016_flickr | 0.667 | 0.667 (seed 1) |" in text  # 4 / 6
