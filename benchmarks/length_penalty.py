@@ -36,6 +36,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 from fairseq_natbias import pipeline  # noqa: E402
+from fairseq_natbias.analysis.quality import bleu_score  # noqa: E402
 from fairseq_natbias.analysis.stats import mean_stderr  # noqa: E402
 from study.arms import CONVERGE_TEST_SETS, pair_target  # noqa: E402
 
@@ -57,12 +58,9 @@ def split_sources(work, target):
 
 def bleu_and_length(hypotheses, references):
     """sacreBLEU's BLEU and its length ratio c / r (below 1: shorter outputs)."""
-    from sacrebleu.metrics import BLEU
-
-    bleu = BLEU()
-    score = bleu.corpus_score(hypotheses, [references])
+    score, signature = bleu_score(hypotheses, references)
     return {"bleu": round(score.score, 2), "length_ratio": round(score.sys_len / score.ref_len, 4),
-            "bleu_signature": str(bleu.get_signature())}
+            "bleu_signature": signature}
 
 
 def decode_scores(run_dir, split, source, lenpen):

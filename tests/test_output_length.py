@@ -16,14 +16,14 @@ def output_length():
 def test_ratio_counts_13a_tokens(output_length):
     # 13a splits the comma and the full stop off: "Hello , world ." is 4
     # tokens, "a dog" 2 -> c = 6; references 4 + 4 -> r = 8.
-    ratio = output_length.length_ratio(["Hello, world.", "a dog"],
-                                       ["Hello there, world", "a dog runs ."])
+    ratio = output_length.length_ratio(output_length.corpus_bleu(
+        ["Hello, world.", "a dog"], ["Hello there, world", "a dog runs ."]))
     assert ratio == pytest.approx(6 / 8)
 
 
 def test_mismatched_line_counts_are_refused(output_length):
     with pytest.raises(SystemExit, match="2 hypotheses but 1 references"):
-        output_length.length_ratio(["a", "b"], ["a"])
+        output_length.corpus_bleu(["a", "b"], ["a"])
 
 
 def write(path, lines):
@@ -47,9 +47,10 @@ def fake_study(root):
 
 def test_a_study_folder_gives_each_seed_and_the_mean(output_length, tmp_path, capsys):
     setting = fake_study(tmp_path)
-    ratios = output_length.setting_values(setting)
-    assert ratios["stock"]["test_2016_flickr"] == pytest.approx({1: 5 / 7, 2: 1.0})
-    assert ratios["stock"]["test_2017_flickr"] == pytest.approx({1: 1.5, 2: 0.5})
+    ratios = {test_set: {seed: output_length.length_ratio(score) for seed, score in seeds.items()}
+              for test_set, seeds in output_length.setting_scores(setting)["stock"].items()}
+    assert ratios["test_2016_flickr"] == pytest.approx({1: 5 / 7, 2: 1.0})
+    assert ratios["test_2017_flickr"] == pytest.approx({1: 1.5, 2: 0.5})
     out = tmp_path / "lengths.md"
     output_length.main([str(setting), "--out", str(out)])
     # mean (5/7 + 1) / 2 = 0.857, standard error |1 - 5/7| / 2 = 0.143
@@ -78,12 +79,13 @@ def test_reference_length_groups_split_the_ratio(output_length, tmp_path):
     write(work / "text" / "test.raw.en", ["Hello, world.", " ".join(["w"] * 12) + "."])
     setting = work / "paper-converge"
     write(setting / "stock" / "seed1" / "test.hyp", ["Hello.", " ".join(["w"] * 6)])  # 2, 6
-    ratios = output_length.setting_values(setting, by_reference_length=True)["stock"]
+    scores = output_length.setting_scores(setting, by_reference_length=True)["stock"]
     # whole set (2 + 6) / (4 + 13); the groups 2 / 4 and 6 / 13; no sentence of 15 or more
-    assert list(ratios) == ["test_2016_flickr",
+    assert list(scores) == ["test_2016_flickr",
                             "test_2016_flickr, references 1–9 tokens (n = 1)",
                             "test_2016_flickr, references 10–14 tokens (n = 1)"]
-    assert [r[1] for r in ratios.values()] == pytest.approx([8 / 17, 2 / 4, 6 / 13])
+    assert [output_length.length_ratio(s[1]) for s in scores.values()] == \
+        pytest.approx([8 / 17, 2 / 4, 6 / 13])
     out = tmp_path / "lengths.md"
     output_length.main([str(setting), "--by-reference-length", "--out", str(out)])
     assert "| stock | test_2016_flickr, references 10–14 tokens (n = 1) | 0.462 |" \
@@ -96,12 +98,11 @@ def test_brevity_penalty_splits_bleu_into_length_and_words(output_length, tmp_pa
     setting = work / "paper-converge"
     # every n-gram of "a b c d" is in the reference: precisions 100 %; c = 4, r = 6
     write(setting / "stock" / "seed1" / "test.hyp", ["a b c d"])
-    hypotheses, references = ["a b c d"], ["a b c d e f"]
-    assert output_length.brevity_penalty(hypotheses, references) == pytest.approx(
-        math.exp(1 - 6 / 4))
-    assert output_length.bleu_without_brevity_penalty(hypotheses, references) == \
-        pytest.approx(100.0)
-    assert output_length.bleu_without_brevity_penalty([""], ["a b"]) == 0.0  # no output
+    score = output_length.corpus_bleu(["a b c d"], ["a b c d e f"])
+    assert output_length.brevity_penalty(score) == pytest.approx(math.exp(1 - 6 / 4))
+    assert output_length.bleu_without_brevity_penalty(score) == pytest.approx(100.0)
+    no_output = output_length.corpus_bleu([""], ["a b"])
+    assert output_length.bleu_without_brevity_penalty(no_output) == 0.0
     out = tmp_path / "lengths.md"
     output_length.main([str(setting), "--brevity-penalty", "--out", str(out)])
     text = out.read_text()
@@ -109,3 +110,32 @@ def test_brevity_penalty_splits_bleu_into_length_and_words(output_length, tmp_pa
     assert "| stock | test_2016_flickr | 0.6065 | 0.6065 (seed 1) |" in text  # exp(-0.5)
     assert "| stock | test_2016_flickr | 100.00 | 100.00 (seed 1) |" in text
     assert "| stock | test_2016_flickr | 0.667 | 0.667 (seed 1) |" in text  # 4 / 6
+
+
+def test_words_split_the_length_into_surplus_and_missing(output_length, tmp_path):
+    work = tmp_path / "de-en"
+    # r: "A man is playing ." and "A dog runs ." -> 5 + 4 = 9 tokens
+    write(work / "text" / "test.raw.en", ["A man is playing.", "A dog runs."])
+    setting = work / "paper-converge"
+    # stock: "is" once beyond the reference's count, "runs" missing (c = 10)
+    write(setting / "stock" / "seed1" / "test.hyp", ["A man is playing.", "A dog is running."])
+    # the other arm's two seeds: c = 8 and 9 -> mean 8.5
+    write(setting / "natbias" / "seed1" / "test.hyp", ["A man plays.", "A dog runs."])
+    write(setting / "natbias" / "seed2" / "test.hyp", ["A man is playing.", "A dog runs."])
+    out = tmp_path / "words.md"
+    output_length.main([str(setting), "--words", "2", "--out", str(out)])
+    text = out.read_text()
+    # counts, stock against natbias's mean over its seeds: "is" 2 / 0.5 (1.5 apart),
+    # "running" 1 / 0 and "runs" 0 / 1 (1 apart), "playing" 1 / 0.5: "is" first,
+    # then "running" before "runs" (a tie, broken by the token's order)
+    assert "| `is` | 1 | 2 | 0.5 (-1.5) |" in text
+    assert "| `running` | 0 | 1 | 0 (-1) |" in text
+    assert "`runs`" not in text
+    assert "| all tokens: the length | 9 | 10 | 8.5 (-1.5) |" in text
+    # stock: surplus "is" + "running" = 2, missing "runs" = 1 (10 - 9 = 2 - 1);
+    # natbias seed 1: surplus "plays" 1, missing "is", "playing" 2; seed 2: 0, 0
+    assert "| surplus: beyond the reference's counts | 0 | 2 | 0.5 (-1.5) |" in text
+    assert "| missing: the reference's, not produced | 0 | 1 | 1 (+0) |" in text
+    with pytest.raises(SystemExit, match="--baseline 'transformer' is not an arm here; "
+                                         "the arms: natbias, stock"):
+        output_length.main([str(setting), "--words", "2", "--baseline", "transformer"])

@@ -6,7 +6,7 @@ import math
 import pytest
 
 from fairseq_natbias.analysis import AnalysisError
-from fairseq_natbias.analysis.quality import quality
+from fairseq_natbias.analysis.quality import bleu_score, quality
 
 
 def test_bleu_equals_the_hand_worked_geometric_mean_of_precisions():
@@ -22,6 +22,18 @@ def test_brevity_penalty_of_a_short_hypothesis_by_hand():
     # a 4-token hypothesis, every n-gram matched, against a 6-token reference
     scores = quality(["the cat sat on"], ["the cat sat on a mat"])
     assert scores["BLEU"] == pytest.approx(100 * math.exp(1 - 6 / 4), abs=1e-6)
+
+
+def test_bleu_score_keeps_the_parts_bleu_is_made_of():
+    # the same short hypothesis: c = 4, r = 6, every precision 100, BP exp(-0.5)
+    score, signature = bleu_score(["the cat sat on"], ["the cat sat on a mat"])
+    assert (score.sys_len, score.ref_len) == (4, 6)
+    assert score.precisions == pytest.approx([100.0] * 4)
+    assert score.bp == pytest.approx(math.exp(1 - 6 / 4))
+    assert score.score == pytest.approx(100 * score.bp)
+    assert signature.startswith("nrefs:1|case:mixed|eff:no|tok:13a")
+    with pytest.raises(AnalysisError, match="2 hypotheses but 1 references"):
+        bleu_score(["a", "b"], ["a"])
 
 
 def test_identical_text_scores_100_and_signatures_name_the_settings():
