@@ -41,14 +41,10 @@ from fairseq_natbias.analysis import AnalysisError  # noqa: E402
 from fairseq_natbias.analysis.distinct import tokenize  # noqa: E402  (sacreBLEU's 13a)
 from fairseq_natbias.analysis.quality import bleu_score  # noqa: E402
 from fairseq_natbias.analysis.stats import mean_stderr  # noqa: E402
-from fairseq_natbias.data_fetch import read_lines  # noqa: E402
-# The study that kept the translations: its test sets, the first decoded as
-# ``test`` (the data-bin's own split), each further one under its own name.
-from study.arms import CONVERGE_TEST_SETS, pair_target  # noqa: E402
+# The study that kept the translations, and where it keeps them.
+from study.arms import kept_translations  # noqa: E402
 
-# file stem -> (test set name, the references' folder under the pair's work folder)
-TEST_SETS = {"test": (CONVERGE_TEST_SETS[0], "text"),
-             **{name: (name, f"text-{name}") for name in CONVERGE_TEST_SETS[1:]}}
+PROGRAM = "output_length"  # names the script in its refusals
 
 
 # --by-reference-length: the groups, by the reference's length in 13a tokens
@@ -91,22 +87,6 @@ MEASURES = {"length": ("length ratio (hyp/ref)", length_ratio, 3),
             "precision": ("BLEU / BP (the n-gram precisions)", bleu_without_brevity_penalty, 2)}
 
 
-def kept_translations(setting_dir):
-    """``(arm, seed, test set, hypotheses, references)`` for every kept
-    translation under one study setting folder (WORK/<setting>), in order."""
-    work, target = setting_dir.parent, pair_target(setting_dir.parent.name, "output_length")
-    for hyp in sorted(setting_dir.glob("*/seed*/*.hyp")):
-        if hyp.stem not in TEST_SETS:
-            continue
-        name, folder = TEST_SETS[hyp.stem]
-        references = work / folder / f"test.raw.{target}"
-        if not references.is_file():
-            raise SystemExit(f"output_length: {hyp} has no references at {references} "
-                             "(give the study's own WORK/<setting> folder)")
-        seed = int(hyp.parent.name[len("seed"):])
-        yield hyp.parent.parent.name, seed, name, read_lines(hyp), read_lines(references)
-
-
 def setting_scores(setting_dir, by_reference_length=False):
     """``{arm: {test set: {seed: corpus BLEU score}}}`` of every kept
     translation under one study setting folder, each scored once for all
@@ -114,7 +94,7 @@ def setting_scores(setting_dir, by_reference_length=False):
     entry per group of :data:`REFERENCE_LENGTHS` (named with its range and
     sentence count)."""
     found = {}
-    for arm, seed, name, hypotheses, references in kept_translations(setting_dir):
+    for arm, seed, name, hypotheses, references in kept_translations(setting_dir, PROGRAM):
         groups = {name: (hypotheses, references)}
         if by_reference_length:
             groups.update(reference_length_groups(name, hypotheses, references))
@@ -161,7 +141,7 @@ def setting_word_counts(setting_dir):
     """``({arm: {test set: {seed: Counter of 13a tokens}}}, {test set:
     Counter of the references' 13a tokens})`` for --words."""
     outputs, references = {}, {}
-    for arm, seed, name, hypotheses, reference_lines in kept_translations(setting_dir):
+    for arm, seed, name, hypotheses, reference_lines in kept_translations(setting_dir, PROGRAM):
         outputs.setdefault(arm, {}).setdefault(name, {})[seed] = word_counts(hypotheses)
         references.setdefault(name, word_counts(reference_lines))
     return outputs, references
@@ -269,12 +249,7 @@ def main(argv=None):
     measures = list(MEASURES) if args.brevity_penalty else ["length"]
     tables = []
     for setting in args.settings:
-        if not setting.is_dir():
-            raise SystemExit(f"output_length: no folder {setting}")
         scores = setting_scores(setting, args.by_reference_length)
-        if not scores:
-            raise SystemExit(f"output_length: no kept translations (*/seed*/*.hyp) "
-                             f"under {setting}")
         title = f"{setting.parent.name} {setting.name}"
         for measure in measures:
             tables.append(markdown(title if measure == "length" else

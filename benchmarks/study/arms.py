@@ -70,6 +70,36 @@ def pair_target(pair_folder, program):
     return pair.split("-")[1]
 
 
+# The translations a --converge run keeps: WORK/<setting>/<arm>/seed<k>/
+# <stem>.hyp, by stem -> (test set name, the references' folder under
+# WORK/<pair>); ``test.hyp`` is the first test set (the data-bin's own test
+# split), each further one is kept under its own name.
+KEPT_TRANSLATIONS = {"test": (CONVERGE_TEST_SETS[0], "text"),
+                     **{name: (name, f"text-{name}") for name in CONVERGE_TEST_SETS[1:]}}
+
+
+def kept_translations(setting_dir, program):
+    """``(arm, seed, test set, hypotheses, references)`` for every kept
+    translation under one study setting folder (WORK/<pair>/<setting>), in
+    order; a missing folder, one without kept translations and a translation
+    without its references are refused, naming ``program``."""
+    if not setting_dir.is_dir():
+        raise SystemExit(f"{program}: no folder {setting_dir}")
+    work = setting_dir.parent
+    target = pair_target(work.name, program)
+    kept = [hyp for hyp in sorted(setting_dir.glob("*/seed*/*.hyp")) if hyp.stem in KEPT_TRANSLATIONS]
+    if not kept:
+        raise SystemExit(f"{program}: no kept translations (*/seed*/*.hyp) under {setting_dir}")
+    for hyp in kept:
+        name, folder = KEPT_TRANSLATIONS[hyp.stem]
+        references = work / folder / f"test.raw.{target}"
+        if not references.is_file():
+            raise SystemExit(f"{program}: {hyp} has no references at {references} "
+                             "(give the study's own WORK/<pair>/<setting> folder)")
+        seed = int(hyp.parent.name[len("seed"):])
+        yield hyp.parent.parent.name, seed, name, read_lines(hyp), read_lines(references)
+
+
 def first_pairs(raw, folder, langs, pairs):
     """A raw-text folder whose training text is the first ``pairs`` lines of
     ``raw``'s (each language alike, so they stay aligned) and whose other
