@@ -65,7 +65,8 @@ def bleu_and_length(hypotheses, references):
 
 def decode_scores(run_dir, split, source, lenpen):
     """BLEU and length ratio of run_dir's best checkpoint on one split at
-    one lenpen, decoded once and kept in run_dir/lenpen/."""
+    one lenpen, decoded once and kept in run_dir/lenpen/ (the validation
+    translation at the study's lenpen also as run_dir/valid.hyp)."""
     kept = run_dir / "lenpen" / f"{split}_{lenpen:g}.json"
     if kept.exists():
         return json.loads(kept.read_text())
@@ -80,6 +81,11 @@ def decode_scores(run_dir, split, source, lenpen):
         raise SystemExit(f"length_penalty: {len(hypotheses)} translations of {split} but "
                          f"{len(references)} references (was the decode cut short?)")
     scores = bleu_and_length(hypotheses, references)
+    if split == "valid" and lenpen == STUDY_LENPEN:
+        # kept beside the study's test translations, as study.arms.kept_translations
+        # reads them: output_length.py and significance.py then cover validation too
+        (run_dir / "valid.hyp").write_text("".join(f"{line}\n" for line in hypotheses),
+                                           encoding="utf-8")
     kept.parent.mkdir(exist_ok=True)
     kept.write_text(json.dumps(scores, indent=1))
     return scores

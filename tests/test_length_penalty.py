@@ -82,6 +82,9 @@ def test_a_run_is_tuned_on_validation_and_scored_on_both_test_sets(length_penalt
     kept = json.loads((setting / "stock" / "seed1" / "lenpen" / "valid_1.json").read_text())
     # below 1.4 each sentence loses its last word: 5 + 5 tokens of 6 + 6
     assert kept["length_ratio"] == pytest.approx(10 / 12, abs=1e-4)  # kept to 4 decimals
+    # the validation translation at the study's lenpen is kept where the study keeps its own
+    assert (setting / "stock" / "seed1" / "valid.hyp").read_text().splitlines() == \
+        [" ".join(line.split()[:-1]) for line in VALID]
     text = out.read_text()
     # at 1.4 the outputs are the references: BLEU 100 on validation and both test sets,
     # against the study's own 37.50 / 31.25 at lenpen 1.0

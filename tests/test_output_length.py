@@ -59,6 +59,15 @@ def test_a_study_folder_gives_each_seed_and_the_mean(output_length, tmp_path, ca
     assert "| stock | test_2017_flickr | 1.000 ± 0.500 |" in capsys.readouterr().out
 
 
+def test_a_kept_validation_translation_counts_as_its_own_set(output_length, tmp_path):
+    setting = fake_study(tmp_path)
+    write(tmp_path / "de-en_n3000" / "text" / "valid.raw.en", ["a b c d"])  # r = 4
+    write(setting / "stock" / "seed1" / "valid.hyp", ["a b c"])  # c = 3 (length_penalty.py's)
+    scores = output_length.setting_scores(setting)["stock"]
+    assert list(scores) == ["test_2016_flickr", "test_2017_flickr", "valid"]
+    assert output_length.length_ratio(scores["valid"][1]) == pytest.approx(3 / 4)
+
+
 def test_a_folder_without_references_names_what_is_missing(output_length, tmp_path):
     setting = fake_study(tmp_path)
     (tmp_path / "de-en_n3000" / "text" / "test.raw.en").unlink()

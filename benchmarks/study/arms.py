@@ -71,11 +71,13 @@ def pair_target(pair_folder, program):
 
 
 # The translations a --converge run keeps: WORK/<setting>/<arm>/seed<k>/
-# <stem>.hyp, by stem -> (test set name, the references' folder under
-# WORK/<pair>); ``test.hyp`` is the first test set (the data-bin's own test
-# split), each further one is kept under its own name.
-KEPT_TRANSLATIONS = {"test": (CONVERGE_TEST_SETS[0], "text"),
-                     **{name: (name, f"text-{name}") for name in CONVERGE_TEST_SETS[1:]}}
+# <stem>.hyp, by stem -> (the set's name, its references under WORK/<pair>,
+# TGT the target language); ``test.hyp`` is the first test set (the
+# data-bin's own test split), each further one is kept under its own name,
+# and ``valid.hyp`` is written by benchmarks/length_penalty.py (lenpen 1.0).
+KEPT_TRANSLATIONS = {"test": (CONVERGE_TEST_SETS[0], "text/test.raw.TGT"),
+                     **{name: (name, f"text-{name}/test.raw.TGT") for name in CONVERGE_TEST_SETS[1:]},
+                     "valid": ("valid", "text/valid.raw.TGT")}
 
 
 def kept_translations(setting_dir, program):
@@ -91,8 +93,8 @@ def kept_translations(setting_dir, program):
     if not kept:
         raise SystemExit(f"{program}: no kept translations (*/seed*/*.hyp) under {setting_dir}")
     for hyp in kept:
-        name, folder = KEPT_TRANSLATIONS[hyp.stem]
-        references = work / folder / f"test.raw.{target}"
+        name, references = KEPT_TRANSLATIONS[hyp.stem]
+        references = work / references.replace("TGT", target)
         if not references.is_file():
             raise SystemExit(f"{program}: {hyp} has no references at {references} "
                              "(give the study's own WORK/<pair>/<setting> folder)")
