@@ -42,7 +42,7 @@ from fairseq_natbias.analysis.distinct import tokenize  # noqa: E402  (sacreBLEU
 from fairseq_natbias.analysis.quality import bleu_score  # noqa: E402
 from fairseq_natbias.analysis.stats import mean_stderr  # noqa: E402
 # The study that kept the translations, and where it keeps them.
-from study.arms import kept_translations  # noqa: E402
+from study.arms import kept_translations, print_and_write  # noqa: E402
 
 PROGRAM = "output_length"  # names the script in its refusals
 
@@ -257,10 +257,7 @@ def main(argv=None):
         if args.words:
             tables.append(words_markdown(title, *setting_word_counts(setting),
                                          args.baseline, args.words))
-    text = "\n".join(tables)
-    print(text, end="")
-    if args.out:
-        args.out.write_text(text)
+    print_and_write(tables, args.out)
 
 
 if __name__ == "__main__":

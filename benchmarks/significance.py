@@ -35,7 +35,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from study.arms import kept_translations  # noqa: E402
+from study.arms import kept_translations, print_and_write  # noqa: E402
 
 PROGRAM = "significance"  # names the script in its refusals
 BOOTSTRAP_SAMPLES = 1000
@@ -116,10 +116,7 @@ def main(argv=None):
     for setting in args.settings:
         tables.append(markdown(f"{setting.parent.name} {setting.name}", args.baseline,
                                setting_tests(setting, args.baseline)))
-    text = "\n".join(tables)
-    print(text, end="")
-    if args.out:
-        args.out.write_text(text)
+    print_and_write(tables, args.out)
 
 
 if __name__ == "__main__":

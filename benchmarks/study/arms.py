@@ -102,6 +102,15 @@ def kept_translations(setting_dir, program):
         yield hyp.parent.parent.name, seed, name, read_lines(hyp), read_lines(references)
 
 
+def print_and_write(tables, out=None):
+    """The Markdown tables of a reader of kept translations, printed, and
+    written to ``out`` (its --out) too when given."""
+    text = "\n".join(tables)
+    print(text, end="")
+    if out:
+        out.write_text(text)
+
+
 def first_pairs(raw, folder, langs, pairs):
     """A raw-text folder whose training text is the first ``pairs`` lines of
     ``raw``'s (each language alike, so they stay aligned) and whose other
