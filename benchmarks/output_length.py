@@ -22,7 +22,8 @@ so that BLEU = BP x (BLEU / BP) splits a BLEU difference into the part that
 is length and the part that is the words. ``--words N`` says where the
 length goes: per test set, the N tokens (13a) whose count in the outputs
 differs most between an arm and ``--baseline`` (stock), beside the
-references' count, and the share of the length difference they make.
+references' count, then the length split into the tokens beyond the
+references' counts and the references' tokens not produced.
 
     .venv/bin/python benchmarks/output_length.py /work/study/de-en_n3000/short-converge \\
         /work/study/fr-en_n3000/short-converge --out benchmarks/results/x.md
@@ -87,14 +88,19 @@ MEASURES = {"length": ("length ratio (hyp/ref)", length_ratio, 3),
             "precision": ("BLEU / BP (the n-gram precisions)", bleu_without_brevity_penalty, 2)}
 
 
-def setting_scores(setting_dir, by_reference_length=False):
-    """``{arm: {test set: {seed: corpus BLEU score}}}`` of every kept
-    translation under one study setting folder, each scored once for all
-    :data:`MEASURES`; ``by_reference_length`` adds, after each test set, one
-    entry per group of :data:`REFERENCE_LENGTHS` (named with its range and
-    sentence count)."""
+def read_setting(setting_dir):
+    """Every kept translation under one study setting folder, read once for
+    all the tables: ``[(arm, seed, test set, hypotheses, references)]``."""
+    return list(kept_translations(setting_dir, PROGRAM))
+
+
+def setting_scores(translations, by_reference_length=False):
+    """``{arm: {test set: {seed: corpus BLEU score}}}`` of :func:`read_setting`'s
+    ``translations``, each scored once for all :data:`MEASURES`;
+    ``by_reference_length`` adds, after each test set, one entry per group of
+    :data:`REFERENCE_LENGTHS` (named with its range and sentence count)."""
     found = {}
-    for arm, seed, name, hypotheses, references in kept_translations(setting_dir, PROGRAM):
+    for arm, seed, name, hypotheses, references in translations:
         groups = {name: (hypotheses, references)}
         if by_reference_length:
             groups.update(reference_length_groups(name, hypotheses, references))
@@ -137,13 +143,15 @@ def markdown(title, scores, measure="length"):
     return "\n".join(lines) + "\n"
 
 
-def setting_word_counts(setting_dir):
+def setting_word_counts(translations):
     """``({arm: {test set: {seed: Counter of 13a tokens}}}, {test set:
-    Counter of the references' 13a tokens})`` for --words."""
+    Counter of the references' 13a tokens})`` of :func:`read_setting`'s
+    ``translations``, for --words; each test set's references counted once."""
     outputs, references = {}, {}
-    for arm, seed, name, hypotheses, reference_lines in kept_translations(setting_dir, PROGRAM):
+    for arm, seed, name, hypotheses, reference_lines in translations:
         outputs.setdefault(arm, {}).setdefault(name, {})[seed] = word_counts(hypotheses)
-        references.setdefault(name, word_counts(reference_lines))
+        if name not in references:
+            references[name] = word_counts(reference_lines)
     return outputs, references
 
 
@@ -249,13 +257,14 @@ def main(argv=None):
     measures = list(MEASURES) if args.brevity_penalty else ["length"]
     tables = []
     for setting in args.settings:
-        scores = setting_scores(setting, args.by_reference_length)
+        translations = read_setting(setting)
+        scores = setting_scores(translations, args.by_reference_length)
         title = f"{setting.parent.name} {setting.name}"
         for measure in measures:
             tables.append(markdown(title if measure == "length" else
                                    f"{title}: {MEASURES[measure][0]}", scores, measure))
         if args.words:
-            tables.append(words_markdown(title, *setting_word_counts(setting),
+            tables.append(words_markdown(title, *setting_word_counts(translations),
                                          args.baseline, args.words))
     print_and_write(tables, args.out)
 

@@ -35,6 +35,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
+from fairseq_natbias.analysis.quality import bleu_score  # noqa: E402
 from study.arms import kept_translations, print_and_write  # noqa: E402
 
 PROGRAM = "significance"  # names the script in its refusals
@@ -67,7 +68,7 @@ def paired_tests(baseline, systems, references):
             values = found.setdefault(name, {"bleu": result.score, "difference": result.score - base})
             values[P_VALUES[test]] = result.p_value
     for name in systems.keys() - differing.keys():
-        found[name] = {"bleu": BLEU().corpus_score(baseline, [references]).score, "difference": 0.0,
+        found[name] = {"bleu": bleu_score(baseline, references)[0].score, "difference": 0.0,
                        "p_bootstrap": None, "p_randomization": None}
     return {name: found[name] for name in systems}
 

@@ -47,8 +47,9 @@ def fake_study(root):
 
 def test_a_study_folder_gives_each_seed_and_the_mean(output_length, tmp_path, capsys):
     setting = fake_study(tmp_path)
+    scores = output_length.setting_scores(output_length.read_setting(setting))["stock"]
     ratios = {test_set: {seed: output_length.length_ratio(score) for seed, score in seeds.items()}
-              for test_set, seeds in output_length.setting_scores(setting)["stock"].items()}
+              for test_set, seeds in scores.items()}
     assert ratios["test_2016_flickr"] == pytest.approx({1: 5 / 7, 2: 1.0})
     assert ratios["test_2017_flickr"] == pytest.approx({1: 1.5, 2: 0.5})
     out = tmp_path / "lengths.md"
@@ -63,7 +64,7 @@ def test_a_kept_validation_translation_counts_as_its_own_set(output_length, tmp_
     setting = fake_study(tmp_path)
     write(tmp_path / "de-en_n3000" / "text" / "valid.raw.en", ["a b c d"])  # r = 4
     write(setting / "stock" / "seed1" / "valid.hyp", ["a b c"])  # c = 3 (length_penalty.py's)
-    scores = output_length.setting_scores(setting)["stock"]
+    scores = output_length.setting_scores(output_length.read_setting(setting))["stock"]
     assert list(scores) == ["test_2016_flickr", "test_2017_flickr", "valid"]
     assert output_length.length_ratio(scores["valid"][1]) == pytest.approx(3 / 4)
 
@@ -88,7 +89,8 @@ def test_reference_length_groups_split_the_ratio(output_length, tmp_path):
     write(work / "text" / "test.raw.en", ["Hello, world.", " ".join(["w"] * 12) + "."])
     setting = work / "paper-converge"
     write(setting / "stock" / "seed1" / "test.hyp", ["Hello.", " ".join(["w"] * 6)])  # 2, 6
-    scores = output_length.setting_scores(setting, by_reference_length=True)["stock"]
+    scores = output_length.setting_scores(output_length.read_setting(setting),
+                                          by_reference_length=True)["stock"]
     # whole set (2 + 6) / (4 + 13); the groups 2 / 4 and 6 / 13; no sentence of 15 or more
     assert list(scores) == ["test_2016_flickr",
                             "test_2016_flickr, references 1–9 tokens (n = 1)",
