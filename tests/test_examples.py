@@ -39,6 +39,8 @@ TINY = {  # the settings shared by the translation, external-bias and LM example
     "EMBED_DIM": 32, "FFN_DIM": 64, "HEADS": 2, "LAYERS": 1,
     "MAX_UPDATE": 20, "MAX_TOKENS": 2000, "WARMUP": 10,
 }
+DEFAULT_CRITERION = "unigram_label_smoothed_cross_entropy"  # the examples' CRITERION
+PAPERS_CRITERION = "label_smoothed_cross_entropy"
 SCORE_LINE = re.compile(
     r"^\[(\w+)\] (BLEU|chrF2)\|nrefs:1\|case:mixed\|.*\|version:[\d.]+ = ([\d.]+)")
 
@@ -157,36 +159,23 @@ def test_translation_run_again_skips_every_step(translation):
         [l for l in result.stdout.splitlines() if SCORE_LINE.match(l)]
 
 
-def test_translation_criterion_default_and_choice(translation, tmp_path):
+def test_translation_criterion_default_and_refusal(translation):
     """The default run trains with unigram label smoothing (the checkpoint's
-    own config says so); CRITERION reaches fairseq-train; a WORK trained under
-    another criterion, or before CRITERION existed (an empty train.done), is
-    refused with the CRITERION that keeps it rather than compared unnoticed."""
+    own config says so); a WORK trained under another criterion is refused
+    with the CRITERION that keeps it rather than compared unnoticed. That
+    CRITERION reaches fairseq-train, and an empty train.done (from before
+    CRITERION existed) is refused too: the fresh-clone test below, which
+    trains under the paper's criterion."""
     _, work, env = translation
-    default, papers = "unigram_label_smoothed_cross_entropy", "label_smoothed_cross_entropy"
     trained = torch.load(work / "runs/unigram/checkpoint_best.pt", map_location="cpu",
                          weights_only=False)
-    assert trained["cfg"]["criterion"]["_name"] == default
-    assert (work / "runs/unigram/train.done").read_text().strip() == default
-    refused = run_example(["bash", SCRIPTS["translation"]], {**env, "CRITERION": papers})
+    assert trained["cfg"]["criterion"]["_name"] == DEFAULT_CRITERION
+    assert (work / "runs/unigram/train.done").read_text().strip() == DEFAULT_CRITERION
+    refused = run_example(["bash", SCRIPTS["translation"]], {**env, "CRITERION": PAPERS_CRITERION})
     assert_one_line_error(refused, "examples/translation/run.sh",
-                          f"{work}/runs/unigram was trained with --criterion {default}, "
-                          f"not CRITERION={papers}: give CRITERION={default} to keep using it")
-    # the staged text, SentencePiece model and data-bin are reused: training only
-    ours = tmp_path / "translation"
-    shutil.copytree(work, ours, ignore=shutil.ignore_patterns("runs"))
-    succeeded(run_example(["bash", SCRIPTS["translation"]],
-                          {**env, "WORK": ours, "CRITERION": papers, "INITS": "unigram",
-                           "MAX_UPDATE": 2}))
-    run = ours / "runs/unigram"
-    saved = torch.load(run / "checkpoint_best.pt", map_location="cpu", weights_only=False)
-    assert saved["cfg"]["criterion"]["_name"] == papers
-    assert (run / "train.done").read_text().strip() == papers
-    (run / "train.done").write_text("")  # as the examples wrote it before CRITERION
-    old = run_example(["bash", SCRIPTS["translation"]], {**env, "WORK": ours, "INITS": "unigram"})
-    assert_one_line_error(old, "examples/translation/run.sh",
-                          f"{run} was trained with --criterion {papers}, not CRITERION={default}: "
-                          f"give CRITERION={papers} to keep using it")
+                          f"{work}/runs/unigram was trained with --criterion {DEFAULT_CRITERION}, "
+                          f"not CRITERION={PAPERS_CRITERION}: give CRITERION={DEFAULT_CRITERION} "
+                          "to keep using it")
 
 
 def test_translation_bad_data_folder(tmp_path):
@@ -420,9 +409,14 @@ def fresh_clone(tmp_path):
 
 
 def test_translation_on_a_fresh_clone_falls_back_to_the_synthetic_corpus(tmp_path):
+    """Also the run under another CRITERION (the paper's): it reaches
+    fairseq-train (the checkpoint's config) and train.done; an empty
+    train.done, as the examples wrote it before CRITERION, is refused under
+    the default CRITERION with the one that keeps the run."""
     clone = fresh_clone(tmp_path)
     assert not (clone.parent / "shared").exists() and not (clone / "fairseq_natbias").exists()
-    env = {**FRESH, "NATBIAS_MULTI30K_URL": (tmp_path / "offline").as_uri()}
+    env = {**FRESH, "NATBIAS_MULTI30K_URL": (tmp_path / "offline").as_uri(),
+           "CRITERION": PAPERS_CRITERION}
     result = succeeded(run_example(["bash", "examples/translation/run.sh"], env,
                                    cwd=clone, unset=("NATBIAS_MULTI30K",)))
     assert "download failed" in result.stderr
@@ -437,12 +431,23 @@ def test_translation_on_a_fresh_clone_falls_back_to_the_synthetic_corpus(tmp_pat
             assert (staged / f"{split}.{lang}").read_text().splitlines() == expected
     scores = [m[1] for m in map(SCORE_LINE.match, result.stdout.splitlines()) if m]
     assert scores == ["unigram", "unigram"]  # BLEU and chrF
-    assert (clone / "work/examples/translation/runs/unigram/checkpoint_best.pt").exists()
+    run = clone / "work/examples/translation/runs/unigram"
+    saved = torch.load(run / "checkpoint_best.pt", map_location="cpu", weights_only=False)
+    assert saved["cfg"]["criterion"]["_name"] == PAPERS_CRITERION
+    assert (run / "train.done").read_text().strip() == PAPERS_CRITERION
     again = succeeded(run_example(["bash", "examples/translation/run.sh"], env,
                                   cwd=clone, unset=("NATBIAS_MULTI30K",)))
     # staged before: the data is not looked for (or downloaded) again
     assert "data:" not in again.stderr and "raw text: work/examples/translation/raw exists, skipped" \
         in again.stderr
+    (run / "train.done").write_text("")
+    old = run_example(["bash", "examples/translation/run.sh"],
+                      {key: value for key, value in env.items() if key != "CRITERION"},
+                      cwd=clone, unset=("NATBIAS_MULTI30K",))
+    assert_one_line_error(old, "examples/translation/run.sh",
+                          f"work/examples/translation/runs/unigram was trained with --criterion "
+                          f"{PAPERS_CRITERION}, not CRITERION={DEFAULT_CRITERION}: "
+                          f"give CRITERION={PAPERS_CRITERION} to keep using it")
 
 
 def test_data_is_a_file(tmp_path):
