@@ -21,6 +21,12 @@ Every decode's scores are kept in RUN/lenpen/<split>_<lenpen>.json, so a
 rerun (or a further arm) decodes only what is new; test BLEU at 1.0 is the
 study's own (RUN/test_scores.json, RUN/<test set>_scores.json).
 
+``--checkpoint last`` screens each run's checkpoint_last.pt instead (the
+end of the study's budget, past the best): is a test-BLEU difference the
+best checkpoint's alone, or the model's? Its decodes, test sets at 1.0
+included, are kept as RUN/lenpen/<split>_<lenpen>_last.json. With
+``--grid 1.0`` either checkpoint is only scored, not tuned.
+
     .venv/bin/python benchmarks/length_penalty.py /work/study/de-en/paper-converge \\
         --arms stock gain_0.05_20_abs-capped-unigram+unigram-ls --seeds 3 \\
         --out benchmarks/results/length_penalty_de-en_paper.md
@@ -63,25 +69,29 @@ def bleu_and_length(hypotheses, references):
             "bleu_signature": signature}
 
 
-def decode_scores(run_dir, split, source, lenpen):
-    """BLEU and length ratio of run_dir's best checkpoint on one split at
-    one lenpen, decoded once and kept in run_dir/lenpen/ (the validation
-    translation at the study's lenpen also as run_dir/valid.hyp)."""
-    kept = run_dir / "lenpen" / f"{split}_{lenpen:g}.json"
+def decode_scores(run_dir, split, source, lenpen, checkpoint="best"):
+    """BLEU and length ratio of run_dir's checkpoint_<checkpoint>.pt on one
+    split at one lenpen, decoded once and kept in run_dir/lenpen/ (the best
+    checkpoint's validation translation at the study's lenpen also as
+    run_dir/valid.hyp)."""
+    suffix = "" if checkpoint == "best" else f"_{checkpoint}"
+    kept = run_dir / "lenpen" / f"{split}_{lenpen:g}{suffix}.json"
     if kept.exists():
         return json.loads(kept.read_text())
     data_bin, subset, references_path = source
     if not references_path.is_file():
         raise SystemExit(f"length_penalty: no references {references_path} (give the study's "
                          "own WORK/<pair>/<setting> folder, with its text folders beside it)")
-    pipeline.say(f"length_penalty: {run_dir} {split} at lenpen {lenpen:g}")
-    hypotheses = pipeline.translate(data_bin, run_dir / "checkpoint_best.pt", subset, lenpen)
+    pipeline.say(f"length_penalty: {run_dir} {split} at lenpen {lenpen:g}"
+                 + (f" (checkpoint_{checkpoint}.pt)" if suffix else ""))
+    hypotheses = pipeline.translate(data_bin, run_dir / f"checkpoint_{checkpoint}.pt", subset,
+                                    lenpen)
     references = references_path.read_text(encoding="utf-8").splitlines()
     if len(hypotheses) != len(references):
         raise SystemExit(f"length_penalty: {len(hypotheses)} translations of {split} but "
                          f"{len(references)} references (was the decode cut short?)")
     scores = bleu_and_length(hypotheses, references)
-    if split == "valid" and lenpen == STUDY_LENPEN:
+    if split == "valid" and lenpen == STUDY_LENPEN and checkpoint == "best":
         # kept beside the study's test translations, as study.arms.kept_translations
         # reads them: output_length.py and significance.py then cover validation too
         (run_dir / "valid.hyp").write_text("".join(f"{line}\n" for line in hypotheses),
@@ -106,15 +116,20 @@ def best_lenpen(valid_scores):
     return max(sorted(valid_scores), key=lambda lenpen: (valid_scores[lenpen]["bleu"], -lenpen))
 
 
-def screen_run(run_dir, sources, grid):
-    """One run's row: the validation screen, the chosen lenpen, test BLEU at both."""
-    valid = {lenpen: decode_scores(run_dir, "valid", sources["valid"], lenpen) for lenpen in grid}
+def screen_run(run_dir, sources, grid, checkpoint="best"):
+    """One run's row: the validation screen, the chosen lenpen, test BLEU at
+    both. The best checkpoint's test BLEU at 1.0 is the study's own; another
+    checkpoint's is decoded here."""
+    def decoded(split, lenpen):
+        return decode_scores(run_dir, split, sources[split], lenpen, checkpoint)
+
+    valid = {lenpen: decoded("valid", lenpen) for lenpen in grid}
     chosen = best_lenpen(valid)
     row = {"lenpen": chosen, "valid": valid, "test": {}}
     for test_set in CONVERGE_TEST_SETS:
-        study = study_test_bleu(run_dir, test_set)
-        tuned = (study if chosen == STUDY_LENPEN
-                 else decode_scores(run_dir, test_set, sources[test_set], chosen)["bleu"])
+        study = (study_test_bleu(run_dir, test_set) if checkpoint == "best"
+                 else decoded(test_set, STUDY_LENPEN)["bleu"])
+        tuned = study if chosen == STUDY_LENPEN else decoded(test_set, chosen)["bleu"]
         row["test"][test_set] = {"study": study, "tuned": tuned}
     return row
 
@@ -173,6 +188,10 @@ def main(argv=None):
     parser.add_argument("--seeds", nargs="+", type=int, required=True)
     parser.add_argument("--grid", nargs="+", type=float, default=list(GRID),
                         help=f"the lenpens screened on validation (default: {' '.join(map(str, GRID))})")
+    parser.add_argument("--checkpoint", choices=("best", "last"), default="best",
+                        help="decode each run's checkpoint_best.pt (default) or its "
+                             "checkpoint_last.pt (the end of its budget: is a BLEU difference "
+                             "the best checkpoint's alone?)")
     parser.add_argument("--out", type=Path, help="also write the table here")
     args = parser.parse_args(argv)
     if STUDY_LENPEN not in args.grid:
@@ -184,12 +203,15 @@ def main(argv=None):
     for arm in args.arms:
         for seed in args.seeds:
             run_dir = args.setting / arm / f"seed{seed}"
-            if not (run_dir / "checkpoint_best.pt").exists():
-                raise SystemExit(f"length_penalty: no {run_dir}/checkpoint_best.pt (the study "
-                                 "keeps it while its work folder lasts)")
-            rows.setdefault(arm, {})[seed] = screen_run(run_dir, sources, args.grid)
-    text = markdown(f"{args.setting.parent.name} {args.setting.name}: length penalty tuned on "
-                    "validation", rows, args.arms)
+            checkpoint = run_dir / f"checkpoint_{args.checkpoint}.pt"
+            if not checkpoint.exists():
+                raise SystemExit(f"length_penalty: no {checkpoint} (the study keeps it while "
+                                 "its work folder lasts)")
+            rows.setdefault(arm, {})[seed] = screen_run(run_dir, sources, args.grid,
+                                                        args.checkpoint)
+    which = "" if args.checkpoint == "best" else f" (checkpoint_{args.checkpoint}.pt)"
+    text = markdown(f"{args.setting.parent.name} {args.setting.name}{which}: length penalty "
+                    "tuned on validation", rows, args.arms)
     print(text, end="")
     if args.out:
         args.out.write_text(text)

@@ -121,3 +121,37 @@ def test_a_missing_checkpoint_is_named(length_penalty, tmp_path):
     setting = fake_study(tmp_path)
     with pytest.raises(SystemExit, match="no .*seed2/checkpoint_best.pt"):
         length_penalty.main([str(setting), "--arms", "stock", "--seeds", "2"])
+
+
+def test_the_last_checkpoint_decodes_the_test_sets_itself(length_penalty, tmp_path, monkeypatch):
+    """--checkpoint last: checkpoint_last.pt decodes every split, the test
+    sets at 1.0 too (the study's scores are the best checkpoint's); kept
+    apart from the best checkpoint's decodes, and valid.hyp left to those."""
+    setting = fake_study(tmp_path)
+    run_dir = setting / "stock" / "seed1"
+    (run_dir / "checkpoint_last.pt").write_bytes(b"")
+    calls, checkpoints = [], []
+    exact = decoder_exact_at(1.0, calls)
+
+    def translate(data_bin, checkpoint, subset, lenpen):
+        checkpoints.append(checkpoint.name)
+        return exact(data_bin, checkpoint, subset, lenpen)
+
+    monkeypatch.setattr(length_penalty.pipeline, "translate", translate)
+    out = tmp_path / "last.md"
+    length_penalty.main([str(setting), "--arms", "stock", "--seeds", "1", "--grid", "1.0",
+                         "--checkpoint", "last", "--out", str(out)])
+    assert [(split, lenpen) for _, split, lenpen in calls] == \
+        [("valid", 1.0), ("test", 1.0), ("test", 1.0)]
+    assert set(checkpoints) == {"checkpoint_last.pt"}
+    assert sorted(p.name for p in (run_dir / "lenpen").iterdir()) == \
+        ["test_2016_flickr_1_last.json", "test_2017_flickr_1_last.json", "valid_1_last.json"]
+    assert not (run_dir / "valid.hyp").exists()
+    text = out.read_text()
+    # the outputs are the references: 100 everywhere, not the study's 37.50 / 31.25
+    assert "(checkpoint_last.pt): length penalty" in text
+    assert "| stock | 1 | 1 | 100.00 / 100.00 | 1.000 / 1.000 | 100.00 / 100.00 | 100.00 / 100.00 |" in text
+    with pytest.raises(SystemExit, match="no .*seed1/checkpoint_last.pt"):
+        (run_dir / "checkpoint_last.pt").unlink()
+        length_penalty.main([str(setting), "--arms", "stock", "--seeds", "1", "--grid", "1.0",
+                             "--checkpoint", "last"])
