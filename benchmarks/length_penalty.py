@@ -69,6 +69,11 @@ def bleu_and_length(hypotheses, references):
             "bleu_signature": signature}
 
 
+def checkpoint_label(checkpoint):
+    """What names a checkpoint other than the best in messages and titles."""
+    return "" if checkpoint == "best" else f" (checkpoint_{checkpoint}.pt)"
+
+
 def decode_scores(run_dir, split, source, lenpen, checkpoint="best"):
     """BLEU and length ratio of run_dir's checkpoint_<checkpoint>.pt on one
     split at one lenpen, decoded once and kept in run_dir/lenpen/ (the best
@@ -83,7 +88,7 @@ def decode_scores(run_dir, split, source, lenpen, checkpoint="best"):
         raise SystemExit(f"length_penalty: no references {references_path} (give the study's "
                          "own WORK/<pair>/<setting> folder, with its text folders beside it)")
     pipeline.say(f"length_penalty: {run_dir} {split} at lenpen {lenpen:g}"
-                 + (f" (checkpoint_{checkpoint}.pt)" if suffix else ""))
+                 f"{checkpoint_label(checkpoint)}")
     hypotheses = pipeline.translate(data_bin, run_dir / f"checkpoint_{checkpoint}.pt", subset,
                                     lenpen)
     references = references_path.read_text(encoding="utf-8").splitlines()
@@ -209,9 +214,9 @@ def main(argv=None):
                                  "its work folder lasts)")
             rows.setdefault(arm, {})[seed] = screen_run(run_dir, sources, args.grid,
                                                         args.checkpoint)
-    which = "" if args.checkpoint == "best" else f" (checkpoint_{args.checkpoint}.pt)"
-    text = markdown(f"{args.setting.parent.name} {args.setting.name}{which}: length penalty "
-                    "tuned on validation", rows, args.arms)
+    text = markdown(f"{args.setting.parent.name} {args.setting.name}"
+                    f"{checkpoint_label(args.checkpoint)}: length penalty tuned on validation",
+                    rows, args.arms)
     print(text, end="")
     if args.out:
         args.out.write_text(text)

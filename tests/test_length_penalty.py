@@ -151,7 +151,7 @@ def test_the_last_checkpoint_decodes_the_test_sets_itself(length_penalty, tmp_pa
     # the outputs are the references: 100 everywhere, not the study's 37.50 / 31.25
     assert "(checkpoint_last.pt): length penalty" in text
     assert "| stock | 1 | 1 | 100.00 / 100.00 | 1.000 / 1.000 | 100.00 / 100.00 | 100.00 / 100.00 |" in text
+    (run_dir / "checkpoint_last.pt").unlink()
     with pytest.raises(SystemExit, match="no .*seed1/checkpoint_last.pt"):
-        (run_dir / "checkpoint_last.pt").unlink()
         length_penalty.main([str(setting), "--arms", "stock", "--seeds", "1", "--grid", "1.0",
                              "--checkpoint", "last"])
