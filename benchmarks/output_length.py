@@ -29,7 +29,6 @@ references' counts and the references' tokens not produced.
         /work/study/fr-en_n3000/short-converge --out benchmarks/results/x.md
 """
 
-import argparse
 import sys
 from collections import Counter
 from pathlib import Path
@@ -43,7 +42,7 @@ from fairseq_natbias.analysis.distinct import tokenize  # noqa: E402  (sacreBLEU
 from fairseq_natbias.analysis.quality import bleu_score  # noqa: E402
 from fairseq_natbias.analysis.stats import mean_stderr  # noqa: E402
 # The study that kept the translations, and where it keeps them.
-from study.arms import kept_translations, print_and_write  # noqa: E402
+from study.arms import kept_translations, kept_translations_parser, print_and_write  # noqa: E402
 
 PROGRAM = "output_length"  # names the script in its refusals
 
@@ -239,9 +238,7 @@ def count_text(value, sign=False):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("settings", nargs="+", type=Path, metavar="WORK/PAIR/SETTING",
-                        help="a study setting folder, e.g. WORK/de-en_n3000/short-converge")
+    parser = kept_translations_parser(__doc__, "WORK/de-en_n3000/short-converge")
     parser.add_argument("--by-reference-length", action="store_true",
                         help="also the ratio within groups of sentences by reference length")
     parser.add_argument("--brevity-penalty", action="store_true",
@@ -250,7 +247,6 @@ def main(argv=None):
                         help="also the N tokens whose counts differ most from --baseline's")
     parser.add_argument("--baseline", default="stock",
                         help="the arm --words compares the others with (default: stock)")
-    parser.add_argument("--out", type=Path, help="also write the tables here")
     args = parser.parse_args(argv)
     if args.words is not None and args.words < 1:
         parser.error("--words takes a number of tokens, 1 or more")

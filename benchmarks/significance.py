@@ -27,7 +27,6 @@ study keeps them (``study.arms.kept_translations``)::
         --out benchmarks/results/significance_de-en_paper_seed3.md
 """
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -36,7 +35,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 from fairseq_natbias.analysis.quality import bleu_score  # noqa: E402
-from study.arms import kept_translations, print_and_write  # noqa: E402
+from study.arms import kept_translations, kept_translations_parser, print_and_write  # noqa: E402
 
 PROGRAM = "significance"  # names the script in its refusals
 BOOTSTRAP_SAMPLES = 1000
@@ -106,12 +105,9 @@ def markdown(title, baseline, rows):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("settings", nargs="+", type=Path, metavar="WORK/PAIR/SETTING",
-                        help="a study setting folder, e.g. WORK/de-en/paper-converge")
+    parser = kept_translations_parser(__doc__, "WORK/de-en/paper-converge")
     parser.add_argument("--baseline", default="stock",
                         help="the arm every other is tested against (default: stock)")
-    parser.add_argument("--out", type=Path, help="also write the tables here")
     args = parser.parse_args(argv)
     tables = []
     for setting in args.settings:

@@ -25,7 +25,6 @@ package's models is asked next to the models:
 
 import argparse
 import os
-import pickle
 import zipfile
 from typing import Optional
 
@@ -133,8 +132,13 @@ def read_with_fairseq(path: str, arg_overrides: dict) -> dict:
     require_file(path)
     try:
         return checkpoint_utils.load_checkpoint_to_cpu(path, arg_overrides)
-    except pickle.UnpicklingError as error:
-        raise refusal(path, error) from None
+    except Exception:
+        # Unpickling a file that is no checkpoint fails in any way (a text
+        # file: IndexError inside torch's weights-only unpickler). If torch
+        # cannot read the file either, read_checkpoint raises the refusal;
+        # if it can, the failure was fairseq's and goes on as it is.
+        read_checkpoint(path)
+        raise
 
 
 def load_hub(model_class, checkpoint: str, data: str, **overrides):

@@ -74,9 +74,14 @@ def test_files_that_are_no_checkpoint_are_named_with_the_fix(tmp_path):
         str(garbage): r"garbage.pt is not a fairseq checkpoint \(not a torch.save archive\)",
         _saved(tmp_path, [1, 2, 3]): "holds a list, not a fairseq checkpoint",
     }
+    text = tmp_path / "dict.en.txt"  # a text file: torch's unpickler fails with an IndexError
+    text.write_text("the 10\nis 5\n", encoding="utf-8")
+    refusals[str(text)] = r"dict.en.txt is not a fairseq checkpoint \(not a torch.save archive\)"
     for path, message in refusals.items():
         with pytest.raises(CheckpointError, match=message):
             checkpoint_loading.saved_model_args(path)
+        with pytest.raises(CheckpointError, match=message):  # fairseq's own reading
+            checkpoint_loading.read_with_fairseq(path, {})
     # One line for the analysis tools (AnalysisError) and for fairseq-train's
     # model building, which reports ValueErrors without a traceback.
     assert issubclass(CheckpointError, AnalysisError) and issubclass(CheckpointError, ValueError)

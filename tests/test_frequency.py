@@ -198,6 +198,12 @@ def test_bad_inputs_end_with_a_clear_message(checkpoints, toy_bin, fresh_copy):
     with pytest.raises(SystemExit, match="natbias-frequency: error: .*valid2"):
         frequency_cli.main([str(toy_bin), "--model", str(checkpoints["zero"]),
                             "--gen-subset", "valid2", "--out-dir", "unused"])
+    # A dictionary given for a checkpoint: a bare IndexError from torch's
+    # unpickler in 0.7.0.
+    with pytest.raises(SystemExit, match=r"natbias-frequency: error: .*dict.tgt.txt is not a "
+                                         r"fairseq checkpoint \(not a torch.save archive\)"):
+        frequency_cli.main([str(toy_bin), "--model", str(toy_bin / "dict.tgt.txt"),
+                            "--out-dir", "unused"])
 
 
 def test_user_dir_of_this_package_is_taken_as_loaded(checkpoints, toy_bin, tmp_path):

@@ -5,12 +5,14 @@ fairseq options and data preparation, the options of a --converge run, and
 the data-size helpers of --train-pairs (see the script's docstring for the
 meaning of each)."""
 
+import argparse
 import dataclasses
 import gzip
 import json
 import math
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Optional
 
 from fairseq_natbias import pipeline
@@ -100,6 +102,16 @@ def kept_translations(setting_dir, program):
                              "(give the study's own WORK/<pair>/<setting> folder)")
         seed = int(hyp.parent.name[len("seed"):])
         yield hyp.parent.parent.name, seed, name, read_lines(hyp), read_lines(references)
+
+
+def kept_translations_parser(doc, example):
+    """The command line every reader of kept translations starts from: study
+    setting folders (``example`` names one) and --out (print_and_write's)."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    parser.add_argument("settings", nargs="+", type=Path, metavar="WORK/PAIR/SETTING",
+                        help=f"a study setting folder, e.g. {example}")
+    parser.add_argument("--out", type=Path, help="also write the tables here")
+    return parser
 
 
 def print_and_write(tables, out=None):

@@ -13,6 +13,7 @@ not depend on; ``--tokenize none`` splits at spaces only). A D_n with no n-gram
 at all (every text shorter than n) is undefined (nan), and so is D.
 """
 
+import functools
 import math
 from collections import Counter
 from typing import Dict, List, Sequence
@@ -23,11 +24,17 @@ MAX_N = 4
 TOKENIZERS = ("13a", "none")
 
 
+@functools.lru_cache(maxsize=None)
+def _tokenizer_13a():
+    """One sacreBLEU 13a tokenizer for every text (it is stateless)."""
+    from sacrebleu.tokenizers.tokenizer_13a import Tokenizer13a
+
+    return Tokenizer13a()
+
+
 def tokenize(text: str, tokenizer: str = "13a") -> List[str]:
     if tokenizer == "13a":
-        from sacrebleu.tokenizers.tokenizer_13a import Tokenizer13a
-
-        text = Tokenizer13a()(text)
+        text = _tokenizer_13a()(text)
     elif tokenizer != "none":
         raise AnalysisError(f"unknown tokenizer {tokenizer!r}: choose {' or '.join(TOKENIZERS)}")
     return text.split()
