@@ -26,7 +26,6 @@ package's models is asked next to the models:
 import argparse
 import os
 import zipfile
-from typing import Optional
 
 import numpy
 import torch
@@ -111,13 +110,10 @@ def saved_model_args(path: str):
     return state.get("args")
 
 
-def has_output_bias(path: str) -> Optional[bool]:
-    """Whether the checkpoint's output layer has a bias (None: not readable here)."""
-    try:
-        state = read_checkpoint(path)
-    except CheckpointError:
-        return None
-    return "decoder.output_projection.bias" in state.get("model", {})
+def has_output_bias(path: str) -> bool:
+    """Whether the checkpoint's output layer has a bias; a file torch cannot
+    read is refused (CheckpointError), as fairseq would refuse it later."""
+    return "decoder.output_projection.bias" in read_checkpoint(path).get("model", {})
 
 
 # --- through fairseq ----------------------------------------------------------

@@ -62,7 +62,8 @@ def test_output_bias_is_read_from_the_state(fixture_state, tmp_path):
         _saved(tmp_path, dict(fixture_state, model=model))) is False
     garbage = tmp_path / "garbage.pt"
     garbage.write_bytes(b"not a checkpoint\n")
-    assert checkpoint_loading.has_output_bias(str(garbage)) is None
+    with pytest.raises(CheckpointError, match="garbage.pt is not a fairseq checkpoint"):
+        checkpoint_loading.has_output_bias(str(garbage))
 
 
 def test_files_that_are_no_checkpoint_are_named_with_the_fix(tmp_path):

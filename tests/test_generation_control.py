@@ -195,6 +195,12 @@ def test_sweep_refuses_bad_settings_and_an_empty_test_set(unigram_checkpoint, to
     with pytest.raises(SystemExit, match="sets --model-overrides itself"):
         sweep_cli.main([str(toy_bin), str(unigram_checkpoint), "--out-dir", str(tmp_path),
                         "--", "--model-overrides", "{}"])
+    # A dictionary given for the checkpoint: refused before any fairseq-generate
+    # (0.7.0 relayed that process's traceback).
+    with pytest.raises(SystemExit, match=r"natbias-sweep: error: .*dict.tgt.txt is not a fairseq "
+                                         r"checkpoint \(not a torch.save archive\)"):
+        sweep_cli.main([str(toy_bin), str(toy_bin / "dict.tgt.txt"), "--out-dir", str(tmp_path)])
+    assert not list(tmp_path.glob("generate.*"))
     data = fresh_copy(toy_bin)
     _empty_split(data)
     with pytest.raises(SystemExit, match="natbias-sweep: error: the test split of .* is empty"):

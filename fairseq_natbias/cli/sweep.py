@@ -40,7 +40,9 @@ def build_parser():
 
 def run(args):
     grid = sweep.settings(args.lambdas, args.taus)
-    if has_output_bias(args.checkpoint) is False and any(s.lam != 1 for s in grid):
+    # Read here first: a file that is no checkpoint is refused in one line,
+    # not as the traceback of the first fairseq-generate.
+    if not has_output_bias(args.checkpoint) and any(s.lam != 1 for s in grid):
         print(f"{PROG}: note: {args.checkpoint} has no output bias, so lambda changes "
               "nothing; only tau does", file=sys.stderr)
     rows = sweep.sweep(
