@@ -1,5 +1,7 @@
 """natbias-count, the console script for counts files (App. A.7)."""
 
+import re
+
 import numpy as np
 from fairseq.data import Dictionary
 
@@ -32,3 +34,37 @@ def test_missing_split_is_a_clear_error(toy_bin, tmp_path):
     assert result.returncode != 0
     assert "natbias-count: error: no binarised target training split" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_bad_inputs_are_named_with_the_fix(toy_bin, toy_text, tmp_path):
+    """Each a bare traceback in 0.7.0 but the first two (a missing --dict:
+    FileNotFoundError; a binary one: fairseq's bare Exception; binary text:
+    UnicodeDecodeError) or a counts file silently indexed by the wrong
+    dictionary (the last)."""
+    binary = tmp_path / "checkpoint.pt"
+    binary.write_bytes(b"PK\x03\x04\x80\x81\xfe\n\xff 1\n")
+    no_counts = tmp_path / "words.txt"
+    no_counts.write_text("the\nis\n", encoding="utf-8")
+    other_dict = tmp_path / "dict.other.txt"  # the target's symbols in another order
+    lines = (toy_bin / "dict.tgt.txt").read_text(encoding="utf-8").splitlines(keepends=True)
+    other_dict.write_text("".join(reversed(lines)), encoding="utf-8")
+    target = ["--data", toy_bin, "--source-lang", "src", "--target-lang", "tgt"]
+    refusals = [
+        (["--dict", tmp_path / "none.txt", "--text", toy_text / "train.tgt"],
+         "--dict .*none.txt: no such file; give the target dictionary"),
+        (["--dict", binary, "--text", toy_text / "train.tgt"],
+         "--dict .*checkpoint.pt is not a fairseq dictionary \\(.*\\); give dict.TGT.txt"),
+        (["--dict", no_counts, "--text", toy_text / "train.tgt"],
+         "--dict .*words.txt is not a fairseq dictionary"),
+        (["--dict", toy_bin / "dict.tgt.txt", "--text", binary],
+         "--text .*checkpoint.pt is not UTF-8 text \\(byte 4\\)"),
+        (["--dict", other_dict, *target],
+         "--dict .*dict.other.txt is not the target dictionary of .*dict.tgt.txt holds other "
+         "symbols\\); give --dict .*dict.tgt.txt"),
+    ]
+    for args, message in refusals:
+        output = tmp_path / "x.counts"
+        result = natbias_count(*args, "--output", output)
+        assert result.returncode != 0, args
+        assert re.search(f"natbias-count: error: {message}", result.stderr), result.stderr
+        assert "Traceback" not in result.stderr and not output.exists()

@@ -14,6 +14,7 @@ or from a binarised split in a fairseq data directory::
 
 import argparse
 import gzip
+import os
 import sys
 
 from fairseq_natbias import unigram
@@ -41,20 +42,57 @@ def _open_text(path):
     return open(path, encoding="utf-8")
 
 
-def main(argv=None):
-    args = build_parser().parse_args(argv)
+def load_dictionary(path):
+    """fairseq's Dictionary of ``path``; a file that is none is refused by name
+    (fairseq raises a bare Exception for a binary file)."""
     from fairseq.data import Dictionary
 
-    dictionary = Dictionary.load(args.dict)
+    if not os.path.isfile(path):
+        raise unigram.UnigramError(f"--dict {path}: no such file; give the target "
+                                   "dictionary, dict.TGT.txt of the fairseq data directory")
     try:
+        return Dictionary.load(path)
+    except Exception as error:  # fairseq: ValueError for a bad line, Exception for bad bytes
+        raise unigram.UnigramError(
+            f"--dict {path} is not a fairseq dictionary ({str(error).splitlines()[0]}); "
+            "give dict.TGT.txt of the fairseq data directory") from None
+
+
+def count_text_files(paths, dictionary):
+    counts = 0
+    for path in paths:
+        try:
+            with _open_text(path) as lines:
+                counts = counts + unigram.count_text(lines, dictionary)
+        except UnicodeDecodeError as error:
+            raise unigram.UnigramError(
+                f"--text {path} is not UTF-8 text (byte {error.start}); give tokenised "
+                "text, one sentence a line") from None
+    return counts
+
+
+def check_target_dictionary(dictionary, args):
+    """With --data the counts are indexed by that directory's target
+    dictionary: a --dict with other symbols would write a counts file whose
+    symbols do not match the ids counted (e.g. dict.SRC.txt of a directory
+    binarised without --joined-dictionary)."""
+    own = os.path.join(args.data, f"dict.{args.target_lang}.txt")
+    if os.path.isfile(own) and load_dictionary(own).symbols != dictionary.symbols:
+        raise unigram.UnigramError(
+            f"--dict {args.dict} is not the target dictionary of {args.data} "
+            f"({own} holds other symbols); give --dict {own}")
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    try:
+        dictionary = load_dictionary(args.dict)
         if args.text:
-            counts = 0
-            for path in args.text:
-                with _open_text(path) as lines:
-                    counts = counts + unigram.count_text(lines, dictionary)
+            counts = count_text_files(args.text, dictionary)
         else:
             if not (args.source_lang and args.target_lang):
                 raise unigram.UnigramError("--data needs --source-lang and --target-lang")
+            check_target_dictionary(dictionary, args)
             counts = unigram.count_target_tokens(
                 args.data, args.split, args.source_lang, args.target_lang,
                 len(dictionary),
