@@ -444,7 +444,9 @@ def read_counts_file(path: str, dictionary) -> np.ndarray:
             "`natbias-count --dict DICT --text TOKENISED.txt --output PATH`."
         )
     by_symbol = {}
-    with open(path, encoding="utf-8") as lines:
+    with open(path, encoding="utf-8", errors="replace") as lines:
+        # errors="replace": a binary file fails the header check below, by name,
+        # instead of raising UnicodeDecodeError
         header = lines.readline().rstrip("\n")
         if header != COUNTS_FILE_HEADER:
             raise UnigramError(

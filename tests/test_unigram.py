@@ -107,6 +107,7 @@ def test_counts_file_round_trip_and_mismatch(toy_bin, toy_text, tmp_path):
     with pytest.raises(unigram.UnigramError, match="no such file"):
         unigram.read_counts_file(str(tmp_path / "missing"), dictionary)
     bad = tmp_path / "bad.counts"
-    bad.write_text("hello\n")
-    with pytest.raises(unigram.UnigramError, match="not a counts file"):
-        unigram.read_counts_file(str(bad), dictionary)
+    for content in (b"hello\n", b"PK\x03\x04\x80\xff\n"):  # text, and a binary file
+        bad.write_bytes(content)
+        with pytest.raises(unigram.UnigramError, match="not a counts file"):
+            unigram.read_counts_file(str(bad), dictionary)
