@@ -180,6 +180,10 @@ class NaturalBiasModel:
         except OSError as error:
             raise SystemExit(f"fairseq_natbias: error: {PRIOR_TEXT} {text_path}: {error.strerror}. "
                              "Give a tokenised text file (the model's pieces, one sentence a line).")
+        except UnicodeDecodeError as error:
+            raise SystemExit(f"fairseq_natbias: error: {PRIOR_TEXT} {text_path} is not UTF-8 text "
+                             f"(byte {error.start}). Give a tokenised text file (the model's "
+                             "pieces, one sentence a line).") from None
         if counts.sum() == counts[dictionary.eos()]:
             raise SystemExit(f"fairseq_natbias: error: {PRIOR_TEXT} {text_path} holds no tokens")
         new_log_unigram = unigram.unigram_log_probs(counts, self.natbias_args.natbias_smoothing)

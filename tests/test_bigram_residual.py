@@ -353,6 +353,12 @@ def test_fairseq_generate_with_another_prior(toy_bin, toy_text, tmp_path):
                       str({"natbias_prior_text": str(tmp_path / "absent.txt")}), check=False)
     assert missing.returncode != 0 and "natbias_prior_text" in missing.stderr
     assert "Traceback" not in missing.stderr
+    binary = tmp_path / "prior.bin"  # e.g. the binarised split instead of its text
+    binary.write_bytes(b"\x80\xff\x00\x01")
+    refused = fairseq("fairseq-generate", *common, "--model-overrides",
+                      str({"natbias_prior_text": str(binary)}), check=False)
+    assert refused.returncode != 0 and "Traceback" not in refused.stderr
+    assert f"natbias_prior_text {binary} is not UTF-8 text (byte 0)" in refused.stderr
 
 
 def test_decomposition_of_an_order_2_model_says_where_the_bigram_is(toy_bin, tmp_path):

@@ -5,6 +5,7 @@ import math
 import pytest
 
 from fairseq_natbias.analysis import AnalysisError, distinct
+from fairseq_natbias.analysis.generate_output import read_generate_output
 from fairseq_natbias.cli import distinct as distinct_cli
 from natbias_testing import console_script_help
 
@@ -40,6 +41,21 @@ def test_cli_reads_the_detokenised_hypotheses_of_fairseq_generate(tmp_path, caps
     printed = dict(line.split("\t") for line in capsys.readouterr().out.splitlines())
     assert float(printed["D2"]) == pytest.approx(3 / 4)
     assert float(printed["D"]) == pytest.approx((3 / 6 + 3 / 4 + 1 + 1) / 4, abs=1e-4)
+
+
+def test_a_file_that_is_not_text_is_named(tmp_path):
+    """A checkpoint given for the texts: one line naming it (a bare
+    UnicodeDecodeError in 0.7.0), here and in fairseq-generate output's
+    reader, which the sweeps use."""
+    binary = tmp_path / "checkpoint_best.pt"
+    binary.write_bytes(b"PK\x03\x04\x80\xff\n")
+    with pytest.raises(SystemExit, match=r"natbias-distinct: error: .*checkpoint_best.pt is not "
+                                         r"UTF-8 text \(byte 4\); give fairseq-generate's output "
+                                         r"or a plain text file"):
+        distinct_cli.main([str(binary)])
+    with pytest.raises(AnalysisError, match=r"is not UTF-8 text \(byte 4\); give "
+                                            r"fairseq-generate's output$"):
+        read_generate_output(str(binary))
 
 
 def test_console_script_help():

@@ -56,12 +56,21 @@ def _fill(entry: GeneratedSentence, kind: str, rest: str) -> None:
         entry.positional_scores_log2 = [float(v) for v in rest.split()]
 
 
+def read_text_lines(path: str, what: str) -> List[str]:
+    """The lines of a UTF-8 text file; one that is not (e.g. a checkpoint
+    given by mistake) is an AnalysisError asking for ``what``."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read().splitlines()
+    except UnicodeDecodeError as error:
+        raise AnalysisError(f"{path} is not UTF-8 text (byte {error.start}); give {what}") from None
+
+
 def read_generate_output(path: str) -> List[GeneratedSentence]:
     """The sentences of one fairseq-generate output file, ordered by id."""
     if not os.path.isfile(path):
         raise AnalysisError(f"{path}: no such fairseq-generate output")
-    with open(path, encoding="utf-8") as lines:
-        sentences = parse_generate_output(lines)
+    sentences = parse_generate_output(read_text_lines(path, "fairseq-generate's output"))
     hypotheses = [sentences[i] for i in sorted(sentences) if sentences[i].hypothesis is not None]
     if not hypotheses:
         raise AnalysisError(

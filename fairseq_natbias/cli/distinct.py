@@ -7,7 +7,7 @@
 """
 
 from fairseq_natbias.analysis import distinct
-from fairseq_natbias.analysis.generate_output import parse_generate_output
+from fairseq_natbias.analysis.generate_output import parse_generate_output, read_text_lines
 from fairseq_natbias.cli.common import add_tokenize_argument, parser_for, run_tool
 
 PROG = "natbias-distinct"
@@ -22,8 +22,7 @@ def build_parser():
 
 
 def read_texts(path):
-    with open(path, encoding="utf-8") as f:
-        lines = f.read().splitlines()
+    lines = read_text_lines(path, "fairseq-generate's output or a plain text file")
     generated = parse_generate_output(lines)
     if generated:
         return [s.detokenized if s.detokenized is not None else s.hypothesis
