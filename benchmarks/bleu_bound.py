@@ -140,7 +140,10 @@ def pass_chance(n, sd, bound, cells):
 
 
 def seeds_needed(sd, bound, cells, chance=0.95):
-    """The fewest seeds a cell for :func:`pass_chance` to reach ``chance``."""
+    """The fewest seeds a cell for :func:`pass_chance` to reach ``chance``
+    (a bound of 0 or less is never met with 50% a cell: no number would do)."""
+    if bound <= 0:
+        raise ValueError(f"the bound must be above 0 BLEU, not {bound}")
     n = 1
     while pass_chance(n, sd, bound, cells) < chance:
         n += 1
@@ -223,6 +226,8 @@ def main(argv=None):
     parser.add_argument("--out", type=Path, default=None,
                         help="also write the table here, and the plot beside it (.png)")
     args = parser.parse_args(argv)
+    if args.bound <= 0:
+        parser.error(f"--bound {args.bound:g}: give the BLEU below stock allowed, above 0 (e.g. 0.3)")
     cells = collect_cells(SELECTIONS[args.selection], args.results, args.pairs)
     if not cells:
         raise SystemExit(f"bleu_bound: no records for the selection under {args.results / 'runs'}")

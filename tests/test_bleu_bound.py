@@ -99,3 +99,11 @@ def test_a_selection_without_records_is_refused(bound, tmp_path):
     (tmp_path / "runs").mkdir()
     with pytest.raises(SystemExit, match="no records for the selection"):
         bound.main(["--results", str(tmp_path)])
+
+
+def test_a_bound_of_zero_or_less_is_refused_not_looped_on(bound, tmp_path, capsys):
+    with pytest.raises(ValueError, match="above 0"):
+        bound.seeds_needed(0.5, 0.0, 3)
+    with pytest.raises(SystemExit):
+        bound.main(["--results", str(tmp_path), "--bound", "-0.3"])
+    assert "--bound -0.3: give the BLEU below stock allowed, above 0" in capsys.readouterr().err
