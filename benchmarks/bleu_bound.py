@@ -156,8 +156,7 @@ def analyse(cells, bound):
     for cell in cells:
         summary = mean_stderr(cell["diffs"])
         own_sd = summary.stderr * math.sqrt(summary.n)
-        cell.update(mean=summary.mean, n=summary.n, dof=dof,
-                    pooled_stderr=sd / math.sqrt(summary.n),
+        cell.update(summary=summary, pooled_stderr=sd / math.sqrt(summary.n),
                     p=deficit_p(summary.mean, summary.n, sd, dof, bound),
                     own_p=(deficit_p(summary.mean, summary.n, own_sd, summary.n - 1, bound)
                            if summary.n > 1 and own_sd > 0 else math.nan))
@@ -167,7 +166,7 @@ def analyse(cells, bound):
 
 
 def verdict(cell, bound):
-    if cell["mean"] >= -bound:
+    if cell["summary"].mean >= -bound:
         return "met"
     return "**below, significant**" if cell["holm"] < 0.05 else "below, within noise"
 
@@ -182,29 +181,31 @@ def report(cells, sd, dof, bound, selection_name):
     for cell in cells:
         lines.append(
             f"| {cell['label']} | {cell['pair']} | {cell['test_set']} | `{cell['arm']}` | "
-            f"{', '.join(map(str, cell['seeds']))} | {mean_stderr(cell['diffs']).signed()} | "
+            f"{', '.join(map(str, cell['seeds']))} | {cell['summary'].signed()} | "
             f"{cell['pooled_stderr']:.2f} | {cell['p']:.3f} | {cell['holm']:.3f} | "
             f"{cell['own_p']:.3f} | {verdict(cell, bound)} |")
-    met = sum(cell["mean"] >= -bound for cell in cells)
+    met = sum(cell["summary"].mean >= -bound for cell in cells)
     chances = ", ".join(f"{n} seeds {pass_chance(n, sd, bound, len(cells)):.3f}" for n in SEED_COUNTS)
     lines += ["",
               f"Cells meeting the target as written: {met} of {len(cells)}.",
               f"Chance that an arm exactly as good as stock meets it in all {len(cells)} cells "
               f"(noise s.d. {sd:.2f}): {chances}; seeds a cell for a 95% chance: "
               f"{seeds_needed(sd, bound, len(cells))}.",
-              f"Mean over all cells: {mean_stderr([cell['mean'] for cell in cells]).signed()} "
+              f"Mean over all cells: {mean_stderr([cell['summary'].mean for cell in cells]).signed()} "
               "(± the s.e. over cells)."]
     return "\n".join(lines) + "\n"
 
 
-def plot(cells, bound, path, title):
-    """Every cell's mean with its pooled 95% interval, the bound as a line."""
+def plot(cells, bound, dof, path, title):
+    """Every cell's mean with its pooled 95% interval (``dof``: the pooled
+    s.d.'s), the bound as a line."""
     from fairseq_natbias.analysis.plots import plt, save  # Agg, matplotlib kept quiet
     fig, ax = plt.subplots(figsize=(7, 0.32 * len(cells) + 1.4))
+    quantile = stats.t.ppf(0.975, dof)
     for row, cell in enumerate(cells):
-        half = stats.t.ppf(0.975, cell["dof"]) * cell["pooled_stderr"]
-        color = "tab:red" if cell["mean"] < -bound else "tab:blue"
-        ax.errorbar(cell["mean"], row, xerr=half, fmt="o", color=color, capsize=3)
+        mean = cell["summary"].mean
+        color = "tab:red" if mean < -bound else "tab:blue"
+        ax.errorbar(mean, row, xerr=quantile * cell["pooled_stderr"], fmt="o", color=color, capsize=3)
     ax.axvline(-bound, color="gray", linestyle="--", label=f"bound −{bound}")
     ax.axvline(0, color="black", linewidth=0.6)
     ax.set_yticks(range(len(cells)))
@@ -241,7 +242,7 @@ def main(argv=None):
                             "Written by `benchmarks/bleu_bound.py` (do not edit by hand); "
                             f"regenerate with `{command}`.\n\n{text}\n"
                             f"![every cell]({args.out.with_suffix('.png').name})\n")
-        plot(cells, args.bound, args.out.with_suffix(".png"),
+        plot(cells, args.bound, dof, args.out.with_suffix(".png"),
              f"{args.selection}: arm − stock, test BLEU")
         print(f"wrote {args.out} and {args.out.with_suffix('.png')}", file=sys.stderr)
 
