@@ -29,7 +29,7 @@ FAIRSEQ_RUNTIME = [
 
 setup(
     name="fairseq-natbias",
-    version="0.7.0",
+    version="0.8.0",
     description="Log-unigram output-bias initialisation for fairseq (Meister et al., ACL 2023)",
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",

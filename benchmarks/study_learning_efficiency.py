@@ -21,13 +21,17 @@ arms
                                 fixed (``--natbias-freeze``)
     ``gain@G0,C/BIAS``          the ``gain`` init with ``--natbias-gain-init G0
                                 --natbias-gain-speed C`` (for screening)
-    ``gain@G0,C,FORM/BIAS``     ... and ``--natbias-gain-form FORM`` (abs-capped,
-                                exp or linear; capped, retired in 0.6.1, is
-                                refused for new runs: the commands in the docs
-                                that name it predate that, and abs-capped
+    ``gain@G0,C,FORM/BIAS``     ... and ``--natbias-gain-form FORM``; a new run
+                                takes abs-capped only: capped (retired in
+                                0.6.1), linear and exp (0.8.0) are refused
+                                by fairseq-train, and name the records of
+                                the runs made before (docs/weight_init.md,
+                                "Retired settings"); the commands in the docs
+                                that name capped predate 0.6.1, and abs-capped
                                 reproduces them, since their gains stayed
-                                positive)
-    ``gain@G0,C,FORM,SCHED/BIAS`` ... and ``--natbias-gain-schedule SCHED`` (lr or peak)
+                                positive
+    ``gain@G0,C,FORM,SCHED/BIAS`` ... and ``--natbias-gain-schedule SCHED`` (lr; peak,
+                                retired in 0.8.0, names earlier records)
     ``.../BIAS~ALPHA``          any of these with ``--natbias-smoothing ALPHA``
                                 (e.g. ``gain/unigram~2.42``)
     ``ARM+unigram-ls``          any arm, stock included, trained with

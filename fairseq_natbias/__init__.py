@@ -10,7 +10,7 @@ import importlib
 import os
 import sys
 
-__version__ = "0.7.0"
+__version__ = "0.8.0"
 
 # The modules whose import registers something with fairseq (the two
 # architectures and their models, the two criteria), and the two compatibility

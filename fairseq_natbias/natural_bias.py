@@ -126,9 +126,7 @@ class NaturalBiasModel:
         # the three runs share W and differ in the bias alone.
         reference = log_unigram if bias is None or args.natbias_init == "zero" else bias
         output_projection.init_output_weights(
-            self.decoder, args.natbias_weight_init, reference.norm().item(),
-            args.natbias_feature_gain,
-        )
+            self.decoder, args.natbias_weight_init, reference.norm().item())
         setattr(args, COUNTED_MARKER, int(counts.sum()))
         return log_unigram, bias, residual
 

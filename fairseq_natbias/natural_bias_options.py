@@ -86,28 +86,27 @@ def add_args(parser) -> None:
     group.add_argument("--natbias-weight-init", choices=output_projection.WEIGHT_INITS,
                        help="output-layer init: gain (default: a learnt scalar gain "
                             "on W phi, starting small), fairseq (fairseq's own), "
-                            "damped, paper; see docs/weight_init.md")
+                            "paper; damped (retired in 0.8.0) only resumes its "
+                            "checkpoints; see docs/weight_init.md")
     group.add_argument("--natbias-gain-init", type=float, metavar="G0",
                        help="starting value of the gain g on W phi with "
                             "--natbias-weight-init gain (default 0.05)")
     group.add_argument("--natbias-gain-speed", type=float, metavar="C",
-                       help="Adam moves g (forms abs-capped, capped, linear) or log g "
-                            "(form exp) about C learning rates per update (default 20, "
-                            "100 for exp)")
+                       help="Adam moves g about C learning rates per update (default 20)")
     group.add_argument("--natbias-gain-form", choices=output_projection.GAIN_FORMS,
-                       help="g = min(|C*u|, 1) (abs-capped, the default: past 1 the "
-                            "model is fairseq's W phi + b), g = C*u (linear, 0.3's) or "
-                            "g = exp(C*u) (exp: positive at any speed, uncapped); capped, "
-                            "g = min(C*u, 1), 0.4-0.5's default, only resumes their "
-                            "checkpoints")
+                       help="g = min(|C*u|, 1) (abs-capped, the default and the one "
+                            "form for new models: past 1 the model is fairseq's "
+                            "W phi + b); capped, exp and linear (retired) only resume "
+                            "and fine-tune the checkpoints that recorded them")
     group.add_argument("--natbias-gain-schedule", choices=output_projection.GAIN_SCHEDULES,
-                       help="lr (default): g moves about C learning rates per update, "
-                            "slowed by the warm-up like every parameter; peak: about C "
-                            "peak learning rates per update from the first update "
-                            "(see docs/weight_init.md)")
+                       help="lr (default, the one schedule for new models): g moves "
+                            "about C learning rates per update, slowed by the warm-up "
+                            "like every parameter; peak (retired in 0.8.0) only resumes "
+                            "its checkpoints (docs/weight_init.md)")
     group.add_argument("--natbias-feature-gain", type=float, metavar="G",
-                       help="initial gain of the norm producing phi with "
-                            "--natbias-weight-init damped (default 0.1)")
+                       help="damped's layer-norm gain (retired with damped in 0.8.0: "
+                            "accepted so that a damped run's command line still "
+                            "resumes; it changes nothing)")
     group.add_argument("--no-natbias-logging", action="store_true", default=None,
                        help="do not log bias_kl, bias_norm, gain, kl_unigram, kl_uniform")
     group.add_argument("--natbias-stats-interval", type=int, metavar="N",
@@ -176,15 +175,21 @@ def check_args(args) -> None:
 
 def check_new_model(args) -> None:
     """What only a model trained from scratch (not loaded from a checkpoint)
-    must satisfy: no retired setting."""
-    form = args.natbias_gain_form
-    if args.natbias_weight_init == "gain" and form in output_projection.RETIRED_GAIN_FORMS:
-        replacement = output_projection.RETIRED_GAIN_FORMS[form]
+    must satisfy: no retired setting (:data:`output_projection.RETIRED`; the
+    gain's form and schedule only count with the gain)."""
+    for name in ("natbias_weight_init", *GAIN_SETTINGS):
+        if name in GAIN_SETTINGS and args.natbias_weight_init != "gain":
+            continue
+        value = getattr(args, name, None)
+        retired = output_projection.RETIRED.get((name, value))
+        if retired is None:
+            continue
+        option = "--" + name.replace("_", "-")
         raise NaturalBiasError(
-            f"--natbias-gain-form {form} is retired for new models (0.6.1): it is "
-            f"{replacement} wherever the gain stays positive and measured no better "
-            f"anywhere (docs/weight_init.md). Use --natbias-gain-form {replacement} (the "
-            f"default); checkpoints trained with {form} still resume and generate with it."
+            f"{option} {value} is retired for new models ({retired.version}): "
+            f"{retired.reason} (docs/weight_init.md#retired-settings). Use {option} "
+            f"{retired.replacement} (the default); checkpoints trained with {value} "
+            f"still resume, fine-tune and generate with it."
         )
 
 

@@ -37,12 +37,12 @@ way whatever the bias, so that unigram / zero / none differ in the bias alone:
     through 0 in its first 50 updates and ended at -1.23, 0.08 bits behind
     its other seeds at update 1,000; with the absolute value g turned back up
     and the run matched them (docs/weight_init.md).
-    ``--natbias-gain-form exp`` (g = exp(C u), C 100) keeps g positive at
-    any speed, uncapped; measured as good as or better than ``linear`` with
-    one seed per setting (docs/weight_init.md).
-    ``--natbias-gain-schedule peak`` moves g (log g) about C *peak* learning
-    rates per update from the first update, where the default ``lr`` lets a
-    long warm-up hold it near g0 for hundreds of updates (:class:`WarmupSpeedup`).
+    0.8.0 retires the gain's other forms and schedule for new models (see
+    :data:`RETIRED`): 0.3's uncapped ``linear``, ``exp`` (g = exp(C u)) and
+    the ``peak`` schedule (:class:`WarmupSpeedup`) led by a few updates at
+    most, early on, and ended worse than the default when run to their best
+    on a small corpus, so they remain only for the checkpoints that recorded
+    them.
     Adam's steps on W and phi are not slowed by
     the small g (Adam divides the gradient by its own scale). g multiplies phi
     before the projection (W (g phi) + b), which costs a (tokens x d) product,
@@ -52,12 +52,12 @@ way whatever the bias, so that unigram / zero / none differ in the bias alone:
     The model is the stock transformer plus a bias. A fresh tied model predicts
     the unigram only roughly (10.7-11.0 bits against the unigram's 8.1 on
     Multi30k De-En): the decoder output still carries the input token.
-``damped``
-    fairseq's own W, and the gain of the layer norm that produces phi starts at
-    ``--natbias-feature-gain`` (0.1) instead of 1. Starts at the unigram, but
-    Adam grows each of the d gains back by about one learning rate per update,
-    so the contextual logits stay damped for hundreds of updates and every bias
-    learns slower than with ``fairseq``.
+``damped`` (retired for new models in 0.8.0)
+    fairseq's own W with the gain of the layer norm that produces phi started
+    at 0.1: it started at the unigram but learnt slower than ``gain`` and
+    ``fairseq`` (v0.1.0's study). A checkpoint that recorded it holds
+    ordinary parameters, so it loads, resumes and generates without any code
+    of its own.
 ``paper``
     the paper's sec. 4.1 read literally: W element-wise from N(0, 1/sqrt(d))
     (variance 1/sqrt(d)), then rescaled so that ||W||_F equals the l2 norm of
@@ -68,7 +68,7 @@ way whatever the bias, so that unigram / zero / none differ in the bias alone:
 
 import logging
 import math
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 import torch.nn.functional as F
@@ -76,6 +76,8 @@ from torch import nn
 
 logger = logging.getLogger(__name__)
 
+# Every weight init, gain form and schedule a checkpoint may hold; a new
+# model may start only with those not in RETIRED.
 WEIGHT_INITS = ("gain", "fairseq", "damped", "paper")
 DEFAULT_WEIGHT_INIT = "gain"
 DEFAULT_GAIN_INIT = 0.05
@@ -86,12 +88,44 @@ DEFAULT_GAIN_INIT = 0.05
 # lost most of its head start; docs/weight_init.md).
 GAIN_FORMS = ("abs-capped", "capped", "exp", "linear")
 CAPPED_FORMS = ("abs-capped", "capped")
-# Forms a checkpoint may hold but a new model may not start with, each with the
-# form that replaces it. ``capped`` measured no better than ``abs-capped``
-# anywhere (the same function wherever C u > 0, worse on the one run where C u
-# crossed zero), so it is kept only to load, resume and fine-tune 0.4.0-0.6.0's
-# checkpoints that recorded it.
-RETIRED_GAIN_FORMS = {"capped": "abs-capped"}
+
+
+class Retired(NamedTuple):
+    """A setting a checkpoint may hold but a new model may not start with:
+    what replaces it, the version that retired it, and why."""
+
+    replacement: str
+    version: str
+    reason: str
+
+
+# Retired settings, by option (its argparse dest) and value. Each measured no
+# better than the default at the end of training anywhere it was run, so it is
+# kept only to load, resume, fine-tune and generate the checkpoints that
+# recorded it (docs/weight_init.md#retired-settings).
+RETIRED = {
+    ("natbias_gain_form", "capped"): Retired(
+        "abs-capped", "0.6.1",
+        "it is abs-capped wherever the gain stays positive and measured no better anywhere"),
+    ("natbias_gain_form", "linear"): Retired(
+        "abs-capped", "0.8.0",
+        "uncapped (0.3's default), it rose past 1 (to about 2.0) and ended 0.08-0.10 bits "
+        "above the capped gain on 3,000 pairs, level with it on 29,000; it led only within "
+        "the first 1,000 updates"),
+    ("natbias_gain_form", "exp"): Retired(
+        "abs-capped", "0.8.0",
+        "uncapped like linear, it rose past 1 (to about 2.2) and ended 0.08-0.10 bits "
+        "above the capped gain on 3,000 pairs; it led only within the first 1,000 updates"),
+    ("natbias_gain_schedule", "peak"): Retired(
+        "lr", "0.8.0",
+        "measured with exp, the form it was made for, its lead of about 20 updates in the "
+        "first 1,000 under a long warm-up did not last: it ended 0.08-0.09 bits above the "
+        "default on 3,000 pairs"),
+    ("natbias_weight_init", "damped"): Retired(
+        "gain", "0.8.0",
+        "it starts at the unigram as gain does but learnt slower than gain and fairseq "
+        "for every bias (v0.1.0's study)"),
+}
 DEFAULT_GAIN_FORM = "abs-capped"
 # The default speed C of each form (measured: docs/weight_init.md). exp's C
 # moves log g, so it needs a larger C than linear's to regrow g from 0.05 as
@@ -408,56 +442,20 @@ def output_bias(decoder) -> Optional[torch.Tensor]:
     return None if projection is None else projection.bias
 
 
-def feature_norm(decoder) -> Optional[nn.Module]:
-    """The layer norm whose output is phi: the decoder's final norm (pre-norm)
-    or the last layer's ``final_layer_norm`` (post-norm)."""
-    if getattr(decoder, "layer_norm", None) is not None:
-        return decoder.layer_norm
-    layers = getattr(decoder, "layers", None)
-    if layers and not getattr(layers[-1], "normalize_before", True):
-        return getattr(layers[-1], "final_layer_norm", None)
-    return None
-
-
-def init_output_weights(
-    decoder, scheme: str, reference_norm: Optional[float], feature_gain: float
-) -> None:
-    """W's init for the schemes that change W or phi's norm (``damped``,
-    ``paper``); ``gain`` and ``fairseq`` keep fairseq's W (the gain itself is
-    added by :func:`add_output_gain`, also when a checkpoint is loaded)."""
+def init_output_weights(decoder, scheme: str, reference_norm: Optional[float]) -> None:
+    """W's init for a new model: ``paper`` rescales it; ``gain`` and
+    ``fairseq`` keep fairseq's W (the gain itself is added by
+    :func:`add_output_gain`, also when a checkpoint is loaded). A loaded model
+    keeps the W it saved, so a retired init (``damped``) never comes here."""
     if scheme in ("fairseq", "gain"):
         return
-    if scheme == "damped":
-        _damp_features(decoder, feature_gain)
-    elif scheme == "paper":
+    if scheme == "paper":
         _paper_init(decoder, reference_norm)
-    else:
-        raise ValueError(
-            f"--natbias-weight-init {scheme!r}: choose one of {', '.join(WEIGHT_INITS)}"
-        )
-
-
-def _damp_features(decoder, gain: float) -> None:
-    if not (math.isfinite(gain) and gain > 0):
-        raise ValueError(
-            f"--natbias-feature-gain must be a finite number > 0, got {gain!r}"
-        )
-    norm = feature_norm(decoder)
-    if norm is None or getattr(norm, "weight", None) is None:
-        logger.warning(
-            "natbias: the decoder has no final layer norm with a gain; "
-            "--natbias-weight-init damped scales the untied output weights instead"
-        )
-        if decoder.share_input_output_embed:
-            raise ValueError(
-                "--natbias-weight-init damped needs a decoder final layer norm "
-                "when embeddings are tied; use --natbias-weight-init fairseq or paper"
-            )
-        with torch.no_grad():
-            decoder.output_projection.weight.mul_(gain)
         return
-    with torch.no_grad():
-        norm.weight.fill_(gain)
+    raise ValueError(
+        f"--natbias-weight-init {scheme!r} for a new model: choose one of "
+        f"{', '.join(init for init in WEIGHT_INITS if ('natbias_weight_init', init) not in RETIRED)}"
+    )
 
 
 def _paper_init(decoder, reference_norm: Optional[float]) -> None:

@@ -5,6 +5,7 @@ line, by every way fairseq resumes; fine-tuning says what it does with the bias.
 
 import argparse
 import filecmp
+import math
 import shutil
 from pathlib import Path
 
@@ -21,6 +22,13 @@ FIXTURES = Path(__file__).parent / "fixtures"
 V010 = FIXTURES / "v0.1.0"
 V020 = FIXTURES / "v0.2.0"  # made with the same model and commands as v0.1.0's
 V039 = FIXTURES / "v0.3.9"  # the same, and its uncapped linear gain started at 1.5
+# 0.7.0's, made with the same model and commands, with settings 0.8.0 retired:
+V070_EXP_PEAK = FIXTURES / "v0.7.0-exp-peak"  # --natbias-gain-form exp --natbias-gain-schedule peak
+V070_DAMPED = FIXTURES / "v0.7.0-damped"  # --natbias-weight-init damped
+# fairseq-train's options for the exp-peak fixture beyond V010_MODEL and the
+# tests' training options: what a user resuming it would give again.
+V070_EXP_PEAK_OPTIONS = ["--natbias-gain-form", "exp", "--natbias-gain-schedule", "peak",
+                         "--warmup-init-lr", "1e-7"]
 # The model of the v0.1.0 checkpoint (its README says how it was made).
 V010_MODEL = [
     "--encoder-layers", "1", "--decoder-layers", "1",
@@ -35,7 +43,11 @@ GENERATE = ["--beam", "5", "--cpu", "--max-len-b", "10", "--required-batch-size-
 # --- checkpoints of earlier versions ----------------------------------------------------
 
 
-@pytest.mark.parametrize("fixture", [V010, V020, V039], ids=["v0.1.0", "v0.2.0", "v0.3.9"])
+OLD_FIXTURES = [V010, V020, V039, V070_EXP_PEAK, V070_DAMPED]
+OLD_FIXTURE_IDS = ["v0.1.0", "v0.2.0", "v0.3.9", "v0.7.0-exp-peak", "v0.7.0-damped"]
+
+
+@pytest.mark.parametrize("fixture", OLD_FIXTURES, ids=OLD_FIXTURE_IDS)
 def test_old_fixtures_match_the_toy_corpus(toy_bin, fixture):
     for name in ("dict.src.txt", "dict.tgt.txt"):
         assert filecmp.cmp(toy_bin / name, fixture / name, shallow=False), name
@@ -88,13 +100,14 @@ def test_v039_checkpoint_resumes_with_its_linear_gain(toy_bin, tmp_path):
     assert 20.0 * state["model"]["decoder.output_projection.gain_param"].item() > 1.4
 
 
-def _resume_fixture(fixture, toy_bin, tmp_path):
-    """fairseq-train resumes the fixture's checkpoint (4 updates) to update 6;
-    returns the log and the checkpoint it wrote."""
+def _resume_fixture(fixture, toy_bin, tmp_path, *options):
+    """fairseq-train resumes the fixture's checkpoint (4 updates) to update 6,
+    with ``options`` besides the fixture's model; returns the log and the
+    checkpoint it wrote."""
     save_dir = tmp_path / "ckpt"
     save_dir.mkdir()
     shutil.copy(fixture / "checkpoint_last.pt", save_dir / "checkpoint_last.pt")
-    result = train(toy_bin, save_dir, *V010_MODEL, model=[], max_update=6)
+    result = train(toy_bin, save_dir, *V010_MODEL, *options, model=[], max_update=6)
     log = result.stdout + result.stderr
     assert "@ 4 updates" in log  # really resumed
     return log, torch.load(save_dir / "checkpoint_last.pt", map_location="cpu")
@@ -104,6 +117,69 @@ def test_v020_checkpoint_resumes_through_fairseq_train(toy_bin, tmp_path):
     _, state = _resume_fixture(V020, toy_bin, tmp_path)
     assert state["cfg"]["model"].natbias_gain_form == "linear"  # now recorded
     assert state["cfg"]["model"].natbias_gain_schedule == "lr"  # 0.3.3's option, read as before
+    assert state["optimizer_history"][-1]["num_updates"] == 6
+
+
+GAIN = "decoder.output_projection."
+
+
+def _peak_gain(state):
+    """g of a saved exp-peak model by hand: exp(z_a + C m (u - u_a))."""
+    u, u_a, z_a, m = (state[GAIN + name].item() for name in
+                      ("gain_param", "gain_param_anchor", "gain_exponent_anchor", "gain_speedup"))
+    return math.exp(z_a + 100.0 * m * (u - u_a))
+
+
+def test_v070_exp_peak_checkpoint_builds_its_gain_exactly(toy_bin):
+    """0.7.0's ``exp`` form with the ``peak`` schedule (both retired in 0.8.0):
+    built with them, every saved tensor (the anchors and m included) as
+    saved, and g = exp(z_a + C m (u - u_a)) by hand, also after the fold
+    fairseq's trainer makes on loading (set_num_updates)."""
+    path = V070_EXP_PEAK / "checkpoint_last.pt"
+    models, cfg, _ = checkpoint_utils.load_model_ensemble_and_task(
+        [str(path)], arg_overrides={"data": str(toy_bin)})
+    saved = torch.load(path, map_location="cpu", weights_only=False)["model"]
+    built = models[0].state_dict()
+    assert (cfg.model.natbias_gain_form, cfg.model.natbias_gain_schedule) == ("exp", "peak")
+    assert sorted(built) == sorted(saved)
+    assert all(torch.equal(built[name], saved[name]) for name in saved)
+    # m(3), update 4's: lr(3) = 1e-7 + 3 (1e-3 - 1e-7) / 10 of the 10-update warm-up
+    assert saved[GAIN + "gain_speedup"].item() == pytest.approx(1e-3 / (1e-7 + 3 * (1e-3 - 1e-7) / 10))
+    projection = models[0].decoder.output_projection
+    assert projection.gain().item() == pytest.approx(_peak_gain(saved), rel=1e-6)
+    models[0].set_num_updates(4)
+    assert projection.gain().item() == pytest.approx(_peak_gain(saved), rel=1e-6)
+
+
+@pytest.mark.parametrize("given", [[], V070_EXP_PEAK_OPTIONS], ids=["left-out", "given"])
+def test_v070_exp_peak_checkpoint_resumes_on_its_schedule(toy_bin, tmp_path, given):
+    """Resumed to update 6, the options left out (they follow the checkpoint)
+    or given: still exp and peak, m(5) of the warm-up saved (update 6's; with
+    the warm-up's start left out, fairseq's 0 gives 10 / 5), and log g moved
+    at the peak schedule's speed: about C * peak lr = 0.1 an update (Adam's
+    steps are about one learning rate), more than the lr schedule's
+    C * (lr(4) + lr(5)) = 0.09 over the two updates could."""
+    before = _peak_gain(torch.load(V070_EXP_PEAK / "checkpoint_last.pt", map_location="cpu",
+                                   weights_only=False)["model"])
+    log, state = _resume_fixture(V070_EXP_PEAK, toy_bin, tmp_path, *given)
+    model_cfg = state["cfg"]["model"]
+    assert (model_cfg.natbias_gain_form, model_cfg.natbias_gain_schedule) == ("exp", "peak")
+    start = 1e-7 if given else 0.0
+    assert state["model"][GAIN + "gain_speedup"].item() == pytest.approx(
+        1e-3 / (start + 5 * (1e-3 - start) / 10), rel=1e-5)
+    moved = abs(math.log(_peak_gain(state["model"])) - math.log(before))
+    assert 0.12 < moved < 0.21
+
+
+def test_v070_damped_checkpoint_resumes_with_its_own_weights(toy_bin, tmp_path):
+    """0.7.0's ``damped`` init (retired in 0.8.0) recorded, resumed with the
+    option left out: the model is built as saved (no init runs: the decoder's
+    layer-norm gain is still the ~0.1 it trained from) and goes on training."""
+    log, state = _resume_fixture(V070_DAMPED, toy_bin, tmp_path)
+    assert "with its own --natbias-init unigram --natbias-weight-init damped" in log
+    assert state["cfg"]["model"].natbias_weight_init == "damped"
+    norm = state["model"]["decoder.layers.0.final_layer_norm.weight"]
+    assert norm.max().item() < 0.2
     assert state["optimizer_history"][-1]["num_updates"] == 6
 
 
@@ -138,7 +214,7 @@ def _generate_lines(text):
     return lines
 
 
-@pytest.mark.parametrize("fixture", [V010, V020, V039], ids=["v0.1.0", "v0.2.0", "v0.3.9"])
+@pytest.mark.parametrize("fixture", OLD_FIXTURES, ids=OLD_FIXTURE_IDS)
 def test_old_checkpoint_generates_as_its_version_did(toy_bin, fixture):
     """The same translations, positional scores and BLEU line as the version
     that trained the checkpoint printed (``generate.out`` beside it). The
@@ -220,14 +296,31 @@ def capped_checkpoint(unigram_run, path, gain_param):
     return path
 
 
-def test_a_new_model_with_the_retired_capped_form_is_refused(toy_bin, tmp_path):
-    result = train(toy_bin, tmp_path / "ckpt", "--natbias-gain-form", "capped", max_update=1,
-                   check=False)
+@pytest.mark.parametrize("options, replacement", [
+    (["--natbias-gain-form", "capped"], "--natbias-gain-form abs-capped"),
+    (["--natbias-gain-form", "linear"], "--natbias-gain-form abs-capped"),
+    (["--natbias-gain-form", "exp"], "--natbias-gain-form abs-capped"),
+    (["--natbias-gain-schedule", "peak"], "--natbias-gain-schedule lr"),
+    (["--natbias-weight-init", "damped"], "--natbias-weight-init gain"),
+], ids=["capped", "linear", "exp", "peak", "damped"])
+def test_a_new_model_with_a_retired_setting_is_refused(toy_bin, tmp_path, options, replacement):
+    result = train(toy_bin, tmp_path / "ckpt", *options, max_update=1, check=False)
     assert result.returncode != 0 and "Traceback" not in result.stderr
     message = result.stderr.strip().splitlines()[-1]
-    assert message.startswith("fairseq_natbias: error: --natbias-gain-form capped is retired")
-    assert "Use --natbias-gain-form abs-capped" in message
+    assert message.startswith(f"fairseq_natbias: error: {' '.join(options)} is retired "
+                              "for new models (")
+    assert f"Use {replacement} (the default)" in message
+    assert "still resume, fine-tune and generate" in message
     assert not (tmp_path / "ckpt" / "checkpoint_last.pt").exists()
+
+
+def test_a_retired_gain_setting_means_nothing_without_the_gain(toy_bin, tmp_path):
+    """The gain's form and schedule are ignored by the inits without a gain
+    (options_text leaves them out too): a new ``fairseq`` model with the
+    retired ``peak`` named trains."""
+    result = train(toy_bin, tmp_path / "ckpt", "--natbias-weight-init", "fairseq",
+                   "--natbias-gain-schedule", "peak", max_update=1, check=False)
+    assert result.returncode == 0, result.stderr[-2000:]
 
 
 @pytest.mark.parametrize("given", [[], ["--natbias-gain-form", "capped"]], ids=["left-out", "given"])

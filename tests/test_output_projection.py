@@ -42,20 +42,10 @@ def test_attach_bias_adds_a_trainable_or_frozen_parameter():
     assert none.output_projection.bias is None
 
 
-def test_damped_init_scales_the_feature_norm_gain():
-    decoder = FakeDecoder(tied=True)
-    weight_before = decoder.output_projection.weight.detach().clone()
-    output_projection.init_output_weights(decoder, "damped", None, feature_gain=0.1)
-    assert torch.allclose(decoder.layer_norm.weight, torch.full((16,), 0.1))
-    assert torch.equal(decoder.output_projection.weight, weight_before)  # W untouched
-    features = decoder.layer_norm(torch.randn(4, 16))
-    assert features.norm(dim=-1).max() < 0.1 * math.sqrt(16) + 1e-4
-
-
 @pytest.mark.parametrize("tied", [False, True])
 def test_paper_init_matches_the_reference_norm(tied):
     decoder = FakeDecoder(tied=tied)
-    output_projection.init_output_weights(decoder, "paper", 123.0, feature_gain=0.1)
+    output_projection.init_output_weights(decoder, "paper", 123.0)
     assert math.isclose(decoder.output_projection.weight.norm().item(), 123.0, rel_tol=1e-5)
     if tied:  # the shared embedding is the same tensor
         assert decoder.embed_tokens.weight.data_ptr() == decoder.output_projection.weight.data_ptr()
@@ -64,18 +54,24 @@ def test_paper_init_matches_the_reference_norm(tied):
 def test_fairseq_init_changes_nothing():
     decoder = FakeDecoder()
     state = {k: v.clone() for k, v in decoder.state_dict().items()}
-    output_projection.init_output_weights(decoder, "fairseq", 10.0, feature_gain=0.1)
+    output_projection.init_output_weights(decoder, "fairseq", 10.0)
     assert all(torch.equal(state[k], v) for k, v in decoder.state_dict().items())
 
 
 def test_bad_settings_are_refused():
-    with pytest.raises(ValueError, match="natbias-feature-gain"):
-        output_projection.init_output_weights(FakeDecoder(), "damped", None, 0.0)
-    with pytest.raises(ValueError, match="natbias-weight-init"):
-        output_projection.init_output_weights(FakeDecoder(), "other", None, 0.1)
-    with pytest.raises(ValueError, match="final layer norm"):
-        decoder = FakeDecoder(tied=True, final_norm=False)
-        output_projection.init_output_weights(decoder, "damped", None, 0.1)
+    with pytest.raises(ValueError, match="natbias-weight-init 'other' for a new model: "
+                                         "choose one of gain, fairseq, paper$"):
+        output_projection.init_output_weights(FakeDecoder(), "other", None)
+
+
+def test_a_retired_init_has_no_init_code():
+    """``damped`` (retired in 0.8.0): a checkpoint that recorded it loads its
+    saved W and norms, so no init runs for it; asked for here, it is refused
+    like any unknown init (natural_bias_options refuses it first, naming the
+    replacement)."""
+    assert ("natbias_weight_init", "damped") in output_projection.RETIRED
+    with pytest.raises(ValueError, match="choose one of gain, fairseq, paper"):
+        output_projection.init_output_weights(FakeDecoder(), "damped", None)
 
 
 # --- the gain (weight init ``gain``, the default) --------------------------------

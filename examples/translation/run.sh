@@ -46,7 +46,7 @@ LR=${LR-1e-3}                       # peak learning rate (inverse square root sc
 WARMUP=${WARMUP-100}                # warm-up updates
 SEED=${SEED-1}                      # the same seed for every run: they differ in the bias alone
 CRITERION=${CRITERION-unigram_label_smoothed_cross_entropy}  # label smoothing 0.1 towards the unigram: lower at the end than the paper's label_smoothed_cross_entropy (examples/README.md#the-criterion)
-TRAIN_ARGS=${TRAIN_ARGS-}           # more fairseq-train options, e.g. "--cpu" or "--natbias-weight-init damped"
+TRAIN_ARGS=${TRAIN_ARGS-}           # more fairseq-train options, e.g. "--cpu" or "--natbias-weight-init fairseq"
 # --- evaluation -------------------------------------------------------------------------
 BEAM=${BEAM-5}                      # beam size
 
