@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from fairseq import checkpoint_utils
 from fairseq.data import Dictionary
 
 from fairseq_natbias.analysis import decomposition

@@ -12,15 +12,14 @@ from fairseq_natbias import output_projection
 class FakeDecoder(nn.Module):
     """Just the attributes output_projection touches."""
 
-    def __init__(self, vocab=50, dim=16, tied=False, final_norm=True):
+    def __init__(self, vocab=50, dim=16, tied=False):
         super().__init__()
         self.embed_tokens = nn.Embedding(vocab, dim)
         self.output_projection = nn.Linear(dim, vocab, bias=False)
         self.share_input_output_embed = tied
         if tied:
             self.output_projection.weight = self.embed_tokens.weight
-        self.layer_norm = nn.LayerNorm(dim) if final_norm else None
-        self.layers = []
+        self.layer_norm = nn.LayerNorm(dim)
 
 
 def test_attach_bias_adds_a_trainable_or_frozen_parameter():
