@@ -9,7 +9,7 @@ TORCH_SPEC  ?= torch==2.13.0
 FAIRSEQ_SPEC ?= ve-fairseq==0.12.3
 PY  := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
-SOURCES := setup.py $(shell find fairseq_natbias -name '*.py' 2>/dev/null)
+SOURCES := pyproject.toml $(shell find natbias fairseq_natbias -name '*.py' 2>/dev/null)
 PYTEST_ARGS ?=
 # The tests mostly wait on single-threaded fairseq subprocesses, whole
 # modules per worker (module fixtures built once). One worker more than the
@@ -18,7 +18,7 @@ PYTEST_ARGS ?=
 # against 441 s with 2, the same tree on that machine, nothing else running.
 TEST_WORKERS ?= 3
 
-.PHONY: install test demo clean-venv gpu-prep
+.PHONY: install test test-fast lint demo clean-venv gpu-prep
 
 install: $(VENV)/.installed
 
@@ -47,11 +47,21 @@ $(VENV)/.deps: requirements.txt Makefile
 # fairseq_natbias` next to its own package too, so it works from any directory.
 $(VENV)/.installed: $(VENV)/.deps $(SOURCES)
 	$(PIP) install --no-deps --no-build-isolation --force-reinstall .
-	@rm -rf build *.egg-info
+	@rm -rf build *.egg-info natbias/*.egg-info
 	@touch $@
 
+# The full suite: the real fairseq CLIs on tiny models, the transformers
+# extra, the recipes and examples.
 test: install
 	$(PY) -m pytest tests -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder $(PYTEST_ARGS)
+
+# Everything that needs no fairseq training run (the modules marked `training` skipped).
+test-fast: install
+	$(PY) -m pytest tests -m "not training" -n 2 --dist loadscope $(PYTEST_ARGS)
+
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 
 demo: install
 	$(PY) -m fairseq_natbias.cli.demo $(DEMO_ARGS)
@@ -59,7 +69,7 @@ demo: install
 clean-venv:
 	rm -rf $(VENV)
 
-# --- what a lent GPU machine needs for benchmarks/gpu_check.py (docs/gpu.md) ---
+# --- what a lent GPU machine needs for research/gpu_check.py (research/studies/gpu_check.md) ---
 # That machine's python3 is CPython 3.12 with a CUDA torch, without fairseq,
 # hydra-core, omegaconf, antlr4-python3-runtime, bitarray or cffi, and without
 # internet: they travel as cp312 wheels in $(GPU_PREP)/wheels, with Multi30k
@@ -87,10 +97,10 @@ gpu-prep:
 	@rm -rf build
 	for split in train val test_2016_flickr; do for lang in de en; do \
 	    cp $(MULTI30K)/$$split.$$lang.gz $(GPU_PREP)/multi30k/ || exit 1; done; done
-	$(PY) benchmarks/gpu_check.py --prepare-only --multi30k $(GPU_PREP)/multi30k \
+	$(PY) research/gpu_check.py --prepare-only --multi30k $(GPU_PREP)/multi30k \
 	    --data $(GPU_PREP)/data
 	@rm -rf $(GPU_PREP)/data/text
-	$(PY) benchmarks/gpu_check_wheels.py $(GPU_PREP)/wheels
+	$(PY) research/gpu_check_wheels.py $(GPU_PREP)/wheels
 	@# The install check: the wheels into an empty folder as on the machine, and
 	@# beside them (not in $(GPU_PREP)) PyYAML, numpy and packaging, which the machine has.
 	@if $(PY312) -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))' 2>/dev/null; then \
@@ -101,7 +111,7 @@ gpu-prep:
 	        --implementation cp $(GPU_PLATFORMS) -d $$machine/wheels pyyaml numpy packaging && \
 	    $(PY312) -m pip install -q --disable-pip-version-check --no-index --no-deps \
 	        --no-compile --target $$machine/site $$machine/wheels/*.whl && \
-	    PYTHONPATH=$$site:$$machine/site $(PY312) benchmarks/gpu_check_wheels.py --imports && \
+	    PYTHONPATH=$$site:$$machine/site $(PY312) research/gpu_check_wheels.py --imports && \
 	    rm -rf $$site $$machine; \
 	else echo "gpu-prep: no CPython 3.12 here ($(PY312)): the wheels were checked by their" \
 	    "metadata only, not installed"; fi

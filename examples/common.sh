@@ -36,7 +36,7 @@ example_needs() {
 # example_data LANG...: set DATA, the folder of raw text the example reads.
 # DATA given: it must be a folder (the script itself then checks the file
 # names, which TRAIN, VALID, TEST make configurable). DATA empty: the folder
-# `make demo` would use, found by the same code (fairseq_natbias/data_fetch.py):
+# `make demo` would use, found by the same code (natbias/tools/data.py):
 # $NATBIAS_MULTI30K, ../shared/data/multi30k, Multi30k downloaded into
 # DATA_CACHE, or a synthetic corpus there, announced as such.
 example_data() {
@@ -47,7 +47,7 @@ example_data() {
     fi
     # The module prints the folder on stdout, its progress on stderr, and on
     # bad input one error line naming this script.
-    DATA=$(python -m fairseq_natbias.data_fetch --langs "$@" --prog "examples/$EXAMPLE/run.sh" \
+    DATA=$(python -m natbias.tools.data --langs "$@" --prog "examples/$EXAMPLE/run.sh" \
         "$DATA_CACHE") || exit 1
 }
 

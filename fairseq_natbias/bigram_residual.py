@@ -1,54 +1,33 @@
-"""The decoder's bigram residual (``--natbias-order 2``): logits
+"""The decoder's bigram residual (``--natbias-order 2``, experimental): logits
 
     g W phi + b + beta D[v]
 
-where v is the decoder's input token at that position (the previous target;
-EOS at position 0), D the fixed Witten-Bell table of
-:mod:`fairseq_natbias.bigram` and beta a learnt scalar starting at 1. A fresh
-model (g = 0.05, b = log p) predicts the Witten-Bell bigram; the network
-learns the residual (Li et al., 2022). Where v was never seen in training, D's
-row is empty and the model is the order-1 one.
+with v the decoder's input token at that position (the previous target), D
+the fixed Witten-Bell table of :mod:`natbias.bigram` and beta a learnt scalar
+starting at 1: a fresh model predicts the Witten-Bell bigram and the network
+learns the residual (Li et al., 2022). Unseen rows of D are empty.
 
-Sparse: only the seen pairs are stored (CSR by v) and added, by
-``index_add_`` into the logits fairseq's output projection has just made; no
-(tokens x |V|) copy of the table is made. The few long rows (the most
-frequent previous tokens) are also held dense, derived on loading, because
-gathering thousands of entries one by one costs more than adding a row. The table is in the state dict
-(buffers ``decoder.bigram_residual.{indptr,indices,values}``), so
-fairseq-generate, the hub and checkpoint averaging need no training data; a
-model built to load a checkpoint starts with an empty table that takes the
-checkpoint's shape on loading. The values and beta stay float32 under
-``--fp16``/``--bf16``: beta D is formed in float32 and rounded once, where it
-is added to the logits (which are in the model's dtype, as fairseq's are).
+D is sparse (CSR by v) and added by ``index_add_`` into the logits; its few
+long rows are also held dense (derived on loading), where gathering entries
+one by one would cost more. The table is in the state dict, so generation
+needs no training data; D and beta stay float32 under half precision.
 
-Leave-one-out in training. The table was counted on the very targets the
-network is trained on, and there it is optimistic: at 3,000 pairs the
-Witten-Bell bigram scores its own training targets about 1.15 bits better
-than held-out ones, and a network trained on the residual leans on that
-(docs/studies/bigram.md). So while training, each position sees the table
-counted without its own target y after v: with c = c(v, y), T = T(v) and
-T' = T - [c = 1] (a pair seen once takes its continuation with it),
+Leave-one-out in training: the table was counted on the very targets the
+network trains on, which it scores ~1.15 bits better than held-out ones at
+3,000 pairs (research/studies/bigram.md). So in training each position sees
+the table counted without its own target y after v (c = c(v, y), T = T(v),
+T' = T - [c = 1])::
 
-    D'[v, y]  = log(1 + (c - 1) / (T' p(y)))  = log(1 + (e^D[v, y] - 1) (c - 1) T / (c T'))
-    D'[v, y'] = log(1 + c(v, y') / (T' p(y'))) = log(1 + (e^D[v, y'] - 1) T / T')   (y' != y)
+    D'[v, y]  = log(1 + (e^D[v, y] - 1) (c - 1) T / (c T'))
+    D'[v, y'] = log(1 + (e^D[v, y'] - 1) T / T')                    (y' != y)
 
-(p, the unigram, is left whole: one token in N). Validation, generation and
-scoring use the full table. The next token is known inside the decoder for
-translation (the input shifted by one; EOS after the last); a language
-model's last position in a block has its target outside the block, and
-there the full table is used. Rows held dense (over |V| / 8 continuations)
-get the target's own entry left out but keep T: their other entries would
-move by at most log(1 + 8 / |V|). The counts c are a buffer of the table;
-a checkpoint from before they were kept (0.5.0 to 0.6.1) has none, and its
-training resumes as it began, with the full table.
+Validation, generation and scoring use the full table. Dense rows get the
+target's own entry left out but keep T (their other entries would move by at
+most log(1 + 8 / |V|)).
 
-The residual needs the decoder's input tokens, which fairseq's output
-projection never sees, and fairseq calls ``decoder.forward`` directly (the
-sequence generator), so neither a submodule nor a hook can add it. The
-decoder's class is therefore swapped for its subclass with
-:class:`BigramResidualDecoder` (fairseq builds the language model's decoder
-itself, so subclassing at build time is not open to us); its parameters and
-buffers are the decoder's own plus ``bigram_residual``.
+fairseq calls ``decoder.forward`` directly and its output projection never
+sees the input tokens, so the decoder's class is swapped for a subclass with
+:class:`BigramResidualDecoder` (fairseq builds the LM's decoder itself).
 """
 
 from typing import Optional
@@ -57,7 +36,7 @@ import torch
 from fairseq.models.transformer import TransformerDecoder, TransformerDecoderBase
 from torch import nn
 
-from fairseq_natbias.output_projection import KeepsFloat32
+from natbias.projection import KeepsFloat32
 
 
 # A row with at least |V| / DENSE_ROW_FRACTION seen continuations is also kept
@@ -124,8 +103,8 @@ class BigramResidual(KeepsFloat32):
         self.register_buffer("indptr", indptr.to(torch.int64))
         self.register_buffer("indices", indices.to(torch.int64))
         self.register_buffer("values", values.to(torch.float32))
-        # c(v, y) per entry, for leaving each target out in training; empty:
-        # not known (a table from before 0.6.2, or a swapped prior).
+        # c(v, y) per entry, for leaving each target out in training; empty
+        # after the prior is swapped (the text's counts are not the training's).
         self.register_buffer("counts", _counts_or_empty(counts, indices))
         self.weight = nn.Parameter(torch.ones((), dtype=torch.float32))
         self._split_dense_rows()
@@ -252,9 +231,7 @@ class BigramResidual(KeepsFloat32):
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         # A placeholder table takes the saved one's size before it is copied;
-        # the dense rows are derived again from what was loaded. A table
-        # saved before the counts were kept loads without them.
-        state_dict.setdefault(prefix + "counts", torch.zeros(0))
+        # the dense rows are derived again from what was loaded.
         for name in ("indices", "values", "counts"):
             saved = state_dict.get(prefix + name)
             if saved is not None and saved.shape != self._buffers[name].shape:

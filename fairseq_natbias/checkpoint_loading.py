@@ -1,26 +1,12 @@
-"""Reading fairseq checkpoints: the one place that does it for the package.
+"""Reading fairseq checkpoints: the one place that does it for the plugin,
+and its ground floor (it imports nothing of the plugin).
 
-Allow-listing (on import). torch 2.6 made ``torch.load(weights_only=True)``
-the default; fairseq 0.12 calls ``torch.load`` without the argument, and its
-checkpoints pickle the training configuration as an ``argparse.Namespace``
-(and, after training with ``--eval-bleu``, numpy arrays of BLEU statistics in
-the saved metrics), so ``fairseq-generate`` and resuming fail with an
-unpickling error. We allow-list exactly those types (what
-``torch.serialization.get_unsafe_globals_in_checkpoint`` names for
-``transformer_natbias`` checkpoints), which keeps weights-only loading (no
-arbitrary code from a checkpoint) instead of switching it off.
-
-Reading. :func:`read_checkpoint` (the saved dictionary, memory-mapped),
-:func:`saved_model_args` (the model configuration trained with),
-:func:`has_output_bias`, :func:`read_with_fairseq` (fairseq's own reading,
-for ``load_model_ensemble_and_task``) and :func:`load_hub` (fairseq's hub
-interface). A file they cannot use raises :class:`CheckpointError`, whose
-message names the fix.
-
-The ground floor: this module imports nothing of the package but its errors
-(:mod:`fairseq_natbias.errors`). Whether a checkpoint is one of this
-package's models is asked next to the models:
-:func:`fairseq_natbias.natural_bias.check_natbias_checkpoint`.
+torch's weights-only loading (the default since torch 2.6) refuses fairseq
+0.12's checkpoints, which pickle the configuration as an
+``argparse.Namespace`` and BLEU statistics as numpy arrays; exactly those
+types are allow-listed on import, which keeps weights-only loading instead of
+switching it off. A file that cannot be used raises :class:`CheckpointError`,
+naming the fix.
 """
 
 import argparse
@@ -30,7 +16,12 @@ import zipfile
 import numpy
 import torch
 
-from fairseq_natbias.errors import CheckpointError
+from natbias.errors import NaturalBiasError
+
+
+class CheckpointError(NaturalBiasError):
+    """A file that cannot serve as the checkpoint asked for; the message names the fix."""
+
 
 WEIGHTS_ONLY_HINT = (
     "torch's weights-only loading refused the checkpoint: it holds objects beyond "

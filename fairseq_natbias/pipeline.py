@@ -1,24 +1,11 @@
-"""The pipeline steps that natbias-demo (cli/demo.py) and the learning-efficiency
-study (benchmarks/study_learning_efficiency.py) share, each through the real
-command a user would type (the shell front ends in recipes/ and examples/
-show those commands)::
-
-    raw text (found by fairseq_natbias.data_fetch)
-      -> SentencePiece            encode_with_sentencepiece
-      -> fairseq-preprocess       prepare (translation), prepare_lm (--only-source)
-      -> natbias-step0, fairseq-train
-                                  train_command (MODEL, TRAINING: the demo's sizes
-                                  and options), train
-      -> fairseq-generate, sacreBLEU
-                                  evaluate, sacrebleu_scores
-      -> validation NLL by update validation_curve
-
-Every step skips its work when its output exists, and an interrupted
-fairseq-train resumes from its checkpoint_last.pt (fairseq's own rule).
-Messages go to stdout as ``[natbias-demo HH:MM:SS] ...`` (the study prints
-them too). In process: :func:`build_from_training_args`, the task and model
-``fairseq-train`` would build, and :func:`validation_divergence`, what
-natbias-step0 reports on them (also used by the benchmarks).
+"""The pipeline steps of natbias-demo and the learning-efficiency study, each
+through the real command a user would type: SentencePiece, fairseq-preprocess
+(:func:`prepare`, :func:`prepare_lm`), natbias-step0 and fairseq-train
+(:func:`train`), fairseq-generate and sacreBLEU (:func:`evaluate`), validation
+NLL by update (:func:`validation_curve`). Every step skips its work when its
+output exists; an interrupted fairseq-train resumes from checkpoint_last.pt.
+In process: :func:`build_from_training_args` and :func:`validation_divergence`
+(natbias-step0).
 """
 
 import json
@@ -30,11 +17,10 @@ import sys
 import time
 from pathlib import Path
 
-from fairseq_natbias import sentencepiece_text
-from fairseq_natbias.analysis import fairseq_logs
-from fairseq_natbias.analysis.generate_output import parse_generate_output
-from fairseq_natbias.analysis.quality import quality
-from fairseq_natbias.data_fetch import LANGS, SPLIT_FILES, raw_file, read_lines
+from natbias.tools import fairseq_logs, sentencepiece_text
+from natbias.tools.data import LANGS, SPLIT_FILES, raw_file, read_lines
+from natbias.tools.generate_output import parse_generate_output
+from natbias.tools.quality import quality
 
 MODEL = ("--encoder-layers 2 --decoder-layers 2 --encoder-embed-dim 128 "
          "--decoder-embed-dim 128 --encoder-ffn-embed-dim 256 --decoder-ffn-embed-dim 256 "
@@ -53,9 +39,8 @@ def say(message):
     print(f"[natbias-demo {time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
-# The module behind each console script the pipeline and the benchmarks run,
-# for a Python whose folder lacks the scripts (packages installed with
-# ``pip install --target DIR``, whose scripts land in DIR/bin).
+# The module behind each console script, for a Python whose folder lacks the
+# scripts (packages installed with ``pip install --target DIR``).
 TOOL_MODULES = {
     "fairseq-train": "fairseq_cli.train",
     "fairseq-preprocess": "fairseq_cli.preprocess",
@@ -67,12 +52,9 @@ TOOL_MODULES = {
 
 
 def tool(name):
-    """The command ``name`` (fairseq-train, natbias-step0, torchrun, ...) of
-    this Python environment, as the list that starts a command line
-    (``[*tool("fairseq-train"), *arguments]``): the script beside
-    ``sys.executable`` (a virtual environment's bin/), else ``sys.executable
-    -m MODULE`` (:data:`TOOL_MODULES`: the same Python, however the packages
-    were installed), else the script on PATH. FileNotFoundError if none."""
+    """The command ``name`` of this Python environment as the start of a command
+    line: the script beside ``sys.executable``, else ``sys.executable -m MODULE``,
+    else the script on PATH. FileNotFoundError if none."""
     beside = Path(sys.executable).parent / name
     if beside.is_file() and os.access(beside, os.X_OK):
         return [str(beside)]
@@ -105,12 +87,13 @@ def run(command, log_path=None, on_line=None):
     return "".join(lines)
 
 
-# --- SentencePiece and fairseq-preprocess ----------------------------------------
+def _write_lines(path, lines):
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
 def prepare(raw, work, vocab_size, langs=LANGS):
-    """Joint SentencePiece over both sides, then fairseq-preprocess with one
-    joined dictionary; ``langs`` is (source, target)."""
+    """Joint SentencePiece, then fairseq-preprocess with one joined dictionary;
+    ``langs`` is (source, target)."""
     source, target = langs
     data_bin = work / "data-bin"
     if (data_bin / f"test.{source}-{target}.{target}.bin").exists():
@@ -126,8 +109,7 @@ def prepare(raw, work, vocab_size, langs=LANGS):
 
 
 def prepare_lm(raw, work, vocab_size, lang="en"):
-    """One language's text for ``--task language_modeling``: SentencePiece on
-    it, then ``fairseq-preprocess --only-source``."""
+    """One language's text, SentencePiece, then ``fairseq-preprocess --only-source``."""
     data_bin = work / "data-bin"
     if (data_bin / "test.bin").exists():
         say(f"preprocess: {data_bin} exists, skipped")
@@ -142,15 +124,13 @@ def prepare_lm(raw, work, vocab_size, lang="en"):
 
 
 def encode_with_sentencepiece(raw, work, langs, vocab_size):
-    """work/text/{split}.raw.{lang} and their pieces work/text/{split}.{lang},
-    with one SentencePiece unigram model (work/spm.model) trained on the
-    training text of every language in ``langs``."""
+    """work/text/{split}.raw.{lang} and their pieces work/text/{split}.{lang}, with
+    one SentencePiece model (work/spm.model) trained on the training text of ``langs``."""
     text = work / "text"
     text.mkdir(parents=True, exist_ok=True)
     for split in SPLIT_FILES:
         for lang in langs:
-            (text / f"{split}.raw.{lang}").write_text(
-                "\n".join(read_lines(raw_file(raw, split, lang))) + "\n", encoding="utf-8")
+            _write_lines(text / f"{split}.raw.{lang}", read_lines(raw_file(raw, split, lang)))
     say(f"sentencepiece: {'joint ' if len(langs) > 1 else ''}unigram model, {vocab_size} pieces")
     sentencepiece_text.train([text / f"train.raw.{lang}" for lang in langs], work / "spm",
                              vocab_size)
@@ -158,27 +138,47 @@ def encode_with_sentencepiece(raw, work, langs, vocab_size):
     for split in SPLIT_FILES:
         for lang in langs:
             lines = (text / f"{split}.raw.{lang}").read_text(encoding="utf-8").splitlines()
-            pieces = sentencepiece_text.encode_lines(processor, lines)
-            (text / f"{split}.{lang}").write_text("\n".join(pieces) + "\n", encoding="utf-8")
+            _write_lines(text / f"{split}.{lang}", sentencepiece_text.encode_lines(processor, lines))
     return text
 
 
-# --- training ------------------------------------------------------------------
+def prepare_test_set(raw, work, data_bin, langs, test_set):
+    """A further test set (a file stem such as ``test_2017_flickr``), encoded with
+    work/spm.model and binarised with data_bin's dictionaries as the ``test``
+    split of work/data-bin-<test_set>, for :func:`evaluate`'s ``test_set``."""
+    source, target = langs
+    destination, text = work / f"data-bin-{test_set}", work / f"text-{test_set}"
+    if (destination / f"test.{source}-{target}.{target}.bin").exists():
+        return destination
+    text.mkdir(parents=True, exist_ok=True)
+    processor = sentencepiece_text.load(work / "spm.model")
+    for lang in langs:
+        path = raw_file(raw, test_set, lang)
+        if path is None:
+            raise SystemExit(f"natbias-demo: no {test_set}.{lang}[.gz] in {raw}")
+        lines = read_lines(path)
+        _write_lines(text / f"test.raw.{lang}", lines)
+        _write_lines(text / f"test.{lang}", sentencepiece_text.encode_lines(processor, lines))
+    say(f"fairseq-preprocess {test_set} with {data_bin}'s dictionaries")
+    run([*tool("fairseq-preprocess"), "--source-lang", source, "--target-lang", target,
+         "--testpref", f"{text}/test", "--destdir", str(destination),
+         "--srcdict", str(data_bin / f"dict.{source}.txt"),
+         "--tgtdict", str(data_bin / f"dict.{target}.txt"), "--workers", "2"],
+        log_path=work / f"preprocess-{test_set}.log")
+    return destination
 
 
 def train_command(data_bin, run_dir, options, max_update):
-    """fairseq-train's arguments: ``options`` (model, training) on ``data_bin``
-    for ``max_update`` updates, saving into ``run_dir``."""
-    # --user-dir for stock fairseq too: it registers new names only, and lets
-    # torch >= 2.6 load fairseq checkpoints (fairseq_natbias/checkpoint_loading.py).
+    """fairseq-train's arguments: ``options`` on ``data_bin`` for ``max_update``
+    updates, saving into ``run_dir``."""
+    # --user-dir for stock fairseq too: it lets torch >= 2.6 load fairseq checkpoints
     return [str(data_bin), "--user-dir", "fairseq_natbias", *options,
             "--max-update", str(max_update), "--save-dir", str(run_dir)]
 
 
 def train(arguments, run_dir, on_line=None):
-    """natbias-step0 (update 0), then fairseq-train ``arguments`` with its
-    output in run_dir/train.log and each line to ``on_line``; run_dir/done
-    marks the run finished (the callers skip a finished run, saying so)."""
+    """natbias-step0, then fairseq-train ``arguments`` logging to run_dir/train.log
+    (each line to ``on_line``); run_dir/done marks the run finished."""
     run_dir.mkdir(parents=True, exist_ok=True)
     record_step0(arguments, run_dir / "step0.json")
     run([*tool("fairseq-train"), *arguments], log_path=run_dir / "train.log", on_line=on_line)
@@ -194,8 +194,7 @@ def record_step0(arguments, path):
 
 
 def on_validation(key, report):
-    """An ``on_line`` for :func:`run`: ``report(record)`` for each validation
-    line of fairseq-train's output that logs ``key``."""
+    """An ``on_line`` for :func:`run`: ``report(record)`` for each validation line logging ``key``."""
     def on_line(line):
         record = fairseq_logs.parse_line(line.rstrip("\n"))
         if record and record.tag == fairseq_logs.VALID and key in record.values:
@@ -205,8 +204,7 @@ def on_validation(key, report):
 
 
 def validation_curve(run_dir, key="nll_loss"):
-    """Validation NLL (bits/token; logged as ``key``) by update, update 0 from
-    natbias-step0."""
+    """Validation NLL (bits/token, logged as ``key``) by update; update 0 from natbias-step0."""
     records = fairseq_logs.read_log(str(run_dir / "train.log"))
     updates, values = fairseq_logs.series(records, fairseq_logs.VALID, key)
     curve = {0: json.loads((run_dir / "step0.json").read_text())["nll"]}
@@ -214,16 +212,11 @@ def validation_curve(run_dir, key="nll_loss"):
     return curve
 
 
-# --- fairseq-generate and sacreBLEU --------------------------------------------
-
-
 def evaluate(data_bin, work, run_dir, name, target=LANGS[1], test_set=None, cpu=True):
     """Test BLEU/chrF of run_dir/checkpoint_best.pt (beam 5), kept in
-    run_dir/test_scores.json; the detokenised hypotheses in run_dir/test.hyp.
-    ``test_set`` (a Multi30k file stem such as ``test_2017_flickr``, prepared
-    by :func:`prepare_test_set`) scores that set instead, into
-    run_dir/<test_set>_scores.json and run_dir/<test_set>.hyp. ``cpu=False``
-    decodes on the GPU (the study's --device cuda)."""
+    run_dir/test_scores.json, the detokenised hypotheses in run_dir/test.hyp;
+    ``test_set`` (prepared by :func:`prepare_test_set`) scores that set instead,
+    into run_dir/<test_set>_scores.json and .hyp. ``cpu=False`` decodes on the GPU."""
     stem = test_set or "test"
     scores_path = run_dir / ("test_scores.json" if test_set is None else f"{stem}_scores.json")
     if scores_path.exists():
@@ -235,66 +228,21 @@ def evaluate(data_bin, work, run_dir, name, target=LANGS[1], test_set=None, cpu=
         text = work / "text"
     say(f"generate [{name}]: beam 5 on {'the test set' if test_set is None else stem}, "
         "then sacreBLEU")
-    ordered = translate(data_bin, run_dir / "checkpoint_best.pt", cpu=cpu)
+    output = run([*tool("fairseq-generate"), str(data_bin), "--user-dir", "fairseq_natbias",
+                  "--path", str(run_dir / "checkpoint_best.pt"), "--gen-subset", "test",
+                  "--beam", "5", "--lenpen", "1.0", "--max-len-a", "1.2", "--max-len-b", "10",
+                  "--required-batch-size-multiple", "1", *(["--cpu"] if cpu else []),
+                  "--batch-size", "128", "--remove-bpe", "sentencepiece", "--num-workers", "0"])
+    sentences = parse_generate_output(output.splitlines())
+    ordered = [(sentences[i].detokenized if i in sentences else None) or ""
+               for i in range(len(sentences))]
     (run_dir / f"{stem}.hyp").write_text("\n".join(ordered) + "\n", encoding="utf-8")
     references = (text / f"test.raw.{target}").read_text(encoding="utf-8").splitlines()
-    scores = sacrebleu_scores(ordered, references[: len(ordered)])
+    scores = quality(ordered, references[: len(ordered)])
+    scores = {"bleu": round(scores["BLEU"], 2), "bleu_signature": scores["bleu_signature"],
+              "chrf": round(scores["chrF"], 2), "chrf_signature": scores["chrf_signature"]}
     scores_path.write_text(json.dumps(scores, indent=1))
     return scores
-
-
-def translate(data_bin, checkpoint, subset="test", lenpen=1.0, cpu=True):
-    """The detokenised beam-5 translations of data_bin's ``subset`` by
-    ``checkpoint``, in sentence order (an empty line where fairseq gave
-    none): the one decoding command of the study, the demo and the
-    length-penalty screen, so that their scores compare."""
-    output = run([*tool("fairseq-generate"), str(data_bin), "--user-dir", "fairseq_natbias",
-                  "--path", str(checkpoint), "--gen-subset", subset, "--beam", "5",
-                  "--lenpen", str(lenpen), "--max-len-a", "1.2", "--max-len-b", "10",
-                  "--required-batch-size-multiple", "1",
-                  *(["--cpu"] if cpu else []), "--batch-size", "128",
-                  "--remove-bpe", "sentencepiece", "--num-workers", "0"])
-    sentences = parse_generate_output(output.splitlines())
-    return [(sentences[i].detokenized if i in sentences else None) or ""
-            for i in range(len(sentences))]
-
-
-def prepare_test_set(raw, work, data_bin, langs, test_set):
-    """A further test set (a Multi30k file stem, e.g. ``test_2017_flickr``)
-    encoded with work/spm.model and binarised with data_bin's dictionaries
-    into work/data-bin-<test_set> (as its ``test`` split), for
-    :func:`evaluate`'s ``test_set``."""
-    source, target = langs
-    destination, text = work / f"data-bin-{test_set}", work / f"text-{test_set}"
-    if (destination / f"test.{source}-{target}.{target}.bin").exists():
-        return destination
-    text.mkdir(parents=True, exist_ok=True)
-    processor = sentencepiece_text.load(work / "spm.model")
-    for lang in langs:
-        path = raw_file(raw, test_set, lang)
-        if path is None:
-            raise SystemExit(f"natbias-demo: no {test_set}.{lang}[.gz] in {raw}")
-        lines = read_lines(path)
-        (text / f"test.raw.{lang}").write_text("\n".join(lines) + "\n", encoding="utf-8")
-        pieces = sentencepiece_text.encode_lines(processor, lines)
-        (text / f"test.{lang}").write_text("\n".join(pieces) + "\n", encoding="utf-8")
-    say(f"fairseq-preprocess {test_set} with {data_bin}'s dictionaries")
-    run([*tool("fairseq-preprocess"), "--source-lang", source, "--target-lang", target,
-         "--testpref", f"{text}/test", "--destdir", str(destination),
-         "--srcdict", str(data_bin / f"dict.{source}.txt"),
-         "--tgtdict", str(data_bin / f"dict.{target}.txt"), "--workers", "2"],
-        log_path=work / f"preprocess-{test_set}.log")
-    return destination
-
-
-def sacrebleu_scores(hypotheses, references):
-    """BLEU and chrF with their signatures, rounded to 2 decimals as the demo reports them."""
-    scores = quality(hypotheses, references)
-    return {"bleu": round(scores["BLEU"], 2), "bleu_signature": scores["bleu_signature"],
-            "chrf": round(scores["chrF"], 2), "chrf_signature": scores["chrf_signature"]}
-
-
-# --- in process ------------------------------------------------------------------
 
 
 def build_from_training_args(argv):
@@ -327,10 +275,9 @@ def this_plugin_as_user_dir(argv):
 
 
 def this_copy(user_dir):
-    """A ``--user-dir .../fairseq_natbias`` names this package, which a tool
-    has imported already, perhaps from another copy (an installed one beside
-    a checkout), which fairseq refuses as "not globally unique": point it at
-    this very copy, which fairseq accepts. Any other plugin: unchanged."""
+    """A ``--user-dir .../fairseq_natbias`` pointed at this very copy of the
+    package, already imported (fairseq refuses another copy as "not globally
+    unique"); any other plugin unchanged."""
     from fairseq_natbias import plugin_dir
 
     if os.path.basename(os.path.normpath(user_dir)) == "fairseq_natbias":
@@ -339,23 +286,30 @@ def this_copy(user_dir):
 
 
 def validation_divergence(task, model, split="valid", max_tokens=4000):
-    """Token-weighted NLL, unigram cross-entropy and KL(model || unigram), bits
+    """Token-weighted NLL, unigram cross-entropy and KL(model || unigram), in bits
     (what natbias-step0 prints for a freshly built model)."""
     import torch
 
     task.load_dataset(split, combine=False, epoch=1)
-    dataset = task.dataset(split)
     iterator = task.get_batch_iterator(
-        dataset, max_tokens=max_tokens, ignore_invalid_inputs=True,
+        task.dataset(split), max_tokens=max_tokens, ignore_invalid_inputs=True,
     ).next_epoch_itr(shuffle=False)
-    log_unigram = model.target_log_unigram if hasattr(model, "target_log_unigram") else None
+    log_unigram = getattr(model, "target_log_unigram", None)
     pad = task.target_dictionary.pad()
-    totals = {"nll": 0.0, "unigram_ce": 0.0, "kl_unigram": 0.0, "tokens": 0}
+    totals = {"nll": 0.0, "unigram_ce": 0.0, "kl_unigram": 0.0}
+    tokens = 0
     model.eval()
     with torch.no_grad():
         for sample in iterator:
-            _accumulate(model, sample, pad, log_unigram, totals)
-    tokens = totals.pop("tokens")
+            log_p = model.get_normalized_probs(model(**sample["net_input"]), log_probs=True).float()
+            target = sample["target"]
+            mask = target.ne(pad)
+            totals["nll"] -= log_p.gather(-1, target.unsqueeze(-1)).squeeze(-1)[mask].sum().item()
+            tokens += int(mask.sum())
+            if log_unigram is not None:
+                totals["unigram_ce"] -= log_unigram[target[mask]].sum().item()
+                kl = (log_p.exp() * (log_p - log_unigram)).sum(-1)
+                totals["kl_unigram"] += kl[mask].sum().item()
     if tokens == 0:
         raise SystemExit(f"natbias-step0: the {split} split has no target tokens")
     result = {key: value / tokens / LN2 for key, value in totals.items()}
@@ -363,16 +317,3 @@ def validation_divergence(task, model, split="valid", max_tokens=4000):
     if log_unigram is None:
         del result["unigram_ce"], result["kl_unigram"]
     return result
-
-
-def _accumulate(model, sample, pad, log_unigram, totals):
-    net_output = model(**sample["net_input"])
-    log_p = model.get_normalized_probs(net_output, log_probs=True).float()
-    target = sample["target"]
-    mask = target.ne(pad)
-    totals["nll"] -= log_p.gather(-1, target.unsqueeze(-1)).squeeze(-1)[mask].sum().item()
-    totals["tokens"] += int(mask.sum())
-    if log_unigram is not None:
-        totals["unigram_ce"] -= log_unigram[target[mask]].sum().item()
-        kl = (log_p.exp() * (log_p - log_unigram)).sum(-1)
-        totals["kl_unigram"] += kl[mask].sum().item()

@@ -6,10 +6,9 @@ natural output bias of Meister et al. (2023), eq. (4):
 Trained with fairseq's ``language_modeling`` task on data binarised with
 ``fairseq-preprocess --only-source``; the bias counts the task's next-token
 targets in ``train.bin`` (what is counted, with ``--add-bos-token`` and
-``--output-dictionary-size``: :mod:`fairseq_natbias.unigram`). The bias, the
-``--natbias-*`` options, the weight inits, the logging hook and the
-generation-time control (lambda * b, Kobayashi et al. 2023) are those of
-``transformer_natbias`` (:mod:`fairseq_natbias.natural_bias`).
+``--output-dictionary-size``: :mod:`fairseq_natbias.training_data`). The bias
+and its options are those of ``transformer_natbias``
+(:mod:`fairseq_natbias.natural_bias`).
 
 fairseq registers ``transformer_lm`` with a dataclass config; this model is
 registered the older argparse way, like ``transformer_natbias``, so that both
@@ -32,7 +31,7 @@ from fairseq.models.transformer_lm import (
     TransformerLanguageModelConfig,
 )
 
-from fairseq_natbias import natural_bias, natural_bias_options
+from fairseq_natbias import natural_bias, options
 
 
 @register_model("transformer_lm_natbias")
@@ -41,7 +40,7 @@ class TransformerLanguageModelNatbias(natural_bias.NaturalBiasModel, Transformer
     def add_args(cls, parser):
         # fairseq's transformer_lm options, left unset so the presets fill them.
         gen_parser_from_dataclass(parser, TransformerLanguageModelConfig(), delete_default=True)
-        natural_bias_options.add_args(parser)
+        options.add_args(parser)
 
     @classmethod
     def build_model(cls, args, task):
@@ -81,7 +80,7 @@ def _dataclass_defaults(args):
 
 def _natbias_lm(fairseq_preset):
     def architecture(args):
-        natural_bias_options.set_defaults(args)
+        options.set_defaults(args)
         fairseq_preset(args)
         _dataclass_defaults(args)
 

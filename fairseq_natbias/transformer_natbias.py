@@ -3,16 +3,16 @@ natural output bias of Meister et al. (2023), eq. (4):
 
     p_theta(y | y_<t, x) ∝ p_Wphi(y | y_<t, x) * p_b(y),    b = log p_unigram
 
-The bias, its options (``--natbias-*``), the weight inits and the logging hook
-are shared with ``transformer_lm_natbias`` (:mod:`fairseq_natbias.natural_bias`);
-the bias counts the target side of the binarised training pairs. This module
-registers the model and the paper's presets.
+The bias and its options are shared with ``transformer_lm_natbias``
+(:mod:`fairseq_natbias.natural_bias`); the bias counts the target side of the
+binarised training pairs. This module registers the model and the paper's
+presets.
 """
 
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer import TransformerModel, base_architecture
 
-from fairseq_natbias import natural_bias, natural_bias_options
+from fairseq_natbias import natural_bias, options
 
 
 @register_model("transformer_natbias")
@@ -20,7 +20,7 @@ class TransformerNatbiasModel(natural_bias.NaturalBiasModel, TransformerModel):
     @classmethod
     def add_args(cls, parser):
         super().add_args(parser)
-        natural_bias_options.add_args(parser)
+        options.add_args(parser)
 
     def forward(self, src_tokens, src_lengths, prev_output_tokens, **kwargs):
         net_output = super().forward(src_tokens, src_lengths, prev_output_tokens, **kwargs)
@@ -34,7 +34,7 @@ class TransformerNatbiasModel(natural_bias.NaturalBiasModel, TransformerModel):
 @register_model_architecture("transformer_natbias", "transformer_natbias")
 def natbias_base_architecture(args):
     """Transformer base (Vaswani et al., 2017): d=512, FFN 2048, 8 heads, 6+6."""
-    natural_bias_options.set_defaults(args)
+    options.set_defaults(args)
     base_architecture(args)
 
 

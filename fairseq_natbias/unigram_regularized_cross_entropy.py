@@ -9,51 +9,27 @@ for empirical distribution p and the unigram distribution of this empirical
 distribution omega(p) [...] for the initial steps of training, then switching
 back to the standard objective KL(p || p_theta)."
 
-Here p is the label-smoothed empirical distribution (``--label-smoothing``,
-0.1 by default as in the paper's sec. 4.1) and omega is the target-side unigram
-of the training data (translation or language modelling), counted and
-smoothed exactly as the natural-bias models count their bias (``fairseq_natbias.unigram``; ``--unigram-reg-smoothing`` has
-the semantics and default of ``--natbias-smoothing``). It is counted once, when
-training begins (``task.begin_epoch``), and only if the term can be on, so
-``fairseq-validate`` and runs with N = 0 need no training split. Per target
-token t,
+Here p is the label-smoothed empirical distribution (``--label-smoothing``)
+and omega the target unigram (the model's own prior, or the targets counted:
+:func:`fairseq_natbias.training_data.criterion_prior`), taken when training
+begins and only if the term can be on. H(omega) being constant, the term
+added to each target token's loss is ``lambda * sum_v omega(v) log p(v)``.
 
-    KL(omega || p_theta(.|y_<t)) = -H(omega) - sum_v omega(v) log p_theta(v|y_<t)
+Logged in training only: ``unigram_reg`` (-lambda CE(omega, p) per token,
+bits; ``loss - unigram_reg`` is label_smoothed_cross_entropy's loss) and
+``unigram_clamped`` (the share of tokens at the bound below). Validation
+reports the standard objective, so checkpoint selection compares like with
+like across the switch.
 
-and H(omega) is a constant, so the term added to the loss of every target
-token is ``lambda * sum_v omega(v) log p_theta(v|y_<t)`` (one product of the
-log-probabilities with omega; no second softmax).
+The switch: on for updates 1..N (``--unigram-reg-updates``; 0: off), by
+fairseq's update counter, which a resumed run restores (fairseq 0.12's
+trainer never tells the criterion, so it reads ``update_num`` from
+``task.train_step``).
 
-What is logged. Like fairseq's ``loss``, which is the cross-entropy
-CE(p, p_theta) = KL(p || p_theta) + H(p) without the constant H(p), the logged
-values leave out the constant lambda H(omega):
-
-``loss``         (CE(p, p_theta) - lambda CE(omega, p_theta)) per token, bits
-``unigram_reg``  -lambda CE(omega, p_theta) per token, bits, normalised like
-                 ``loss``; so ``loss - unigram_reg`` is exactly
-                 label_smoothed_cross_entropy's loss. 0 once the term is off.
-``unigram_clamped``  fraction of target tokens whose term hit the bound below.
-
-Both are logged in training only. Validation always reports the standard
-objective as ``loss`` (and no ``unigram_reg``), so that checkpoint selection
-and ``--patience`` compare like with like across the switch.
-
-The switch. The term is on for the first ``--unigram-reg-updates`` N updates
-(updates 1..N; 0 switches it off, giving label_smoothed_cross_entropy exactly)
-and follows fairseq's update counter, which a resumed run restores: a run
-resumed after N never switches it back on, one resumed before N keeps it for
-the remaining updates. (fairseq 0.12's trainer does not call the criterion's
-``set_num_updates``; the criterion reads ``update_num`` from ``task.train_step``
-instead, and also accepts ``set_num_updates`` from trainers that do call it.)
-
-Unbounded below. -lambda KL(omega || p_theta) goes to -inf as p_theta puts
-vanishing mass on frequent words wherever they are not the reference, so the
-objective has no minimum and training can run away. We bound each token's
-contribution: CE(omega, p_theta) is clamped at ``--unigram-reg-clamp`` times
-ln|V| nats (default 2: twice the cross-entropy of the uniform distribution,
-beyond which the term's gradient is zero), which bounds the per-token loss
-below by -lambda * clamp * ln|V|. The first time any token reaches the bound
-a warning goes to the log, and ``unigram_clamped`` says how often it happens.
+The objective is unbounded below (p can put vanishing mass on frequent
+words), so each token's CE(omega, p) is clamped at ``--unigram-reg-clamp``
+times ln|V| nats, where the term's gradient becomes zero; the first token
+at the bound is reported in the log.
 """
 
 import logging
@@ -71,7 +47,9 @@ from fairseq.criterions.label_smoothed_cross_entropy import (
 from fairseq.logging import metrics
 from omegaconf import II
 
-from fairseq_natbias import unigram
+from natbias.errors import NaturalBiasError
+
+from fairseq_natbias.training_data import criterion_prior
 
 logger = logging.getLogger(__name__)
 
@@ -98,11 +76,6 @@ class UnigramRegularizedCrossEntropyConfig(LabelSmoothedCrossEntropyCriterionCon
         metadata={"help": "use the regulariser for the first N updates, then the "
                   "standard objective (required; 0 switches it off)"},
     )
-    unigram_reg_smoothing: float = field(
-        default=1.0,
-        metadata={"help": "add-alpha smoothing of the unigram counts, as "
-                  "--natbias-smoothing (keep the two equal)"},
-    )
     unigram_reg_clamp: float = field(
         default=2.0,
         metadata={"help": "bound on each token's unigram cross-entropy, in "
@@ -118,7 +91,7 @@ class UnigramRegularizedCrossEntropyCriterion(LabelSmoothedCrossEntropyCriterion
 
     def __init__(
         self, task, sentence_avg, label_smoothing, unigram_reg_weight,
-        unigram_reg_updates, unigram_reg_smoothing=1.0, unigram_reg_clamp=2.0,
+        unigram_reg_updates, unigram_reg_clamp=2.0,
         train_subset="train", ignore_prefix_size=0, report_accuracy=False,
     ):
         super().__init__(
@@ -126,18 +99,12 @@ class UnigramRegularizedCrossEntropyCriterion(LabelSmoothedCrossEntropyCriterion
             ignore_prefix_size=ignore_prefix_size, report_accuracy=report_accuracy,
         )
         self.weight, self.reg_updates = _check_options(
-            unigram_reg_weight, unigram_reg_updates, unigram_reg_smoothing,
-            unigram_reg_clamp,
-        )
-        self.smoothing = float(unigram_reg_smoothing)
+            unigram_reg_weight, unigram_reg_updates, unigram_reg_clamp)
         self.clamp = float(unigram_reg_clamp)
         self.train_subset = train_subset
         self.num_updates = 0
-        self.unigram = unigram.TrainingUnigram(
-            task, train_subset, self.smoothing, NAME,
-            fix="The regulariser's unigram is counted on the training split named by "
-                "--train-subset; or switch the regulariser off with --unigram-reg-updates 0.",
-        )
+        self._omega = None  # omega(v), float32 on the CPU, taken by prepare()
+        self._on = {}  # (device, dtype) -> omega there
         self._pending = None
         _follow_training(task, self)
 
@@ -193,14 +160,21 @@ class UnigramRegularizedCrossEntropyCriterion(LabelSmoothedCrossEntropyCriterion
         (``task.begin_epoch``), so missing data fails before the first update,
         while ``fairseq-validate`` (validation never uses the term) needs no
         training data."""
-        if not self.unigram.counted and self.weight > 0 and self.reg_updates > 0:
-            self.unigram.log_probs()
-            self.unigram.warn_if_not_the_models(model, "--unigram-reg-smoothing")
+        if self._omega is None and self.weight > 0 and self.reg_updates > 0:
+            try:
+                log_prior = criterion_prior(self.task, model, self.train_subset, NAME)
+            except NaturalBiasError as error:
+                raise SystemExit(f"fairseq_natbias: error: {error} (or switch the regulariser "
+                                 "off with --unigram-reg-updates 0)") from None
+            self._omega = log_prior.exp()
 
     def omega(self, like: torch.Tensor, model=None) -> torch.Tensor:
         """The target unigram omega(v), on ``like``'s device and dtype."""
         self.prepare(model)
-        return self.unigram.probs_like(like)
+        key = (like.device, like.dtype)
+        if key not in self._on:
+            self._on[key] = self._omega.to(like)
+        return self._on[key]
 
     # --- logging --------------------------------------------------------------
 
@@ -227,7 +201,7 @@ class UnigramRegularizedCrossEntropyCriterion(LabelSmoothedCrossEntropyCriterion
             )
 
 
-def _check_options(weight, updates, smoothing, clamp):
+def _check_options(weight, updates, clamp):
     fix = (f"criterion {NAME} needs --unigram-reg-weight LAMBDA (>= 0) and "
            "--unigram-reg-updates N (>= 0), e.g. --unigram-reg-weight 0.1 "
            "--unigram-reg-updates 4000")
@@ -238,7 +212,6 @@ def _check_options(weight, updates, smoothing, clamp):
         raise ValueError(f"--unigram-reg-weight must be a finite number >= 0, got {weight!r}. {fix}")
     if isinstance(updates, bool) or int(updates) != updates or updates < 0:
         raise ValueError(f"--unigram-reg-updates must be an integer >= 0, got {updates!r}. {fix}")
-    unigram.check_smoothing(smoothing, "--unigram-reg-smoothing")
     if not (isinstance(clamp, (int, float)) and clamp > 0):
         raise ValueError(
             f"--unigram-reg-clamp must be > 0 (a multiple of ln|V|; inf for no "
@@ -249,15 +222,9 @@ def _check_options(weight, updates, smoothing, clamp):
 
 def _follow_training(task, criterion) -> None:
     """Wrap the task once: ``begin_epoch`` prepares the latest criterion built
-    for it, ``train_step`` passes ``update_num`` to the criterion it runs.
-
-    Why wrap the task: fairseq 0.12 tells the model the update count
-    (``FairseqTask.train_step`` calls ``model.set_num_updates``) and the task
-    the epoch, but never the criterion, whose regulariser weight follows the
-    update count (App. A.4) and which must see the model before the first
-    step. The task is the one object that sees both, whatever the model and
-    the task type; a task subclass per fairseq task would not serve a user's
-    own task."""
+    for it, ``train_step`` passes ``update_num`` to the criterion it runs
+    (fairseq 0.12 never tells a criterion the update count; the task, of any
+    type, sees both)."""
     already_wrapped = getattr(task, "_unigram_reg_criterion", None) is not None
     task._unigram_reg_criterion = criterion
     if already_wrapped:

@@ -52,7 +52,7 @@ EXTERNAL_TEXT=${EXTERNAL_TEXT-}         # A.7: add --natbias-init file runs, cou
 UNIGRAM_REG_WEIGHT=${UNIGRAM_REG_WEIGHT-}     # A.4: lambda; when set, add <init>-unireg runs
 UNIGRAM_REG_UPDATES=${UNIGRAM_REG_UPDATES-4000}  # A.4: regularised updates before the standard objective (ours)
 UNIGRAM_REG_INITS=${UNIGRAM_REG_INITS-none}   # A.4: inits it is tried with
-UNIGRAM_LS_INITS=${UNIGRAM_LS_INITS-}       # add <init>-unigram-ls runs: label smoothing towards the unigram (docs/criterion.md), for these inits
+UNIGRAM_LS_INITS=${UNIGRAM_LS_INITS-}       # add <init>-unigram-ls runs: label smoothing towards the unigram (docs/criteria.md), for these inits
 
 # --- evaluation ------------------------------------------------------------------------
 BEAM=${BEAM-5}                          # beam size for validation BLEU and test (sec. 4.1)

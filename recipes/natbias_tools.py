@@ -10,12 +10,8 @@
     jsonl-text   the "text" field of JSON-lines files (.gz allowed), e.g. C4 shards
     free-port    an unused TCP port on this machine
 
-The standard library and the package's text helpers: its SentencePiece
-trainer and encoder, and its readers (fairseq_natbias.analysis: generate
-output, score files, mean and standard error). A process started as
-natbias_tools.py imports neither torch nor fairseq: the package skips its
-registration with fairseq there (fairseq_natbias/__init__.py,
-TEXT_ONLY_PROGRAMS), so keep this file's name.
+The standard library and the text-only tools of natbias.tools (SentencePiece,
+fairseq-generate output, score files, mean and standard error): no torch, no fairseq.
 """
 
 import argparse
@@ -27,7 +23,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from fairseq_natbias.data_fetch import open_text
+from natbias.tools.data import open_text
 
 
 def _existing(prefix, lang):
@@ -74,9 +70,9 @@ def cmd_stage(args):
 
 
 def cmd_spm_train(args):
-    """fairseq_natbias.sentencepiece_text's trainer; the recipes' models keep
+    """natbias.tools.sentencepiece_text's trainer; the recipes' models keep
     SentencePiece's own <s> and </s> (as they always have)."""
-    from fairseq_natbias import sentencepiece_text
+    from natbias.tools import sentencepiece_text
 
     sentencepiece_text.train(args.input, args.prefix, args.vocab_size,
                              keep_sentencepiece_specials=True, threads=args.threads,
@@ -84,7 +80,7 @@ def cmd_spm_train(args):
 
 
 def cmd_spm_encode(args):
-    from fairseq_natbias import sentencepiece_text
+    from natbias.tools import sentencepiece_text
 
     sentencepiece_text.encode_files(args.model, args.input, args.output_dir)
 
@@ -94,7 +90,7 @@ def cmd_spm_encode(args):
 
 def _hypotheses(generate_output, expect):
     """fairseq-generate prints H-<id> lines in batch order; sort them by id."""
-    from fairseq_natbias.analysis.generate_output import parse_generate_output
+    from natbias.tools.generate_output import parse_generate_output
 
     with open(generate_output, encoding="utf-8") as lines:
         sentences = parse_generate_output(lines)
@@ -127,7 +123,7 @@ def cmd_score(args):
 
 def _cell(values):
     """Mean ± standard error over seeds, as the package's natbias-report computes it."""
-    from fairseq_natbias.analysis.stats import mean_stderr
+    from natbias.tools.stats import mean_stderr
 
     return mean_stderr(values).format(2, count=False, missing="–")
 
@@ -140,7 +136,7 @@ def _seed_number(path):
 def cmd_table(args):
     """One row per init (RUNS/<init>/seed<k>/<set>.<metric>.json), one column
     per evaluation set and metric; the signatures below the table."""
-    from fairseq_natbias.analysis.runs import read_test_score
+    from natbias.tools.runs import read_test_score
 
     runs = Path(args.runs)
     order = {name: i for i, name in enumerate(args.order)}

@@ -60,10 +60,10 @@ TINY_TRAINING = [
 
 
 def benchmark_script(name):
-    """benchmarks/<name>.py imported as a module (benchmarks/ is no package)."""
+    """research/<name>.py imported as a module (research/ is no package)."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
+    spec = importlib.util.spec_from_file_location(name, REPO / "research" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

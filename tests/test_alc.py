@@ -4,9 +4,10 @@ import math
 
 import pytest
 
-from fairseq_natbias.analysis import AnalysisError, alc
-from fairseq_natbias.analysis.stats import mean_stderr
-from fairseq_natbias.cli import alc as alc_cli
+from natbias.errors import NaturalBiasError
+from natbias.tools import alc
+from natbias.tools.stats import mean_stderr
+from natbias.tools import cli as alc_cli
 from natbias_testing import console_script_help
 
 # A piecewise-linear validation curve: (update, BLEU).
@@ -49,7 +50,7 @@ def test_a_constant_curve_has_its_value_as_alc():
     ([1000, 2000], [1.0, math.nan], None, "non-finite"),
 ])
 def test_unusable_curves_are_refused_with_a_reason(updates, values, limit, message):
-    with pytest.raises(AnalysisError, match=message):
+    with pytest.raises(NaturalBiasError, match=message):
         alc.area_under_learning_curve(updates, values, limit)
 
 
@@ -92,7 +93,7 @@ def test_cli_prints_each_run_and_mean_with_standard_error(tmp_path, capsys):
     # same curve + 2 BLEU everywhere (ALC 8). Mean 7, standard error 1.
     (tmp_path / "a.log").write_text(_simple_log(CURVE))
     (tmp_path / "b.log").write_text(_simple_log([(u, b + 2) for u, b in CURVE]))
-    alc_cli.main([str(tmp_path / "a.log"), str(tmp_path / "b.log"), "--max-updates", "0"])
+    alc_cli.alc_main([str(tmp_path / "a.log"), str(tmp_path / "b.log"), "--max-updates", "0"])
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split("\t")[1].startswith("6.0000")
     assert lines[1].split("\t")[1].startswith("8.0000")
@@ -104,7 +105,7 @@ def test_cli_without_validation_lines_says_so_without_traceback(tmp_path):
     log.write_text("2026-01-01 10:00:01 | INFO | train_inner | epoch 001:      1 / 2 "
                    "loss=4.4, num_updates=1\n")
     with pytest.raises(SystemExit) as exit_info:
-        alc_cli.main([str(log)])
+        alc_cli.alc_main([str(log)])
     message = str(exit_info.value.code)  # sys.exit(message): printed alone, no traceback
     assert message.startswith("natbias-alc: error:") and "no validation lines" in message
 

@@ -1,4 +1,4 @@
-"""benchmarks/bench_bigram.py: its counting path (a synthetic split written
+"""research/bench_bigram.py: its counting path (a synthetic split written
 with fairseq's builder, counted by the package in a child process with small
 chunks and merge thresholds) against a count made here, sentence by sentence
 through fairseq's own reader."""

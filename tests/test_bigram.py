@@ -9,7 +9,12 @@ import pytest
 import torch
 from fairseq.data import Dictionary
 
-from fairseq_natbias import bigram, unigram
+from natbias import bigram
+from natbias import counts as natbias_counts
+from natbias import prior
+from natbias.errors import NaturalBiasError
+
+from fairseq_natbias import training_data
 
 
 def hand_pairs(text_path, dictionary):
@@ -50,15 +55,15 @@ def dense(table, vocab):
     return matrix
 
 
-@pytest.mark.parametrize("chunk, pending", [(unigram.COUNT_CHUNK_TOKENS, bigram.MIN_PENDING_PAIRS),
+@pytest.mark.parametrize("chunk, pending", [(natbias_counts.CHUNK_TOKENS, bigram.MIN_PENDING_PAIRS),
                                             (7, 5)])  # chunk seams and many merges
 def test_pairs_counted_in_the_unigram_pass_match_a_hand_count(
         toy_text, toy_bin, monkeypatch, chunk, pending):
-    monkeypatch.setattr(unigram, "COUNT_CHUNK_TOKENS", chunk)
+    monkeypatch.setattr(natbias_counts, "CHUNK_TOKENS", chunk)
     monkeypatch.setattr(bigram, "MIN_PENDING_PAIRS", pending)
     dictionary = Dictionary.load(str(toy_bin / "dict.tgt.txt"))
     counter = bigram.PairCounter(len(dictionary), dictionary.eos())
-    counts = unigram.count_binarized(str(toy_bin / "train.src-tgt.tgt"), len(dictionary),
+    counts = natbias_counts.count_binarised(str(toy_bin / "train.src-tgt.tgt"), len(dictionary),
                                      pairs=counter)
     table = counter.table()
     expected = hand_pairs(toy_text / "train.tgt", dictionary)
@@ -94,9 +99,9 @@ def test_residual_table_gives_the_witten_bell_bigram_hand_worked():
 def test_residual_of_real_counts_is_the_witten_bell_bigram(toy_text, toy_bin):
     dictionary = Dictionary.load(str(toy_bin / "dict.tgt.txt"))
     counter = bigram.PairCounter(len(dictionary), dictionary.eos())
-    counts = unigram.count_binarized(str(toy_bin / "train.src-tgt.tgt"), len(dictionary),
+    counts = natbias_counts.count_binarised(str(toy_bin / "train.src-tgt.tgt"), len(dictionary),
                                      pairs=counter)
-    log_p = unigram.unigram_log_probs(counts, 1.0)
+    log_p = prior.log_unigram(counts, 1.0)
     table = bigram.witten_bell_residual(counter.table(), log_p)
     assert (table[2] >= 0).all()
     reference = witten_bell(hand_pairs(toy_text / "train.tgt", dictionary),

@@ -22,6 +22,8 @@ from natbias_testing import (TINY_LM, TINY_LM_TRAINING, build_in_process, fairse
 from test_bigram import hand_pairs
 from test_half_precision import drive_half_precision
 
+pytestmark = pytest.mark.training  # runs fairseq-train: the full tier only (make test)
+
 ORDER_2 = ("--natbias-order", "2")
 
 
@@ -98,26 +100,6 @@ def test_training_leaves_each_target_out_of_the_table(monkeypatch, dense_fractio
     assert not logits[3].any()
     np.testing.assert_allclose(residual(torch.zeros(1, 7, vocab), previous)[0].detach().numpy(),
                                full[previous[0].numpy()], atol=1e-6)
-
-
-def test_a_table_saved_without_counts_loads_and_trains_on_the_full_table():
-    """0.5.0-0.6.1 saved no counts: such a table loads into a placeholder
-    (strictly) and, given targets, adds the full table as it did; one saved
-    with counts loads them and leaves the targets out."""
-    indptr, indices = torch.tensor([0, 2, 2, 3]), torch.tensor([0, 2, 1])
-    values, counts = torch.tensor([0.5, 1.5, 2.0]), torch.tensor([1.0, 4.0, 2.0])
-    saved = BigramResidual(indptr, indices, values, counts=counts).state_dict()
-    previous, targets = torch.tensor([[0, 2]]), torch.tensor([[0, 1]])
-    full = torch.zeros(1, 2, 3)
-    full[0, 0, [0, 2]], full[0, 1, 1] = values[:2], values[2]
-    old = {name: tensor for name, tensor in saved.items() if name != "counts"}
-    for state, leaves_out in ((old, False), (saved, True)):
-        loaded = BigramResidual.placeholder(3)
-        loaded.load_state_dict(state, strict=True)
-        assert loaded.leaves_one_out == leaves_out
-        added = loaded(torch.zeros(1, 2, 3), previous, targets).detach()
-        assert torch.equal(added, full) != leaves_out
-    assert torch.equal(loaded.counts, counts)
 
 
 def test_the_decoder_reads_each_positions_target_off_its_input(toy_bin, toy_lm_bin, tmp_path):

@@ -2,7 +2,7 @@
 Whether a checkpoint is one of the package's models (natural_bias.py):
 test_natural_bias.py.
 
-Uses the v0.1.0 fixture checkpoint (tests/fixtures/v0.1.0): a real
+Uses the v1.0.0 fixture checkpoint (tests/fixtures/v1.0.0): a real
 transformer_natbias checkpoint whose configuration is an argparse.Namespace.
 """
 
@@ -15,11 +15,11 @@ import pytest
 import torch
 
 from fairseq_natbias import checkpoint_loading
-from fairseq_natbias.analysis import AnalysisError
+from natbias.errors import NaturalBiasError
 from fairseq_natbias.checkpoint_loading import CheckpointError
 from test_imports import import_graph, reachable
 
-FIXTURE = Path(__file__).parent / "fixtures/v0.1.0/checkpoint_last.pt"
+FIXTURE = Path(__file__).parent / "fixtures/v1.0.0/checkpoint_last.pt"
 
 
 @pytest.fixture(scope="module")
@@ -83,9 +83,9 @@ def test_files_that_are_no_checkpoint_are_named_with_the_fix(tmp_path):
             checkpoint_loading.saved_model_args(path)
         with pytest.raises(CheckpointError, match=message):  # fairseq's own reading
             checkpoint_loading.read_with_fairseq(path, {})
-    # One line for the analysis tools (AnalysisError) and for fairseq-train's
+    # One line for the analysis tools (NaturalBiasError) and for fairseq-train's
     # model building, which reports ValueErrors without a traceback.
-    assert issubclass(CheckpointError, AnalysisError) and issubclass(CheckpointError, ValueError)
+    assert issubclass(CheckpointError, NaturalBiasError) and issubclass(CheckpointError, ValueError)
 
 
 def test_types_nobody_allow_listed_get_the_hint(fixture_state, tmp_path):
@@ -99,9 +99,9 @@ def test_types_nobody_allow_listed_get_the_hint(fixture_state, tmp_path):
 
 
 def test_the_reader_knows_nothing_of_models_or_analysis():
-    """The ground floor: it imports the shared errors and nothing else of the
-    package, yet its error is still the AnalysisError the tools print."""
-    assert reachable(import_graph(), "fairseq_natbias.checkpoint_loading") == {
-        "fairseq_natbias.errors"}
+    """The plugin's ground floor: it imports nothing of the plugin, yet its
+    error is the NaturalBiasError the tools print."""
+    assert not reachable(import_graph(), "fairseq_natbias.checkpoint_loading")
+    assert issubclass(CheckpointError, NaturalBiasError)
     assert CheckpointError is checkpoint_loading.CheckpointError
     assert not hasattr(checkpoint_loading, "check_natbias_checkpoint")

@@ -13,6 +13,8 @@ import torch
 import fairseq_natbias  # noqa: F401  (lets torch.load read fairseq's saved config here too)
 from natbias_testing import BIN, fairseq, train
 
+pytestmark = pytest.mark.training  # runs fairseq-train: the full tier only (make test)
+
 AVERAGE = BIN / "natbias-average-checkpoints"
 GENERATE = ("--beam", "2", "--batch-size", "8", "--required-batch-size-multiple", "1",
             "--cpu", "--num-workers", "0")

@@ -1,8 +1,9 @@
-"""The arguments the analysis tools share (fairseq_natbias/cli/common.py)."""
+"""The arguments the analysis tools share (natbias/tools/cli.py)."""
 
 import pytest
 
-from fairseq_natbias.cli import distinct, sweep, sweep_lm
+from fairseq_natbias.cli import sweep, sweep_lm
+from natbias.tools import cli
 
 
 @pytest.mark.parametrize("tool, lambdas, shown", [
@@ -24,5 +25,5 @@ def test_a_grid_and_tokenizer_given_on_the_command_line_are_read():
 
 def test_an_unknown_tokenizer_is_refused_by_name(capsys):
     with pytest.raises(SystemExit):
-        distinct.build_parser().parse_args(["texts.txt", "--tokenize", "moses"])
+        cli.distinct_parser().parse_args(["texts.txt", "--tokenize", "moses"])
     assert "invalid choice: 'moses'" in capsys.readouterr().err

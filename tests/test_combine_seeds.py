@@ -1,4 +1,4 @@
-"""benchmarks/combine_seeds.py: seeds from typed-in rows, run records and
+"""research/combine_seeds.py: seeds from typed-in rows, run records and
 two-seed chrF summaries, combined into means and paired differences, checked
 against values worked by hand."""
 
@@ -118,7 +118,7 @@ def test_the_default_selection_writes_what_it_prints(combine, results, capsys):
     printed = capsys.readouterr()
     written = (results / "converge_3seeds.md").read_text()
     assert written.startswith("# Multi30k short-converge: every seed combined\n")
-    assert "`.venv/bin/python benchmarks/combine_seeds.py`" in written
+    assert "`.venv/bin/python research/combine_seeds.py`" in written
     assert written.endswith(printed.out) and printed.out.startswith("Multi30k, short-converge")
     assert printed.err == f"wrote {results / 'converge_3seeds.md'}\n"
     # Another selection writes nothing, unless asked with --out.
@@ -130,7 +130,7 @@ def test_the_default_selection_writes_what_it_prints(combine, results, capsys):
 
 
 def test_the_committed_table_is_what_the_committed_sources_give(combine, tmp_path, capsys):
-    """benchmarks/results/converge_3seeds.md, regenerated from the committed
+    """research/results/converge_3seeds.md, regenerated from the committed
     run records and CSVs (written to a scratch file), is byte-identical."""
     combine.main(["--out", str(tmp_path / "converge_3seeds.md")])
     capsys.readouterr()
@@ -146,7 +146,7 @@ def test_another_selection_names_itself_in_the_written_header(tmp_path):
     combine.main(["--pairs", "de-en", "--arms", "stock", "gain/zero", "--compare",
                   "gain/zero:stock", "--budget", "2,000 updates", "--out", str(out)])
     text = out.read_text()
-    assert ("regenerate with `.venv/bin/python benchmarks/combine_seeds.py --pairs de-en "
+    assert ("regenerate with `.venv/bin/python research/combine_seeds.py --pairs de-en "
             f"--arms stock gain/zero --compare gain/zero:stock --budget '2,000 updates' "
             f"--out {out}`") in text
     assert "Multi30k, short-converge, 2,000 updates: mean ± standard error" in text

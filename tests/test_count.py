@@ -5,9 +5,13 @@ import re
 import numpy as np
 from fairseq.data import Dictionary
 
-from fairseq_natbias import unigram
+from natbias import counts as natbias_counts
+from natbias import prior
+from natbias.errors import NaturalBiasError
+
+from fairseq_natbias import training_data
 from natbias_testing import fairseq
-from test_unigram import hand_counts
+from test_counts import hand_counts
 
 
 def natbias_count(*args):
@@ -23,8 +27,8 @@ def test_counts_from_text_and_from_binarised_data_agree(toy_bin, toy_text, tmp_p
     assert natbias_count("--dict", dict_path, "--data", toy_bin, "--source-lang", "src",
                          "--target-lang", "tgt", "--output", from_bin).returncode == 0
     expected = hand_counts(toy_text / "train.tgt", dictionary)
-    np.testing.assert_array_equal(unigram.read_counts_file(str(from_text), dictionary), expected)
-    np.testing.assert_array_equal(unigram.read_counts_file(str(from_bin), dictionary), expected)
+    np.testing.assert_array_equal(natbias_counts.read_counts_file(str(from_text), training_data.symbols(dictionary)), expected)
+    np.testing.assert_array_equal(natbias_counts.read_counts_file(str(from_bin), training_data.symbols(dictionary)), expected)
 
 
 def test_missing_split_is_a_clear_error(toy_bin, tmp_path):

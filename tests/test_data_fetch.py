@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from fairseq_natbias import data_fetch
+from natbias.tools import data as data_fetch
 
 
 @pytest.fixture

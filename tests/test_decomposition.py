@@ -8,9 +8,12 @@ import math
 import pytest
 import torch
 
-from fairseq_natbias.analysis import AnalysisError, decomposition
+from natbias.errors import NaturalBiasError
+from fairseq_natbias.analysis import decomposition
 from fairseq_natbias.pipeline import build_from_training_args
 from natbias_testing import TINY_LM, TINY_MODEL, train, train_lm
+
+pytestmark = pytest.mark.training  # runs fairseq-train: the full tier only (make test)
 
 IDENTITY_TOLERANCE = 1e-5
 # The trained models: (kind, --natbias-init).
@@ -210,9 +213,7 @@ def test_a_fresh_default_model_is_its_frequency_term(toy_bin, toy_lm_bin, toy_te
 
 
 def gain_of(kind, data):
-    from fairseq_natbias.output_projection import output_gain
-
-    return float(output_gain(fresh_model(kind, data)[1].decoder).detach())
+    return float(fresh_model(kind, data)[1].decoder.output_projection.gain().detach())
 
 
 # --- the identity on logits alone ---------------------------------------------------------
@@ -246,18 +247,18 @@ def test_batched_half_precision_logits_are_decomposed_in_float32():
     torch.testing.assert_close(terms.frequency.double(), expected_frequency, atol=1e-5, rtol=0)
 
 
-# --- bad input: one AnalysisError naming the fix ----------------------------------------------
+# --- bad input: one NaturalBiasError naming the fix ----------------------------------------------
 
 
 def test_a_missing_checkpoint_is_named(tmp_path, toy_bin):
-    with pytest.raises(AnalysisError, match="no such checkpoint"):
+    with pytest.raises(NaturalBiasError, match="no such checkpoint"):
         decomposition.load_model(str(tmp_path / "nothing.pt"), str(toy_bin))
-    with pytest.raises(AnalysisError, match="is a directory"):
+    with pytest.raises(NaturalBiasError, match="is a directory"):
         decomposition.load_model(str(tmp_path), str(toy_bin))
 
 
 def test_a_file_that_is_not_a_checkpoint_is_named(toy_bin):
-    with pytest.raises(AnalysisError, match="is not a fairseq checkpoint"):
+    with pytest.raises(NaturalBiasError, match="is not a fairseq checkpoint"):
         decomposition.load_model(str(toy_bin / "dict.tgt.txt"), str(toy_bin))
 
 
@@ -266,19 +267,19 @@ def test_a_checkpoint_of_another_model_is_refused(checkpoints, toy_bin, tmp_path
     state["cfg"]["model"].arch = "transformer"
     stock = tmp_path / "stock.pt"
     torch.save(state, stock)
-    with pytest.raises(AnalysisError, match="--arch transformer, not a fairseq_natbias model"):
+    with pytest.raises(NaturalBiasError, match="--arch transformer, not a fairseq_natbias model"):
         decomposition.load_model(str(stock), str(toy_bin))
 
 
 def test_wrong_data_directory_is_named(checkpoints, toy_bin, tmp_path):
-    with pytest.raises(AnalysisError, match="no such data directory"):
+    with pytest.raises(NaturalBiasError, match="no such data directory"):
         decomposition.load_model(str(checkpoints["translation", "unigram"]), str(tmp_path / "x"))
-    with pytest.raises(AnalysisError, match="data directory the model was trained on"):
+    with pytest.raises(NaturalBiasError, match="data directory the model was trained on"):
         decomposition.load_model(str(checkpoints["language_model", "unigram"]), str(toy_bin))
 
 
 def test_missing_sentencepiece_model_is_named(checkpoints, toy_bin, tmp_path):
-    with pytest.raises(AnalysisError, match="no such SentencePiece model"):
+    with pytest.raises(NaturalBiasError, match="no such SentencePiece model"):
         decomposition.load_model(str(checkpoints["translation", "unigram"]), str(toy_bin),
                                  sentencepiece_model=str(tmp_path / "spm.model"))
 
@@ -286,10 +287,10 @@ def test_missing_sentencepiece_model_is_named(checkpoints, toy_bin, tmp_path):
 def test_inputs_that_do_not_fit_the_model_are_refused(hubs, toy_text):
     translation = hubs["translation", "unigram"]
     target, source = sentences(translation, toy_text, "translation")[0]
-    with pytest.raises(AnalysisError, match="needs the source"):
+    with pytest.raises(NaturalBiasError, match="needs the source"):
         decomposition.decompose(translation.models[0], target)
-    with pytest.raises(AnalysisError, match="vocabulary has"):
+    with pytest.raises(NaturalBiasError, match="vocabulary has"):
         decomposition.decompose(translation.models[0], target + 10_000, source)
     language_model = hubs["language_model", "unigram"]
-    with pytest.raises(AnalysisError, match="has no source"):
+    with pytest.raises(NaturalBiasError, match="has no source"):
         decomposition.decompose(language_model.models[0], target, source)

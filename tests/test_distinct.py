@@ -4,9 +4,10 @@ import math
 
 import pytest
 
-from fairseq_natbias.analysis import AnalysisError, distinct
-from fairseq_natbias.analysis.generate_output import read_generate_output
-from fairseq_natbias.cli import distinct as distinct_cli
+from natbias.errors import NaturalBiasError
+from natbias.tools import distinct
+from natbias.tools.generate_output import read_generate_output
+from natbias.tools import cli as distinct_cli
 from natbias_testing import console_script_help
 
 TEXTS = ["the cat the cat", "the dog"]
@@ -27,7 +28,7 @@ def test_13a_splits_punctuation_and_short_texts_leave_d_undefined():
     assert scores["D1"] == pytest.approx(5 / 6)
     short = distinct.text_diversity(["a b", "c"], tokenizer="none")
     assert math.isnan(short["D3"]) and math.isnan(short["D"])
-    with pytest.raises(AnalysisError):
+    with pytest.raises(NaturalBiasError):
         distinct.text_diversity([])
 
 
@@ -37,7 +38,7 @@ def test_cli_reads_the_detokenised_hypotheses_of_fairseq_generate(tmp_path, caps
         "S-1\tsrc\nT-1\tref\nH-1\t-0.5\tthe dog\nD-1\t-0.5\tthe dog\nP-1\t-1 -1 -1\n"
         "S-0\tsrc\nT-0\tref\nH-0\t-0.5\tthe cat the cat\nD-0\t-0.5\tthe cat the cat\n"
         "Generate test with beam=5: BLEU4 = 0.00\n")
-    distinct_cli.main([str(output), "--tokenize", "none"])
+    distinct_cli.distinct_main([str(output), "--tokenize", "none"])
     printed = dict(line.split("\t") for line in capsys.readouterr().out.splitlines())
     assert float(printed["D2"]) == pytest.approx(3 / 4)
     assert float(printed["D"]) == pytest.approx((3 / 6 + 3 / 4 + 1 + 1) / 4, abs=1e-4)
@@ -52,8 +53,8 @@ def test_a_file_that_is_not_text_is_named(tmp_path):
     with pytest.raises(SystemExit, match=r"natbias-distinct: error: .*checkpoint_best.pt is not "
                                          r"UTF-8 text \(byte 4\); give fairseq-generate's output "
                                          r"or a plain text file"):
-        distinct_cli.main([str(binary)])
-    with pytest.raises(AnalysisError, match=r"is not UTF-8 text \(byte 4\); give "
+        distinct_cli.distinct_main([str(binary)])
+    with pytest.raises(NaturalBiasError, match=r"is not UTF-8 text \(byte 4\); give "
                                             r"fairseq-generate's output$"):
         read_generate_output(str(binary))
 

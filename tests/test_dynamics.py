@@ -5,8 +5,9 @@ import statistics
 
 import pytest
 
-from fairseq_natbias.analysis import AnalysisError, dynamics, runs
-from fairseq_natbias.cli import dynamics as dynamics_cli
+from natbias.errors import NaturalBiasError
+from natbias.tools import dynamics, runs
+from natbias.tools import cli as dynamics_cli
 from natbias_testing import console_script_help
 
 UPDATES = (1, 2, 4, 8)
@@ -64,7 +65,7 @@ def test_seed_means_and_standard_errors_update_by_update(grid):
 
 def test_cli_writes_one_plot_per_metric_and_the_numbers(grid, tmp_path, capsys):
     out = tmp_path / "out"
-    dynamics_cli.main([str(grid), "--out-dir", str(out)])
+    dynamics_cli.dynamics_main([str(grid), "--out-dir", str(out)])
     for metric in dynamics.DEFAULT_METRICS:
         assert (out / f"{metric}.png").stat().st_size > 10_000
     rows = (out / "dynamics.tsv").read_text().splitlines()
@@ -75,13 +76,13 @@ def test_cli_writes_one_plot_per_metric_and_the_numbers(grid, tmp_path, capsys):
 def test_single_logs_and_missing_metrics(tmp_path, capsys):
     log = tmp_path / "a.log"
     log.write_text(_log([0.1] * 4, [0.5] * 4, 1.0))
-    dynamics_cli.main(["--log", f"unigram={log}", "--metrics", "bias_norm",
+    dynamics_cli.dynamics_main(["--log", f"unigram={log}", "--metrics", "bias_norm",
                        "--out-dir", str(tmp_path / "out")])
     assert (tmp_path / "out" / "bias_norm.png").exists()
-    with pytest.raises(AnalysisError, match="none of valid_chrf is in any log"):
+    with pytest.raises(NaturalBiasError, match="none of valid_chrf is in any log"):
         dynamics.collect(dynamics_cli.single_log_runs([f"unigram={log}"]), ["valid_chrf"])
     with pytest.raises(SystemExit, match="expected INIT=LOG"):
-        dynamics_cli.main(["--log", str(log), "--out-dir", str(tmp_path / "out")])
+        dynamics_cli.dynamics_main(["--log", str(log), "--out-dir", str(tmp_path / "out")])
 
 
 def test_console_script_help():

@@ -25,6 +25,8 @@ import torch
 
 from natbias_testing import BIN, MULTI30K, REPO
 
+pytestmark = pytest.mark.training  # runs fairseq-train: the full tier only (make test)
+
 EXAMPLES = REPO / "examples"
 SCRIPTS = {
     "translation": EXAMPLES / "translation/run.sh",
@@ -104,7 +106,7 @@ def translation(multi30k, tmp_path_factory):
 
 
 def test_translation_trains_both_biases_translates_and_scores(translation):
-    from fairseq_natbias.checkpoint_settings import saved_model_args
+    from fairseq_natbias.checkpoints import saved_model_args
 
     result, work, _ = translation
     staged = (work / "raw/train.de").read_text().splitlines()
@@ -258,7 +260,7 @@ def external(translation):
 def test_external_bias_counts_the_external_text_and_trains_with_it(external):
     from fairseq.data import Dictionary
 
-    from fairseq_natbias.checkpoint_settings import saved_model_args
+    from fairseq_natbias.checkpoints import saved_model_args
 
     result, work, translation_work = external
     dictionary = Dictionary.load(str(translation_work / "data-bin/dict.en.txt"))

@@ -2,8 +2,11 @@
 
 import pytest
 
-from fairseq_natbias.analysis import AnalysisError, fairseq_logs
+from natbias.errors import NaturalBiasError
+from natbias.tools import fairseq_logs
 from natbias_testing import train
+
+pytestmark = pytest.mark.training  # runs fairseq-train: the full tier only (make test)
 
 SIMPLE_LINES = """\
 2026-01-01 10:00:00 | INFO | fairseq_cli.train | {'_name': None, 'common': {'log_format': 'simple'}}
@@ -69,10 +72,10 @@ def test_resumed_run_keeps_the_last_value_of_a_repeated_update():
 
 def test_missing_validation_lines_or_key_explain_themselves():
     records = fairseq_logs.parse_lines(SIMPLE_LINES.splitlines()[:2])
-    with pytest.raises(AnalysisError, match="no validation lines"):
+    with pytest.raises(NaturalBiasError, match="no validation lines"):
         fairseq_logs.validation_series(records, "x.log", "bleu")
     records = fairseq_logs.parse_lines(SIMPLE_LINES.splitlines())
-    with pytest.raises(AnalysisError, match="no 'chrf'.*loss, bleu"):
+    with pytest.raises(NaturalBiasError, match="no 'chrf'.*loss, bleu"):
         fairseq_logs.validation_series(records, "x.log", "chrf")
 
 

@@ -11,9 +11,12 @@ import numpy as np
 import pytest
 import torch
 
-from fairseq_natbias.analysis import AnalysisError, frequency
+from natbias.errors import NaturalBiasError
+from fairseq_natbias.analysis import frequency
 from fairseq_natbias.cli import frequency as frequency_cli
 from natbias_testing import console_script_help, fairseq, train
+
+pytestmark = pytest.mark.training  # runs fairseq-train: the full tier only (make test)
 
 LN2 = math.log(2.0)
 
@@ -193,7 +196,7 @@ def test_bad_inputs_end_with_a_clear_message(checkpoints, toy_bin, fresh_copy):
         frequency_cli.main([str(data), "--model", str(checkpoints["zero"]), "--out-dir", "unused"])
     shutil.copy(toy_bin / "dict.tgt.txt", data / "dict.tgt.txt")
     _empty_split(data)
-    with pytest.raises(AnalysisError, match="test split of .* is empty"):
+    with pytest.raises(NaturalBiasError, match="test split of .* is empty"):
         frequency.score_checkpoint("zero", str(checkpoints["zero"]), str(data))
     with pytest.raises(SystemExit, match="natbias-frequency: error: .*valid2"):
         frequency_cli.main([str(toy_bin), "--model", str(checkpoints["zero"]),

@@ -13,6 +13,8 @@ from fairseq_natbias.checkpoint_loading import has_output_bias
 from fairseq_natbias.cli import sweep as sweep_cli
 from natbias_testing import console_script_help, fairseq, train
 
+pytestmark = pytest.mark.training  # runs fairseq-train: the full tier only (make test)
+
 GENERATE_ARGS = ["--beam", "2", "--batch-size", "20", "--max-len-a", "0", "--max-len-b", "12"]
 
 
@@ -49,7 +51,6 @@ def _contextual_logits(model, sample):
     features, _ = model.decoder(net_input["prev_output_tokens"], encoder_out=encoder_out,
                                 features_only=True)
     projection = model.decoder.output_projection
-    assert model.args.natbias_gain_form == "abs-capped"
     gain = min(abs(projection.gain_param.item() * model.args.natbias_gain_speed), 1.0)
     return gain * F.linear(features, projection.weight)
 

@@ -1,4 +1,4 @@
-"""benchmarks/gpu_check.py: the tools found without scripts, one run's
+"""research/gpu_check.py: the tools found without scripts, one run's
 bookkeeping with stand-ins for fairseq-train (recorded, skipped, failed, not
 started, left out by the time budget; the table written and copied after
 every step), and the whole script with --smoke (CPU) on a slice of real
@@ -20,12 +20,14 @@ import pytest
 from natbias_testing import REPO, benchmark_script, write_multi30k_slice
 from test_gpu_check_report import FP16_LOG, table_rows
 
-SCRIPT = REPO / "benchmarks" / "gpu_check.py"
+SCRIPT = REPO / "research" / "gpu_check.py"
 SLICE = {"train": 1500, "val": 60, "test_2016_flickr": 40}
 
 gpu_check = benchmark_script("gpu_check")
 report = benchmark_script("gpu_check_report")
 from fairseq_natbias import pipeline  # noqa: E402  (after benchmark_script's path set-up)
+
+pytestmark = pytest.mark.training  # runs fairseq-train: the full tier only (make test)
 
 # --- the tools, however they were installed -------------------------------------------
 

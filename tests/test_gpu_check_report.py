@@ -1,8 +1,8 @@
-"""benchmarks/gpu_check_report.py, gpu_check_child.py and gpu_check_wheels.py:
+"""research/gpu_check_report.py, gpu_check_child.py and gpu_check_wheels.py:
 log reading on hand-written fairseq 0.12 lines, every target of the table
 made to pass and to FAIL by constructed input, the table, the peak-memory
 fold against a stand-in for torch.cuda, the wheel check and the documented
-device command (docs/gpu.md)."""
+device command (research/studies/gpu_check.md)."""
 
 import re
 import zipfile
@@ -390,9 +390,10 @@ def test_the_wheel_check_knows_this_packages_requirements():
     assert {"torch", "hydra-core", "omegaconf", "bitarray", "sacrebleu"} <= names
 
 
-def documented_device_command(script="benchmarks/gpu_check.py"):
-    """The one device command of docs/gpu.md that runs ``script``."""
-    text = (REPO / "docs" / "gpu.md").read_text()
+def documented_device_command(script="research/gpu_check.py"):
+    """The one device command of research/studies/gpu_check.md that runs
+    ``script``."""
+    text = (REPO / "research" / "studies" / "gpu_check.md").read_text()
     commands = [command for command in
                 re.findall(r"```bash\n(python3 -m pip install[^\n]*)\n```", text)
                 if script in command]
@@ -401,12 +402,12 @@ def documented_device_command(script="benchmarks/gpu_check.py"):
 
 
 def test_the_documented_study_command_installs_the_wheels_and_names_the_carried_data():
-    command = documented_device_command("benchmarks/gpu_study.sh")
+    command = documented_device_command("research/gpu_study.sh")
     assert len(command) <= 2000
     install, rest = command.split(" || exit; ")
     assert "--target /tmp/site gpu_prep/wheels/*.whl" in install
-    assert (REPO / "benchmarks" / "gpu_study.sh").exists()
-    seconds, out, workdir, *args = rest.split("bash benchmarks/gpu_study.sh ")[1].split()
+    assert (REPO / "research" / "gpu_study.sh").exists()
+    seconds, out, workdir, *args = rest.split("bash research/gpu_study.sh ")[1].split()
     assert int(seconds) < 600 and out == "$OUT" and not workdir.startswith("-")
     assert args[:2] == ["--multi30k", "gpu_prep/multi30k_all"]
 
@@ -418,7 +419,7 @@ def test_the_documented_device_command_is_complete():
     assert "--no-index --no-deps" in install and "--target /tmp/site gpu_prep/wheels/*.whl" \
         in install
     assert "PYTHONPATH=/tmp/site:$PWD" in install
-    check = rest.split("python3 benchmarks/gpu_check.py ")[1].split()
+    check = rest.split("python3 research/gpu_check.py ")[1].split()
     args = gpu_check.parse_args(check)
     assert args.multi30k == "gpu_prep/multi30k" and args.data == "gpu_prep/data"
     assert args.copy_to == "$OUT" and args.time_budget < 600

@@ -21,9 +21,10 @@ import torch
 from fairseq import optim, options, tasks, utils
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
-from fairseq_natbias import output_projection
 from natbias_testing import (REPO, TINY_LM, TINY_LM_TRAINING, TINY_MODEL, TINY_TRAINING,
                              build_in_process, first_sentences, half_matmuls_in_float32)
+
+pytestmark = pytest.mark.training  # runs fairseq-train: the full tier only (make test)
 
 DTYPES = [torch.bfloat16, torch.float16]
 
@@ -211,38 +212,6 @@ def test_default_trains_at_stocks_loss_scale(fp16_runs, optimiser):
     assert default["skipped"] <= stock["skipped"], (default["scales"], stock["scales"])
     for ours, theirs in zip(default["scales"], stock["scales"]):
         assert theirs / 2 <= ours <= theirs * 2, (default["scales"], stock["scales"])
-
-
-def as_an_exp_peak_checkpoint_builds_it(model, cfg):
-    """The output gain a checkpoint of 0.3.3-0.7 trained with ``--natbias-gain-form
-    exp --natbias-gain-schedule peak`` (retired for new models in 0.8.0)
-    builds, on the default model's W and b: the fresh model the retired
-    settings would have started from."""
-    decoder = model.decoder
-    plain = output_projection.OutputProjection(decoder.output_projection.weight,
-                                               decoder.output_projection.bias)
-    decoder.output_projection = plain
-    output_projection.add_output_gain(decoder, 0.05, 100.0, "exp", "peak",
-                                      output_projection.WarmupSpeedup.from_args(cfg.model))
-
-
-@pytest.mark.parametrize("optimiser", sorted(FP16_FLAGS))
-def test_the_peak_gain_schedule_trains_at_stocks_loss_scale(fp16_runs, multi30k_bin, optimiser):
-    """A model of a ``peak`` checkpoint under loss scaling: its gradient
-    divided by m(t) as well, its anchors float32, it skips no more updates
-    than stock and its gain moves, finite (here with the warm-up's m = 10..1
-    of --warmup-updates 10)."""
-    run = drive_half_precision(multi30k_bin, "transformer_natbias",
-                               FP16_FLAGS[optimiser] + ["--share-all-embeddings"],
-                               adapt=as_an_exp_peak_checkpoint_builds_it)
-    stock = fp16_runs["transformer"]
-    assert run["skipped"] <= stock["skipped"], (run["scales"], stock["scales"])
-    projection = run["model"].decoder.output_projection
-    assert (projection.form, projection.schedule) == ("exp", "peak")
-    assert {projection.gain_exponent_anchor.dtype, projection.gain_param_anchor.dtype,
-            projection.gain_speedup.dtype} == {torch.float32}
-    gain = projection.gain().item()
-    assert math.isfinite(gain) and gain != pytest.approx(0.05, rel=0.05)
 
 
 @pytest.mark.parametrize("optimiser", sorted(FP16_FLAGS))

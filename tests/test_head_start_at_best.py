@@ -1,4 +1,4 @@
-"""benchmarks/head_start_at_best.py: the default's lead over stock at update
+"""research/head_start_at_best.py: the default's lead over stock at update
 1,000 and at stock's best, against records worked by hand."""
 
 import json
@@ -76,7 +76,7 @@ def test_out_writes_the_table_and_the_plot(lead, results, tmp_path):
     lead.main(["--results", str(results), "--pairs", "de-en",
                "--setting", f"3,000 short={SETTING}:{ARM}", "--out", str(out)])
     text = out.read_text()
-    assert "regenerate with `.venv/bin/python benchmarks/head_start_at_best.py --results" in text
+    assert "regenerate with `.venv/bin/python research/head_start_at_best.py --results" in text
     assert "--out" in text and "[lead.png](lead.png)" in text
     assert (tmp_path / "lead.png").stat().st_size > 0
 

@@ -1,17 +1,15 @@
-"""The import graph of fairseq_natbias/: no circle, and no floor imports one above it.
+"""The import graph of the installed packages: no circle, and no layer
+imports one above it.
 
-Every ``import`` and ``from ... import`` in every module of the package is
-read with ``ast`` (those inside functions too: an import deferred to a call is
-still a dependency), resolved to the package's own modules, and the graph is
-searched for a cycle. The package's ``__init__`` imports the modules named in
-its ``REGISTERED_MODULES`` with ``importlib`` at run time; those edges are
-added too. A module's implicit import of its parent package (Python runs
-``fairseq_natbias/__init__.py`` before any submodule) is not an edge: it would
-make every registered module a circle by construction.
+Every ``import`` and ``from ... import`` in every module (those inside
+functions too: an import deferred to a call is still a dependency) is read
+with ``ast`` and resolved to the packages' own modules. A module's implicit
+import of its parent package is not an edge.
 
-The floors, bottom up: the checkpoint reader (``checkpoint_loading``) and the
-shared errors (``errors``); the models (``natural_bias``,
-``checkpoint_settings``, ...); ``analysis/``; ``cli/``.
+The layers, bottom up: the core ``natbias`` (torch and numpy only); the
+text-only tools ``natbias.tools`` (not even torch); the fairseq plugin
+``fairseq_natbias`` and the transformers extra ``natbias.hf``, which know
+nothing of each other.
 """
 
 import ast
@@ -19,8 +17,10 @@ from pathlib import Path
 
 import pytest
 
+REPO = Path(__file__).resolve().parent.parent
 PACKAGE = "fairseq_natbias"
-ROOT = Path(__file__).resolve().parent.parent / PACKAGE
+ROOT = REPO / PACKAGE
+CORE = REPO / "natbias"
 
 
 def module_name(path: Path, root: Path = ROOT, package: str = PACKAGE) -> str:
@@ -71,22 +71,11 @@ def imports_of(source: str, importer: str, known, is_package: bool = False) -> s
     return found
 
 
-def registered_modules(init_source: str, package: str = PACKAGE) -> set:
-    """The modules the package's ``register()`` imports by name at run time
-    (the tuple literal ``REGISTERED_MODULES`` in its ``__init__``)."""
-    for node in ast.walk(ast.parse(init_source)):
-        if (isinstance(node, ast.Assign)
-                and any(getattr(t, "id", None) == "REGISTERED_MODULES" for t in node.targets)):
-            return {f"{package}.{name}" for name in ast.literal_eval(node.value)}
-    return set()
-
-
 def import_graph(root: Path = ROOT, package: str = PACKAGE) -> dict:
     """``{module: set of package modules it imports}``."""
     modules = package_modules(root, package)
     graph = {name: imports_of(path.read_text(), name, modules, path.name == "__init__.py")
              for name, path in modules.items()}
-    graph[package] |= registered_modules(modules[package].read_text(), package)
     return graph
 
 
@@ -145,7 +134,7 @@ def test_imports_inside_functions_and_relative_imports_are_edges(tmp_path):
     checkpoint_loading -> natural_bias import hid) is found."""
     package = tmp_path / "pkg"
     (package / "sub").mkdir(parents=True)
-    (package / "__init__.py").write_text("REGISTERED_MODULES = ('low',)\n")
+    (package / "__init__.py").write_text("from pkg import low\n")
     (package / "low.py").write_text("import os\n\ndef check():\n    from pkg.high import Model\n")
     (package / "high.py").write_text("from pkg import mid\nfrom pkg.sub import thing\n")
     (package / "mid.py").write_text("from . import low\n")
@@ -163,38 +152,92 @@ def test_imports_inside_functions_and_relative_imports_are_edges(tmp_path):
     assert find_cycle(graph) is not None
 
 
-# --- the package ------------------------------------------------------------------------
+# --- the packages -----------------------------------------------------------------------
 
 
 @pytest.fixture(scope="module")
 def graph():
-    return import_graph()
+    """Both packages in one graph, so that edges between them count."""
+    modules = {**package_modules(), **package_modules(CORE, "natbias")}
+    return {name: imports_of(path.read_text(), name, modules, path.name == "__init__.py")
+            for name, path in modules.items()}
 
 
-def test_the_walk_sees_the_package(graph):
+def external_imports(path: Path) -> set:
+    """Top-level names of the modules ``path`` imports from outside the packages."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            names.add(node.module.split(".")[0])
+    return names - {"natbias", "fairseq_natbias"}
+
+
+def test_the_walk_sees_the_packages(graph):
     """A sanity check that the walk reads real edges (a graph with no edges
     has no cycle either)."""
-    assert len(graph) > 30
+    assert len(graph) > 40
     assert f"{PACKAGE}.natural_bias" in graph[f"{PACKAGE}.transformer_natbias"]
-    assert f"{PACKAGE}.checkpoint_loading" in graph[PACKAGE]
+    assert "natbias.projection" in graph[f"{PACKAGE}.natural_bias"]
+    assert "natbias.prior" in graph["natbias.hf.natural_bias"]
 
 
-def test_the_package_has_no_import_cycle(graph):
+def test_no_import_cycle(graph):
     cycle = find_cycle(graph)
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
 
 
-@pytest.mark.parametrize("ground", ["checkpoint_loading", "errors"])
-def test_the_ground_floor_imports_nothing_above_it(graph, ground):
-    """The checkpoint reader and the shared errors know nothing of the models,
-    the analysis tools or the CLIs."""
-    above = {name for name in reachable(graph, f"{PACKAGE}.{ground}")}
-    assert above <= {f"{PACKAGE}.errors"}, sorted(above)
+def test_the_core_needs_no_framework_and_imports_no_layer_above(graph):
+    core = [name for name in graph if name.startswith("natbias")
+            and not name.startswith(("natbias.tools", "natbias.hf"))]
+    assert "natbias.counts" in core
+    for name in core:
+        upward = {m for m in reachable(graph, name) if not m.startswith("natbias")
+                  or m.startswith(("natbias.tools", "natbias.hf"))}
+        assert not upward, f"{name} imports {sorted(upward)}"
+        path = package_modules(CORE, "natbias")[name]
+        assert external_imports(path) <= {
+            "math", "os", "re", "struct", "typing", "dataclasses", "logging", "numpy",
+            "torch"}, name
 
 
-def test_the_models_import_no_analysis_and_no_cli(graph):
-    for model in ("natural_bias", "checkpoint_settings", "transformer_natbias",
-                  "transformer_lm_natbias"):
+def test_the_tools_import_neither_torch_nor_a_framework(graph):
+    for name, path in package_modules(CORE / "tools", "natbias.tools").items():
+        assert not external_imports(path) & {"torch", "fairseq", "transformers"}, name
+        upward = {m for m in reachable(graph, name) if m.startswith(("fairseq_natbias", "natbias.hf"))}
+        assert not upward, f"{name} imports {sorted(upward)}"
+
+
+def test_the_plugin_and_the_extra_know_nothing_of_each_other(graph):
+    for name in graph:
+        reached = reachable(graph, name)
+        if name.startswith(PACKAGE):
+            assert not {m for m in reached if m.startswith("natbias.hf")}, name
+        if name.startswith("natbias.hf"):
+            assert not {m for m in reached if m.startswith(PACKAGE)}, name
+
+
+def test_the_model_path_imports_no_analysis_and_no_cli(graph):
+    for model in ("natural_bias", "checkpoints", "transformer_natbias", "transformer_lm_natbias"):
         upward = {name for name in reachable(graph, f"{PACKAGE}.{model}")
                   if name.startswith((f"{PACKAGE}.analysis", f"{PACKAGE}.cli"))}
         assert not upward, f"{model} imports {sorted(upward)}"
+
+
+def _lines(paths) -> int:
+    return sum(len(path.read_text().splitlines()) for path in paths)
+
+
+def test_the_installed_code_stays_small():
+    """No file over 400 lines; the packages a user installs (the transformers
+    extra aside) at most 5,000 lines, the plugin's model path at most 1,500."""
+    installed = [*ROOT.rglob("*.py"), *(p for p in CORE.rglob("*.py") if "hf" not in p.parts)]
+    too_long = {str(p.relative_to(REPO)): n for p in installed + list((CORE / "hf").rglob("*.py"))
+                if (n := len(p.read_text().splitlines())) > 400}
+    assert not too_long
+    assert _lines(installed) <= 5000
+    model_path = ["transformer_natbias", "transformer_lm_natbias", "natural_bias", "options",
+                  "checkpoints", "checkpoint_loading", "training_data", "bigram_residual"]
+    assert _lines([ROOT / f"{name}.py" for name in model_path]
+                  + [CORE / "projection.py", CORE / "prior.py", CORE / "counts.py"]) <= 1500

@@ -1,5 +1,5 @@
-"""The package's import: what registers with fairseq, and the text-only
-programs that start without torch or fairseq (fairseq_natbias/__init__.py)."""
+"""Importing the plugin registers with fairseq, always; the text-only tools
+(natbias.tools) start without torch or fairseq; one version everywhere."""
 
 import json
 import os
@@ -30,8 +30,8 @@ def _run_profiled(tool, *args):
 def _assert_ran_without_torch(name, done):
     assert done.returncode == 0, f"{name}: {done.stdout}{done.stderr[-2000:]}"
     imported = top_level_imports(done.stderr)
-    assert "fairseq_natbias" in imported, name  # the package itself was imported
-    assert not imported & {"torch", "fairseq"}, (name, imported & {"torch", "fairseq"})
+    assert "natbias" in imported, name  # the package itself was imported
+    assert not imported & {"torch", "fairseq", "fairseq_natbias"}, (name, imported)
 
 
 def test_log_only_tools_do_their_work_without_torch_or_fairseq(tmp_path):
@@ -48,7 +48,6 @@ def test_log_only_tools_do_their_work_without_torch_or_fairseq(tmp_path):
                              "--out-dir", tmp_path / "dynamics"],
         "natbias-report": [tmp_path / "grid", "--out-dir", tmp_path / "report"],
     }
-    assert set(runs) < fairseq_natbias.TEXT_ONLY_PROGRAMS
     for tool, args in runs.items():
         done = _run_profiled(tool, *args)
         _assert_ran_without_torch(tool, done)
@@ -64,21 +63,21 @@ def test_log_only_tools_do_their_work_without_torch_or_fairseq(tmp_path):
 
 def test_text_helpers_of_the_recipes_and_examples_start_without_torch(tmp_path):
     """recipes/natbias_tools.py, examples/translation/spm_text.py and
-    ``python -m fairseq_natbias.data_fetch`` as lib.sh and the examples call
+    ``python -m natbias.tools.data`` as lib.sh and the examples call
     them: their work done (a SentencePiece model, text encoded with it, the
     data folder found) without torch or fairseq."""
     lines = [f"der hund {i} sieht die katze {i % 7} im garten" for i in range(300)]
     (tmp_path / "train.de").write_text("\n".join(lines) + "\n")
     spm_text = [sys.executable, REPO / "examples/translation/spm_text.py"]
     tools = [sys.executable, REPO / "recipes/natbias_tools.py"]
-    python_m = [sys.executable, "-m", "fairseq_natbias.data_fetch"]
+    python_m = [sys.executable, "-m", "natbias.tools.data"]
     for name, command, args in [
         ("spm_text.py train", spm_text, ["train", "--model-prefix", tmp_path / "spm",
                                          "--vocab-size", 40, tmp_path / "train.de"]),
         ("natbias_tools.py spm-encode", tools, ["spm-encode", "--model", tmp_path / "spm.model",
                                                "--input", tmp_path / "train.de",
                                                "--output-dir", tmp_path / "pieces"]),
-        ("python -m fairseq_natbias.data_fetch", python_m, [tmp_path / "cache", "--data", tmp_path,
+        ("python -m natbias.tools.data", python_m, [tmp_path / "cache", "--data", tmp_path,
                                                            "--langs", "de"]),
     ]:
         done = _run_profiled(command, *args)
@@ -93,7 +92,7 @@ def test_text_helpers_of_the_recipes_and_examples_start_without_torch(tmp_path):
 
 def test_any_other_process_registers_on_import():
     """fairseq's CLIs import the package by --user-dir: registration must not wait."""
-    code = ("import sys; sys.argv = ['fairseq-train']; import fairseq_natbias\n"
+    code = ("import fairseq_natbias\n"
             "from fairseq.models import ARCH_MODEL_REGISTRY\n"
             "from fairseq.criterions import CRITERION_REGISTRY\n"
             "print('transformer_natbias' in ARCH_MODEL_REGISTRY,"
@@ -104,20 +103,24 @@ def test_any_other_process_registers_on_import():
     assert out.split() == ["True", "True", "True"]
 
 
-def test_register_twice_is_harmless():
+def test_importing_twice_is_harmless():
+    import importlib
+
     from fairseq.models import ARCH_MODEL_REGISTRY
 
-    fairseq_natbias.register()
-    fairseq_natbias.register()
+    importlib.import_module("fairseq_natbias")
+    importlib.import_module("fairseq_natbias.transformer_natbias")
     assert "transformer_natbias" in ARCH_MODEL_REGISTRY
 
 
 def test_one_version_everywhere():
-    """The package, setup.py and CITATION.cff name the same version."""
+    """The packages, the distribution's metadata and CITATION.cff name the same version."""
     import re
+    from importlib.metadata import version
 
-    from natbias_testing import REPO
+    import natbias
 
-    setup = re.search(r'version="([^"]+)"', (REPO / "setup.py").read_text())[1]
     citation = re.search(r"^version: (\S+)$", (REPO / "CITATION.cff").read_text(), re.M)[1]
-    assert fairseq_natbias.__version__ == setup == citation
+    assert fairseq_natbias.__version__ == natbias.__version__ == version("fairseq-natbias")
+    assert citation == natbias.__version__
+    assert 'version = { attr = "natbias.__version__" }' in (REPO / "pyproject.toml").read_text()

@@ -14,9 +14,11 @@ import pytest
 
 from natbias_testing import BIN, REPO, TINY_MODEL, TINY_TRAINING
 
+pytestmark = pytest.mark.training  # runs fairseq-train: the full tier only (make test)
+
 # What a wheel is built from; copied so the build leaves nothing in the
-# checkout (setuptools writes build/ and *.egg-info next to setup.py).
-SOURCES = ("setup.py", "README.md", "LICENSE", "fairseq_natbias")
+# checkout (setuptools writes build/ and *.egg-info next to pyproject.toml).
+SOURCES = ("pyproject.toml", "README.md", "LICENSE", "natbias", "fairseq_natbias")
 
 
 def pip(*args, cwd):
@@ -51,15 +53,18 @@ def test_the_wheel_carries_licence_versions_and_readme(wheel):
         licence = [n for n in names if n.endswith(".dist-info/licenses/LICENSE")]
         assert licence and archive.read(licence[0]) == (REPO / "LICENSE").read_bytes()
         entry_points = archive.read(info.replace("METADATA", "entry_points.txt")).decode()
-    assert metadata["License"] == "MIT"
+    assert "MIT" in (metadata["License-Expression"], metadata["License"])
     assert metadata["Requires-Python"] in (">=3.11,<3.13", "<3.13,>=3.11")
     assert "Programming Language :: Python :: 3.12" in metadata.get_all("Classifier")
     assert metadata["Description-Content-Type"] == "text/markdown"
     assert metadata.get_payload().strip() == (REPO / "README.md").read_text().strip()
     assert "natbias-average-checkpoints = fairseq_natbias.cli.average_checkpoints:main" \
         in entry_points
-    assert "fairseq_natbias/data_fetch.py" in names  # the examples' data helper
-    assert not [n for n in names if n.startswith("tests/")]
+    assert "natbias-alc = natbias.tools.cli:alc_main" in entry_points
+    assert {"natbias/projection.py", "natbias/tools/data.py", "natbias/hf/models.py",
+            "fairseq_natbias/natural_bias.py"} <= set(names)
+    assert not [n for n in names if n.startswith(("tests/", "research/", "examples/"))]
+    assert "Provides-Extra: hf" in str(metadata) or "hf" in metadata.get_all("Provides-Extra")
 
 
 def test_installed_elsewhere_trains_with_fairseq_from_another_directory(wheel, toy_bin, tmp_path):

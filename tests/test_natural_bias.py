@@ -18,7 +18,9 @@ from fairseq_natbias.cli.step0 import validation_divergence
 from fairseq_natbias.natural_bias import check_natbias_checkpoint
 from natbias_testing import first_sentences, log_records, train
 from test_transformer_natbias import build, hand_log_unigram
-from test_unigram import hand_counts
+from test_counts import hand_counts
+
+pytestmark = pytest.mark.training  # runs fairseq-train: the full tier only (make test)
 
 
 # --- the default weight init --------------------------------------------------------
@@ -108,7 +110,7 @@ def test_grad_norm_is_the_networks_not_the_gains(multi30k_bin):
              if p.grad is not None}
     projection = model.decoder.output_projection
     seen = grads.pop("decoder.output_projection.gain_param").abs().item()
-    true = seen * projection.speed * projection.in_features
+    true = seen * projection.gain_speed * projection.in_features
     others = math.sqrt(sum(g.pow(2).sum().item() for g in grads.values()))
     assert true > 2 * others  # undivided, it would be most of grad_norm
     assert math.hypot(others, seen) < 1.01 * others  # divided: grad_norm is the network's
@@ -125,11 +127,11 @@ def _criterion_loss(task, model, sample):
 # --- telling a natbias checkpoint from others ----------------------------------------
 
 
-FIXTURE = Path(__file__).parent / "fixtures/v0.1.0/checkpoint_last.pt"
+FIXTURE = Path(__file__).parent / "fixtures/v1.0.0/checkpoint_last.pt"
 
 
 def test_natbias_checkpoints_are_told_from_others(tmp_path):
-    """On the v0.1.0 fixture checkpoint (a real transformer_natbias one) and
+    """On the v1.0.0 fixture checkpoint (a real transformer_natbias one) and
     on copies of it changed to another arch and to no configuration."""
     fixture_state = read_checkpoint(str(FIXTURE))
     arch, model_class = check_natbias_checkpoint(str(FIXTURE))

@@ -1,4 +1,4 @@
-"""benchmarks/reach_from_records.py against a hand-worked record."""
+"""research/reach_from_records.py against a hand-worked record."""
 
 import json
 

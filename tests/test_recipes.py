@@ -29,6 +29,8 @@ from natbias_testing import (
     wait_recipe,
 )
 
+pytestmark = pytest.mark.training  # runs fairseq-train: the full tier only (make test)
+
 # The IWSLT smoke run trains the natural bias with one seed. The recipe's
 # other default inits, zero and none, run the same steps with another
 # --natbias-init (each trained and generated end to end in

@@ -7,8 +7,9 @@ import subprocess
 
 import pytest
 
-from fairseq_natbias.analysis import AnalysisError, report, runs
-from fairseq_natbias.cli import report as report_cli
+from natbias.errors import NaturalBiasError
+from natbias.tools import report, runs
+from natbias.tools import cli as report_cli
 from natbias_testing import BIN, console_script_help
 
 # dataset -> init -> per-seed (test BLEU, test chrF, constant validation BLEU)
@@ -70,7 +71,7 @@ def test_markdown_table_plots_and_missing_inputs(tmp_path, capsys):
     (grid / "iwslt" / "zero" / "seed2" / "test.bleu.json").unlink()
     (grid / "iwslt" / "zero" / "seed2" / "train.log").write_text("no validation here\n")
     out = tmp_path / "out"
-    report_cli.main([str(grid), "--out-dir", str(out)])
+    report_cli.report_main([str(grid), "--out-dir", str(out)])
     table = (out / "report.md").read_text()
     unigram = [s[0] for s in GRID["iwslt"]["unigram"]]
     expected = f"{statistics.mean(unigram):.2f} ± {_stderr(unigram):.2f} (n=3)"
@@ -115,13 +116,13 @@ def test_single_dataset_grid_is_named_after_its_root_or_as_given(tmp_path):
 
 
 def test_unusable_grids_are_refused_with_a_reason(tmp_path):
-    with pytest.raises(AnalysisError, match="no run directories"):
+    with pytest.raises(NaturalBiasError, match="no run directories"):
         report.build_report([str(tmp_path)])
     (tmp_path / "d" / "unigram" / "seed1").mkdir(parents=True)
-    with pytest.raises(AnalysisError, match="no test scores and no validation curves"):
+    with pytest.raises(NaturalBiasError, match="no test scores and no validation curves"):
         report.build_report([str(tmp_path)])
     (tmp_path / "d" / "unigram" / "seed1" / "test.bleu.json").write_text('{"name": "chrF2", "score": 3}')
-    with pytest.raises(AnalysisError, match="holds a chrF2 score where bleu"):
+    with pytest.raises(NaturalBiasError, match="holds a chrF2 score where bleu"):
         report.build_report([str(tmp_path)])
 
 

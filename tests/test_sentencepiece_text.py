@@ -7,7 +7,7 @@ import gzip
 import pytest
 import sentencepiece
 
-from fairseq_natbias import sentencepiece_text
+from natbias.tools import sentencepiece_text
 from natbias_testing import write_multi30k_slice
 
 WORD_BOUNDARY = "\u2581"  # SentencePiece's "▁", a space before the piece

@@ -1,4 +1,4 @@
-"""benchmarks/step0_presets.py: the presets it finds, and the rows it measures
+"""research/step0_presets.py: the presets it finds, and the rows it measures
 for the smallest translation and language-model presets on the toy data,
 checked against counts made here from the text and the model's shapes."""
 
@@ -9,7 +9,7 @@ from fairseq.data import Dictionary
 
 from natbias_testing import benchmark_script
 from test_transformer_natbias import hand_log_unigram
-from test_unigram import hand_counts
+from test_counts import hand_counts
 
 # The smallest preset of each kind (fewest parameters at equal vocabulary).
 SMALLEST = {"translation": "transformer_natbias_iwslt_de_en", "lm": "transformer_lm_natbias_tiny"}

@@ -1,8 +1,8 @@
-"""benchmarks/study_learning_efficiency.py's arithmetic on runs written here:
+"""research/study_learning_efficiency.py's arithmetic on runs written here:
 the options of a --converge run, and the table of a converged study (stock's
 best validation NLL as the target, the update of each run's best, the ratio to
 stock's best update, both test sets), checked against values worked by hand.
-The script holds the command line; its parts live in benchmarks/study/ (arms,
+The script holds the command line; its parts live in research/study/ (arms,
 runs, summary) and are read here through the script."""
 
 import json
@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 
 from natbias_testing import benchmark_script
+
+pytestmark = pytest.mark.training  # runs fairseq-train: the full tier only (make test)
 
 SIGNATURES = {"bleu_signature": "nrefs:1|tok:13a", "chrf_signature": "nrefs:1|nc:6"}
 
@@ -244,16 +246,61 @@ def test_iwslt_preset_against_stock_at_the_same_size(study, tmp_path):
         assert (parsed.lr, parsed.warmup_updates, parsed.warmup_init_lr) == ([5e-4], 4000, 1e-7)
 
 
-@pytest.mark.parametrize("arm, gain_settings", [
-    ("gain@0.05,100,exp,peak/unigram", (0.05, 100.0, "exp", "peak")),
-    ("gain@0.05,20,linear/unigram", (0.05, 20.0, "linear", "lr")),  # the default schedule
-    ("gain@0.05,20,capped/unigram", (0.05, 20.0, "capped", "lr")),
-])
-def test_screening_arms_reach_fairseq_train(study, tmp_path, arm, gain_settings):
+def test_screening_arms_reach_fairseq_train(study, tmp_path):
     """An arm's gain settings as fairseq-train parses them."""
-    parsed = _parsed_training_arguments(study, study.Translation("de-en"), arm, tmp_path)
-    assert (parsed.natbias_gain_init, parsed.natbias_gain_speed, parsed.natbias_gain_form,
-            parsed.natbias_gain_schedule) == gain_settings
+    parsed = _parsed_training_arguments(study, study.Translation("de-en"), "gain@0.1,50/unigram",
+                                        tmp_path)
+    assert (parsed.natbias_weight_init, parsed.natbias_gain_init, parsed.natbias_gain_speed) == (
+        "gain", 0.1, 50.0)
+
+
+@pytest.mark.parametrize("arm, folder", [
+    ("gain@0.05,20,capped/unigram", "gain_0.05_20_capped-unigram"),
+    ("gain@0.05,100,exp,peak/unigram", "gain_0.05_100_exp_peak-unigram"),
+    ("gain@0.05,20,linear/unigram", "gain_0.05_20_linear-unigram"),
+])
+def test_a_retired_gain_form_names_records_but_trains_nothing(study, tmp_path, arm, folder):
+    """gain@G0,C,FORM[,SCHED]/BIAS (--natbias-gain-form and -schedule, retired
+    in 1.0) still names the records of the runs made with it, but no run of
+    a form 1.0 lacks starts."""
+    assert study.Arm.parse(arm).folder == folder
+    with pytest.raises(SystemExit, match=r"which 1.0 does not have: its records can be "
+                                         r"summarised \(--summarise-only\)"):
+        _parsed_training_arguments(study, study.Translation("de-en"), arm, tmp_path)
+
+
+def test_the_abs_capped_form_trains_the_one_gain_under_its_old_name(study, tmp_path):
+    """abs-capped (lr) was the one form a new model could have: 1.0's gain. An
+    arm naming it trains that gain, the option left out, its seeds filed
+    beside the earlier ones."""
+    for arm in ("gain@0.05,20,abs-capped/unigram", "gain@0.05,20,abs-capped,lr/unigram"):
+        assert study.Arm.parse(arm).model_arguments(study.Translation("de-en")) == \
+            study.Arm.parse("gain@0.05,20/unigram").model_arguments(study.Translation("de-en"))
+    assert study.Arm.parse("gain@0.05,20,abs-capped/unigram").folder == \
+        "gain_0.05_20_abs-capped-unigram"
+
+
+def test_the_committed_records_of_retired_forms_are_summarised(study):
+    """research/results/runs/ holds runs of forms 1.0 retired (capped, 0.4.0's
+    default; exp under the peak schedule): the summary reads them, and gives
+    the figures committed from them (small_corpora_3000.md: best validation
+    NLL 4.254 ± 0.005 against stock's 4.319 ± 0.008, paired −0.066 ± 0.010)."""
+    from natbias_testing import REPO
+
+    task = study.Translation("de-en", ("test_2017_flickr",))
+    names = ("stock", "gain@0.05,20,capped/unigram", "gain@0.05,100,exp,peak/unigram")
+    runs = study.collect_runs(task, REPO / "nowhere", [study.Arm.parse(n) for n in names],
+                              [1, 2, 3], REPO / "research" / "results" / "runs"
+                              / "de-en_n3000_short-converge")
+    rows, _, _, _ = study.summarise(task, runs, converge=True)
+    by_arm = {row["arm"]: row for row in rows}
+    assert set(by_arm) == set(names)
+    assert by_arm["stock"]["best_nll"].format(3) == "4.319 ± 0.008 (n=3)"
+    assert by_arm[names[1]]["best_nll"].format(3) == "4.254 ± 0.005 (n=3)"
+    from study import summary
+
+    value, spread = summary.difference(by_arm[names[1]], by_arm["stock"], "best_nll")
+    assert f"{value:+.3f}" == "-0.066" and "paired over 3 seeds, s.e. 0.010" in spread
 
 
 @pytest.mark.parametrize("arm, init, order, freeze, smoothing", [
@@ -286,7 +333,7 @@ def test_criterion_of_an_arm_as_fairseq_train_parses_it(study, tmp_path, arm, ar
     assert (parsed.arch, parsed.criterion, parsed.label_smoothing) == (
         architecture, criterion, epsilon)
     if "gain@" in arm:
-        assert parsed.natbias_gain_form == "abs-capped"
+        assert (parsed.natbias_weight_init, parsed.natbias_gain_init) == ("gain", 0.05)
 
 
 @pytest.mark.parametrize("arm", ["stock+uniform-ls", "stock+unigram-ls@2", "stock+unigram-ls@",
@@ -388,14 +435,14 @@ def test_a_small_language_model_corpus_is_its_first_sentences(study, tmp_path):
 
 
 def test_the_command_line_runs_as_users_run_it():
-    """``python benchmarks/study_learning_efficiency.py`` from the repository
-    root finds its parts (benchmarks/study/) and says its docstring as --help."""
+    """``python research/study_learning_efficiency.py`` from the repository
+    root finds its parts (research/study/) and says its docstring as --help."""
     import subprocess
     import sys
 
     from natbias_testing import REPO
 
-    script = REPO / "benchmarks" / "study_learning_efficiency.py"
+    script = REPO / "research" / "study_learning_efficiency.py"
     shown = subprocess.run([sys.executable, str(script.relative_to(REPO)), "--help"], cwd=REPO,
                            capture_output=True, text=True, check=True).stdout
     assert shown.startswith("usage: study_learning_efficiency.py")
@@ -406,8 +453,8 @@ def test_the_command_line_runs_as_users_run_it():
 def test_each_of_the_studys_files_is_at_most_500_lines():
     from natbias_testing import REPO
 
-    files = [REPO / "benchmarks" / "study_learning_efficiency.py",
-             *sorted((REPO / "benchmarks" / "study").glob("*.py"))]
+    files = [REPO / "research" / "study_learning_efficiency.py",
+             *sorted((REPO / "research" / "study").glob("*.py"))]
     assert len(files) >= 4
     assert {path.name: len(path.read_text(encoding="utf-8").splitlines()) for path in files
             if len(path.read_text(encoding="utf-8").splitlines()) > 500} == {}

@@ -6,9 +6,11 @@ import re
 
 import pytest
 
-from fairseq_natbias.analysis import distinct
-from fairseq_natbias.analysis.quality import quality
+from natbias.tools import distinct
+from natbias.tools.quality import quality
 from natbias_testing import fairseq, train, train_lm
+
+pytestmark = pytest.mark.training  # runs fairseq-train: the full tier only (make test)
 
 
 @pytest.fixture(scope="module")

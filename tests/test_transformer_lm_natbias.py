@@ -12,10 +12,14 @@ import pytest
 import torch
 from fairseq.data import Dictionary
 
-from fairseq_natbias import numpy_compat, unigram
+from types import SimpleNamespace
+
+from fairseq_natbias import numpy_compat, training_data
 from fairseq_natbias.cli.step0 import build_from_training_args, validation_divergence
 from natbias_testing import TINY_LM, fairseq, log_records, train_lm
-from test_unigram import hand_counts
+from test_counts import hand_counts
+
+pytestmark = pytest.mark.training  # runs fairseq-train: the full tier only (make test)
 
 LM_TASK = ["--task", "language_modeling", "--tokens-per-sample", "32"]
 
@@ -65,14 +69,15 @@ def test_counts_are_the_hand_count_of_the_text(toy_text, toy_lm_bin):
     --sample-break-mode eos adds one <s> per sentence."""
     dictionary = Dictionary.load(str(toy_lm_bin / "dict.txt"))
     hand = hand_counts(toy_text / "train.tgt", dictionary)
-    counts = unigram.count_lm_targets(str(toy_lm_bin), "train", len(dictionary))
+    def count(**cfg):
+        return training_data.count_lm_targets(str(toy_lm_bin), "train", dictionary,
+                                              SimpleNamespace(tokens_per_sample=32, **cfg))
+
+    counts = count()
     np.testing.assert_array_equal(counts, hand)
-    with_bos = unigram.count_lm_targets(
-        str(toy_lm_bin), "train", len(dictionary),
-        bos_per_block=unigram.BlockSlicing("eos", 32), bos=dictionary.bos())
+    with_bos = count(add_bos_token=True, sample_break_mode="eos")
     assert with_bos[dictionary.bos()] == hand[dictionary.eos()] == 400
-    folded = unigram.count_lm_targets(str(toy_lm_bin), "train", len(dictionary),
-                                      output_size=20, unk=dictionary.unk())
+    folded = count(output_dictionary_size=20)
     assert len(folded) == 20 and folded.sum() == hand.sum()
     assert folded[dictionary.unk()] == hand[dictionary.unk()] + hand[20:].sum()
 

@@ -9,10 +9,14 @@ import pytest
 import torch
 from fairseq.data import Dictionary
 
-from fairseq_natbias import unigram
+from natbias.counts import write_counts_file
+
+from fairseq_natbias.training_data import symbols
 from fairseq_natbias.cli.step0 import build_from_training_args
 from natbias_testing import TINY_MODEL, fairseq, train
-from test_unigram import hand_counts
+from test_counts import hand_counts
+
+pytestmark = pytest.mark.training  # runs fairseq-train: the full tier only (make test)
 
 
 def hand_log_unigram(text_path, dictionary, alpha=1.0):
@@ -64,7 +68,7 @@ def test_baselines_and_file_bias(toy_bin, toy_text, tmp_path):
     dictionary = Dictionary.load(str(toy_bin / "dict.tgt.txt"))
     counts = np.arange(len(dictionary)) % 5  # an "external corpus"
     counts_file = tmp_path / "external.counts"
-    unigram.write_counts_file(str(counts_file), dictionary, counts)
+    write_counts_file(str(counts_file), symbols(dictionary), counts)
     _, _, from_file = build(toy_bin, "--natbias-init", "file", "--natbias-counts",
                             counts_file, "--natbias-smoothing", "0.5", "--natbias-freeze")
     expected = np.log((counts + 0.5) / (counts.sum() + 0.5 * len(counts)))
@@ -194,8 +198,8 @@ def test_missing_training_split_names_the_path(toy_bin, fresh_copy, tmp_path):
 def test_counts_file_for_another_dictionary_is_refused(toy_bin, tmp_path):
     source_dictionary = Dictionary.load(str(toy_bin / "dict.src.txt"))
     counts_file = tmp_path / "src.counts"
-    unigram.write_counts_file(str(counts_file), source_dictionary,
+    write_counts_file(str(counts_file), symbols(source_dictionary),
                               np.ones(len(source_dictionary), dtype=int))
     result = train(toy_bin, tmp_path / "ckpt", "--natbias-init", "file",
                    "--natbias-counts", counts_file, check=False)
-    assert "does not match the target dictionary" in result.stderr
+    assert "does not match the vocabulary" in result.stderr

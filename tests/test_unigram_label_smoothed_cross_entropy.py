@@ -16,6 +16,8 @@ from fairseq.criterions.label_smoothed_cross_entropy import LabelSmoothedCrossEn
 
 from natbias_testing import build_in_process, first_sentences, log_records, train, train_lm
 
+pytestmark = pytest.mark.training  # runs fairseq-train: the full tier only (make test)
+
 ULS = ["--criterion", "unigram_label_smoothed_cross_entropy"]
 
 
@@ -39,7 +41,7 @@ class FixedProbabilities:
 
 def with_omega(criterion, omega):
     """The criterion with omega given instead of counted."""
-    criterion.unigram._log_probs = torch.tensor(omega).log()
+    criterion._prior = {torch.device("cpu"): torch.tensor(omega)}
     return criterion
 
 
@@ -94,7 +96,7 @@ def test_eps_zero_is_fairseqs_cross_entropy_and_counts_nothing(tmp_path, toy_bin
         model, sample)
     assert ours[0].item() == pytest.approx(stock[0].item(), rel=1e-6)
     assert ours[2]["nll_loss"].item() == pytest.approx(stock[2]["nll_loss"].item(), rel=1e-6)
-    assert not criterion.unigram.counted
+    assert not criterion._prior  # omega was never taken
 
 
 def context_free_gradient(criterion, counts, eps_probs):
@@ -133,24 +135,25 @@ def test_the_natural_bias_is_the_context_free_optimum(tmp_path, toy_bin):
     assert context_free_gradient(uniform, counts, omega).abs().max().item() > 0.1
 
 
-def test_omega_is_the_models_bias_unigram_and_a_mismatch_is_reported(
-        tmp_path, toy_bin, toy_log_unigram, caplog):
-    task, model, criterion = built(tmp_path, toy_bin)
+def test_omega_is_the_models_prior_or_the_counted_unigram(tmp_path, toy_bin, toy_log_unigram):
+    """A natural-bias model's criterion smooths towards the model's own prior
+    (so the one option, --natbias-smoothing, sets both); a stock model's
+    counts the training targets with add-one smoothing."""
+    for alpha in ("1", "0.5"):
+        task, model, criterion = built(tmp_path / alpha, toy_bin, "--natbias-smoothing", alpha)
+        model.eval()
+        criterion(model, first_sentences(task, "valid"))
+        assert torch.equal(criterion._prior[torch.device("cpu")], model.target_log_unigram.exp())
+    assert not torch.allclose(model.target_log_unigram.double(), toy_log_unigram, atol=1e-3)
+    task, model, criterion = built(tmp_path / "stock", toy_bin, arch="transformer")
     model.eval()
-    with caplog.at_level(logging.WARNING):
-        criterion(model, first_sentences(task, "valid"))
-    assert torch.allclose(criterion.unigram.log_probs().double(), toy_log_unigram, atol=1e-6)
-    assert torch.equal(criterion.unigram.log_probs(), model.target_log_unigram)
-    assert "differs" not in caplog.text
-    task, model, criterion = built(tmp_path / "b", toy_bin, "--natbias-smoothing", "0.5")
-    with caplog.at_level(logging.WARNING):
-        criterion(model, first_sentences(task, "valid"))
-    assert "set --unigram-smoothing to the model's --natbias-smoothing" in caplog.text
+    criterion(model, first_sentences(task, "valid"))
+    torch.testing.assert_close(criterion._prior[torch.device("cpu")].double().log(),
+                               toy_log_unigram, atol=1e-6, rtol=0)
 
 
 @pytest.mark.parametrize("options, problem", [
     (["--label-smoothing", "1"], "--label-smoothing must be in [0, 1), got 1.0"),
-    (["--unigram-smoothing", "0"], "--unigram-smoothing must be a finite number > 0, got 0.0"),
 ])
 def test_bad_options_are_refused_with_the_fix(tmp_path, toy_bin, options, problem):
     with pytest.raises(ValueError) as error:
@@ -159,14 +162,16 @@ def test_bad_options_are_refused_with_the_fix(tmp_path, toy_bin, options, proble
 
 
 def test_missing_training_split_names_path_and_fix(tmp_path, toy_bin, fresh_copy):
+    """A model without the natural bias leaves the criterion to count."""
     data = fresh_copy(toy_bin)
-    task, model, criterion = built(tmp_path, data)  # the model counts before the split goes
+    task, model, criterion = built(tmp_path, data, arch="transformer")
     for path in data.glob("train.src-tgt.tgt.*"):
         path.unlink()
     model.eval()
-    with pytest.raises(ValueError) as error:
+    with pytest.raises(SystemExit) as error:  # fairseq-train prints it as one line
         criterion(model, first_sentences(task, "valid"))
     text = str(error.value)
+    assert text.startswith("fairseq_natbias: error: criterion unigram_label_smoothed_cross_")
     assert f"{data}/train.src-tgt.tgt.bin" in text
     assert "--criterion label_smoothed_cross_entropy" in text
 

@@ -43,12 +43,12 @@ done
 python - "${checkpoints[@]}" <<'EOF' || exit 1
 import sys, warnings
 warnings.filterwarnings("ignore")
-from fairseq_natbias.analysis import AnalysisError
+from natbias.errors import NaturalBiasError
 from fairseq_natbias.analysis.decomposition import check_natbias_checkpoint
 try:
     for path in sys.argv[1:]:
         check_natbias_checkpoint(path)
-except AnalysisError as error:
+except NaturalBiasError as error:
     sys.exit(f"examples/frequency_analysis/run.sh: error: {error}")
 EOF
 

@@ -35,18 +35,19 @@ def parse_args(argv=None):
 
 
 def load(args, bias_scale):
-    from fairseq_natbias.analysis import AnalysisError, decomposition
+    from natbias.errors import NaturalBiasError
+    from fairseq_natbias.analysis import decomposition
     from fairseq_natbias.transformer_lm_natbias import TransformerLanguageModelNatbias
 
     # One-line errors for a missing checkpoint, another model's, a wrong file.
     _, model_class = decomposition.check_natbias_checkpoint(args.checkpoint)
     if model_class is not TransformerLanguageModelNatbias:
-        raise AnalysisError(
+        raise NaturalBiasError(
             f"{args.checkpoint} is a translation model; give a transformer_lm_natbias checkpoint")
     for path, what in ((os.path.join(args.data_bin, "dict.txt"), "the language model's dict.txt"),
                        (args.spm_model, "the SentencePiece model")):
         if not os.path.isfile(path):
-            raise AnalysisError(f"{path}: no such file; give {what}")
+            raise NaturalBiasError(f"{path}: no such file; give {what}")
     folder, name = os.path.split(os.path.abspath(args.checkpoint))
     return TransformerLanguageModelNatbias.from_pretrained(
         folder, name, data_name_or_path=os.path.abspath(args.data_bin),
@@ -60,7 +61,7 @@ def main(argv=None):
     warnings.filterwarnings("ignore")  # hydra's and torch's deprecation notices inside fairseq
     import torch
 
-    from fairseq_natbias.analysis import AnalysisError
+    from natbias.errors import NaturalBiasError
 
     logging.getLogger().setLevel(logging.WARNING)  # fairseq logs every loaded option at INFO
     try:
@@ -71,7 +72,7 @@ def main(argv=None):
                                  max_len_b=args.max_len)
             for sample in samples:
                 print(f"lambda={bias_scale:g}\t{sample}")
-    except AnalysisError as error:
+    except NaturalBiasError as error:
         sys.exit(f"sample.py: error: {error}")
 
 

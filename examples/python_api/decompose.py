@@ -113,12 +113,12 @@ def main(argv=None):
                 else "train a model first or give the path of one")
         sys.exit(f"decompose.py: error: {args.checkpoint}: no such checkpoint; {hint}")
     warnings.filterwarnings("ignore")  # hydra's and torch's deprecation notices inside fairseq
-    from fairseq_natbias.analysis import AnalysisError
+    from natbias.errors import NaturalBiasError
 
     logging.getLogger().setLevel(logging.WARNING)  # fairseq logs every loaded option at INFO
     try:
         run(args)
-    except AnalysisError as error:
+    except NaturalBiasError as error:
         sys.exit(f"decompose.py: error: {error}")
 
 

@@ -9,9 +9,8 @@
 train: one unigram model over all the given files (joint when they are two
 languages); encode: each file's lines as space-separated pieces, written
 under the same name in --output-dir (what fairseq-preprocess reads). Both are
-fairseq_natbias.sentencepiece_text's, the demo's and the recipes' too. Run as
-spm_text.py, the package starts without torch or fairseq (fairseq_natbias/
-__init__.py, TEXT_ONLY_PROGRAMS).
+natbias.tools.sentencepiece_text's, the demo's and the recipes' too (no torch,
+no fairseq).
 """
 
 import argparse
@@ -38,7 +37,7 @@ def main(argv=None):
         sys.exit(f"spm_text.py: error: no such file: {missing[0]}")
     # The package's one SentencePiece trainer and encoder, which the demo and
     # the recipes use too.
-    from fairseq_natbias import sentencepiece_text
+    from natbias.tools import sentencepiece_text
 
     if args.command == "train":
         sentencepiece_text.train(args.files, args.model_prefix, args.vocab_size)

@@ -1,46 +1,26 @@
 """Model log-probability of reference tokens against their training frequency
-(Meister et al., 2023, sec. 4.2, Fig. 4).
-
-"we plot a token's unigram log-frequency against the average log-probability
-assigned to it (when it is the ground-truth token) by a model initialised with
-(left) a bias term of 0 and (right) a log-unigram bias term, binning them in
-equal-length intervals and averaging them for clarity. In Fig. 4b, the bias
-terms are not added in the linear projection, i.e., only the contextual part of
-eq. (4), p_Wphi(. | y_<t), is computed." Fig. 4's caption: "Probabilities in
-upper row are computed using all model parameters; in the lower row, the bias
-term is dropped from the final linear projection."
-
-Here, for one checkpoint and one binarised split (default ``test``):
-
-1. teacher-forced scoring through fairseq's own model and task loading: every
-   reference token y_t (EOS included, padding not) gets
-   ``log softmax(W phi + b)[y_t]`` (full) and ``log softmax(W phi)[y_t]``
-   (bias dropped: the decoder's logits minus b);
-2. per token type, the average of each over its occurrences;
-3. x = the type's log-unigram probability in the training data: the counts of
-   :mod:`fairseq_natbias.unigram` over the training split of the data
-   directory, smoothed as the model was (``--natbias-smoothing``, default
-   add-one) -- the same values as the model's ``target_log_unigram`` buffer;
-   without a training split in the data directory, that buffer is used;
-4. equal-width bins of x between the smallest and largest x of the types in
-   the split (intervals [a, b), the last one closed); per bin, the unweighted
-   mean over types of x and of both average log-probabilities.
-
-All logarithms are natural. A model without an output bias (``--natbias-init
-none``, or fairseq's own transformer) gives the same numbers in both rows.
+(Meister et al., 2023, Fig. 4): per target type of one binarised split, the
+average teacher-forced ``log softmax(W phi + b)[y]`` (all parameters) and
+``log softmax(W phi)[y]`` (bias dropped: the contextual part of eq. 4), against
+the type's smoothed log-unigram in the training split (the model's
+``target_log_unigram`` without one), averaged over types in equal-width bins
+of x ([a, b), the last closed). Natural logarithms throughout.
 """
 
 import glob
 import logging
 import os
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Optional
 
 import numpy as np
 import torch
 
-from fairseq_natbias import checkpoint_loading, unigram
-from fairseq_natbias.analysis import AnalysisError, plots
+from fairseq_natbias import checkpoint_loading, training_data
+from natbias.errors import NaturalBiasError
+from natbias.prior import log_unigram
+from natbias.tools import plots
 
 logger = logging.getLogger(__name__)
 
@@ -50,11 +30,11 @@ NO_BIAS_NOTE = "no output bias: same as the full model"
 
 @dataclass
 class TokenScores:
-    """Per target type: occurrences as the reference token and summed
-    log-probabilities (full model, bias dropped), plus its log-unigram."""
+    """Per target type: occurrences as the reference token, summed
+    log-probabilities (full model, bias dropped) and its log-unigram."""
 
     label: str
-    symbols: List[str]
+    symbols: list[str]
     log_unigram: np.ndarray
     unigram_source: str
     occurrences: np.ndarray
@@ -75,57 +55,44 @@ class TokenScores:
                 self.sum_without_bias[keep] / n)
 
 
-# --- loading a checkpoint through fairseq -----------------------------------------
-
-
 def load_checkpoint(path: str, data: str, split: str, use_cuda: bool):
-    """Model and task of ``path`` with its data directory replaced by ``data``,
-    via fairseq's ``checkpoint_utils.load_model_ensemble_and_task``."""
+    """Model, task and config of ``path`` with its data directory replaced by ``data``."""
     from fairseq import checkpoint_utils, tasks
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
     state = checkpoint_loading.read_with_fairseq(path, {"data": data})
     cfg = state.get("cfg") or convert_namespace_to_omegaconf(state["args"])
     task = tasks.setup_task(cfg.task)
-    check_dictionaries(state["model"], task, path, data)
-    models, cfg, task = checkpoint_utils.load_model_ensemble_and_task(
-        [path], arg_overrides={"data": data}, task=task, state=state)
-    model = models[0].eval()
-    if use_cuda:
-        model.cuda()
-    load_split(task, split)
-    return model, task, cfg
-
-
-def load_split(task, split) -> None:
-    data = unigram.task_config(task).data
-    # Checked before fairseq opens it: numpy cannot memory-map an empty .bin,
-    # and fairseq's half-built dataset then fails again in its __del__.
-    first_dir = str(data).split(":")[0]
-    bins = glob.glob(os.path.join(first_dir, f"{split}.bin")) + glob.glob(os.path.join(first_dir, f"{split}.*.bin"))
-    if any(os.path.getsize(path) == 0 for path in bins):
-        raise AnalysisError(f"the {split} split of {data} is empty: nothing to score")
-    try:
-        task.load_dataset(split)
-    except ValueError as error:
-        raise AnalysisError(f"cannot read the {split} split of {data}: {error}") from None
-
-
-def check_dictionaries(model_state, task, path, data) -> None:
-    """The checkpoint's embedding tables must have one row per entry of the
-    data directory's dictionaries."""
-    pairs = (("encoder.embed_tokens.weight", task.source_dictionary, "source"),
-             ("decoder.embed_tokens.weight", task.target_dictionary, "target"))
-    for key, dictionary, side in pairs:
-        if key in model_state and dictionary is not None:
-            rows = model_state[key].shape[0]
+    # the embedding tables must have one row per entry of the data's dictionaries
+    for key, dictionary, side in (
+            ("encoder.embed_tokens.weight", task.source_dictionary, "source"),
+            ("decoder.embed_tokens.weight", task.target_dictionary, "target")):
+        if key in state["model"] and dictionary is not None:
+            rows = state["model"][key].shape[0]
             if rows != len(dictionary):
-                raise AnalysisError(
+                raise NaturalBiasError(
                     f"mismatched dictionaries: {path} was trained with a {side} "
                     f"dictionary of {rows} entries, the {side} dictionary in {data} "
                     f"has {len(dictionary)}. Use the data directory the model was "
                     "trained on (its dict.*.txt files)."
                 )
+    models, cfg, task = checkpoint_utils.load_model_ensemble_and_task(
+        [path], arg_overrides={"data": data}, task=task, state=state)
+    model = models[0].eval()
+    if use_cuda:
+        model.cuda()
+    data = training_data.task_config(task).data
+    # Checked before fairseq opens it: numpy cannot memory-map an empty .bin,
+    # and fairseq's half-built dataset then fails again in its __del__.
+    first_dir = str(data).split(":")[0]
+    bins = glob.glob(os.path.join(first_dir, f"{split}.bin")) + glob.glob(os.path.join(first_dir, f"{split}.*.bin"))
+    if any(os.path.getsize(b) == 0 for b in bins):
+        raise NaturalBiasError(f"the {split} split of {data} is empty: nothing to score")
+    try:
+        task.load_dataset(split)
+    except ValueError as error:
+        raise NaturalBiasError(f"cannot read the {split} split of {data}: {error}") from None
+    return model, task, cfg
 
 
 def output_bias(model) -> Optional[torch.Tensor]:
@@ -133,62 +100,58 @@ def output_bias(model) -> Optional[torch.Tensor]:
     return None if projection is None else getattr(projection, "bias", None)
 
 
-# --- x: the training log-unigram ----------------------------------------------------
-
-
-def training_log_unigram(model, task, cfg) -> Tuple[np.ndarray, str]:
+def training_log_unigram(model, task, cfg) -> tuple[np.ndarray, str]:
     """The smoothed log-unigram of the training targets, and where it came from."""
-    data = unigram.task_config(task).data
+    data = training_data.task_config(task).data
     train_split = getattr(cfg.dataset, "train_subset", None) or "train"
     alpha = getattr(cfg.model, "natbias_smoothing", None) or 1.0
+    buffer = getattr(model, "target_log_unigram", None)
+    if buffer is not None and not bool(buffer.abs().sum() > 0):
+        buffer = None
     try:
-        counts = unigram.count_training_targets(task, train_split)
-    except unigram.MissingTrainingSplit:  # e.g. only the test split was shipped
+        counts = training_data.count_training_targets(task, train_split)
+    except training_data.MissingTrainingSplit:  # e.g. only the test split was shipped
         counts = None
     if counts is not None:
-        log_u = unigram.unigram_log_probs(counts, alpha).double().numpy()
-        _compare_with_buffer(model, log_u)
+        log_u = log_unigram(counts, alpha).double().numpy()
+        gap = 0.0 if buffer is None else float(np.max(np.abs(buffer.double().cpu().numpy() - log_u)))
+        if gap > 1e-4:
+            logger.warning(
+                "the model's target_log_unigram differs from the unigram counted in the "
+                "data directory (max |difference| %.3g): the checkpoint was trained on "
+                "other data or with another dictionary", gap)
         return log_u, f"counted in the {train_split} split of {data} (add-{alpha:g})"
-    buffer = getattr(model, "target_log_unigram", None)
-    if buffer is not None and bool(buffer.abs().sum() > 0):
+    if buffer is not None:
         return buffer.double().cpu().numpy(), "the model's target_log_unigram buffer"
-    raise AnalysisError(
+    raise NaturalBiasError(
         f"no {train_split} split in {data} to count the training unigram from, and "
         "the checkpoint has no target_log_unigram; use the model's training data "
         "directory"
     )
 
 
-def _compare_with_buffer(model, log_u):
-    buffer = getattr(model, "target_log_unigram", None)
-    if buffer is None or not bool(buffer.abs().sum() > 0):
-        return
-    gap = float(np.max(np.abs(buffer.double().cpu().numpy() - log_u)))
-    if gap > 1e-4:
-        logger.warning(
-            "the model's target_log_unigram differs from the unigram counted in the "
-            "data directory (max |difference| %.3g): the checkpoint was trained on "
-            "other data or with another dictionary", gap)
-
-
-# --- y: teacher-forced scores ------------------------------------------------------------
-
-
 def score_reference_tokens(model, task, split, max_tokens=4096, use_cuda=False,
                            progress: Optional[Callable[[str], None]] = None):
     """Occurrences and summed log-probabilities (full, bias dropped) per target type."""
+    from fairseq import utils
+
     dataset = task.dataset(split)
     if len(dataset) == 0:
-        raise AnalysisError(f"the {split} split of {unigram.task_config(task).data} is empty: nothing to score")
+        raise NaturalBiasError(f"the {split} split of {training_data.task_config(task).data} is empty: nothing to score")
     vocab = len(task.target_dictionary)
     totals = [torch.zeros(vocab, dtype=torch.float64) for _ in range(3)]
-    batches = reference_batches(model, task, dataset, max_tokens)
+    # every sentence once: no batch dropped for its size (fairseq issue #5036),
+    # none longer than the model takes
+    batches = task.get_batch_iterator(
+        dataset=dataset, max_tokens=max_tokens,
+        max_positions=utils.resolve_max_positions(task.max_positions(), model.max_positions()),
+        ignore_invalid_inputs=True, required_batch_size_multiple=1, seed=1, num_workers=0,
+    ).next_epoch_itr(shuffle=False)
     done = 0
     with torch.no_grad():
         for i, sample in enumerate(batches, start=1):
             _check_token_ids(sample, task)
             if use_cuda:
-                from fairseq import utils
                 sample = utils.move_to_cuda(sample)
             for total, part in zip(totals, _score_batch(model, sample, vocab)):
                 total += part.cpu()
@@ -199,26 +162,13 @@ def score_reference_tokens(model, task, split, max_tokens=4096, use_cuda=False,
     return occurrences.astype(np.int64), sum_full, sum_without, done
 
 
-def reference_batches(model, task, dataset, max_tokens):
-    """Every sentence of ``dataset`` once, in fairseq's length order, for
-    teacher-forced scoring: no batch dropped for its size (fairseq issue
-    #5036), none longer than the model takes."""
-    from fairseq import utils
-
-    return task.get_batch_iterator(
-        dataset=dataset, max_tokens=max_tokens,
-        max_positions=utils.resolve_max_positions(task.max_positions(), model.max_positions()),
-        ignore_invalid_inputs=True, required_batch_size_multiple=1, seed=1, num_workers=0,
-    ).next_epoch_itr(shuffle=False)
-
-
 def _check_token_ids(sample, task):
     for tokens, dictionary, side in (
         (sample["net_input"]["src_tokens"], task.source_dictionary, "source"),
         (sample["target"], task.target_dictionary, "target"),
     ):
         if tokens.numel() and int(tokens.max()) >= len(dictionary):
-            raise AnalysisError(
+            raise NaturalBiasError(
                 f"mismatched dictionaries: the binarised {side} side holds token id "
                 f"{int(tokens.max())}, the {side} dictionary has {len(dictionary)} "
                 "entries; the split was binarised with another dictionary"
@@ -264,13 +214,10 @@ def score_checkpoint(label, path, data, split="test", max_tokens=4096, use_cuda=
     )
 
 
-# --- bins ---------------------------------------------------------------------------
-
-
 def equal_width_edges(x_values: Sequence[np.ndarray], n_bins: int = DEFAULT_BINS) -> np.ndarray:
     """``n_bins`` equal-length intervals from the smallest to the largest x."""
     if n_bins < 1:
-        raise AnalysisError("the number of bins must be at least 1")
+        raise NaturalBiasError("the number of bins must be at least 1")
     low = min(float(np.min(x)) for x in x_values)
     high = max(float(np.max(x)) for x in x_values)
     if high == low:  # every type equally frequent: one bin around it
@@ -278,18 +225,13 @@ def equal_width_edges(x_values: Sequence[np.ndarray], n_bins: int = DEFAULT_BINS
     return np.linspace(low, high, n_bins + 1)
 
 
-def bin_index(x: np.ndarray, edges: np.ndarray) -> np.ndarray:
-    """Bin of each x: intervals [a, b), the last one [a, b]."""
-    index = np.searchsorted(edges, x, side="right") - 1
-    return np.clip(index, 0, len(edges) - 2)
-
-
-def bin_averages(scores: TokenScores, edges: np.ndarray) -> List[dict]:
-    """One row per non-empty bin: type count, occurrences and mean x, mean
-    average log-probability (full, bias dropped) over the types in it."""
+def bin_averages(scores: TokenScores, edges: np.ndarray) -> list[dict]:
+    """One row per non-empty bin: type count, occurrences, mean x and mean
+    average log-probabilities (full, bias dropped) over its types."""
     x, full, without = scores.averages()
     occurrences = scores.occurrences[scores.present]
-    index = bin_index(x, edges)
+    # intervals [a, b), the last one [a, b]
+    index = np.clip(np.searchsorted(edges, x, side="right") - 1, 0, len(edges) - 2)
     rows = []
     for b in range(len(edges) - 1):
         members = index == b
@@ -306,23 +248,20 @@ def bin_averages(scores: TokenScores, edges: np.ndarray) -> List[dict]:
     return rows
 
 
-# --- the whole analysis -------------------------------------------------------------
-
-
 @dataclass
 class FrequencyAnalysis:
-    scores: List[TokenScores]
+    scores: list[TokenScores]
     edges: np.ndarray
-    bins: Dict[str, List[dict]]
+    bins: dict[str, list[dict]]
 
 
-def analyse(checkpoints: Sequence[Tuple[Optional[str], str]], data: str, split: str = "test",
+def analyse(checkpoints: Sequence[tuple[Optional[str], str]], data: str, split: str = "test",
             n_bins: int = DEFAULT_BINS, max_tokens: int = 4096, use_cuda: bool = False,
             progress=None) -> FrequencyAnalysis:
     """``checkpoints``: ``(label, path)`` pairs, one column of Fig. 4 each; a
     None label becomes the model's ``--natbias-init``."""
     if not checkpoints:
-        raise AnalysisError("no checkpoint to analyse")
+        raise NaturalBiasError("no checkpoint to analyse")
     scores = []
     for label, path in checkpoints:
         if progress:
@@ -330,7 +269,7 @@ def analyse(checkpoints: Sequence[Tuple[Optional[str], str]], data: str, split: 
         scores.append(score_checkpoint(label, path, data, split, max_tokens, use_cuda, progress))
     labels = [s.label for s in scores]
     if len(set(labels)) != len(labels):
-        raise AnalysisError(f"two models share a label ({', '.join(labels)}): "
+        raise NaturalBiasError(f"two models share a label ({', '.join(labels)}): "
                             "name them with LABEL=CHECKPOINT")
     edges = equal_width_edges([s.averages()[0] for s in scores], n_bins)
     return FrequencyAnalysis(scores, edges, {s.label: bin_averages(s, edges) for s in scores})
@@ -343,7 +282,8 @@ TOKEN_COLUMNS = ("model", "token_id", "symbol", "log_unigram", "occurrences",
                  "avg_logprob_full", "avg_logprob_without_bias")
 
 
-def write_outputs(analysis: FrequencyAnalysis, out_dir: str) -> List[str]:
+def write_outputs(analysis: FrequencyAnalysis, out_dir: str) -> list[str]:
+    """frequency_bins.csv, frequency_tokens.csv and frequency.png in ``out_dir``."""
     import csv
 
     os.makedirs(out_dir, exist_ok=True)
@@ -357,29 +297,17 @@ def write_outputs(analysis: FrequencyAnalysis, out_dir: str) -> List[str]:
     with open(tokens_path, "w", newline="", encoding="utf-8") as out:
         writer = csv.writer(out)
         writer.writerow(TOKEN_COLUMNS)
-        for scores in analysis.scores:
-            writer.writerows(_token_rows(scores))
-    plot_path = plots.frequency_panels(_plot_columns(analysis), os.path.join(out_dir, "frequency.png"))
+        for s in analysis.scores:
+            for token in np.flatnonzero(s.present):
+                n = s.occurrences[token]
+                writer.writerow((s.label, int(token), s.symbols[token],
+                                 f"{s.log_unigram[token]:.6f}", int(n),
+                                 f"{s.sum_full[token] / n:.6f}",
+                                 f"{s.sum_without_bias[token] / n:.6f}"))
+    columns = [{"label": s.label,
+                "x": [r["bin_center"] for r in analysis.bins[s.label]],
+                "full": [r["mean_logprob_full"] for r in analysis.bins[s.label]],
+                "without_bias": [r["mean_logprob_without_bias"] for r in analysis.bins[s.label]],
+                "note": None if s.has_bias else NO_BIAS_NOTE} for s in analysis.scores]
+    plot_path = plots.frequency_panels(columns, os.path.join(out_dir, "frequency.png"))
     return [bins_path, tokens_path, plot_path]
-
-
-def _token_rows(scores: TokenScores):
-    for token in np.flatnonzero(scores.present):
-        n = scores.occurrences[token]
-        yield (scores.label, int(token), scores.symbols[token], f"{scores.log_unigram[token]:.6f}",
-               int(n), f"{scores.sum_full[token] / n:.6f}",
-               f"{scores.sum_without_bias[token] / n:.6f}")
-
-
-def _plot_columns(analysis):
-    columns = []
-    for scores in analysis.scores:
-        rows = analysis.bins[scores.label]
-        columns.append({
-            "label": scores.label,
-            "x": [r["bin_center"] for r in rows],
-            "full": [r["mean_logprob_full"] for r in rows],
-            "without_bias": [r["mean_logprob_without_bias"] for r in rows],
-            "note": None if scores.has_bias else NO_BIAS_NOTE,
-        })
-    return columns

@@ -1,1 +1,1 @@
-"""Command-line tools installed as console scripts (see setup.py)."""
+"""The console scripts that need fairseq (see pyproject.toml)."""

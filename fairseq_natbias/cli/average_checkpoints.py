@@ -1,26 +1,15 @@
 """natbias-average-checkpoints: average the parameters of fairseq checkpoints
-(the same command line as fairseq's scripts/average_checkpoints.py).
+(the command line of fairseq's scripts/average_checkpoints.py, which fairseq's
+wheels do not ship)::
 
     natbias-average-checkpoints --inputs ckpt/checkpoint_1_2000.pt ckpt/checkpoint_2_4000.pt \\
         --output ckpt/averaged.pt
     natbias-average-checkpoints --inputs ckpt --num-update-checkpoints 5 --output ckpt/avg5.pt
-    natbias-average-checkpoints --inputs ckpt --num-epoch-checkpoints 5 --output ckpt/avg5.pt
 
-Why not fairseq's own script: the pip wheels of fairseq 0.12 do not ship it
-(it lives in fairseq's source tree), and under torch >= 2.6 it cannot unpickle
-the configuration fairseq saves (an argparse.Namespace) unless
-fairseq_natbias, which allow-lists it, is imported first. This tool imports
-it, and before averaging refuses checkpoints whose parameters do not mean the
-same thing: different architectures, different vocabularies, or different
-natural-bias settings (--natbias-init, --natbias-weight-init, the gain speed),
-where an average would be a model nobody trained.
-
-Each floating-point tensor becomes the mean over the inputs (accumulated in
-float64, stored in its own dtype); a tensor of another type (a counter) must
-be equal in every input. Everything else in the output (configuration,
-optimizer state, training progress) is the first input's, as in fairseq's
-script, so fairseq-generate, fairseq-eval-lm and the hub load it like any
-checkpoint.
+Checkpoints of different architectures, vocabularies or natural-bias settings
+are refused. Each floating-point tensor becomes the mean over the inputs
+(in float64, stored in its own dtype); any other tensor must be equal in every
+input; everything else (configuration, optimizer state) is the first input's.
 """
 
 import os
@@ -35,7 +24,7 @@ class AverageError(ValueError):
 
 
 def build_parser():
-    from fairseq_natbias.cli.common import parser_for
+    from natbias.tools.cli import parser_for
 
     parser = parser_for(PROG, __doc__)
     parser.add_argument("--inputs", required=True, nargs="+", metavar="PATH",
@@ -94,13 +83,11 @@ def input_paths(args):
     return list(args.inputs)
 
 
-# --- what must agree --------------------------------------------------------------
-
-
 def settings(path):
     """What an input's parameters mean: (arch, natural-bias settings as options text)."""
-    from fairseq_natbias.checkpoint_settings import saved_model_args
-    from fairseq_natbias.natural_bias_options import STRUCTURAL, NaturalBiasError, options_text
+    from fairseq_natbias.checkpoints import saved_model_args
+    from fairseq_natbias.options import STRUCTURAL, options_text
+    from natbias.errors import NaturalBiasError
 
     try:
         saved = saved_model_args(path)
@@ -128,24 +115,17 @@ def check_same_settings(paths):
                 "things; average checkpoints of one run (or of runs with the same --natbias-* options)")
 
 
-def vocabulary_sizes(params):
-    """Entries of each dictionary, from the rows of the token embeddings
-    (encoder.embed_tokens, decoder.embed_tokens; a language model has one)."""
-    return {name.split(".")[0]: tuple(tensor.shape)[0] for name, tensor in params.items()
-            if name.endswith("embed_tokens.weight")}
-
-
-def _sizes_text(sizes):
-    return ", ".join(f"{side} {entries}" for side, entries in sorted(sizes.items()))
-
-
 def check_same_parameters(first, path, params, first_path):
-    """Same vocabularies, parameter names and shapes."""
-    sizes, first_sizes = vocabulary_sizes(params), vocabulary_sizes(first)
-    if sizes != first_sizes:
+    """Same vocabularies (rows of the token embeddings), parameter names and shapes."""
+    def vocabularies(state):
+        return ", ".join(f"{name.split('.')[0]} {tuple(tensor.shape)[0]}"
+                         for name, tensor in sorted(state.items())
+                         if name.endswith("embed_tokens.weight"))
+
+    if vocabularies(params) != vocabularies(first):
         raise AverageError(
-            f"{first_path} and {path} have different vocabularies ({_sizes_text(first_sizes)} "
-            f"against {_sizes_text(sizes)} entries): average only checkpoints trained on one "
+            f"{first_path} and {path} have different vocabularies ({vocabularies(first)} "
+            f"against {vocabularies(params)} entries): average only checkpoints trained on one "
             "dictionary (one data-bin)")
     if params.keys() != first.keys():
         missing = sorted(set(first) ^ set(params))[:3]
@@ -158,11 +138,7 @@ def check_same_parameters(first, path, params, first_path):
                 f"and {tuple(tensor.shape)}): average only checkpoints of one model")
 
 
-# --- averaging --------------------------------------------------------------------
-
-
 def load(path):
-    """The checkpoint's saved dictionary, read by the package's one loader."""
     from fairseq_natbias.checkpoint_loading import CheckpointError, read_checkpoint
 
     try:
@@ -201,9 +177,8 @@ def main(argv=None):
     import warnings
 
     warnings.filterwarnings("ignore")  # hydra's and torch's deprecation notices inside fairseq
-    # fairseq and torch before the plugin's own modules: with both imported,
-    # fairseq_natbias has registered its models and allow-listed what fairseq
-    # pickles into a checkpoint, so torch.load can read the saved config.
+    # fairseq before the plugin, which then allow-lists what fairseq pickles into
+    # a checkpoint, so that torch.load can read the saved config
     import fairseq  # noqa: F401
     import torch
 
@@ -215,8 +190,7 @@ def main(argv=None):
         state = average(paths)
     except AverageError as error:
         sys.exit(f"{PROG}: error: {error}")
-    output_dir = os.path.dirname(os.path.abspath(args.output))
-    os.makedirs(output_dir, exist_ok=True)
+    os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
     torch.save(state, args.output)
     print(f"averaged {len(paths)} checkpoints: {' '.join(paths)}")
     print(f"wrote {args.output}")

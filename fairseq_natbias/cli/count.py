@@ -1,8 +1,6 @@
-r"""natbias-count: write a counts file for ``--natbias-init file`` (App. A.7).
-
-From tokenised text (e.g. a large English corpus encoded with the same
-SentencePiece model, pieces separated by spaces), counted as fairseq would
-binarise it (one EOS per line, unknown pieces as <unk>)::
+r"""natbias-count: write a counts file for ``--natbias-init file`` (App. A.7), from
+tokenised text counted as fairseq would binarise it (one EOS per line, unknown
+pieces as <unk>)::
 
     natbias-count --dict data-bin/dict.en.txt --text c4.en.tok --output c4.counts
 
@@ -12,19 +10,18 @@ or from a binarised split in a fairseq data directory::
         --source-lang de --target-lang en --output train.counts
 """
 
-import argparse
-import gzip
 import os
 import sys
 
-from fairseq_natbias import unigram
+from fairseq_natbias.training_data import count_translation_targets, symbols
+from natbias.counts import count_text, write_counts_file
+from natbias.errors import NaturalBiasError
+from natbias.tools.cli import parser_for
+from natbias.tools.data import open_text
 
 
 def build_parser():
-    parser = argparse.ArgumentParser(
-        prog="natbias-count", description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = parser_for("natbias-count", __doc__)
     parser.add_argument("--dict", required=True, help="target dictionary (dict.TGT.txt)")
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--text", nargs="+", help="tokenised text file(s), .gz allowed")
@@ -36,24 +33,17 @@ def build_parser():
     return parser
 
 
-def _open_text(path):
-    if path.endswith(".gz"):
-        return gzip.open(path, "rt", encoding="utf-8")
-    return open(path, encoding="utf-8")
-
-
 def load_dictionary(path):
-    """fairseq's Dictionary of ``path``; a file that is none is refused by name
-    (fairseq raises a bare Exception for a binary file)."""
+    """fairseq's Dictionary of ``path``; anything else is refused by name."""
     from fairseq.data import Dictionary
 
     if not os.path.isfile(path):
-        raise unigram.UnigramError(f"--dict {path}: no such file; give the target "
+        raise NaturalBiasError(f"--dict {path}: no such file; give the target "
                                    "dictionary, dict.TGT.txt of the fairseq data directory")
     try:
         return Dictionary.load(path)
     except Exception as error:  # fairseq: ValueError for a bad line, Exception for bad bytes
-        raise unigram.UnigramError(
+        raise NaturalBiasError(
             f"--dict {path} is not a fairseq dictionary ({str(error).splitlines()[0]}); "
             "give dict.TGT.txt of the fairseq data directory") from None
 
@@ -62,23 +52,22 @@ def count_text_files(paths, dictionary):
     counts = 0
     for path in paths:
         try:
-            with _open_text(path) as lines:
-                counts = counts + unigram.count_text(lines, dictionary)
+            with open_text(path) as lines:
+                counts = counts + count_text(lines, dictionary.index, dictionary.eos(),
+                                             len(dictionary))
         except UnicodeDecodeError as error:
-            raise unigram.UnigramError(
+            raise NaturalBiasError(
                 f"--text {path} is not UTF-8 text (byte {error.start}); give tokenised "
                 "text, one sentence a line") from None
     return counts
 
 
 def check_target_dictionary(dictionary, args):
-    """With --data the counts are indexed by that directory's target
-    dictionary: a --dict with other symbols would write a counts file whose
-    symbols do not match the ids counted (e.g. dict.SRC.txt of a directory
-    binarised without --joined-dictionary)."""
+    """With --data the ids counted are those of that directory's target
+    dictionary: a --dict with other symbols would mislabel them."""
     own = os.path.join(args.data, f"dict.{args.target_lang}.txt")
     if os.path.isfile(own) and load_dictionary(own).symbols != dictionary.symbols:
-        raise unigram.UnigramError(
+        raise NaturalBiasError(
             f"--dict {args.dict} is not the target dictionary of {args.data} "
             f"({own} holds other symbols); give --dict {own}")
 
@@ -91,15 +80,13 @@ def main(argv=None):
             counts = count_text_files(args.text, dictionary)
         else:
             if not (args.source_lang and args.target_lang):
-                raise unigram.UnigramError("--data needs --source-lang and --target-lang")
+                raise NaturalBiasError("--data needs --source-lang and --target-lang")
             check_target_dictionary(dictionary, args)
-            counts = unigram.count_target_tokens(
-                args.data, args.split, args.source_lang, args.target_lang,
-                len(dictionary),
-            )
-    except (unigram.UnigramError, OSError) as error:
+            counts = count_translation_targets(args.data, args.split, args.source_lang,
+                                               args.target_lang, len(dictionary))
+    except (NaturalBiasError, OSError) as error:
         sys.exit(f"natbias-count: error: {error}")
-    unigram.write_counts_file(args.output, dictionary, counts)
+    write_counts_file(args.output, symbols(dictionary), counts)
     print(f"natbias-count: {int(counts.sum())} tokens over {len(dictionary)} "
           f"symbols written to {args.output}")
 

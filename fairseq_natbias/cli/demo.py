@@ -1,31 +1,26 @@
 """natbias-demo (`make demo`): what a user gets, in miniature, on the CPU.
 
-SentencePiece (joint) -> fairseq-preprocess -> train three small models with
-the same sizes, seed and batches: transformer_natbias with its DEFAULT
-settings (unigram bias, gain weight init), the same with --natbias-init zero,
-and stock fairseq --arch transformer (--arms picks fewer) -> fairseq-generate
-(beam 5) -> a table of validation NLL over updates and test BLEU/chrF from
-sacreBLEU, plus a plot.
-Every step is skipped when its output exists, and an interrupted training
-resumes from its last checkpoint.
+SentencePiece (joint) -> fairseq-preprocess -> three small models with the same
+sizes, seed and batches: transformer_natbias with its default settings, the
+same with --natbias-init zero, and fairseq's --arch transformer (--arms picks
+fewer) -> fairseq-generate (beam 5) -> a table of validation NLL over updates
+and test BLEU/chrF (sacreBLEU), and a plot. Finished steps are skipped; an
+interrupted training resumes from its last checkpoint.
 
 Data (German->English): --data DIR holding {train,val,test_2016_flickr}.{de,en}
-(Multi30k's names; or train/valid/test), each plain or .gz; else
-$NATBIAS_MULTI30K; else ../shared/data/multi30k; else Multi30k's public files
-are downloaded; else a small synthetic corpus, announced as such
-(fairseq_natbias/data_fetch.py).
-
-The steps themselves are fairseq_natbias/pipeline.py (the learning-efficiency
-study runs them too); this front end picks the arms and writes the table.
+(or train/valid/test), plain or .gz; else $NATBIAS_MULTI30K; else
+../shared/data/multi30k; else Multi30k downloaded; else a small synthetic
+corpus, announced as such.
 """
 
 import argparse
 import time
 from pathlib import Path
 
-from fairseq_natbias import data_fetch, pipeline
-from fairseq_natbias.analysis import plots
+from fairseq_natbias import pipeline
 from fairseq_natbias.pipeline import say
+from natbias.tools import data as data_fetch
+from natbias.tools import plots
 
 # The runs compared: name -> model options.
 ARMS = {
@@ -33,10 +28,15 @@ ARMS = {
     "zero": ["--arch", "transformer_natbias", "--natbias-init", "zero"],
     "stock": ["--arch", "transformer"],  # fairseq's own, what a user would otherwise run
 }
+# What each arm is, for the report's footnote.
+ARM_NOTES = {
+    "unigram": "transformer_natbias with its default settings",
+    "zero": "the same with --natbias-init zero",
+    "stock": "fairseq's --arch transformer, same sizes",
+}
 
 
 def find_raw_data(given, work):
-    # The search itself is shared with the examples (fairseq_natbias/data_fetch.py).
     try:
         return data_fetch.find_raw_data(given, work, say=say)
     except data_fetch.DataError as error:
@@ -58,19 +58,8 @@ def train(data_bin, run_dir, init, max_update):
                    progress)
 
 
-# --- report --------------------------------------------------------------------
-
-
-# What each arm is, for the report's footnote.
-ARM_NOTES = {
-    "unigram": "transformer_natbias with its default settings",
-    "zero": "the same with --natbias-init zero",
-    "stock": "fairseq's --arch transformer, same sizes",
-}
-
-
 def report(work, results):
-    """The report of the arms in ``results``, in its order (main's, ARMS')."""
+    """report.md and valid_nll.png of the arms in ``results``, in its order."""
     arms = list(results)
     curves = {init: pipeline.validation_curve(work / init) for init in arms}
     updates = sorted(set().union(*curves.values()))
@@ -89,17 +78,13 @@ def report(work, results):
               f"chrF signature: `{first['chrf_signature']}`"]
     table = "\n".join(lines) + "\n"
     (work / "report.md").write_text(table)
-    plot_curves(curves, work / "valid_nll.png")
+    panel = []
+    for init, curve in curves.items():
+        y = [curve[u] for u in sorted(curve)]
+        panel.append({"label": init, "x": sorted(curve), "mean": y, "low": y, "high": y})
+    plots.curve_panels({"Multi30k De-En (demo)": panel}, "validation NLL (bits/token)",
+                       str(work / "valid_nll.png"), logx=False)
     return table
-
-
-def plot_curves(curves, path):
-    lines = [{"label": init, "x": sorted(curve),
-              "mean": [curve[u] for u in sorted(curve)],
-              "low": [curve[u] for u in sorted(curve)],
-              "high": [curve[u] for u in sorted(curve)]} for init, curve in curves.items()]
-    plots.curve_panels({"Multi30k De-En (demo)": lines}, "validation NLL (bits/token)",
-                       str(path), logx=False)
 
 
 def main(argv=None):

@@ -9,16 +9,14 @@ al., 2023, Fig. 4)::
         --out-dir analysis/fig4
 
 Given a zero and a unigram model, frequency.png has the four panels of Fig. 4
-(columns: models; upper row: all parameters; lower row: bias dropped, W phi
-only). Also written: frequency_bins.csv (one row per non-empty bin and model)
-and frequency_tokens.csv (one row per token type in the split). The training
-unigram is counted in the data directory's train split (the model's
-target_log_unigram buffer if there is none). Natural logarithms throughout.
+(columns: models; upper row: all parameters; lower row: bias dropped). Also
+written: frequency_bins.csv (a row per non-empty bin and model) and
+frequency_tokens.csv (a row per token type in the split).
 """
 
-
-from fairseq_natbias.analysis import AnalysisError, frequency
-from fairseq_natbias.cli.common import parser_for, print_written, progress_on_stderr, run_tool
+from fairseq_natbias.analysis import frequency
+from natbias.errors import NaturalBiasError
+from natbias.tools.cli import parser_for, print_written, progress_on_stderr, run_tool
 
 PROG = "natbias-frequency"
 
@@ -40,40 +38,25 @@ def build_parser():
     return parser
 
 
-def labelled_checkpoints(specs):
-    """``[(label or None, path)]`` from LABEL=CHECKPOINT or CHECKPOINT."""
-    pairs = []
-    for spec in specs:
-        label, sep, path = spec.partition("=")
-        pairs.append((label, path) if sep else (None, spec))
-    return pairs
-
-
-def import_plugin(user_dir):
-    """``--user-dir``: another fairseq plugin the checkpoint needs, or this
-    package by fairseq's habit (:func:`~fairseq_natbias.pipeline.this_copy`);
-    a plugin that cannot be imported is bad input."""
-    from argparse import Namespace
-    from fairseq import utils
-
-    from fairseq_natbias.pipeline import this_copy
-
-    try:
-        utils.import_user_module(Namespace(user_dir=this_copy(user_dir)))
-    except ImportError as error:
-        raise AnalysisError(f"--user-dir {user_dir}: {error}") from error
-
-
 def run(args):
     import torch
 
     if args.user_dir:
-        import_plugin(args.user_dir)
+        from argparse import Namespace
+
+        from fairseq import utils
+
+        from fairseq_natbias.pipeline import this_copy
+
+        try:
+            utils.import_user_module(Namespace(user_dir=this_copy(args.user_dir)))
+        except ImportError as error:
+            raise NaturalBiasError(f"--user-dir {args.user_dir}: {error}") from error
     use_cuda = torch.cuda.is_available() and not args.cpu
-    analysis = frequency.analyse(
-        labelled_checkpoints(args.model), args.data, args.gen_subset, args.bins,
-        args.max_tokens, use_cuda, progress=progress_on_stderr(PROG),
-    )
+    checkpoints = [(label, path) if sep else (None, spec)
+                   for spec in args.model for label, sep, path in [spec.partition("=")]]
+    analysis = frequency.analyse(checkpoints, args.data, args.gen_subset, args.bins,
+                                 args.max_tokens, use_cuda, progress=progress_on_stderr(PROG))
     for scores in analysis.scores:
         print(f"{scores.label}: {scores.sentences} sentences, "
               f"{int(scores.occurrences.sum())} reference tokens of "

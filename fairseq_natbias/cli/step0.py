@@ -1,9 +1,6 @@
 r"""natbias-step0: how far a freshly built model is from the unigram (Fig. 1 at
-update 0), before spending any compute on training.
-
-Takes the same arguments as fairseq-train, builds the task and the model the
-way fairseq-train does (same seed, same initialisation), and reports on the
-validation split, in bits per target token:
+update 0). Takes fairseq-train's arguments, builds the task and model as it
+does, and reports on the validation split, in bits per target token:
 
     nll          the model's validation NLL before any update
     unigram_ce   cross-entropy of the validation targets under the smoothed
@@ -17,7 +14,6 @@ validation split, in bits per target token:
 import json
 import sys
 
-# The work is the library's (pipeline.py); both names stay importable from here.
 from fairseq_natbias.pipeline import build_from_training_args, validation_divergence
 
 

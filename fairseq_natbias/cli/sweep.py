@@ -19,47 +19,43 @@ from pathlib import Path
 
 from fairseq_natbias.analysis import sweep
 from fairseq_natbias.checkpoint_loading import has_output_bias
-from fairseq_natbias.cli.common import (
-    add_grid_arguments, add_tokenize_argument, exit_on_bad_input, parser_for, print_written,
-    progress_on_stderr, split_passthrough,
-)
+from natbias.tools import cli
 
 PROG = "natbias-sweep"
 
 
 def build_parser():
-    parser = parser_for(PROG, __doc__)
+    parser = cli.parser_for(PROG, __doc__)
     parser.add_argument("data", help="fairseq data directory (binarised)")
     parser.add_argument("checkpoint", help="model checkpoint (.pt)")
-    add_grid_arguments(parser, default_lambdas=[1.0])
+    cli.add_grid_arguments(parser, default_lambdas=[1.0])
     parser.add_argument("--gen-subset", default="test", help="split to translate (default: test)")
-    add_tokenize_argument(parser, "word splitting for distinct-n")
+    cli.add_tokenize_argument(parser, "word splitting for distinct-n")
     parser.add_argument("--out-dir", required=True, help="directory for outputs and tables")
     return parser
 
 
 def run(args):
     grid = sweep.settings(args.lambdas, args.taus)
-    # Read here first: a file that is no checkpoint is refused in one line,
-    # not as the traceback of the first fairseq-generate.
+    # read first: a file that is no checkpoint is refused in one line
     if not has_output_bias(args.checkpoint) and any(s.lam != 1 for s in grid):
         print(f"{PROG}: note: {args.checkpoint} has no output bias, so lambda changes "
               "nothing; only tau does", file=sys.stderr)
     rows = sweep.sweep(
         args.data, args.checkpoint, grid, args.out_dir,
         ["--gen-subset", args.gen_subset, *args.generate_args], args.tokenize,
-        progress=progress_on_stderr(PROG),
+        progress=cli.progress_on_stderr(PROG),
     )
     paths = sweep.write_sweep(rows, args.out_dir)
-    print_written(paths, Path(paths[1]).read_text(encoding="utf-8"))  # the Markdown table
+    cli.print_written(paths, Path(paths[1]).read_text(encoding="utf-8"))  # the Markdown table
     return rows
 
 
 def main(argv=None):
-    argv, generate_args = split_passthrough(sys.argv[1:] if argv is None else argv)
+    argv, generate_args = cli.split_passthrough(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     args.generate_args = generate_args
-    exit_on_bad_input(PROG, run, args)
+    cli.exit_on_bad_input(PROG, run, args)
 
 
 if __name__ == "__main__":

@@ -7,27 +7,24 @@ continuations against the references' own continuations)::
     natbias-lm-sweep lm-bin checkpoints/lm/checkpoint_best.pt \\
         --lambdas 0 0.25 0.5 0.75 1 --decoding sample --out-dir analysis/lm-sweep
 
-Only the data directory's dict.txt and the split (default test) are read;
-the checkpoint must be a transformer_lm_natbias one. Written to --out-dir:
+The checkpoint must be a transformer_lm_natbias one. Written to --out-dir:
 continuations.<decoding>.lambda<l>.tau<t>.txt, sweep_lm.tsv, sweep_lm.md,
-sweep_lm.png. See fairseq_natbias/analysis/sweep_lm.py for the measures.
+sweep_lm.png.
 """
 
 from pathlib import Path
 
 from fairseq_natbias.analysis import sweep, sweep_lm
-from fairseq_natbias.cli.common import (
-    add_grid_arguments, add_tokenize_argument, parser_for, print_written, progress_on_stderr, run_tool,
-)
+from natbias.tools import cli
 
 PROG = "natbias-lm-sweep"
 
 
 def build_parser():
-    parser = parser_for(PROG, __doc__)
+    parser = cli.parser_for(PROG, __doc__)
     parser.add_argument("data", help="language-model data directory (binarised, dict.txt)")
     parser.add_argument("checkpoint", help="transformer_lm_natbias checkpoint (.pt)")
-    add_grid_arguments(parser, default_lambdas=[0.0, 0.25, 0.5, 0.75, 1.0])
+    cli.add_grid_arguments(parser, default_lambdas=[0.0, 0.25, 0.5, 0.75, 1.0])
     parser.add_argument("--split", default="test", help="split to take prompts from (default: test)")
     parser.add_argument("--prompt-tokens", type=int, default=3,
                         help="tokens of each sentence given as the prompt (default: 3)")
@@ -38,7 +35,7 @@ def build_parser():
     parser.add_argument("--sampling-topk", type=int, default=-1, help="top-k sampling (default: off)")
     parser.add_argument("--sampling-topp", type=float, default=-1.0, help="top-p sampling (default: off)")
     parser.add_argument("--seed", type=int, default=1, help="sampling seed (default: 1)")
-    add_tokenize_argument(parser, "word splitting for distinct-n")
+    cli.add_tokenize_argument(parser, "word splitting for distinct-n")
     parser.add_argument("--out-dir", required=True, help="directory for outputs and tables")
     return parser
 
@@ -50,15 +47,15 @@ def run(args):
         prompt_tokens=args.prompt_tokens, decoding=args.decoding,
         max_continuation=args.max_continuation, beam=args.beam, topk=args.sampling_topk,
         topp=args.sampling_topp, seed=args.seed, tokenize=args.tokenize,
-        progress=progress_on_stderr(PROG),
+        progress=cli.progress_on_stderr(PROG),
     )
     paths = sweep_lm.write_sweep_lm(rows, args.out_dir)
-    print_written(paths, Path(paths[1]).read_text(encoding="utf-8"))  # the Markdown table
+    cli.print_written(paths, Path(paths[1]).read_text(encoding="utf-8"))  # the Markdown table
     return rows
 
 
 def main(argv=None):
-    run_tool(PROG, build_parser, run, argv)
+    cli.run_tool(PROG, build_parser, run, argv)
 
 
 if __name__ == "__main__":

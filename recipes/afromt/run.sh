@@ -27,7 +27,7 @@ WORK_DIR=${WORK_DIR-work/afromt}        # everything the recipe makes
 # --- model and training ------------------------------------------------------------
 ARCH=${ARCH-transformer_natbias_afromt}  # 6+6 layers, 8 heads (4 for Rundi, below), FFN 256 (sec. 4.1), d 256 (ours)
 TOKENS_PER_UPDATE=${TOKENS_PER_UPDATE-8192}  # tokens per update on any hardware (ours: the AfroMT authors' 4096 x update-freq 2) [smoke: 1000]
-UNIGRAM_LS_INITS=${UNIGRAM_LS_INITS-unigram}  # also unigram-unigram-ls runs: the small-corpus setting (docs/criterion.md; not in the paper; UNIGRAM_LS_INITS= skips them)
+UNIGRAM_LS_INITS=${UNIGRAM_LS_INITS-unigram}  # also unigram-unigram-ls runs: the small-corpus setting (docs/criteria.md; not in the paper; UNIGRAM_LS_INITS= skips them)
 
 # RECIPES_DIR: the repository's recipes/ (found from this file's place).
 source "${RECIPES_DIR:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)}/lib.sh" "$@"

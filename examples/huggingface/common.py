@@ -1,0 +1,152 @@
+"""What the transformers examples share: raw text in, a tokenizer trained
+locally, validation NLL over training (with early stopping and the best
+model kept), and the run record the report reads.
+
+A run's folder holds ``record.json`` (its settings, validation NLL in bits by
+update, update 0 included, the best, the test scores), ``best/`` (the model of
+lowest validation NLL, ``save_pretrained``), ``checkpoints/`` (the Trainer's,
+so that an interrupted run resumes) and ``done`` once it is scored.
+"""
+
+import json
+import math
+import os
+import time
+from pathlib import Path
+
+import torch
+from tokenizers import SentencePieceUnigramTokenizer
+from tokenizers.processors import TemplateProcessing
+from transformers import PreTrainedTokenizerFast, TrainerCallback
+
+from natbias.tools.data import raw_file, read_lines
+
+LN2 = math.log(2.0)
+SPECIALS = ["<pad>", "</s>", "<unk>"]  # ids 0, 1, 2
+
+
+def say(message):
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def read_split(folder, split, lang, limit=0):
+    """The stripped lines of ``split`` (train, valid, test or a file stem such
+    as test_2017_flickr) in ``lang``, found as the demo finds them; the first
+    ``limit`` only (0: all)."""
+    path = raw_file(folder, split, lang)
+    if path is None:
+        raise SystemExit(f"error: no {split}.{lang}[.gz] in {folder} (see --help)")
+    lines = read_lines(path)
+    return lines[:limit] if limit else lines
+
+
+def train_tokenizer(texts, vocab_size, folder):
+    """A SentencePiece-style unigram tokenizer (Hugging Face tokenizers),
+    trained on ``texts`` and saved in ``folder``; loaded from there when
+    trained before. Every encoding ends in ``</s>``."""
+    folder = Path(folder)
+    if not (folder / "tokenizer.json").exists():
+        model = SentencePieceUnigramTokenizer()
+        model.train_from_iterator(texts, vocab_size=vocab_size, special_tokens=SPECIALS,
+                                  unk_token="<unk>", show_progress=False)
+        model.post_processor = TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 1)])
+        tokenizer = PreTrainedTokenizerFast(tokenizer_object=model, pad_token="<pad>",
+                                            eos_token="</s>", unk_token="<unk>")
+        tokenizer.save_pretrained(folder)
+    return PreTrainedTokenizerFast.from_pretrained(folder)
+
+
+@torch.no_grad()
+def validation_nll(model, batches, causal=False):
+    """Bits per target token of ``model`` on ``batches`` (dicts with labels)."""
+    training = model.training
+    model.eval()
+    total = tokens = 0.0
+    device = next(model.parameters()).device
+    for batch in batches:
+        labels = batch["labels"].to(device)
+        inputs = {k: v.to(device) for k, v in batch.items() if k != "labels"}
+        logits = model(**inputs).logits.float()
+        if causal:
+            logits, labels = logits[:, :-1], labels[:, 1:]
+        mask = labels.ne(-100)
+        nll = torch.nn.functional.cross_entropy(logits[mask], labels[mask], reduction="sum")
+        total += nll.item()
+        tokens += mask.sum().item()
+    model.train(training)
+    return total / tokens / LN2
+
+
+class Record:
+    """``run/record.json``, written after every change."""
+
+    def __init__(self, run, settings):
+        self.path = Path(run) / "record.json"
+        self.data = {"settings": settings, "updates": [], "nll": []}
+        if self.path.exists():
+            self.data = json.loads(self.path.read_text())
+
+    def __getitem__(self, key):
+        return self.data[key]
+
+    def get(self, key, default=None):
+        return self.data.get(key, default)
+
+    def update(self, **values):
+        self.data.update(values)
+        self.save()
+
+    def save(self):
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.data, indent=1))
+        os.replace(tmp, self.path)
+
+
+class ValidationCallback(TrainerCallback):
+    """Validation NLL at update 0 and every ``every`` updates into the record;
+    the model of lowest NLL saved to ``run/best``; training stopped after
+    ``patience`` validations without a lower NLL (0: never)."""
+
+    def __init__(self, record, batches, every, patience, run, tokenizer, causal=False):
+        self.record, self.batches, self.every, self.patience = record, batches, every, patience
+        self.best_dir, self.tokenizer, self.causal = Path(run) / "best", tokenizer, causal
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        # A resumed run forgets validations after its checkpoint: they are redone.
+        keep = [i for i, u in enumerate(self.record["updates"]) if u <= state.global_step]
+        self.record.update(updates=[self.record["updates"][i] for i in keep],
+                           nll=[self.record["nll"][i] for i in keep])
+        if not self.record["updates"]:
+            self.validate(model, 0)
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        if state.global_step % self.every == 0 or state.global_step == state.max_steps:
+            self.validate(model, state.global_step)
+            if self.patience and self.since_best() >= self.patience:
+                say(f"no lower validation NLL in {self.patience} validations: stopping")
+                control.should_training_stop = True
+
+    def validate(self, model, update):
+        nll = validation_nll(model, self.batches, self.causal)
+        if update in self.record["updates"]:
+            return
+        best = min(self.record["nll"], default=math.inf)
+        self.record["updates"].append(update)
+        self.record["nll"].append(round(nll, 4))
+        if nll < best:
+            model.save_pretrained(self.best_dir)
+            self.tokenizer.save_pretrained(self.best_dir)
+            self.record.data.update(best_update=update, best_nll=round(nll, 4))
+        self.record.save()
+        say(f"update {update}: validation NLL {nll:.3f} bits"
+            + (" (best)" if nll < best else ""))
+
+    def since_best(self):
+        updates = self.record["updates"]
+        return len(updates) - 1 - updates.index(self.record["best_update"])
+
+
+def last_checkpoint(folder):
+    """The Trainer's latest checkpoint in ``folder``, to resume from; None if none."""
+    checkpoints = sorted(Path(folder).glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
+    return str(checkpoints[-1]) if checkpoints else None

@@ -1,0 +1,207 @@
+"""Translation from scratch with Hugging Face transformers: a small Marian
+model trained by ``Seq2SeqTrainer`` as transformers' stock training does it,
+or with the natural bias, or with label smoothing towards the unigram.
+
+    python examples/huggingface/translate.py --data DIR --src de --tgt en \\
+        --work WORK --bias natural --label-smoothing unigram --seed 1
+
+One run a call, in WORK/runs/<arm>/seed<k>/ (arm: stock, natbias,
+stock+unigram-ls, natbias+unigram-ls); the data, its tokenizer (a unigram
+model of --vocab pieces on both languages, trained here) and the tokenised
+splits are shared by the runs in WORK. Each run records validation NLL (bits)
+at update 0 and every --eval-every updates, keeps the model of lowest NLL,
+stops after --patience validations without a lower one (0: at --max-steps),
+then translates the test sets with it (beam 5) and scores them with
+sacreBLEU (BLEU and chrF, with signatures). A finished run is skipped, an
+interrupted one resumes from its last checkpoint.
+"""
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # before transformers is imported
+
+import torch  # noqa: E402
+from transformers import (  # noqa: E402
+    DataCollatorForSeq2Seq,
+    MarianConfig,
+    MarianMTModel,
+    Seq2SeqTrainer,
+    Seq2SeqTrainingArguments,
+)
+
+from common import (  # noqa: E402
+    Record, ValidationCallback, last_checkpoint, read_split, say, train_tokenizer,
+)
+from natbias.hf import (  # noqa: E402
+    BiasStatisticsCallback, UnigramLabelSmoothingLoss, add_natural_bias, count_targets,
+    from_pretrained,
+)
+from natbias.prior import cross_entropy_bits, log_unigram  # noqa: E402
+from natbias.tools.quality import quality  # noqa: E402
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data", required=True, help="raw parallel text: train, val(id), test "
+                        "files as SPLIT.LANG[.gz] (Multi30k's names or train/valid/test)")
+    parser.add_argument("--src", default="de")
+    parser.add_argument("--tgt", default="en")
+    parser.add_argument("--work", default="work/examples/huggingface")
+    parser.add_argument("--train-pairs", type=int, default=0, help="first N pairs only (0: all)")
+    parser.add_argument("--eval-lines", type=int, default=0,
+                        help="first N validation and test pairs only (0: all)")
+    parser.add_argument("--test-sets", nargs="*", default=["test"],
+                        help="test splits to score (e.g. test test_2017_flickr)")
+    parser.add_argument("--vocab", type=int, default=8000, help="tokenizer vocabulary size")
+    parser.add_argument("--bias", choices=("none", "natural"), default="natural",
+                        help="natural: natbias.hf.add_natural_bias; none: transformers' stock")
+    parser.add_argument("--label-smoothing", choices=("uniform", "unigram"), default="uniform",
+                        help="uniform: transformers' label_smoothing_factor 0.1; unigram: "
+                             "natbias.hf.UnigramLabelSmoothingLoss, epsilon 0.1")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--layers", type=int, default=2, help="encoder and decoder layers")
+    parser.add_argument("--dim", type=int, default=128)
+    parser.add_argument("--ffn", type=int, default=256)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--batch-size", type=int, default=80, help="sentence pairs per update")
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--warmup", type=int, default=100)
+    parser.add_argument("--max-steps", type=int, default=1000)
+    parser.add_argument("--eval-every", type=int, default=50)
+    parser.add_argument("--patience", type=int, default=0)
+    parser.add_argument("--beam", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=1)
+    return parser.parse_args(argv)
+
+
+def arm_name(args):
+    base = "natbias" if args.bias == "natural" else "stock"
+    return base + ("+unigram-ls" if args.label_smoothing == "unigram" else "")
+
+
+def tokenised(tokenizer, data, split, args, limit):
+    source = read_split(data, split, args.src, limit)
+    target = read_split(data, split, args.tgt, limit)
+    sources = tokenizer(source, truncation=True, max_length=256)["input_ids"]
+    targets = tokenizer(target, truncation=True, max_length=256)["input_ids"]
+    return [{"input_ids": s, "labels": t} for s, t in zip(sources, targets)], source, target
+
+
+def marian_config(tokenizer, args):
+    """The study's size (2+2 layers, d 128, FFN 256, 4 heads; ReLU and scaled
+    embeddings as fairseq's transformer), one vocabulary tied everywhere."""
+    ids = dict(pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+               decoder_start_token_id=tokenizer.pad_token_id,
+               forced_eos_token_id=tokenizer.eos_token_id)
+    return MarianConfig(vocab_size=len(tokenizer), d_model=args.dim, encoder_layers=args.layers,
+                        decoder_layers=args.layers, encoder_attention_heads=args.heads,
+                        decoder_attention_heads=args.heads, encoder_ffn_dim=args.ffn,
+                        decoder_ffn_dim=args.ffn, max_position_embeddings=256,
+                        activation_function="relu", scale_embedding=True, dropout=0.1, **ids)
+
+
+def build_model(tokenizer, train, args):
+    torch.manual_seed(args.seed)
+    model = MarianMTModel(marian_config(tokenizer, args))
+    if args.bias == "natural":
+        model = add_natural_bias(model, [example["labels"] for example in train])
+    return model
+
+
+def train_run(args, run, tokenizer, train, valid):
+    model = build_model(tokenizer, train, args)
+    collator = DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100)
+    record = Record(run, {**vars(args), "arm": arm_name(args)})
+    if record.get("unigram_nll") is None:  # what a model predicting the prior scores
+        vocab = len(tokenizer)
+        prior = log_unigram(count_targets([e["labels"] for e in train], vocab))
+        record.update(unigram_nll=round(cross_entropy_bits(
+            prior, count_targets([e["labels"] for e in valid], vocab)), 4))
+    valid_batches = [collator(valid[i:i + 128]) for i in range(0, len(valid), 128)]
+    training = Seq2SeqTrainingArguments(
+        output_dir=str(run / "checkpoints"), max_steps=args.max_steps, seed=args.seed,
+        per_device_train_batch_size=args.batch_size, learning_rate=args.lr,
+        lr_scheduler_type="inverse_sqrt", warmup_steps=args.warmup,
+        adam_beta1=0.9, adam_beta2=0.997, weight_decay=0.0, max_grad_norm=0.0,
+        train_sampling_strategy="group_by_length", save_strategy="steps",
+        save_steps=args.eval_every, save_total_limit=1, logging_steps=args.eval_every,
+        eval_strategy="no", report_to=[], disable_tqdm=True, use_cpu=True,
+        dataloader_num_workers=0,
+        label_smoothing_factor=0.1 if args.label_smoothing == "uniform" else 0.0)
+    loss = None
+    if args.label_smoothing == "unigram":
+        loss = (UnigramLabelSmoothingLoss.from_model(model) if args.bias == "natural" else
+                UnigramLabelSmoothingLoss.from_counts(
+                    count_targets([e["labels"] for e in train], len(tokenizer)), model))
+    callbacks = [ValidationCallback(record, valid_batches, args.eval_every, args.patience, run,
+                                    tokenizer)]
+    if args.bias == "natural":
+        callbacks.append(BiasStatisticsCallback(probe=valid_batches[0]))
+    trainer = Seq2SeqTrainer(model=model, args=training, train_dataset=train,
+                             data_collator=collator, processing_class=tokenizer,
+                             compute_loss_func=loss, callbacks=callbacks)
+    trainer.train(resume_from_checkpoint=last_checkpoint(run / "checkpoints"))
+    record.update(log_history=[entry for entry in trainer.state.log_history
+                               if "bias_kl" in entry or "loss" in entry])
+    return record
+
+
+@torch.no_grad()
+def translate(model, tokenizer, sources, beam, batch_size=64):
+    """Beam-search translations of ``sources``, detokenised, in their order
+    (batched by length for speed)."""
+    model.eval()
+    order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
+    output = [None] * len(sources)
+    for start in range(0, len(order), batch_size):
+        batch = order[start:start + batch_size]
+        inputs = tokenizer([sources[i] for i in batch], return_tensors="pt", padding=True)
+        generated = model.generate(**inputs, num_beams=beam, max_new_tokens=int(
+            inputs["input_ids"].shape[1] * 1.2) + 10, length_penalty=1.0)
+        for i, text in zip(batch, tokenizer.batch_decode(generated, skip_special_tokens=True)):
+            output[i] = text.strip()
+    return output
+
+
+def score(args, run, tokenizer, record):
+    model = from_pretrained(run / "best") if args.bias == "natural" else \
+        MarianMTModel.from_pretrained(run / "best")
+    scores = {}
+    for test_set in args.test_sets:
+        sources = read_split(args.data, test_set, args.src, args.eval_lines)
+        references = read_split(args.data, test_set, args.tgt, args.eval_lines)
+        hypotheses = translate(model, tokenizer, sources, args.beam)
+        (run / f"{test_set}.hyp").write_text("\n".join(hypotheses) + "\n", encoding="utf-8")
+        scores[test_set] = quality(hypotheses, references)
+        say(f"{test_set}: BLEU {scores[test_set]['BLEU']:.2f}, chrF "
+            f"{scores[test_set]['chrF']:.2f} ({scores[test_set]['bleu_signature']})")
+    record.update(scores=scores)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    work = Path(args.work)
+    run = work / "runs" / arm_name(args) / f"seed{args.seed}"
+    if (run / "done").exists():
+        say(f"{run}: done before, skipped")
+        return
+    run.mkdir(parents=True, exist_ok=True)
+    texts = read_split(args.data, "train", args.src, args.train_pairs) + read_split(
+        args.data, "train", args.tgt, args.train_pairs)
+    tokenizer = train_tokenizer(texts, args.vocab, work / "tokenizer")
+    train, _, _ = tokenised(tokenizer, args.data, "train", args, args.train_pairs)
+    valid, _, _ = tokenised(tokenizer, args.data, "valid", args, args.eval_lines)
+    say(f"{run}: {len(train)} training pairs, vocabulary {len(tokenizer)}, "
+        f"{args.max_steps} updates at most")
+    record = train_run(args, run, tokenizer, train, valid)
+    score(args, run, tokenizer, record)
+    (run / "done").write_text(json.dumps(record.get("scores")) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,137 @@
+"""A model that will load a checkpoint is built with the checkpoint's
+natural-bias settings, so that its parameters mean what they meant when saved.
+
+:func:`checkpoint_to_load` finds, by fairseq's own restore rules, whether and
+what a run will load; :func:`check_saved_settings` refuses a checkpoint
+whose settings this version no longer offers; :func:`reconcile_with_checkpoint`
+takes the checkpoint's structural settings, refusing (on resume) an explicit
+option that disagrees. The file itself is read by
+:mod:`fairseq_natbias.checkpoint_loading`.
+
+Compatibility. Since 1.0 a checkpoint records ``natbias_format_version``. One
+written by 0.x records none; it loads, resumes and generates when its
+settings are still offered (the 0.8.0 defaults among them), and is refused
+in one line when it holds a setting 1.0 retired.
+"""
+
+import logging
+import os
+
+from natbias import FORMAT_VERSION, __version__
+from natbias.errors import NaturalBiasError
+
+from fairseq_natbias import checkpoint_loading
+from fairseq_natbias.options import (
+    COUNTED_MARKER, DEFAULTED_RECORD, FORMAT_KEY, STRUCTURAL, options_text,
+)
+
+logger = logging.getLogger(__name__)
+
+# The last version that reads the checkpoints of settings 1.0 retired.
+LAST_READER = "0.8.0"
+
+
+def retired_settings(saved) -> list:
+    """The settings of a 0.x config (one without a format version) that 1.0
+    retired: gains other than ``abs-capped`` on the ``lr`` schedule (0.2.0
+    recorded no form: its gain was linear), and the ``damped`` init."""
+    if getattr(saved, FORMAT_KEY, None) is not None:
+        return []
+    weight_init = getattr(saved, "natbias_weight_init", None)
+    if weight_init == "damped":
+        return ["--natbias-weight-init damped"]
+    if weight_init != "gain":
+        return []
+    form = getattr(saved, "natbias_gain_form", None) or "linear"
+    schedule = getattr(saved, "natbias_gain_schedule", None) or "lr"
+    return ([f"--natbias-gain-form {form}"] if form != "abs-capped" else []) + (
+        [f"--natbias-gain-schedule {schedule}"] if schedule != "lr" else [])
+
+
+def check_saved_settings(saved, where: str) -> None:
+    """Refuse, in one line, a saved config this version cannot build."""
+    version = getattr(saved, FORMAT_KEY, None)
+    if version is not None and version > FORMAT_VERSION:
+        raise NaturalBiasError(f"{where} records natural-bias format {version}; fairseq-natbias "
+                               f"{__version__} reads format {FORMAT_VERSION}: upgrade it")
+    retired = retired_settings(saved)
+    if retired:
+        raise NaturalBiasError(f"{where} was trained by fairseq-natbias 0.x with "
+                               f"{' '.join(retired)}, retired in 1.0: read it with "
+                               f"fairseq-natbias {LAST_READER}, the last version that does")
+
+
+def checkpoint_to_load(args):
+    """``(kind, path)`` when the parameters built now will be overwritten from
+    a checkpoint, else None. ``kind``: ``config`` (the config itself came from
+    a checkpoint: generation, eval-lm), ``resume`` or ``finetune``, by
+    fairseq's ``checkpoint_utils.load_checkpoint``: checkpoint_last in
+    --save-dir wins; on a first launch --continue-once, then
+    --finetune-from-model; a non-default --restore-file takes the
+    --checkpoint-suffix before its ``.pt``. A --reset-* flag means fine-tuning."""
+    if getattr(args, COUNTED_MARKER, None) is not None:
+        return "config", None
+    save_dir = getattr(args, "save_dir", "checkpoints")
+    restore_file = getattr(args, "restore_file", "checkpoint_last.pt")
+    suffix = getattr(args, "checkpoint_suffix", "") or ""
+    resets = ("reset_optimizer", "reset_lr_scheduler", "reset_meters", "reset_dataloader")
+    kind = "finetune" if any(getattr(args, r, False) for r in resets) else "resume"
+    if restore_file == "checkpoint_last.pt":
+        last = os.path.join(save_dir, f"checkpoint_last{suffix}.pt")
+        if os.path.exists(last):
+            return kind, last
+        continue_once = getattr(args, "continue_once", None)
+        if continue_once is not None:  # fairseq loads it, or fails saying it is missing
+            return (kind, continue_once) if os.path.exists(continue_once) else None
+        finetune = getattr(args, "finetune_from_model", None)
+        if finetune and os.path.exists(finetune):
+            return "finetune", finetune
+        return None
+    restore_file = restore_file.replace(".pt", suffix + ".pt")
+    return (kind, restore_file) if os.path.exists(restore_file) else None
+
+
+def saved_model_args(path: str):
+    """The model config a checkpoint was trained with (None if it holds none);
+    a file that is no checkpoint is a NaturalBiasError naming the fix."""
+    return checkpoint_loading.saved_model_args(path)
+
+
+def reconcile_with_checkpoint(args, kind: str, path: str) -> None:
+    """Build the model with the natural-bias settings of the checkpoint it
+    will load. Resuming: an option left at its default follows the
+    checkpoint; one given explicitly and different is refused, naming both
+    and the fix. Fine-tuning: the checkpoint's settings are taken and the log
+    says what becomes of the bias."""
+    saved = saved_model_args(path)
+    if saved is None or getattr(saved, "natbias_init", None) is None:
+        arch = getattr(saved, "arch", "unknown")
+        fix = f"resume it with --arch {arch}" if kind == "resume" else "fine-tune it with its own --arch"
+        raise NaturalBiasError(f"{path} was not trained with the natural bias (--arch {arch}); "
+                               f"{fix}, or train a natbias model from scratch in a new --save-dir")
+    check_saved_settings(saved, path)
+    explicit = [name for name in STRUCTURAL if name not in (getattr(args, DEFAULTED_RECORD) or ())]
+    differing = [name for name in STRUCTURAL if _differs(args, saved, name)]
+    refused = [name for name in differing if name in explicit]
+    if kind == "resume" and refused:
+        raise NaturalBiasError(
+            f"{path} was trained with {options_text(saved)}; the command line asks for "
+            f"{options_text(args, refused)}. Give a new --save-dir to train that from scratch, "
+            "or drop those options to resume")
+    for name in differing:
+        setattr(args, name, getattr(saved, name))
+    if kind == "finetune":
+        ignored = ", ".join("--" + name.replace("_", "-") for name in refused)
+        logger.warning("natbias: fine-tuning from %s: its output layer is loaded as trained "
+                       "(%s), not re-initialised or recounted%s", path, options_text(saved),
+                       f"; {ignored} on the command line ignored" if ignored else "")
+    elif differing:
+        logger.info("natbias: resuming %s with its own %s", path, options_text(saved))
+    setattr(args, COUNTED_MARKER, int(getattr(saved, COUNTED_MARKER, None) or 0))
+
+
+def _differs(args, saved, name) -> bool:
+    if name == "natbias_gain_speed" and getattr(saved, "natbias_weight_init", None) != "gain":
+        return False  # no gain in the checkpoint: its speed means nothing
+    value = getattr(saved, name, None)
+    return value is not None and value != getattr(args, name)

@@ -1,0 +1,189 @@
+"""What a fairseq task trains a model to predict, counted: the one place the
+models and the criteria count their unigram (with :mod:`natbias.counts`).
+
+translation (``--task translation`` and its kin)
+    the target side, ``train.SRC-TGT.TGT`` (or the ``TGT-SRC`` order), EOS
+    included (fairseq ends every sentence with one).
+language_modeling (``fairseq-preprocess --only-source``)
+    ``train.bin``: every token of the stream is a next-token target once.
+    ``--add-bos-token`` adds one ``<s>`` per block (blocks found with
+    fairseq's own slicing); ``--output-dictionary-size N`` maps ids >= N to
+    ``<unk>``, as the task does.
+
+Every ``:``-separated data shard and ``train``, ``train1``, ... count (or
+``--train-subset``). Never ``dict.txt``.
+"""
+
+import logging
+import os
+from dataclasses import dataclass
+from typing import List
+
+import numpy as np
+import torch
+
+from natbias.counts import binarised_index, check_counts, count_binarised
+from natbias.errors import NaturalBiasError
+from natbias.prior import DEFAULT_SMOOTHING, log_unigram
+
+logger = logging.getLogger(__name__)
+
+NO_SPLIT_FIX = ("--natbias-init unigram counts the tokens the model learns to predict: "
+                "binarise them with fairseq-preprocess --trainpref, or choose --natbias-init "
+                "file --natbias-counts PATH, zero, or none")
+
+
+class MissingTrainingSplit(NaturalBiasError):
+    """No binarised training split where the task would read it."""
+
+
+@dataclass
+class Split:
+    """One binarised file prefix, e.g. ``data/train.de-en.en``, and its format."""
+
+    prefix: str
+    impl: str
+
+
+def find_splits(data: str, split: str, names) -> List[Split]:
+    """Every binarised file fairseq trains on for ``split``: ``names(shard,
+    split_k)`` yields candidate prefixes in one shard for ``split_k`` =
+    ``train``, ``train1``, ... (fairseq concatenates them)."""
+    from fairseq.data import indexed_dataset
+
+    found = []
+    for shard in [p for p in data.split(":") if p]:
+        k = 0
+        while True:
+            split_k = split + (str(k) if k > 0 else "")
+            existing = [prefix for prefix in names(shard, split_k)
+                        if indexed_dataset.infer_dataset_impl(prefix) is not None]
+            if not existing:
+                break
+            found.append(Split(existing[0], indexed_dataset.infer_dataset_impl(existing[0])))
+            k += 1
+    return found
+
+
+def count_split(split: Split, vocab_size: int, pairs=None) -> np.ndarray:
+    """Token counts of one split: the mmap format read directly, the others
+    (lazy, cached, raw) through fairseq's reader."""
+    if split.impl == "mmap":
+        return count_binarised(split.prefix, vocab_size, pairs)
+    from fairseq.data import data_utils
+
+    dataset = data_utils.load_indexed_dataset(split.prefix, None, split.impl)
+    if dataset is None:
+        raise NaturalBiasError(f"could not read {split.prefix} as --dataset-impl {split.impl}")
+    tokens = np.concatenate([np.asarray(dataset[i]) for i in range(len(dataset))] or [[]])
+    if pairs is not None:
+        pairs.start_stream()
+        pairs.add(tokens.astype(np.int64))
+    return np.bincount(tokens.astype(np.int64), minlength=vocab_size)
+
+
+def _sum_counts(splits, vocab_size, pairs=None) -> np.ndarray:
+    counts = np.zeros(vocab_size, dtype=np.int64)
+    for split in splits:
+        counts += count_split(split, vocab_size, pairs)
+    counts = check_counts(counts, f"the training split(s) {[s.prefix for s in splits]}")
+    logger.info("target unigram: %d tokens counted in %s", int(counts.sum()),
+                ", ".join(s.prefix for s in splits))
+    return counts
+
+
+def count_translation_targets(data, split, source_lang, target_lang, vocab_size, pairs=None):
+    def names(shard, split_k):
+        for pair in (f"{source_lang}-{target_lang}", f"{target_lang}-{source_lang}"):
+            yield os.path.join(shard, f"{split_k}.{pair}.{target_lang}")
+
+    splits = find_splits(data, split, names)
+    if not splits:
+        first = os.path.join(data.split(":")[0], f"{split}.{source_lang}-{target_lang}.{target_lang}")
+        raise MissingTrainingSplit(f"no binarised target training split (looked for {first}.bin and "
+                               f"the {target_lang}-{source_lang} order in {data!r}). {NO_SPLIT_FIX}")
+    return _sum_counts(splits, vocab_size, pairs)
+
+
+def count_lm_targets(data, split, dictionary, cfg, pairs=None):
+    splits = find_splits(data, split, lambda shard, split_k: [os.path.join(shard, split_k)])
+    if not splits:
+        raise MissingTrainingSplit(f"no binarised training split for the language model (looked "
+                                   f"for {os.path.join(data.split(':')[0], split)}.bin, as "
+                                   f"`fairseq-preprocess --only-source` writes it, in {data!r}). "
+                                   f"{NO_SPLIT_FIX}")
+    output_size = getattr(cfg, "output_dictionary_size", -1)
+    output_size = output_size if output_size is not None and 0 <= output_size < len(dictionary) else None
+    if pairs is not None and output_size is not None:
+        raise NaturalBiasError(f"--natbias-order 2 with --output-dictionary-size {output_size}: the "
+                               "bigram table pairs tokens of one dictionary; drop one of the two")
+    counts = _sum_counts(splits, len(dictionary), pairs)
+    if getattr(cfg, "add_bos_token", False):
+        counts[dictionary.bos()] += sum(_blocks(s.prefix, cfg) for s in splits)
+    if output_size is not None:
+        counts[dictionary.unk()] += counts[output_size:].sum()
+        counts = counts[:output_size].copy()
+    return counts
+
+
+def _blocks(prefix, cfg) -> int:
+    """How many blocks fairseq's language_modeling task cuts ``prefix`` into."""
+    from fairseq.data import data_utils
+    from fairseq.data.token_block_utils_fast import _get_slice_indices_fast
+
+    from fairseq.data import indexed_dataset
+
+    if indexed_dataset.infer_dataset_impl(prefix) == "mmap":
+        sizes = binarised_index(prefix)[1]
+    else:
+        sizes = data_utils.load_indexed_dataset(prefix, None).sizes
+    sizes = np.array(sizes, dtype=np.int64)  # a copy: the Cython slicer wants its own int64
+    mode = str(getattr(cfg, "sample_break_mode", None) or "none")  # fairseq passes an enum
+    if mode == "eos":
+        return len(sizes)
+    return len(_get_slice_indices_fast(sizes, mode, cfg.tokens_per_sample, 1))
+
+
+def task_config(task):
+    """A task's options: ``task.cfg`` (dataclass tasks) or ``task.args`` (legacy ones)."""
+    return getattr(task, "cfg", None) or getattr(task, "args", None)
+
+
+def count_training_targets(task, split: str = "train", pairs=None) -> np.ndarray:
+    """Counts of the tokens ``task`` trains a model to predict, one per entry
+    of its target dictionary; ``pairs`` (a :class:`natbias.bigram.PairCounter`)
+    counts the bigrams in the same pass."""
+    cfg = task_config(task)
+    if getattr(cfg, "source_lang", None) and getattr(cfg, "target_lang", None):
+        return count_translation_targets(cfg.data, split, cfg.source_lang, cfg.target_lang,
+                                         len(task.target_dictionary), pairs)
+    if hasattr(cfg, "tokens_per_sample") and hasattr(task, "output_dictionary"):
+        return count_lm_targets(cfg.data, split, task.source_dictionary, cfg, pairs)
+    raise NaturalBiasError(f"cannot tell which tokens task {type(task).__name__} trains a model "
+                           "to predict: the natural bias counts the target side of --task "
+                           "translation or the text of --task language_modeling; give the bias "
+                           "from a counts file instead (--natbias-init file --natbias-counts PATH)")
+
+
+def symbols(dictionary) -> List[str]:
+    """A fairseq dictionary's symbols in id order (what counts files are keyed by)."""
+    return [dictionary[i] for i in range(len(dictionary))]
+
+
+def criterion_prior(task, model, split: str, criterion: str) -> torch.Tensor:
+    """log omega for a criterion: the model's own prior when it has the
+    natural bias (so the two use one unigram, smoothed by --natbias-smoothing),
+    else the training targets counted with add-one smoothing."""
+    log_prior = getattr(model, "target_log_unigram", None)
+    if log_prior is not None and torch.any(log_prior != 0):
+        return log_prior.detach().float().cpu()
+    try:
+        counts = count_training_targets(task, split)
+    except MissingTrainingSplit as error:
+        where = str(error).split(". ")[0]
+        raise NaturalBiasError(f"criterion {criterion} counts the training targets of a model "
+                               f"without the natural bias, but finds {where[0].lower()}{where[1:]}."
+                               " Binarise the training data with fairseq-preprocess --trainpref, "
+                               "or train with --criterion label_smoothed_cross_entropy") from None
+    return log_unigram(counts, DEFAULT_SMOOTHING)
+

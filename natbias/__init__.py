@@ -1,0 +1,29 @@
+"""natbias: the natural bias of Meister et al., "A Natural Bias for Language
+Generation Models" (ACL 2023), for any PyTorch model.
+
+The final layer of a language generator computes (the paper's eq. 1)
+
+    p(y | y_<t) = softmax(W phi(y_<t) + b)_y  ∝  p_Wphi(y | y_<t) * p_b(y)    (4)
+
+and the natural bias starts b as the log-unigram distribution of the target
+training data, so that a fresh model predicts the unigram and ``W phi``
+learns the rest. This package holds what is true in any framework; it needs
+torch and numpy only:
+
+``natbias.counts``           count the target unigram: token ids, fairseq's binarised files, counts files
+``natbias.prior``            the smoothed log prior, log p(v)
+``natbias.projection``       an output layer W (g phi) + b: the bias, and the gain g on W phi
+``natbias.label_smoothing``  label smoothing towards the unigram
+``natbias.statistics``       the statistics the training logs show (bias_kl, kl_unigram, ...)
+``natbias.bigram``           the Witten-Bell bigram table of ``--natbias-order 2``
+
+Built on it: ``fairseq_natbias`` (the fairseq plugin), ``natbias.hf``
+(Hugging Face transformers, ``pip install fairseq-natbias[hf]``) and
+``natbias.tools`` (log readers, ALC, reports and plots; no torch).
+"""
+
+__version__ = "1.0.0"
+
+# The format of what a saved model records about its natural bias (fairseq
+# checkpoints and transformers configurations alike). Version 1 is the first.
+FORMAT_VERSION = 1

@@ -1,0 +1,200 @@
+"""Counting the target unigram: the tokens a model is trained to predict.
+
+The paper (sec. 4.1): "unigram frequencies are computed on respective
+training sets after tokenisation is performed". Three sources:
+
+* token ids (:func:`count_ids`): lists, arrays or tensors of ids, such as the
+  ``labels`` of a tokenised dataset (``-100``, the ignore index, skipped);
+* fairseq's binarised files (:func:`count_binarised`), read directly, so no
+  fairseq is needed: a chunked ``np.bincount`` over the memory-mapped ``.bin``;
+* counts files (:func:`read_counts_file`), one ``symbol<TAB>count`` line per
+  vocabulary entry, for a bias estimated on another corpus (the paper's App. A.7).
+
+Never a vocabulary file's counts: with a joined dictionary they add the
+source side, fairseq drops the EOS count from ``dict.txt``, and shipped
+vocabularies may carry dummy counts.
+"""
+
+import os
+import re
+import struct
+from typing import Callable, Iterable, Iterator, Optional, Sequence
+
+import numpy as np
+
+from natbias.errors import NaturalBiasError
+
+# Tokens read per step: bounds the extra memory at one chunk as int64 (16 MiB).
+CHUNK_TOKENS = 1 << 21
+COUNTS_FILE_HEADER = "#natbias-counts v1"
+IGNORE_INDEX = -100  # PyTorch's and transformers' label for "no target here"
+
+# fairseq's mmap index (``MMapIndexedDataset.Index``): magic, uint64 version,
+# uint8 dtype code, uint64 sentence count, then int32 sentence lengths.
+MMAP_MAGIC = b"MMIDIDX\x00\x00"
+MMAP_DTYPES = {1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64,
+               8: np.uint16, 9: np.uint32, 10: np.uint64}
+
+
+def count_ids(sequences: Iterable, vocab_size: int,
+              ignore: Sequence[int] = (IGNORE_INDEX,)) -> np.ndarray:
+    """Counts (int64, one per id) of the ids in ``sequences``: an iterable of
+    id sequences (lists, numpy arrays, torch tensors) or one array. Ids in
+    ``ignore`` are skipped; any other id outside ``[0, vocab_size)`` is refused."""
+    counts = np.zeros(vocab_size, dtype=np.int64)
+    for chunk in _chunks_of(sequences):
+        chunk = chunk[~np.isin(chunk, ignore)] if len(ignore) else chunk
+        counts += _bincount(chunk, vocab_size, "the token ids")
+    return counts
+
+
+def _chunks_of(sequences) -> Iterator[np.ndarray]:
+    if hasattr(sequences, "shape"):  # one array or tensor
+        yield np.asarray(sequences).reshape(-1).astype(np.int64, copy=False)
+        return
+    batch, size = [], 0
+    for sequence in sequences:
+        ids = np.asarray(sequence, dtype=np.int64).reshape(-1)
+        batch.append(ids)
+        size += ids.size
+        if size >= CHUNK_TOKENS:
+            yield np.concatenate(batch)
+            batch, size = [], 0
+    if batch:
+        yield np.concatenate(batch)
+
+
+def _bincount(ids: np.ndarray, vocab_size: int, where: str) -> np.ndarray:
+    ids = ids.astype(np.int64, copy=False)
+    if ids.size and (ids.min() < 0 or ids.max() >= vocab_size):
+        bad = int(ids.min()) if ids.min() < 0 else int(ids.max())
+        raise NaturalBiasError(
+            f"{where} hold token id {bad}, outside the vocabulary of {vocab_size} entries: "
+            "count with the vocabulary the model is trained with")
+    return np.bincount(ids, minlength=vocab_size)
+
+
+# --- fairseq's binarised files ------------------------------------------------
+
+
+def binarised_index(prefix: str):
+    """Token dtype and the sentence lengths (memory-mapped int32) of
+    ``PREFIX.idx``, fairseq's mmap index, read without fairseq."""
+    path = prefix + ".idx"
+    try:
+        with open(path, "rb") as stream:
+            header = stream.read(len(MMAP_MAGIC) + 17)
+    except OSError as error:
+        raise NaturalBiasError(f"{path}: {error.strerror}; binarise the data with "
+                               "fairseq-preprocess") from None
+    if not header.startswith(MMAP_MAGIC):
+        raise NaturalBiasError(f"{path} is not a fairseq mmap index: binarise with "
+                               "fairseq-preprocess --dataset-impl mmap (its default)")
+    version, code, sentences = struct.unpack_from("<QBQ", header, len(MMAP_MAGIC))
+    if version != 1 or code not in MMAP_DTYPES:
+        raise NaturalBiasError(f"{path}: unknown index version {version} or dtype code {code}")
+    if sentences == 0:
+        return MMAP_DTYPES[code], np.zeros(0, dtype=np.int32)
+    lengths = np.memmap(path, dtype=np.int32, mode="r", offset=len(header), shape=(sentences,))
+    return MMAP_DTYPES[code], lengths
+
+
+def binarised_tokens(prefix: str) -> Iterator[np.ndarray]:
+    """The tokens of ``PREFIX.bin`` in order, CHUNK_TOKENS at a time."""
+    dtype, lengths = binarised_index(prefix)
+    total = int(lengths.sum(dtype=np.int64)) if len(lengths) else 0
+    path = prefix + ".bin"
+    if not os.path.isfile(path) or os.path.getsize(path) < total * np.dtype(dtype).itemsize:
+        raise NaturalBiasError(f"{path} is missing or shorter than {prefix}.idx says: "
+                               "re-run fairseq-preprocess")
+    if total == 0:
+        return
+    tokens = np.memmap(path, dtype=dtype, mode="r", shape=(total,))
+    for start in range(0, total, CHUNK_TOKENS):
+        yield np.asarray(tokens[start:start + CHUNK_TOKENS])
+
+
+def count_binarised(prefix: str, vocab_size: int, pairs=None) -> np.ndarray:
+    """Token counts of one binarised split (``PREFIX.bin`` / ``PREFIX.idx``);
+    with ``pairs`` (a :class:`natbias.bigram.PairCounter`) the same pass counts
+    each token's pair with the one before it."""
+    counts = np.zeros(vocab_size, dtype=np.int64)
+    if pairs is not None:
+        pairs.start_stream()
+    for chunk in binarised_tokens(prefix):
+        counts += _bincount(chunk, vocab_size, prefix + ".bin")
+        if pairs is not None:
+            pairs.add(chunk)
+    return counts
+
+
+# --- text and counts files ----------------------------------------------------
+
+
+def count_text(lines: Iterable[str], index_of: Callable[[str], int], eos: int,
+               vocab_size: int, pairs=None) -> np.ndarray:
+    """Counts of space-separated tokenised text, one sentence a line, each
+    ending in ``eos`` (as fairseq binarises it); ``index_of`` maps a piece to
+    its id (the unknown id for pieces outside the vocabulary)."""
+    if pairs is not None:
+        pairs.start_stream()
+
+    def ids():
+        for line in lines:
+            yield [index_of(token) for token in line.split()] + [eos]
+
+    counts = np.zeros(vocab_size, dtype=np.int64)
+    for chunk in _chunks_of(ids()):
+        counts += _bincount(chunk, vocab_size, "the text")
+        if pairs is not None:
+            pairs.add(chunk)
+    return counts
+
+
+def write_counts_file(path: str, symbols: Sequence[str], counts: Sequence[int]) -> None:
+    """One ``symbol<TAB>count`` line per vocabulary entry, in vocabulary order."""
+    if len(counts) != len(symbols):
+        raise NaturalBiasError(f"{len(counts)} counts for a vocabulary of {len(symbols)}")
+    with open(path, "w", encoding="utf-8") as out:
+        out.write(COUNTS_FILE_HEADER + "\n")
+        out.writelines(f"{symbol}\t{int(count)}\n" for symbol, count in zip(symbols, counts))
+
+
+def read_counts_file(path: str, symbols: Sequence[str]) -> np.ndarray:
+    """Counts aligned to ``symbols`` (the vocabulary, in id order); a file
+    made for another vocabulary is refused."""
+    if not os.path.isfile(path):
+        raise NaturalBiasError(f"{path}: no such file; make a counts file with "
+                               "`natbias-count --dict DICT --text TOKENISED.txt --output PATH`")
+    by_symbol = {}
+    # errors="replace": a binary file fails the header check, by name.
+    with open(path, encoding="utf-8", errors="replace") as lines:
+        if lines.readline().rstrip("\n") != COUNTS_FILE_HEADER:
+            raise NaturalBiasError(f"{path} does not start with {COUNTS_FILE_HEADER!r}: it is "
+                                   "not a counts file written by natbias-count")
+        for number, line in enumerate(lines, start=2):
+            symbol, tab, count = line.rstrip("\n").rpartition("\t")
+            if not tab or not re.fullmatch(r"\d+", count):
+                raise NaturalBiasError(f"{path}:{number}: expected 'symbol<TAB>count', "
+                                       f"got {line!r}")
+            by_symbol[symbol] = int(count)
+    missing = [s for s in symbols if s not in by_symbol]
+    extra = sorted(set(by_symbol) - set(symbols))
+    if missing or extra:
+        raise NaturalBiasError(
+            f"{path} does not match the vocabulary of {len(symbols)} entries: "
+            f"{len(missing)} symbols missing (e.g. {missing[:3]}), {len(extra)} unknown "
+            f"(e.g. {extra[:3]}); make the counts file with the model's own vocabulary")
+    counts = np.array([by_symbol[s] for s in symbols], dtype=np.int64)
+    if counts.sum() == 0:
+        raise NaturalBiasError(f"{path} holds only zero counts")
+    return counts
+
+
+def check_counts(counts: Optional[np.ndarray], where: str) -> np.ndarray:
+    """``counts`` as int64, refusing an empty corpus (nothing to estimate from)."""
+    counts = np.asarray(counts, dtype=np.int64)
+    if counts.sum() == 0:
+        raise NaturalBiasError(f"{where} holds no tokens: there is nothing to estimate "
+                               "a unigram from")
+    return counts

@@ -1,0 +1,28 @@
+"""The output bias scaled at generation: logits ``g W phi + lambda b``
+(Kobayashi et al., 2023, "Transformer Language Models Handle Word Frequency
+in Prediction Head": lambda < 1 weakens the frequency prior, for more
+diverse output; lambda = 1 is the model as trained).
+
+    processor = BiasScaleLogitsProcessor(model, 0.5)
+    model.generate(**inputs, logits_processor=LogitsProcessorList([processor]))
+"""
+
+import torch
+from transformers import LogitsProcessor
+
+from natbias.errors import NaturalBiasError
+
+
+class BiasScaleLogitsProcessor(LogitsProcessor):
+    """Replaces b by ``scale`` * b in the next-token scores, renormalised: beam
+    search hands processors log-probabilities and compares them across beams."""
+
+    def __init__(self, model, scale: float):
+        bias = getattr(model, "output_bias", None)
+        if bias is None:
+            raise NaturalBiasError(f"{type(model).__name__} has no natural bias to scale")
+        self.shift = (float(scale) - 1.0) * bias().detach().float()
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        shifted = scores.float() + self.shift.to(scores.device)
+        return torch.log_softmax(shifted, dim=-1).to(scores.dtype)

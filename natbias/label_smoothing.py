@@ -1,0 +1,54 @@
+"""Label smoothing towards the target unigram instead of the uniform distribution.
+
+Not ours: label smoothing is Szegedy et al. (2016); smoothing towards the
+unigram prior is Chorowski and Jaitly (2017) and Pereyra et al. (2017),
+"Regularizing neural networks by penalizing confident output distributions"
+(also espresso's ``--smoothing-type unigram``). Each target position is
+trained towards
+
+    q(v) = (1 - eps) 1[v = y] + eps omega(v)
+
+with omega the smoothed training unigram, so the loss of one token is
+
+    CE(q, p) = (1 - eps) (-log p(y)) + eps CE(omega, p),
+    CE(omega, p) = -sum_v omega(v) log p(v).
+
+Why beside the natural bias: a model that ignores its context predicts one
+distribution p everywhere, whose expected loss under this target is
+CE(omega, p), least at p = omega: b = log omega, the natural bias, is where
+this objective wants the context-free part of the model for the whole run.
+Under uniform smoothing that optimum is (1 - eps) omega + eps / |V| instead.
+"""
+
+from typing import Tuple
+
+import torch
+
+from natbias.errors import NaturalBiasError
+
+
+def check_epsilon(epsilon: float, option: str = "--label-smoothing") -> float:
+    if isinstance(epsilon, bool) or not (isinstance(epsilon, (int, float)) and 0 <= epsilon < 1):
+        raise NaturalBiasError(f"{option} must be in [0, 1), got {epsilon!r} (the paper's is "
+                               "0.1; 0 is plain cross-entropy)")
+    return float(epsilon)
+
+
+def unigram_smoothed_loss(log_probs: torch.Tensor, target: torch.Tensor, prior: torch.Tensor,
+                          epsilon: float, ignore_index: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Per target position ``(1 - eps) (-log p(y)) + eps CE(omega, p)`` and the
+    NLL ``-log p(y)``, both 0 where ``target`` is ``ignore_index``.
+
+    ``log_probs``: (..., |V|) log-probabilities; ``target``: (...) ids;
+    ``prior``: omega(v), the probabilities (not their log). The unigram
+    cross-entropy is one product with omega, in float32 even under autocast."""
+    ignored = target.eq(ignore_index)
+    safe_target = target.masked_fill(ignored, 0)
+    nll = -log_probs.gather(-1, safe_target.unsqueeze(-1)).squeeze(-1)
+    nll = nll.masked_fill(ignored, 0.0)
+    if epsilon == 0:
+        return nll, nll
+    with torch.autocast(device_type=log_probs.device.type, enabled=False):
+        cross = -torch.matmul(log_probs.float(), prior.to(log_probs.device, torch.float32))
+    loss = (1.0 - epsilon) * nll + epsilon * cross.masked_fill(ignored, 0.0).to(nll.dtype)
+    return loss, nll

@@ -1,0 +1,173 @@
+"""The output layer with the natural bias: logits ``W (g phi) + b``.
+
+    p(y | y_<t) = softmax(W phi(y_<t) + b)_y                                (1)
+
+b starts as the log prior (:func:`natbias.prior.log_unigram`). g is the
+package's default init of the contextual logits, a learnt scalar gain held
+between 0 and 1::
+
+    logits = g W phi + b,        g = min(|C u|, 1),   u the learnt parameter
+
+It starts at ``DEFAULT_GAIN_INIT`` (0.05), so that a fresh model predicts
+softmax(b), the unigram, even where a random W phi is large; Adam, whose
+steps on u are about one learning rate whatever the gradient's scale, moves
+g about C learning rates per update (``DEFAULT_GAIN_SPEED`` C = 20), so the
+contextual logits regrow within tens of updates. Past g = 1 its gradient is 0
+and the model is the paper's own ``W phi + b``. g multiplies phi, not the
+logits: a (tokens x d) product, not a (tokens x |V|) one.
+
+:class:`NaturalBiasProjection` shares the weight W it is given (tied
+embeddings stay tied); its state keys are ``weight``, ``bias`` and
+``gain_param`` (u). b and u stay float32 when the model is cast to half
+precision: a rare token's bias (|b| >= 8, where bfloat16's spacing is 0.0625)
+could not move by steps of one learning rate.
+"""
+
+import logging
+import math
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from natbias.errors import NaturalBiasError
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_GAIN_INIT = 0.05
+DEFAULT_GAIN_SPEED = 20.0
+GAIN_CAP = 1.0
+
+
+class KeepsFloat32(nn.Module):
+    """A module whose ``float32_parameters`` and ``float32_buffers`` stay
+    float32 when the model is cast (``.half()``, bfloat16): they are taken out
+    while the rest is cast, then only moved to the device of
+    :meth:`_float32_device` (a round trip through half would lose precision)."""
+
+    float32_parameters = ()
+    float32_buffers = ()
+
+    def _float32_device(self) -> torch.device:
+        raise NotImplementedError
+
+    def _apply(self, fn, *args, **kwargs):
+        kept = {name: self._parameters.pop(name) for name in self.float32_parameters
+                if self._parameters.get(name) is not None}
+        buffers = {name: self._buffers.pop(name) for name in self.float32_buffers
+                   if self._buffers.get(name) is not None}
+        try:
+            module = super()._apply(fn, *args, **kwargs)
+        finally:
+            device = self._float32_device()
+            for name, param in kept.items():
+                param.data = param.data.to(device=device, dtype=torch.float32)
+                self._parameters[name] = param
+            for name, buffer in buffers.items():
+                self._buffers[name] = buffer.to(device=device, dtype=torch.float32)
+        return module
+
+
+class _ScaleByGain(torch.autograd.Function):
+    """``features * g`` whose backward reduces g's gradient in float32 and
+    divides it by ``divisor`` (C d).
+
+    Why: g's gradient sums over every target token and every feature, where
+    other gradients sum over tokens only; under loss-scaled fp16 that sum
+    overflows, in float32 it cannot. Divided by C d it is the mean of what d
+    per-feature gains would get, so gradient norms and clipping see the
+    network as without the gain. Adam's update is invariant to a constant
+    scale of a parameter's gradient, so g moves as with the true gradient."""
+
+    @staticmethod
+    def forward(ctx, features, gain, divisor: float):
+        ctx.save_for_backward(features, gain)
+        ctx.divisor = divisor
+        return features * gain.to(features.dtype)
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        features, gain = ctx.saved_tensors
+        grad_features = grad_gain = None
+        if ctx.needs_input_grad[0]:
+            grad_features = grad_output * gain.to(grad_output.dtype)
+        if ctx.needs_input_grad[1]:
+            total = torch.dot(grad_output.reshape(-1).float(), features.reshape(-1).float())
+            grad_gain = (total / ctx.divisor).reshape(gain.shape).to(gain.dtype)
+        return grad_features, grad_gain, None
+
+
+class NaturalBiasProjection(KeepsFloat32, nn.Linear):
+    """``W (g x) + b`` around an existing weight Parameter (no random numbers
+    drawn). ``bias`` may be None (the paper's no-bias baseline, or a model
+    that adds its bias elsewhere); ``gain_speed`` None means no gain (g = 1)."""
+
+    float32_parameters = ("bias", "gain_param")
+
+    def __init__(self, weight: nn.Parameter, bias: Optional[torch.Tensor] = None,
+                 gain_init: Optional[float] = None, gain_speed: Optional[float] = None):
+        nn.Module.__init__(self)  # not nn.Linear's: it would draw a new W
+        self.out_features, self.in_features = weight.shape
+        self.weight = weight
+        if bias is not None:
+            check_bias(bias, self.out_features)
+            bias = nn.Parameter(bias.detach().to(weight.device, torch.float32).clone())
+        self.bias = bias
+        self.gain_speed = None if gain_speed is None else float(gain_speed)
+        if self.gain_speed is not None:
+            gain_init = DEFAULT_GAIN_INIT if gain_init is None else gain_init
+            check_gain(gain_init, self.gain_speed)
+            self.gain_param = nn.Parameter(torch.tensor(
+                gain_init / self.gain_speed, dtype=torch.float32, device=weight.device))
+
+    def gain(self) -> Optional[torch.Tensor]:
+        """g = min(|C u|, 1); None without a gain. Where C u would cross zero,
+        early, while W phi is still noise, g turns back up instead of
+        changing sign."""
+        if self.gain_speed is None:
+            return None
+        return torch.clamp((self.gain_param * self.gain_speed).abs(), max=GAIN_CAP)
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        gain = self.gain()
+        if gain is not None:
+            features = _ScaleByGain.apply(features, gain, self.gain_speed * self.in_features)
+        bias = None if self.bias is None else self.bias.to(features.dtype)
+        return F.linear(features, self.weight, bias)
+
+    def _float32_device(self) -> torch.device:
+        return self.weight.device
+
+    def extra_repr(self) -> str:
+        gain = "" if self.gain_speed is None else f", gain speed={self.gain_speed:g}"
+        return f"in={self.in_features}, out={self.out_features}, bias={self.bias is not None}{gain}"
+
+
+def check_bias(values: torch.Tensor, vocab_size: int) -> None:
+    if tuple(values.shape) != (vocab_size,):
+        raise NaturalBiasError(f"the bias has {tuple(values.shape)} entries, the output layer "
+                               f"{vocab_size}: count with the model's own vocabulary")
+
+
+def check_gain(gain_init: float, speed: float) -> None:
+    for name, value in (("gain init", gain_init), ("gain speed", speed)):
+        if isinstance(value, bool) or not (
+                isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+            raise NaturalBiasError(f"the {name} must be a finite number > 0, got {value!r}")
+    if gain_init >= GAIN_CAP:
+        raise NaturalBiasError(f"the gain init {gain_init:g} is not below the gain's cap of "
+                               f"{GAIN_CAP:g}: start it below (default {DEFAULT_GAIN_INIT:g}), "
+                               "or train without the gain for g = 1")
+
+
+def paper_weight_init_(weight: torch.Tensor, reference_norm: float) -> None:
+    """The paper's sec. 4.1 read literally: W element-wise from N(0, 1/sqrt(d))
+    (variance 1/sqrt(d)), then rescaled so that ||W||_F is ``reference_norm``,
+    the l2 norm of the log prior. Tied embeddings are rescaled with it."""
+    if not reference_norm > 0:
+        raise NaturalBiasError("the paper's weight init rescales W to the norm of the log "
+                               "prior, which is 0 or unknown here")
+    with torch.no_grad():
+        weight.normal_(mean=0.0, std=weight.shape[1] ** -0.25)
+        weight.mul_(reference_norm / weight.norm())

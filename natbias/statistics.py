@@ -1,0 +1,65 @@
+"""How far the output bias and the model are from the target unigram: the
+statistics of the paper's App. A.6 (Figs. 13, 14) and Fig. 1, in bits.
+
+``bias_kl``      KL(softmax(b) || unigram) of the output bias b (Fig. 13)
+``bias_norm``    ||b||_2 (Fig. 14)
+``weight_norm``  ||g W||_F, the matrix that maps phi to the contextual logits
+``gain``         g, the learnt gain on W phi (where the model has one)
+``kl_unigram``   mean over target tokens of KL(p(.|y_<t) || unigram) (Fig. 1)
+``kl_uniform``   mean over target tokens of KL(p(.|y_<t) || uniform) (Fig. 1)
+"""
+
+import math
+from typing import Dict, Optional, Tuple
+
+import torch
+
+LN2 = math.log(2.0)
+# float32 entries per temporary of the per-token divergences (32 MiB), so that
+# 8k tokens x a 32k vocabulary never need two such tensors whole.
+CHUNK_ELEMENTS = 1 << 23
+
+
+def bias_statistics(bias: Optional[torch.Tensor], log_prior: torch.Tensor, weight: torch.Tensor,
+                    gain: Optional[torch.Tensor] = None) -> Dict[str, float]:
+    """``bias_kl``, ``bias_norm`` (with a bias), ``weight_norm`` and ``gain``
+    (with a gain) of an output layer, as floats."""
+    weight_norm = weight.detach().float().norm()
+    if gain is not None:
+        weight_norm = weight_norm * gain.detach().float().abs()
+    stats = {"weight_norm": weight_norm.item()}
+    if gain is not None:
+        stats["gain"] = gain.detach().float().item()
+    if bias is not None:
+        b = bias.detach().float().reshape(-1)
+        log_b = b.log_softmax(-1)
+        kl = (log_b.exp() * (log_b - log_prior.to(b.device, torch.float32))).sum() / LN2
+        stats["bias_norm"] = b.norm().item()
+        stats["bias_kl"] = max(0.0, kl.item())  # KL >= 0; float error printed "-0"
+    return stats
+
+
+def divergence_sums(log_probs: torch.Tensor, mask: torch.Tensor, log_prior: torch.Tensor,
+                    chunk_elements: int = CHUNK_ELEMENTS
+                    ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Sums over the positions where ``mask`` is true of KL(p || unigram) and
+    KL(p || uniform), in nats, and the number of those positions: float32
+    tensors on ``log_probs``' device (no host synchronisation), computed a
+    chunk of rows at a time::
+
+        KL(p || q) = sum_v p(v) log p(v) - sum_v p(v) log q(v)
+    """
+    vocab = log_probs.size(-1)
+    log_p = log_probs.detach().reshape(-1, vocab)
+    weights = mask.reshape(-1)
+    log_u = log_prior.to(log_p.device, torch.float32)
+    rows = max(1, chunk_elements // vocab)
+    kl_unigram = kl_uniform = log_p.new_zeros((), dtype=torch.float32)
+    for start in range(0, log_p.size(0), rows):
+        chunk = log_p[start:start + rows].float()
+        p = chunk.exp()
+        neg_entropy = (p * chunk).sum(-1)
+        w = weights[start:start + rows].to(torch.float32)
+        kl_unigram = kl_unigram + ((neg_entropy - torch.matmul(p, log_u)) * w).sum()
+        kl_uniform = kl_uniform + ((neg_entropy + math.log(vocab)) * w).sum()
+    return kl_unigram, kl_uniform, weights.sum().to(torch.float32)

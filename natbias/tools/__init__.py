@@ -1,0 +1,4 @@
+"""Text-only tools over training logs, scores and raw data (no torch, no
+fairseq): log readers, ALC, reports, plots, distinct-n, sacreBLEU scoring,
+finding data, SentencePiece, and the console scripts natbias-alc, -report,
+-dynamics and -distinct (``cli``)."""

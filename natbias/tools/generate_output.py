@@ -1,0 +1,68 @@
+"""Read ``fairseq-generate`` output: per sentence id, tab-separated ``S-`` (source),
+``T-`` (reference), ``H-`` (score, hypothesis), ``D-`` (score, detokenised) and
+``P-`` (positional log2-probabilities) lines; with ``--nbest`` the best comes first
+and is the one kept.
+"""
+
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Optional
+
+from natbias.errors import NaturalBiasError
+
+_LINE = re.compile(r"^(?P<kind>[STHDP])-(?P<id>\d+)\t(?P<rest>.*)$")
+
+
+@dataclass
+class GeneratedSentence:
+    source: Optional[str] = None
+    reference: Optional[str] = None
+    hypothesis: Optional[str] = None  # H: tokens (post-processed)
+    detokenized: Optional[str] = None  # D
+    score: Optional[float] = None
+    positional_scores_log2: list[float] = field(default_factory=list)
+
+
+def parse_generate_output(lines) -> dict[int, GeneratedSentence]:
+    sentences: dict[int, GeneratedSentence] = {}
+    for line in lines:
+        if not (match := _LINE.match(line.rstrip("\n"))):
+            continue
+        entry = sentences.setdefault(int(match["id"]), GeneratedSentence())
+        kind, rest = match["kind"], match["rest"]
+        if kind == "S":
+            entry.source = rest
+        elif kind == "T":
+            entry.reference = rest
+        elif kind == "H" and entry.hypothesis is None:
+            score, _, text = rest.partition("\t")
+            entry.score, entry.hypothesis = float(score), text
+        elif kind == "D" and entry.detokenized is None:
+            entry.detokenized = rest.partition("\t")[2]
+        elif kind == "P" and not entry.positional_scores_log2:
+            entry.positional_scores_log2 = [float(v) for v in rest.split()]
+    return sentences
+
+
+def read_text_lines(path: str, what: str) -> list[str]:
+    """The lines of a UTF-8 text file; anything else is a NaturalBiasError asking for ``what``."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read().splitlines()
+    except UnicodeDecodeError as error:
+        raise NaturalBiasError(f"{path} is not UTF-8 text (byte {error.start}); give {what}") from None
+
+
+def read_generate_output(path: str) -> list[GeneratedSentence]:
+    """The sentences of one fairseq-generate output file, ordered by id."""
+    if not os.path.isfile(path):
+        raise NaturalBiasError(f"{path}: no such fairseq-generate output")
+    sentences = parse_generate_output(read_text_lines(path, "fairseq-generate's output"))
+    hypotheses = [sentences[i] for i in sorted(sentences) if sentences[i].hypothesis is not None]
+    if not hypotheses:
+        raise NaturalBiasError(
+            f"{path} holds no hypotheses (H-<id> lines): the test set is empty, or "
+            "this is not fairseq-generate output"
+        )
+    return hypotheses

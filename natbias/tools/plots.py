@@ -1,0 +1,165 @@
+"""The analysis tools' figures (matplotlib, Agg backend): each function takes
+computed numbers and writes one PNG."""
+
+import logging
+import math
+import os
+import textwrap
+from collections.abc import Sequence
+from typing import Optional
+
+# fairseq's import sets the root logger to DEBUG (a basicConfig in one of its
+# model modules); keep matplotlib's font-cache chatter out of the tools' output.
+if logging.getLogger("matplotlib").level == logging.NOTSET:
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)
+
+import matplotlib  # noqa: E402
+import matplotlib.ticker  # noqa: E402
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from natbias.errors import NaturalBiasError  # noqa: E402
+
+PANEL_SIZE = (4.0, 3.2)
+
+
+def _grid(items, path: str, rows: int = 1, cols: Optional[int] = None, sharey=False):
+    """A figure of ``rows`` x ``cols`` (default: one per item) panels; nothing to draw is an error."""
+    if not items:
+        raise NaturalBiasError(f"nothing to plot for {path}")
+    cols = cols or len(items)
+    return plt.subplots(rows, cols, figsize=(PANEL_SIZE[0] * cols, PANEL_SIZE[1] * rows),
+                        squeeze=False, sharey=sharey)
+
+
+def save(fig, path: str, title: Optional[str] = None) -> str:
+    if title:
+        fig.suptitle(title)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def _color(index: int):
+    return plt.get_cmap("tab10")(index % 10)
+
+
+def _label_colors(labels) -> dict:
+    """One colour per label (init), the same in every panel."""
+    colors = {}
+    for label in labels:
+        colors.setdefault(label, _color(len(colors)))
+    return colors
+
+
+def errorbar_panels(
+    panels: dict[str, list[tuple[str, float, float]]], ylabel: str, path: str,
+    min_span: Optional[float] = None, title: Optional[str] = None,
+) -> str:
+    """``panels[dataset] = [(init, mean, stderr), ...]``: a point with a standard-error
+    bar per init; with ``min_span`` every y-axis spans at least that much (Fig. 2)."""
+    fig, axes = _grid(panels, path)
+    colors = _label_colors(p[0] for points in panels.values() for p in points)
+    for ax, (dataset, points) in zip(axes[0], panels.items()):
+        for i, (label, mean, stderr) in enumerate(points):
+            err = stderr if math.isfinite(stderr) else 0.0
+            ax.errorbar([i], [mean], yerr=[err], fmt="o", capsize=4, color=colors[label])
+        ax.set_xticks(range(len(points)), [p[0] for p in points])
+        ax.set_xlim(-0.6, len(points) - 0.4)
+        ax.set_title(dataset)
+        ax.set_ylabel(ylabel)
+        if min_span:
+            _widen(ax, points, min_span)
+    return save(fig, path, title)
+
+
+def _widen(ax, points, min_span):
+    lows = [m - (s if math.isfinite(s) else 0) for _, m, s in points]
+    highs = [m + (s if math.isfinite(s) else 0) for _, m, s in points]
+    low, high = min(lows), max(highs)
+    margin = 0.1 * (high - low)
+    low, high = low - margin, high + margin
+    if high - low < min_span:
+        middle = (low + high) / 2
+        low, high = middle - min_span / 2, middle + min_span / 2
+    ax.set_ylim(low, high)
+
+
+# characters per line of a panel's title (long ones are wrapped to fit)
+PANEL_TITLE_WIDTH = 40
+
+
+def curve_panels(
+    panels: dict[str, list[dict]], ylabel: str, path: str, logx: bool = True,
+    title: Optional[str] = None, ylim: Optional[tuple[float, float]] = None,
+    xlabel: str = "training updates", zero_line: bool = False, legend_loc: str = "best",
+) -> str:
+    """``panels[dataset] = [{"label", "x", "mean", "low", "high"[, "mark": (x, y)]}, ...]``:
+    one line per init, low..high shaded, a dot at ``mark``; ``ylim`` shared by
+    every panel; ``zero_line``: a grey line at y = 0."""
+    fig, axes = _grid(panels, path, sharey=ylim is not None)
+    colors = _label_colors(c["label"] for curves in panels.values() for c in curves)
+    for ax, (dataset, curves) in zip(axes[0], panels.items()):
+        for curve in curves:
+            color = colors[curve["label"]]
+            ax.plot(curve["x"], curve["mean"], label=curve["label"], color=color)
+            ax.fill_between(curve["x"], curve["low"], curve["high"],
+                            color=color, alpha=0.25, linewidth=0)
+            if "mark" in curve:
+                mark_x, mark_y = curve["mark"]
+                ax.plot([mark_x], [mark_y], "o", color=color)
+        if ylim is not None:
+            ax.set_ylim(*ylim)
+        if zero_line:
+            ax.axhline(0.0, color="grey", linewidth=0.8)
+        if logx:
+            ax.set_xscale("log")
+            ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.set_title(textwrap.fill(dataset, PANEL_TITLE_WIDTH), fontsize="medium")
+        ax.legend(fontsize="small", loc=legend_loc)
+    return save(fig, path, title)
+
+
+def frequency_panels(columns: list[dict], path: str) -> str:
+    """``columns = [{"label", "x", "full", "without_bias", "note"}, ...]``: upper row
+    with all parameters, lower row without the output bias (Fig. 4)."""
+    fig, axes = _grid(columns, path, rows=2, sharey="row")
+    rows = (("full", "all parameters"), ("without_bias", "bias dropped (W phi only)"))
+    for col, column in enumerate(columns):
+        for row, (key, row_title) in enumerate(rows):
+            ax = axes[row][col]
+            ax.plot(column["x"], column[key], "o-", color=_color(col), markersize=4)
+            if row == 1 and column.get("note"):
+                row_title = column["note"]
+            ax.set_title(f"{column['label']}: {row_title}", fontsize="medium")
+            ax.set_xlabel("log unigram probability (training data)")
+            if col == 0:
+                ax.set_ylabel("avg. log-probability of reference token")
+    return save(fig, path)
+
+
+def sweep_panels(
+    rows: list[dict], x_key: str, line_key: str, metrics: Sequence[tuple[str, str]], path: str,
+) -> str:
+    """One panel per ``(metric key, label)``; x = ``x_key``, one line per ``line_key``."""
+    fig, axes = _grid(rows, path, cols=len(metrics))
+    line_values = sorted({row[line_key] for row in rows})
+    for ax, (key, label) in zip(axes[0], metrics):
+        for i, value in enumerate(line_values):
+            points = sorted((r[x_key], r[key]) for r in rows if r[line_key] == value)
+            ax.plot([p[0] for p in points], [p[1] for p in points], "o-",
+                    color=_color(i), label=f"{_greek(line_key)} = {value:g}")
+        ax.set_xlabel(_greek(x_key))
+        ax.set_ylabel(label)
+        if len(line_values) > 1:
+            ax.legend(fontsize="small")
+    return save(fig, path)
+
+
+def _greek(key: str) -> str:
+    return {"lambda": "λ (bias scale)", "tau": "τ (logit adjustment)"}.get(key, key)

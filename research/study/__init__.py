@@ -1,0 +1,22 @@
+"""The learning-efficiency study (research/study_learning_efficiency.py,
+the command line and its --help) in three parts, each a separate idea:
+
+``study.arms``
+    what is compared, under which settings: the arms (stock, WINIT/BIAS,
+    gain@G0,C/BIAS; the names of earlier runs' records), the learning-rate
+    schedules, the --preset sizes, the two tasks (Translation,
+    LanguageModel) and their fairseq options, the --converge options and
+    the --train-pairs data size;
+``study.runs``
+    running them: fairseq-train's arguments, one run from start to test
+    score (resuming an interrupted run, reopening a stopped one for a higher
+    cap), the whole plan side by side, --time-updates, and the run records
+    a summary reads (kept under --results/runs/);
+``study.summary``
+    summarising the finished runs: means over seeds, the Markdown tables,
+    updates to reach stock by horizon, differences between arms, and the
+    plots.
+
+research/ is put on sys.path by the script (as by combine_seeds.py), so
+the package is imported as ``study``.
+"""

@@ -1,0 +1,231 @@
+"""Running the study: each run's fairseq-train arguments, one run from start
+to test score (an interrupted run resumes from its last checkpoint, a stopped
+--converge run is reopened for a higher cap or a fixed budget), the plan of
+runs side by side, --time-updates, and the run records: what a summary reads
+of a finished run, kept beside the results so that seeds trained elsewhere
+still count."""
+
+import argparse
+import json
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+from fairseq_natbias import pipeline
+from fairseq_natbias.pipeline import say
+from natbias.tools import fairseq_logs
+
+from .arms import EPOCHS_NEVER, REFERENCE_ARM, SCHEDULES
+
+
+def training_arguments(task, data_bin, run_dir, arm, seed, args):
+    training = task.training()
+    overrides = {"--seed": seed, "--max-tokens": args.max_tokens,
+                 "--validate-interval-updates": args.validate_every,
+                 "--save-interval-updates": args.validate_every,
+                 **SCHEDULES[args.schedule]}
+    if getattr(args, "train_pairs", None):
+        # A small corpus's epoch is a few dozen updates: validate and save on
+        # the update grid alone, not also at every epoch's end (fairseq's rule).
+        overrides.update({"--validate-interval": EPOCHS_NEVER, "--save-interval": EPOCHS_NEVER})
+    for option, value in overrides.items():
+        if option in training:
+            training[training.index(option) + 1] = str(value)
+        else:
+            training += [option, str(value)]
+    return pipeline.train_command(data_bin, run_dir,
+                                  [*arm.model_arguments(task), *task.options, *training,
+                                   *arm.criterion_arguments()],
+                                  args.max_update)
+
+
+# fairseq-train's line when --patience stops a run (fairseq_cli/train.py).
+EARLY_STOP = "early stop since valid performance hasn't improved"
+
+
+def reopen_to_train_on(run_dir, max_update, patience, name):
+    """A finished --converge run trains on to a higher ``max_update`` when
+    its cap stopped it, or when its patience stopped it and ``patience`` is
+    now 0 (a fixed budget: fairseq then stops at the cap alone). Its scores
+    move to run_dir/stopped<N>/ (kept, not lost) and fairseq resumes it from
+    checkpoint_last.pt. True when reopened. fairseq's patience count starts
+    again on resume, so a run reopened under a patience may train up to that
+    many validations longer than one run straight to its stop."""
+    log = run_dir / "train.log"
+    if not (run_dir / "done").exists() or not log.exists():
+        return False
+    text = log.read_text(encoding="utf-8", errors="replace")
+    stopped_early = EARLY_STOP in text
+    if stopped_early and patience > 0:
+        return False
+    updates = [r.num_updates for r in fairseq_logs.parse_lines(text.splitlines())
+               if r.num_updates is not None]
+    last = max(updates, default=0)
+    if last >= max_update:
+        return False
+    kept = run_dir / f"stopped{last}"
+    kept.mkdir(exist_ok=True)
+    for path in [run_dir / "done", *run_dir.glob("*scores.json"), *run_dir.glob("*.hyp")]:
+        path.replace(kept / path.name)
+    why = "its patience (now 0: a fixed budget)" if stopped_early else "its cap"
+    say(f"{name}: stopped by {why} at update {last}: training on to {max_update} (its "
+        f"scores at {last} kept in {kept})")
+    return True
+
+
+def train_and_score(task, data_bin, work, run_dir, arm, seed, args):
+    """One run, start to test score; each step skipped when its output exists."""
+    name = f"{task.folder} {args.setting} {arm.name} seed{seed}"
+    if args.converge:
+        reopen_to_train_on(run_dir, args.max_update, args.patience, name)
+    if not (run_dir / "done").exists():
+        run_dir.mkdir(parents=True, exist_ok=True)
+        arguments = training_arguments(task, data_bin, run_dir, arm, seed, args)
+        # Update 0 first, so that the time said is training's alone
+        # (pipeline.train finds it recorded).
+        pipeline.record_step0(arguments, run_dir / "step0.json")
+        started = time.time()
+        say(f"{name}: training, {args.max_update} updates")
+
+        def progress(record):
+            bleu = record.values.get("bleu")
+            say(f"{name}: update {record.num_updates}/{args.max_update} valid NLL "
+                f"{record.values[task.loss_key]:.3f}"
+                + (f" BLEU {bleu:.2f}" if bleu is not None else ""))
+
+        pipeline.train(arguments, run_dir, pipeline.on_validation(task.loss_key, progress))
+        say(f"{name}: trained in {time.time() - started:.0f} s")
+    task.evaluate(data_bin, work, run_dir, name)
+    for checkpoint in run_dir.glob("checkpoint_*_*.pt"):  # interval checkpoints
+        checkpoint.unlink()
+
+
+def curve(run_dir, key="nll_loss", loss_key="nll_loss"):
+    """Validation curve of key; the NLL (``loss_key``) starts at update 0 (the
+    demo's curve)."""
+    if key == loss_key:
+        by_update = pipeline.validation_curve(run_dir, loss_key)
+        updates = sorted(by_update)
+        return np.array(updates, dtype=np.float64), np.array([by_update[u] for u in updates])
+    records = fairseq_logs.read_log(str(run_dir / "train.log"))
+    return fairseq_logs.series(records, fairseq_logs.VALID, key)
+
+
+def last_gain(run_dir):
+    records = fairseq_logs.read_log(str(run_dir / "train.log"))
+    _, gains = fairseq_logs.series(records, fairseq_logs.VALID, "gain")
+    return float(gains[-1]) if len(gains) else None
+
+
+def finished(task, run_dir):
+    return (run_dir / "done").exists() and task.finished(run_dir)
+
+
+def train_all(task, data_bin, work, study_dir, arms, seeds, args):
+    """Every run of the plan (each arm x seed), ``args.jobs`` side by side;
+    finished runs are skipped (:func:`train_and_score`)."""
+    # Seed by seed, the reference arm first in each: a study cut short
+    # still compares the arms (the others' "updates to reach" need stock).
+    plan = sorted(((arm, seed) for seed in seeds for arm in arms),
+                  key=lambda job: (job[1], job[0].name != REFERENCE_ARM))
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        for job in [pool.submit(train_and_score, task, data_bin, work,
+                                study_dir / arm.folder / f"seed{seed}", arm, seed, args)
+                    for arm, seed in plan]:
+            job.result()
+
+
+# --- run records: what a summary reads of a finished run --------------------
+
+
+def run_record(task, run_dir, with_bleu_curve=False):
+    """Everything a summary reads of one finished run, as a few kilobytes of
+    JSON: the validation NLL curve (update 0 included), the validation BLEU
+    curve where the study logs one, the test scores, update 0's figures and
+    the gain at the end. Kept beside the results (see :func:`collect_runs`)
+    so that a study can add seeds on a machine that no longer has the
+    earlier runs' logs: a machine lost its /tmp mid-study once (issue 19)."""
+    loss = task.loss_key
+    updates, nll = curve(run_dir, loss, loss)
+    record = {"updates": updates.tolist(), "nll": nll.tolist(),
+              "scores": task.test_scores(run_dir),
+              "step0": json.loads((run_dir / "step0.json").read_text()),
+              "gain": last_gain(run_dir)}
+    if with_bleu_curve:
+        bleu_updates, bleu = curve(run_dir, "bleu", loss)
+        record.update(bleu_updates=bleu_updates.tolist(), bleu=bleu.tolist())
+    return record
+
+
+def nll_curve(record):
+    return np.asarray(record["updates"], dtype=np.float64), np.asarray(record["nll"])
+
+
+def bleu_curve(record):
+    return np.asarray(record["bleu_updates"], dtype=np.float64), np.asarray(record["bleu"])
+
+
+def collect_runs(task, study_dir, arms, seeds, archive=None, with_bleu_curve=False):
+    """``{arm: [record, ...]}`` of the finished runs, seed order, arms
+    without one left out. A finished run in ``study_dir`` gives its record
+    from its logs, and writes it to ``archive``/<arm>/seed<N>.json when an
+    archive folder is given; a run absent from ``study_dir`` is read back
+    from the archive. The study's archive is <--results>/runs/<folder>_<setting>."""
+    runs = {}
+    for arm in arms:
+        records = []
+        for seed in seeds:
+            run_dir = study_dir / arm.folder / f"seed{seed}"
+            kept = archive / arm.folder / f"seed{seed}.json" if archive else None
+            if finished(task, run_dir):
+                record = run_record(task, run_dir, with_bleu_curve)
+                if kept:
+                    kept.parent.mkdir(parents=True, exist_ok=True)
+                    kept.write_text(json.dumps(record, indent=1) + "\n")
+            elif kept and kept.exists():
+                record = json.loads(kept.read_text())
+            else:
+                continue
+            # The seed travels with the record in memory (not in the file: the
+            # file's name holds it), so that differences can pair arms by seed.
+            records.append({**record, "seed": seed})
+        if records:
+            runs[arm] = records
+    return runs
+
+
+def time_updates(task, data_bin, arms, args):
+    """Seconds per update of each arm (``--time-updates N``): N updates
+    through fairseq-train, no validation, no checkpoint, in a temporary
+    folder; the rate is fairseq's own (``ups`` of the last train_inner line,
+    logged every N/4 updates), its ratio against stock beside it. To plan a
+    study's time before starting it."""
+    rates = {}
+    for arm in arms:
+        with tempfile.TemporaryDirectory() as run_dir:
+            arguments = timing_arguments(task, data_bin, Path(run_dir), arm, args)
+            output = pipeline.run([*pipeline.tool("fairseq-train"), *arguments])
+        inner = [r for r in fairseq_logs.parse_lines(output.splitlines())
+                 if r.tag == fairseq_logs.TRAIN_INNER and "ups" in r.values]
+        if not inner:
+            raise SystemExit(f"study: no train_inner line in fairseq-train's output:\n"
+                             f"{output[-2000:]}")
+        rates[arm.name] = float(inner[-1].values["ups"])
+    stock = rates.get(REFERENCE_ARM)
+    for name, ups in rates.items():
+        ratio = f", {stock / ups:.3f}x stock's time" if stock and name != REFERENCE_ARM else ""
+        print(f"{name}: {ups:.3f} updates/s, {1 / ups:.2f} s per update{ratio}")
+    return rates
+
+
+def timing_arguments(task, data_bin, run_dir, arm, args):
+    """A run's fairseq-train arguments for --time-updates: --time-updates
+    updates, logged four times, no validation and no checkpoint."""
+    timing = argparse.Namespace(**{**vars(args), "max_update": args.time_updates})
+    arguments = training_arguments(task, data_bin, run_dir, arm, 1, timing)
+    interval = arguments.index("--log-interval") + 1
+    arguments[interval] = str(max(1, args.time_updates // 4))
+    return [*arguments, "--disable-validation", "--no-save"]

@@ -1,0 +1,258 @@
+"""Checkpoints and their natural-bias settings (fairseq_natbias/checkpoints.py):
+a checkpoint of settings 1.0 offers loads, resumes and generates as the version
+that wrote it printed; one of a retired setting is refused in one line naming
+0.8.0; resuming with other settings is refused in one line, by every way
+fairseq resumes; fine-tuning says what it does with the bias."""
+
+import filecmp
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from fairseq import checkpoint_utils
+
+from natbias.errors import NaturalBiasError
+from fairseq_natbias.checkpoints import saved_model_args
+from natbias_testing import fairseq, train
+
+pytestmark = pytest.mark.training  # runs fairseq-train: the full tier only (make test)
+
+FIXTURES = Path(__file__).parent / "fixtures"
+V039 = FIXTURES / "v0.3.9"  # 0.3.9's uncapped linear gain, retired in 1.0
+V080 = FIXTURES / "v0.8.0"  # 0.8.0's defaults, which 1.0 still offers
+V100 = FIXTURES / "v1.0.0"  # 1.0.0's defaults, with its format version
+# The model of the fixtures (their READMEs say how they were made).
+FIXTURE_MODEL = [
+    "--encoder-layers", "1", "--decoder-layers", "1",
+    "--encoder-embed-dim", "16", "--decoder-embed-dim", "16",
+    "--encoder-ffn-embed-dim", "32", "--decoder-ffn-embed-dim", "32",
+    "--encoder-attention-heads", "2", "--decoder-attention-heads", "2",
+    "--share-decoder-input-output-embed",
+]
+GENERATE = ["--beam", "5", "--cpu", "--max-len-b", "10", "--required-batch-size-multiple", "1"]
+LOADABLE = [V080, V100]
+
+
+@pytest.mark.parametrize("fixture", [V039, V080, V100], ids=lambda p: p.name)
+def test_the_fixtures_match_the_toy_corpus(toy_bin, fixture):
+    for name in ("dict.src.txt", "dict.tgt.txt"):
+        assert filecmp.cmp(toy_bin / name, fixture / name, shallow=False), name
+
+
+@pytest.mark.parametrize("fixture", LOADABLE, ids=lambda p: p.name)
+def test_a_checkpoint_builds_its_own_model_exactly(toy_bin, fixture):
+    """Every tensor as saved, the gain g = 20 u by hand; the format recorded
+    by 1.0 and not by 0.8.0."""
+    path = fixture / "checkpoint_last.pt"
+    models, cfg, _ = checkpoint_utils.load_model_ensemble_and_task(
+        [str(path)], arg_overrides={"data": str(toy_bin)})
+    saved = torch.load(path, map_location="cpu", weights_only=False)
+    built = models[0].state_dict()
+    assert sorted(built) == sorted(saved["model"])
+    assert all(torch.equal(built[name], saved["model"][name]) for name in saved["model"])
+    u = saved["model"]["decoder.output_projection.gain_param"].item()
+    assert models[0].decoder.output_projection.gain().item() == pytest.approx(20 * u, rel=1e-6)
+    recorded = getattr(saved["cfg"]["model"], "natbias_format_version", None)
+    assert recorded == (1 if fixture == V100 else None)
+
+
+def _generate_lines(text):
+    """fairseq-generate's lines, with the sentence scores of H-/D- lines and
+    the positional scores of P- lines as floats: the rest (ids, tokens, BLEU)
+    is compared exactly, the full-precision scores to 1e-6 and the printed
+    4-decimal positional scores to one unit of their last digit."""
+    lines = []
+    for line in text.splitlines():
+        fields = line.split("\t")
+        if fields[0][:2] in ("H-", "D-"):
+            lines.append((fields[0], float(fields[1]), *fields[2:]))
+        elif fields[0][:2] == "P-":
+            lines.append((fields[0], [float(score) for score in fields[1].split()]))
+        else:
+            lines.append((line,))
+    return lines
+
+
+@pytest.mark.parametrize("fixture", LOADABLE, ids=lambda p: p.name)
+def test_a_checkpoint_generates_as_its_version_did(toy_bin, fixture):
+    """The same translations, positional scores and BLEU line as the version
+    that trained the checkpoint printed (``generate.out`` beside it). The
+    full-precision sentence scores are compared to 1e-6, and the positional
+    scores, printed to 4 decimals, to 1e-4: their last bits depend on the
+    CPU's float kernels, not on this package."""
+    result = fairseq("fairseq-generate", toy_bin, "--user-dir", "fairseq_natbias",
+                     "--path", fixture / "checkpoint_last.pt", *GENERATE)
+    got = _generate_lines(result.stdout)
+    expected = _generate_lines((fixture / "generate.out").read_text())
+    assert len(got) == len(expected)
+    for got_line, expected_line in zip(got, expected):
+        if len(expected_line) > 2:  # an H- or D- line
+            assert got_line[0] == expected_line[0] and got_line[2:] == expected_line[2:]
+            assert got_line[1] == pytest.approx(expected_line[1], abs=1e-6), expected_line[0]
+        elif expected_line[0][:2] == "P-":
+            assert got_line[0] == expected_line[0]
+            assert got_line[1] == pytest.approx(expected_line[1], abs=1.01e-4), expected_line[0]
+        else:
+            assert got_line == expected_line
+
+
+def _resume_fixture(fixture, toy_bin, tmp_path, *options):
+    """fairseq-train resumes the fixture's checkpoint (4 updates) to update 6,
+    with ``options`` besides the fixture's model; returns the log and the
+    checkpoint it wrote."""
+    save_dir = tmp_path / "ckpt"
+    save_dir.mkdir()
+    shutil.copy(fixture / "checkpoint_last.pt", save_dir / "checkpoint_last.pt")
+    result = train(toy_bin, save_dir, *FIXTURE_MODEL, *options, model=[], max_update=6)
+    log = result.stdout + result.stderr
+    assert "@ 4 updates" in log  # really resumed
+    return log, torch.load(save_dir / "checkpoint_last.pt", map_location="cpu")
+
+
+
+
+@pytest.mark.parametrize("fixture", LOADABLE, ids=lambda p: p.name)
+def test_a_checkpoint_resumes_and_then_records_the_format(toy_bin, tmp_path, fixture):
+    _, state = _resume_fixture(fixture, toy_bin, tmp_path)
+    assert state["optimizer_history"][-1]["num_updates"] == 6
+    assert state["cfg"]["model"].natbias_format_version == 1
+    assert 0 < 20 * state["model"]["decoder.output_projection.gain_param"].item() < 1
+
+
+def test_a_retired_checkpoint_is_refused_in_one_line_naming_080(toy_bin, tmp_path):
+    """0.3.9's linear gain: generating, loading in Python and resuming all refuse it."""
+    path = V039 / "checkpoint_last.pt"
+    expected = ("was trained by fairseq-natbias 0.x with --natbias-gain-form linear, retired "
+                "in 1.0: read it with fairseq-natbias 0.8.0, the last version that does")
+    result = fairseq("fairseq-generate", toy_bin, "--user-dir", "fairseq_natbias",
+                     "--path", path, *GENERATE, check=False)
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"fairseq_natbias: error: this checkpoint {expected}")
+    save_dir = tmp_path / "ckpt"
+    save_dir.mkdir()
+    shutil.copy(path, save_dir / "checkpoint_last.pt")
+    result = train(toy_bin, save_dir, *FIXTURE_MODEL, model=[], max_update=6, check=False)
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1].endswith(expected)
+
+
+def test_a_checkpoint_of_a_newer_format_is_refused(toy_bin, tmp_path):
+    state = torch.load(V100 / "checkpoint_last.pt", map_location="cpu", weights_only=False)
+    state["cfg"]["model"].natbias_format_version = 2
+    path = tmp_path / "newer.pt"
+    torch.save(state, path)
+    result = fairseq("fairseq-generate", toy_bin, "--user-dir", "fairseq_natbias",
+                     "--path", path, *GENERATE, check=False)
+    assert result.returncode != 0
+    assert "records natural-bias format 2; fairseq-natbias 1.0.0 reads format 1: upgrade it" \
+        in result.stderr.strip().splitlines()[-1]
+
+
+# --- resuming and fine-tuning with other settings --------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def unigram_run(toy_bin, tmp_path_factory):
+    """One update of the default model (unigram bias, gain init)."""
+    save_dir = tmp_path_factory.mktemp("unigram_run")
+    train(toy_bin, save_dir, max_update=1)
+    return save_dir / "checkpoint_last.pt"
+
+
+@pytest.mark.parametrize("options, asked", [
+    (["--natbias-init", "zero"], "--natbias-init zero"),
+    (["--natbias-init", "none"], "--natbias-init none"),
+    (["--natbias-weight-init", "fairseq"], "--natbias-weight-init fairseq"),
+    (["--natbias-gain-speed", "50"], "--natbias-gain-speed 50"),
+])
+def test_resuming_with_other_settings_is_refused(toy_bin, tmp_path, unigram_run,
+                                                 options, asked):
+    save_dir = tmp_path / "ckpt"
+    save_dir.mkdir()
+    shutil.copy(unigram_run, save_dir / "checkpoint_last.pt")
+    result = train(toy_bin, save_dir, *options, max_update=2, check=False)
+    assert result.returncode != 0
+    message = result.stderr.strip().splitlines()[-1]
+    assert message.startswith("fairseq_natbias: error: ")
+    assert "--natbias-init unigram --natbias-weight-init gain --natbias-gain-speed 20" in message
+    assert asked in message and "--save-dir" in message
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("how", ["continue-once", "restore-file-with-suffix"])
+def test_every_way_fairseq_resumes_is_checked(toy_bin, tmp_path, unigram_run, how):
+    """fairseq loads --continue-once on a first launch, and a non-default
+    --restore-file with the --checkpoint-suffix put before its .pt: a bias
+    setting that disagrees with that checkpoint is refused there too."""
+    save_dir = tmp_path / "ckpt"
+    if how == "continue-once":
+        options = ["--continue-once", unigram_run]
+    else:
+        shutil.copy(unigram_run, tmp_path / "start-x.pt")
+        options = ["--restore-file", tmp_path / "start.pt", "--checkpoint-suffix=-x"]
+    result = train(toy_bin, save_dir, "--natbias-init", "zero", *options, max_update=2,
+                   check=False)
+    assert result.returncode != 0
+    message = result.stderr.strip().splitlines()[-1]
+    assert message.startswith("fairseq_natbias: error: ") and "--natbias-init zero" in message
+    assert "Traceback" not in result.stderr
+
+
+def test_resuming_from_a_file_that_is_no_checkpoint_says_so(toy_bin, tmp_path):
+    save_dir = tmp_path / "ckpt"
+    save_dir.mkdir()
+    (save_dir / "checkpoint_last.pt").write_bytes(b"not a checkpoint\n" * 4)
+    result = train(toy_bin, save_dir, max_update=2, check=False)
+    assert result.returncode != 0
+    message = result.stderr.strip().splitlines()[-1]
+    assert "checkpoint_last.pt is not a fairseq checkpoint" in message
+    assert "Traceback" not in result.stderr
+
+
+def test_saved_model_args_refuses_a_pickle_of_something_else(tmp_path):
+    path = tmp_path / "list.pt"
+    torch.save([1, 2, 3], path)
+    with pytest.raises(NaturalBiasError, match="holds a list, not a fairseq checkpoint"):
+        saved_model_args(str(path))
+
+
+def test_resuming_with_the_same_settings_given_explicitly_works(toy_bin, tmp_path, unigram_run):
+    save_dir = tmp_path / "ckpt"
+    save_dir.mkdir()
+    shutil.copy(unigram_run, save_dir / "checkpoint_last.pt")
+    result = train(toy_bin, save_dir, "--natbias-init", "unigram",
+                   "--natbias-weight-init", "gain", max_update=2)
+    assert "@ 1 updates" in result.stdout + result.stderr
+
+
+def test_finetuning_keeps_the_checkpoint_bias_and_says_so(toy_bin, tmp_path, unigram_run):
+    result = train(toy_bin, tmp_path / "finetuned", "--natbias-init", "zero",
+                   "--finetune-from-model", unigram_run, max_update=2)
+    log = result.stdout + result.stderr
+    assert "fine-tuning from" in log and "not re-initialised or recounted" in log
+    assert "--natbias-init on the command line ignored" in log
+    trained = torch.load(unigram_run, map_location="cpu")["model"]
+    state = torch.load(tmp_path / "finetuned/checkpoint_last.pt", map_location="cpu")
+    assert state["cfg"]["model"].natbias_init == "unigram"
+    # Fine-tuning started from the trained bias (1 more update moves it a little).
+    bias = state["model"]["decoder.output_projection.bias"]
+    torch.testing.assert_close(bias, trained["decoder.output_projection.bias"],
+                               atol=5e-3, rtol=0)
+
+
+def test_resumed_run_still_generates_without_training_data(toy_bin, fresh_copy, tmp_path):
+    """A checkpoint written after resuming keeps the counted marker: a model
+    built from its config loads weights instead of counting."""
+    data = fresh_copy(toy_bin)
+    train(data, tmp_path / "ckpt", max_update=1)
+    train(data, tmp_path / "ckpt", max_update=2)
+    for path in data.glob("train.*"):
+        path.unlink()
+    moved = tmp_path / "moved.pt"
+    shutil.move(tmp_path / "ckpt/checkpoint_last.pt", moved)
+    shutil.rmtree(tmp_path / "ckpt")
+    result = fairseq("fairseq-generate", data, "--user-dir", "fairseq_natbias",
+                     "--path", moved, *GENERATE)
+    assert "Translated 20 sentences" in result.stderr

@@ -1,0 +1,295 @@
+"""The transformers extra (natbias.hf) on tiny models: the bias counted and
+set, reloads that are exact, the loss, the callback and the logits processor
+through the real Trainer and generate. No fairseq."""
+
+import collections
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from transformers import (  # noqa: E402
+    AutoModelForCausalLM, AutoModelForSeq2SeqLM, BartConfig, BartForConditionalGeneration,
+    BertConfig, BertForMaskedLM, DataCollatorForSeq2Seq, GPT2Config, GPT2LMHeadModel,
+    LlamaConfig, LlamaForCausalLM, LogitsProcessorList, MarianConfig, MarianMTModel,
+    Seq2SeqTrainer, Seq2SeqTrainingArguments,
+)
+
+import natbias.hf  # noqa: E402
+from natbias.counts import write_counts_file  # noqa: E402
+from natbias.errors import NaturalBiasError  # noqa: E402
+from natbias.hf import (  # noqa: E402
+    BiasScaleLogitsProcessor, BiasStatisticsCallback, UnigramLabelSmoothingLoss,
+    add_natural_bias, count_targets, from_pretrained,
+)
+
+V = 40
+SMALL = dict(d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+             decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32,
+             max_position_embeddings=64)
+
+
+def marian():
+    return MarianMTModel(MarianConfig(vocab_size=V, pad_token_id=0, decoder_start_token_id=0,
+                                      eos_token_id=1, forced_eos_token_id=1, **SMALL))
+
+
+def bart():
+    return BartForConditionalGeneration(BartConfig(
+        vocab_size=V, pad_token_id=0, bos_token_id=2, eos_token_id=1, decoder_start_token_id=1,
+        forced_eos_token_id=1, **SMALL))
+
+
+def gpt2():
+    return GPT2LMHeadModel(GPT2Config(vocab_size=V, n_embd=16, n_layer=1, n_head=2,
+                                      n_positions=64, bos_token_id=2, eos_token_id=1))
+
+
+def llama():
+    return LlamaForCausalLM(LlamaConfig(
+        vocab_size=V, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64,
+        bos_token_id=2, eos_token_id=1, pad_token_id=0))
+
+
+MODELS = {"marian": (marian, AutoModelForSeq2SeqLM), "bart": (bart, AutoModelForSeq2SeqLM),
+          "gpt2": (gpt2, AutoModelForCausalLM), "llama": (llama, AutoModelForCausalLM)}
+
+
+def zipf_targets(n=200, seed=0):
+    """Token-id sequences ending in EOS (1), Zipf-like over ids 3..V-1."""
+    rng = np.random.default_rng(seed)
+    weights = 1.0 / np.arange(1, V - 2)
+    weights /= weights.sum()
+    return [list(rng.choice(np.arange(3, V), size=rng.integers(3, 9), p=weights)) + [1]
+            for _ in range(n)]
+
+
+def hand_log_prior(sequences, causal, alpha=1.0):
+    """log (c(v) + alpha) / (N + alpha V), counted with a Counter."""
+    counter = collections.Counter()
+    for sequence in sequences:
+        counter.update(sequence[1:] if causal else sequence)
+    counts = np.array([counter[i] for i in range(V)], dtype=np.float64)
+    return np.log((counts + alpha) / (counts.sum() + alpha * V))
+
+
+def inputs_for(name):
+    torch.manual_seed(3)
+    ids = torch.randint(3, V, (2, 6))
+    if MODELS[name][1] is AutoModelForSeq2SeqLM:
+        return dict(input_ids=ids, decoder_input_ids=torch.randint(3, V, (2, 5)))
+    return dict(input_ids=ids)
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_the_bias_is_the_smoothed_log_unigram_of_the_targets(name):
+    torch.manual_seed(0)
+    stock = MODELS[name][0]()
+    targets = zipf_targets()
+    model = add_natural_bias(stock, targets)
+    causal = name in ("gpt2", "llama")
+    expected = hand_log_prior(targets, causal)
+    np.testing.assert_allclose(model.output_bias().detach().double().numpy(), expected, atol=1e-6)
+    assert torch.equal(model.natbias_log_prior, model.output_bias().detach())
+    assert model.output_gain().item() == pytest.approx(0.05)
+    # Every other parameter is the stock model's own, tied embeddings still tied.
+    ours = model.state_dict()
+    for key, value in stock.state_dict().items():
+        if key != "final_logits_bias":
+            assert torch.equal(ours[key], value), key
+    tied = stock.get_output_embeddings().weight is stock.get_input_embeddings().weight
+    assert tied == (name != "llama")  # Llama unties by default
+    assert (model.get_output_embeddings().weight is model.get_input_embeddings().weight) == tied
+    assert model.config.natural_bias["format_version"] == 1
+    assert model.config.natural_bias["prior_tokens"] == sum(
+        len(t) - (1 if causal else 0) for t in targets)
+
+
+def test_a_fresh_model_predicts_the_prior():
+    """Update 0: with g = 0.05 the contextual logits barely move softmax(b)."""
+    torch.manual_seed(0)
+    model = add_natural_bias(marian(), zipf_targets()).eval()
+    with torch.no_grad():
+        logits = model(**inputs_for("marian")).logits
+    log_p = torch.log_softmax(logits, -1)
+    kl = (log_p.exp() * (log_p - model.natbias_log_prior)).sum(-1)
+    assert kl.max().item() < 1e-3
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_a_saved_model_reloads_with_identical_logits_and_beams(name, tmp_path):
+    torch.manual_seed(0)
+    model = add_natural_bias(MODELS[name][0](), zipf_targets())
+    with torch.no_grad():  # as if trained: b and g moved
+        model.output_bias().add_(torch.randn(V) * 0.1)
+        model.get_output_embeddings().gain_param.fill_(0.02)
+    model.eval()
+    model.save_pretrained(tmp_path)
+    inputs = inputs_for(name)
+    with torch.no_grad():
+        before = model(**inputs).logits
+    for loaded in (from_pretrained(tmp_path), MODELS[name][1].from_pretrained(tmp_path)):
+        assert type(loaded) is type(model)
+        loaded.eval()
+        with torch.no_grad():
+            assert (loaded(**inputs).logits - before).abs().max().item() == 0
+        assert loaded.output_gain().item() == pytest.approx(0.4)
+        beams = [m.generate(inputs["input_ids"], num_beams=3, max_new_tokens=5, do_sample=False)
+                 for m in (model, loaded)]
+        assert torch.equal(*beams)
+
+
+def test_without_the_import_transformers_refuses_the_model_loudly(tmp_path):
+    torch.manual_seed(0)
+    add_natural_bias(gpt2(), zipf_targets()).save_pretrained(tmp_path)
+    code = ("from transformers import AutoModelForCausalLM\n"
+            f"AutoModelForCausalLM.from_pretrained({str(tmp_path)!r})\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode != 0 and "natbias-gpt2" in done.stderr
+
+
+def test_a_model_without_the_natural_bias_is_refused_by_from_pretrained(tmp_path):
+    gpt2().save_pretrained(tmp_path)
+    with pytest.raises(NaturalBiasError, match="records no 'natural_bias' settings"):
+        from_pretrained(tmp_path)
+
+
+def test_a_newer_format_is_refused(tmp_path):
+    model = add_natural_bias(gpt2(), zipf_targets())
+    model.config.natural_bias = {**model.config.natural_bias, "format_version": 2}
+    model.save_pretrained(tmp_path)
+    with pytest.raises(NaturalBiasError, match="format version 2; natbias .* reads version 1"):
+        from_pretrained(tmp_path)
+
+
+def test_an_unsupported_model_is_refused_naming_the_supported_ones():
+    bert = BertForMaskedLM(BertConfig(vocab_size=V, hidden_size=16, num_hidden_layers=1,
+                                      num_attention_heads=2, intermediate_size=32))
+    with pytest.raises(NaturalBiasError) as error:
+        add_natural_bias(bert, zipf_targets())
+    assert str(error.value) == ("natbias.hf supports MarianMTModel, BartForConditionalGeneration, "
+                                "GPT2LMHeadModel, LlamaForCausalLM; not BertForMaskedLM")
+
+
+def test_the_prior_from_counts_a_counts_file_or_a_dataset_is_the_same(tmp_path):
+    targets = zipf_targets()
+    counts = count_targets(targets, V)
+    symbols = [f"w{i}" for i in range(V)]
+    write_counts_file(str(tmp_path / "c.counts"), symbols, counts)
+
+    class Vocabulary:  # what a tokenizer offers
+        def convert_ids_to_tokens(self, ids):
+            return [symbols[i] for i in ids]
+
+    class Dataset:  # the part of datasets.Dataset that count_targets reads
+        column_names = ["input_ids", "labels"]
+
+        def iter(self, batch_size):
+            for start in range(0, len(targets), batch_size):
+                yield {"labels": targets[start:start + batch_size]}
+
+    biases = [add_natural_bias(marian(), **source).output_bias().detach() for source in (
+        {"targets": targets}, {"counts": counts}, {"targets": Dataset()},
+        {"counts_file": str(tmp_path / "c.counts"), "vocabulary": Vocabulary()})]
+    assert all(torch.equal(biases[0], bias) for bias in biases[1:])
+    with pytest.raises(NaturalBiasError, match="exactly one of targets"):
+        add_natural_bias(marian(), targets, counts=counts)
+    with pytest.raises(NaturalBiasError, match="outside the vocabulary of 40 entries"):
+        add_natural_bias(marian(), [[3, 4, 99]])
+
+
+def test_the_loss_by_hand():
+    """The hand-worked example of the fairseq criterion's test: eps 0.1,
+    omega (0.5, 0, 0.3, 0.2), p (0.5, 0, 0.25, 0.25), y = 0:
+    0.9 ln 2 + 0.1 (0.5 ln 2 + 0.3 ln 4 + 0.2 ln 4) = 0.727805 nats; the
+    second position is ignored (-100)."""
+    loss = UnigramLabelSmoothingLoss(torch.tensor([0.5, 1e-30, 0.3, 0.2]).log(), 0.1)
+    logits = torch.tensor([[[0.5, 1e-30, 0.25, 0.25], [0.25, 1e-30, 0.5, 0.25]]]).log()
+    value = loss({"logits": logits}, torch.tensor([[0, -100]]))
+    assert value.item() == pytest.approx(0.727805, abs=1e-6)
+    causal = UnigramLabelSmoothingLoss(torch.tensor([0.5, 1e-30, 0.3, 0.2]).log(), 0.1,
+                                       causal=True)
+    shifted = torch.cat([logits, logits[:, :1]], dim=1)  # position t predicts label t + 1
+    assert causal({"logits": shifted}, torch.tensor([[7, 0, -100]])).item() == pytest.approx(
+        0.727805, abs=1e-6)
+
+
+def _trainer(model, callbacks=(), loss=None, steps=3, out=None, label_smoothing=0.0):
+    targets = zipf_targets(64)
+    data = [{"input_ids": t[::-1], "labels": t} for t in targets]
+
+    class Tokenizer:  # what the collator needs of one
+        pad_token_id = 0
+        padding_side = "right"
+
+        def pad(self, features, return_tensors=None, **kwargs):
+            width = max(len(f["input_ids"]) for f in features)
+            ids = torch.tensor([f["input_ids"] + [0] * (width - len(f["input_ids"]))
+                                for f in features])
+            return {"input_ids": ids, "attention_mask": ids.ne(0).long()}
+
+    collator = DataCollatorForSeq2Seq(Tokenizer(), model=model, label_pad_token_id=-100)
+    args = Seq2SeqTrainingArguments(output_dir=str(out), max_steps=steps, logging_steps=1,
+                                    per_device_train_batch_size=16, report_to=[],
+                                    disable_tqdm=True, use_cpu=True, save_strategy="no",
+                                    learning_rate=1e-2, label_smoothing_factor=label_smoothing)
+    trainer = Seq2SeqTrainer(model=model, args=args, train_dataset=data, data_collator=collator,
+                             compute_loss_func=loss, callbacks=list(callbacks))
+    return trainer, collator(data[:8])
+
+
+def test_the_trainer_trains_with_the_loss_and_logs_the_statistics(tmp_path):
+    torch.manual_seed(0)
+    model = add_natural_bias(marian(), zipf_targets())
+    loss = UnigramLabelSmoothingLoss.from_model(model, 0.1)
+    callback = BiasStatisticsCallback(probe=None)
+    trainer, probe = _trainer(model, [callback], loss, out=tmp_path)
+    # The loss the Trainer gets is ours, computed on the model's logits:
+    model.eval()
+    outputs = model(**{k: v for k, v in probe.items() if k != "labels"})
+    ours = loss(outputs, probe["labels"])
+    assert trainer.compute_loss(model, dict(probe)).item() == pytest.approx(ours.item())
+    model.train()
+    callback.probe = probe
+    trainer.train()
+    logged = [entry for entry in trainer.state.log_history if "loss" in entry]
+    assert len(logged) == 3
+    for entry in logged:
+        assert {"bias_kl", "bias_norm", "weight_norm", "gain", "kl_unigram",
+                "kl_uniform"} <= set(entry)
+        assert all(math.isfinite(entry[key]) for key in ("bias_kl", "kl_unigram", "gain"))
+    assert logged[-1]["gain"] != pytest.approx(0.05, abs=1e-4)  # the gain moved
+
+
+def test_the_trainer_shifts_a_natural_bias_decoders_labels():
+    """transformers' label_smoothing_factor shifts the labels of the causal
+    LMs it knows by name: registration adds the natural-bias ones."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    assert MODEL_FOR_CAUSAL_LM_MAPPING_NAMES["natbias-gpt2"] == "NaturalBiasGPT2LMHeadModel"
+    assert MODEL_FOR_CAUSAL_LM_MAPPING_NAMES["natbias-llama"] == "NaturalBiasLlamaForCausalLM"
+
+
+def test_the_logits_processor_scales_the_bias_and_renormalises():
+    torch.manual_seed(0)
+    model = add_natural_bias(gpt2(), zipf_targets()).eval()
+    scores = torch.log_softmax(torch.randn(2, V), -1)
+    same = BiasScaleLogitsProcessor(model, 1.0)(None, scores)
+    torch.testing.assert_close(same, scores)
+    half = BiasScaleLogitsProcessor(model, 0.5)(None, scores)
+    expected = torch.log_softmax(scores - 0.5 * model.output_bias().detach(), -1)
+    torch.testing.assert_close(half, expected)
+    assert torch.allclose(half.exp().sum(-1), torch.ones(2))
+    ids = inputs_for("gpt2")["input_ids"]
+    plain = model.generate(ids, max_new_tokens=4, do_sample=False)
+    kept = model.generate(ids, max_new_tokens=4, do_sample=False, logits_processor=(
+        LogitsProcessorList([BiasScaleLogitsProcessor(model, 1.0)])))
+    assert torch.equal(plain, kept)
+    with pytest.raises(NaturalBiasError, match="has no natural bias"):
+        BiasScaleLogitsProcessor(gpt2(), 0.5)
