@@ -14,19 +14,20 @@ import os
 try:
     import fairseq  # noqa: F401
 except ImportError as error:  # one line naming the fix, not a traceback from deep inside
-    raise ImportError("fairseq_natbias needs fairseq: `pip install --no-deps ve-fairseq==0.12.3` "
-                      "and its runtime needs (docs/installation.md), or `make install`") from error
+    raise ImportError(
+        "fairseq_natbias needs fairseq: `pip install --no-deps ve-fairseq==0.12.3` "
+        "and its runtime needs (docs/installation.md), or `make install`"
+    ) from error
 
-from natbias import __version__  # noqa: F401  (one version for both packages)
-
-from fairseq_natbias import numpy_compat  # noqa: F401  (before fairseq builds a dataset)
 from fairseq_natbias import (  # noqa: F401  (each registers with fairseq on import)
     checkpoint_loading,
+    numpy_compat,  # noqa: F401  (before fairseq builds a dataset)
     transformer_lm_natbias,
     transformer_natbias,
     unigram_label_smoothed_cross_entropy,
     unigram_regularized_cross_entropy,
 )
+from natbias import __version__  # noqa: F401  (one version for both packages)
 
 
 def plugin_dir() -> str:

@@ -38,7 +38,6 @@ from torch import nn
 
 from natbias.projection import KeepsFloat32
 
-
 # A row with at least |V| / DENSE_ROW_FRACTION seen continuations is also kept
 # dense: gathering its entries one by one costs several int64 passes per
 # entry, a dense row one float32 pass per vocabulary entry, so past about
@@ -55,7 +54,7 @@ DENSE_CHUNK = 64
 
 def _chunks(positions, ids):
     for start in range(0, len(positions), DENSE_CHUNK):
-        yield positions[start:start + DENSE_CHUNK], ids[start:start + DENSE_CHUNK]
+        yield positions[start : start + DENSE_CHUNK], ids[start : start + DENSE_CHUNK]
 
 
 class _AddResidual(torch.autograd.Function):
@@ -73,8 +72,9 @@ class _AddResidual(torch.autograd.Function):
         flat.index_add_(0, flat_index, (beta * values).to(logits.dtype))
         by_position = flat.view(-1, vocab)
         for positions, ids in _chunks(dense_positions, dense_ids):
-            by_position.index_add_(0, positions, dense_rows.index_select(0, ids).to(logits.dtype),
-                                   alpha=float(beta))
+            by_position.index_add_(
+                0, positions, dense_rows.index_select(0, ids).to(logits.dtype), alpha=float(beta)
+            )
         ctx.mark_dirty(logits)
         ctx.save_for_backward(flat_index, values, dense_positions, dense_ids, dense_rows)
         return logits
@@ -90,15 +90,21 @@ class _AddResidual(torch.autograd.Function):
             for positions, ids in _chunks(dense_positions, dense_ids):
                 grad_beta = grad_beta + torch.dot(
                     by_position.index_select(0, positions).float().view(-1),
-                    dense_rows.index_select(0, ids).view(-1))
+                    dense_rows.index_select(0, ids).view(-1),
+                )
         return grad, grad_beta, None, None, None, None, None
 
 
 class BigramResidual(KeepsFloat32):
     """``beta D[v]`` added to the logits at the positions whose input is v."""
 
-    def __init__(self, indptr: torch.Tensor, indices: torch.Tensor, values: torch.Tensor,
-                 counts: Optional[torch.Tensor] = None):
+    def __init__(
+        self,
+        indptr: torch.Tensor,
+        indices: torch.Tensor,
+        values: torch.Tensor,
+        counts: Optional[torch.Tensor] = None,
+    ):
         super().__init__()
         self.register_buffer("indptr", indptr.to(torch.int64))
         self.register_buffer("indices", indices.to(torch.int64))
@@ -112,8 +118,11 @@ class BigramResidual(KeepsFloat32):
     @classmethod
     def placeholder(cls, vocab_size: int) -> "BigramResidual":
         """An empty table for a model whose checkpoint will fill it."""
-        return cls(torch.zeros(vocab_size + 1, dtype=torch.int64),
-                   torch.zeros(0, dtype=torch.int64), torch.zeros(0))
+        return cls(
+            torch.zeros(vocab_size + 1, dtype=torch.int64),
+            torch.zeros(0, dtype=torch.int64),
+            torch.zeros(0),
+        )
 
     @property
     def vocab_size(self) -> int:
@@ -129,8 +138,9 @@ class BigramResidual(KeepsFloat32):
         slot = torch.full((vocab,), -1, dtype=torch.int64, device=device)
         slot[dense] = torch.arange(len(dense), device=device)
         rows = torch.zeros(len(dense), vocab, dtype=torch.float32, device=device)
-        counts = torch.zeros(len(dense) if self.leaves_one_out else 0, vocab,
-                             dtype=torch.float32, device=device)
+        counts = torch.zeros(
+            len(dense) if self.leaves_one_out else 0, vocab, dtype=torch.float32, device=device
+        )
         for i, v in enumerate(dense.tolist()):
             span = slice(int(self.indptr[v]), int(self.indptr[v + 1]))
             rows[i, self.indices[span]] = self.values[span]
@@ -139,15 +149,15 @@ class BigramResidual(KeepsFloat32):
         self.register_buffer("dense_slot", slot, persistent=False)
         self.register_buffer("dense_rows", rows, persistent=False)
         self.register_buffer("dense_counts", counts, persistent=False)
-        self.register_buffer("sparse_lengths", torch.where(slot >= 0, 0, lengths),
-                             persistent=False)
+        self.register_buffer("sparse_lengths", torch.where(slot >= 0, 0, lengths), persistent=False)
 
     @property
     def leaves_one_out(self) -> bool:
         return len(self.counts) == len(self.indices) > 0
 
-    def forward(self, logits: torch.Tensor, previous: torch.Tensor,
-                targets: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def forward(
+        self, logits: torch.Tensor, previous: torch.Tensor, targets: Optional[torch.Tensor] = None
+    ) -> torch.Tensor:
         """Add beta D[previous] to ``logits`` (..., |V|) in place; returns them.
         With ``targets`` (each position's next token, -1 where not known;
         training) and the counts known, each position's own target is left
@@ -159,32 +169,52 @@ class BigramResidual(KeepsFloat32):
         plus |V| per position with a dense row."""
         vocab = logits.shape[-1]
         if vocab != self.vocab_size:
-            raise ValueError(f"the bigram table has {self.vocab_size} rows, the logits "
-                             f"{vocab} entries")
+            raise ValueError(
+                f"the bigram table has {self.vocab_size} rows, the logits {vocab} entries"
+            )
         if not logits.is_contiguous():
             logits = logits.contiguous()
         rows = previous.reshape(-1)
         lengths = self.sparse_lengths[rows]
         total = int(lengths.sum())
-        positions = torch.repeat_interleave(torch.arange(len(rows), device=rows.device), lengths,
-                                            output_size=total)
+        positions = torch.repeat_interleave(
+            torch.arange(len(rows), device=rows.device), lengths, output_size=total
+        )
         row_offsets = torch.cumsum(lengths, 0) - lengths
-        entries = (torch.arange(total, device=rows.device)
-                   - row_offsets[positions] + self.indptr[rows][positions])
+        entries = (
+            torch.arange(total, device=rows.device)
+            - row_offsets[positions]
+            + self.indptr[rows][positions]
+        )
         columns = self.indices[entries]
         flat_index = positions * vocab + columns
         values = self.values[entries]
         dense_slot = self.dense_slot[rows]
         dense_positions = torch.nonzero(dense_slot >= 0).flatten()
         if targets is not None and self.leaves_one_out:
-            flat_index, values = self._leave_one_out(rows, targets.reshape(-1), positions,
-                                                     entries, columns, flat_index, values,
-                                                     dense_slot)
-        return _AddResidual.apply(logits, self.weight, flat_index, values,
-                                  dense_positions, dense_slot[dense_positions], self.dense_rows)
+            flat_index, values = self._leave_one_out(
+                rows,
+                targets.reshape(-1),
+                positions,
+                entries,
+                columns,
+                flat_index,
+                values,
+                dense_slot,
+            )
+        return _AddResidual.apply(
+            logits,
+            self.weight,
+            flat_index,
+            values,
+            dense_positions,
+            dense_slot[dense_positions],
+            self.dense_rows,
+        )
 
-    def _leave_one_out(self, rows, targets, positions, entries, columns, flat_index, values,
-                       dense_slot):
+    def _leave_one_out(
+        self, rows, targets, positions, entries, columns, flat_index, values, dense_slot
+    ):
         """The gathered sparse entries with each position's target left out
         (module docstring), plus one correcting entry per position whose row
         is dense and holds its target. A sparse row's target entry is found
@@ -205,15 +235,23 @@ class BigramResidual(KeepsFloat32):
         fix = dense[count[dense] > 0]
         own = self.dense_rows[dense_slot[fix], targets[fix]]
         correction = torch.log1p(torch.expm1(own) * own_factor[fix]) - own
-        return (torch.cat([flat_index, fix * self.vocab_size + targets[fix]]),
-                torch.cat([values, correction]))
+        return (
+            torch.cat([flat_index, fix * self.vocab_size + targets[fix]]),
+            torch.cat([values, correction]),
+        )
 
-    def replace_table(self, indptr: torch.Tensor, indices: torch.Tensor,
-                      values: torch.Tensor, counts: Optional[torch.Tensor] = None) -> None:
+    def replace_table(
+        self,
+        indptr: torch.Tensor,
+        indices: torch.Tensor,
+        values: torch.Tensor,
+        counts: Optional[torch.Tensor] = None,
+    ) -> None:
         """Another table of the same vocabulary (the prior swapped); beta kept."""
         if len(indptr) != len(self.indptr):
-            raise ValueError(f"the new table has {len(indptr) - 1} rows, the model "
-                             f"{self.vocab_size}")
+            raise ValueError(
+                f"the new table has {len(indptr) - 1} rows, the model {self.vocab_size}"
+            )
         device = self.indptr.device
         self.indptr = indptr.to(device, torch.int64)
         self.indices = indices.to(device, torch.int64)
@@ -235,14 +273,16 @@ class BigramResidual(KeepsFloat32):
         for name in ("indices", "values", "counts"):
             saved = state_dict.get(prefix + name)
             if saved is not None and saved.shape != self._buffers[name].shape:
-                self._buffers[name] = torch.empty(saved.shape, dtype=self._buffers[name].dtype,
-                                                  device=self._buffers[name].device)
+                self._buffers[name] = torch.empty(
+                    saved.shape, dtype=self._buffers[name].dtype, device=self._buffers[name].device
+                )
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
         self._split_dense_rows()
 
     def extra_repr(self) -> str:
-        return (f"rows={self.vocab_size}, pairs={len(self.indices)}, "
-                f"dense rows={len(self.dense_rows)}")
+        return (
+            f"rows={self.vocab_size}, pairs={len(self.indices)}, dense rows={len(self.dense_rows)}"
+        )
 
 
 def _counts_or_empty(counts, indices):
@@ -271,15 +311,26 @@ class BigramResidualDecoder:
         ends = real & ((following == pad) | (following == -1))
         following = torch.where(following == pad, torch.full_like(following, -1), following)
         if self.eos_ends_the_input:
-            following = torch.where(ends, torch.full_like(following, self.dictionary.eos()),
-                                    following)
+            following = torch.where(
+                ends, torch.full_like(following, self.dictionary.eos()), following
+            )
         return torch.where(real, following, torch.full_like(following, -1))
 
-    def forward(self, prev_output_tokens, encoder_out=None, incremental_state=None,
-                features_only: bool = False, **kwargs):
-        x, extra = super().forward(prev_output_tokens, encoder_out=encoder_out,
-                                   incremental_state=incremental_state,
-                                   features_only=features_only, **kwargs)
+    def forward(
+        self,
+        prev_output_tokens,
+        encoder_out=None,
+        incremental_state=None,
+        features_only: bool = False,
+        **kwargs,
+    ):
+        x, extra = super().forward(
+            prev_output_tokens,
+            encoder_out=encoder_out,
+            incremental_state=incremental_state,
+            features_only=features_only,
+            **kwargs,
+        )
         if features_only:
             return x, extra
         if incremental_state is not None:
@@ -298,8 +349,10 @@ class TransformerDecoderWithBigram(BigramResidualDecoder, TransformerDecoder):
     eos_ends_the_input = False
 
 
-WITH_BIGRAM = {TransformerDecoderBase: TransformerDecoderBaseWithBigram,
-               TransformerDecoder: TransformerDecoderWithBigram}
+WITH_BIGRAM = {
+    TransformerDecoderBase: TransformerDecoderBaseWithBigram,
+    TransformerDecoder: TransformerDecoderWithBigram,
+}
 
 
 def attach_bigram_residual(decoder, residual: BigramResidual) -> None:
@@ -307,8 +360,10 @@ def attach_bigram_residual(decoder, residual: BigramResidual) -> None:
     class changes)."""
     subclass = WITH_BIGRAM.get(type(decoder))
     if subclass is None:
-        raise ValueError(f"--natbias-order 2 supports fairseq's transformer decoders, "
-                         f"not {type(decoder).__name__}; use --natbias-order 1")
+        raise ValueError(
+            f"--natbias-order 2 supports fairseq's transformer decoders, "
+            f"not {type(decoder).__name__}; use --natbias-order 1"
+        )
     decoder.__class__ = subclass
     decoder.bigram_residual = residual
 

@@ -36,8 +36,10 @@ def _numpy_array_globals():
         from numpy._core.multiarray import _reconstruct
     except ImportError:  # numpy 1.x
         from numpy.core.multiarray import _reconstruct
-    dtype_classes = [type(numpy.dtype(name)) for name in
-                     ("int32", "int64", "float32", "float64", "uint16", "bool")]
+    dtype_classes = [
+        type(numpy.dtype(name))
+        for name in ("int32", "int64", "float32", "float64", "uint16", "bool")
+    ]
     return [_reconstruct, numpy.ndarray, numpy.dtype, *dtype_classes]
 
 
@@ -52,11 +54,14 @@ if hasattr(torch.serialization, "add_safe_globals"):
 
 def require_file(path: str) -> None:
     if os.path.isdir(path):
-        raise CheckpointError(f"{path} is a directory: give the checkpoint file in it "
-                              "(e.g. checkpoint_best.pt)")
+        raise CheckpointError(
+            f"{path} is a directory: give the checkpoint file in it (e.g. checkpoint_best.pt)"
+        )
     if not os.path.isfile(path):
-        raise CheckpointError(f"{path}: no such checkpoint; train a model first or give "
-                              "the path of a checkpoint_*.pt written by fairseq-train")
+        raise CheckpointError(
+            f"{path}: no such checkpoint; train a model first or give "
+            "the path of a checkpoint_*.pt written by fairseq-train"
+        )
 
 
 def read_checkpoint(path: str) -> dict:
@@ -71,8 +76,9 @@ def read_checkpoint(path: str) -> dict:
     except Exception as error:  # unpickling a file that is no checkpoint fails in any way
         raise refusal(path, error) from None
     if not isinstance(state, dict):
-        raise CheckpointError(f"{path} holds a {type(state).__name__}, not a fairseq "
-                              f"checkpoint; {WRITTEN_BY_FAIRSEQ}")
+        raise CheckpointError(
+            f"{path} holds a {type(state).__name__}, not a fairseq checkpoint; {WRITTEN_BY_FAIRSEQ}"
+        )
     return state
 
 
@@ -134,22 +140,28 @@ def load_hub(model_class, checkpoint: str, data: str, **overrides):
     ``from_pretrained`` (the model's settings, a BPE). A data directory it
     cannot use is a CheckpointError too (an AnalysisError, as before)."""
     if not os.path.isdir(data):
-        raise CheckpointError(f"{data}: no such data directory; give the fairseq-preprocess "
-                              "output the model was trained on (its dict.*.txt)")
+        raise CheckpointError(
+            f"{data}: no such data directory; give the fairseq-preprocess "
+            "output the model was trained on (its dict.*.txt)"
+        )
     folder, name = os.path.split(os.path.abspath(checkpoint))
     try:
         # An absolute data path: fairseq reads one starting with "." as
         # relative to the checkpoint's folder.
-        hub = model_class.from_pretrained(folder, name, data_name_or_path=os.path.abspath(data),
-                                          **overrides)
+        hub = model_class.from_pretrained(
+            folder, name, data_name_or_path=os.path.abspath(data), **overrides
+        )
     except FileNotFoundError as error:
-        raise CheckpointError(f"{data}: {error.strerror or error}: {error.filename or ''}; "
-                              "give the data directory the model was trained on") from None
+        raise CheckpointError(
+            f"{data}: {error.strerror or error}: {error.filename or ''}; "
+            "give the data directory the model was trained on"
+        ) from None
     except RuntimeError as error:
         if "size mismatch" not in str(error):
             raise
         raise CheckpointError(
             f"mismatched dictionaries: {checkpoint} was trained with other dictionaries "
-            f"than those in {data}; use the data directory the model was trained on") from None
+            f"than those in {data}; use the data directory the model was trained on"
+        ) from None
     hub.eval()
     return hub

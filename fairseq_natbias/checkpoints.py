@@ -17,13 +17,16 @@ in one line when it holds a setting 1.0 retired.
 import logging
 import os
 
-from natbias import FORMAT_VERSION, __version__
-from natbias.errors import NaturalBiasError
-
 from fairseq_natbias import checkpoint_loading
 from fairseq_natbias.options import (
-    COUNTED_MARKER, DEFAULTED_RECORD, FORMAT_KEY, STRUCTURAL, options_text,
+    COUNTED_MARKER,
+    DEFAULTED_RECORD,
+    FORMAT_KEY,
+    STRUCTURAL,
+    options_text,
 )
+from natbias import FORMAT_VERSION, __version__
+from natbias.errors import NaturalBiasError
 
 logger = logging.getLogger(__name__)
 
@@ -45,20 +48,25 @@ def retired_settings(saved) -> list:
     form = getattr(saved, "natbias_gain_form", None) or "linear"
     schedule = getattr(saved, "natbias_gain_schedule", None) or "lr"
     return ([f"--natbias-gain-form {form}"] if form != "abs-capped" else []) + (
-        [f"--natbias-gain-schedule {schedule}"] if schedule != "lr" else [])
+        [f"--natbias-gain-schedule {schedule}"] if schedule != "lr" else []
+    )
 
 
 def check_saved_settings(saved, where: str) -> None:
     """Refuse, in one line, a saved config this version cannot build."""
     version = getattr(saved, FORMAT_KEY, None)
     if version is not None and version > FORMAT_VERSION:
-        raise NaturalBiasError(f"{where} records natural-bias format {version}; fairseq-natbias "
-                               f"{__version__} reads format {FORMAT_VERSION}: upgrade it")
+        raise NaturalBiasError(
+            f"{where} records natural-bias format {version}; fairseq-natbias "
+            f"{__version__} reads format {FORMAT_VERSION}: upgrade it"
+        )
     retired = retired_settings(saved)
     if retired:
-        raise NaturalBiasError(f"{where} was trained by fairseq-natbias 0.x with "
-                               f"{' '.join(retired)}, retired in 1.0: read it with "
-                               f"fairseq-natbias {LAST_READER}, the last version that does")
+        raise NaturalBiasError(
+            f"{where} was trained by fairseq-natbias 0.x with "
+            f"{' '.join(retired)}, retired in 1.0: read it with "
+            f"fairseq-natbias {LAST_READER}, the last version that does"
+        )
 
 
 def checkpoint_to_load(args):
@@ -106,9 +114,15 @@ def reconcile_with_checkpoint(args, kind: str, path: str) -> None:
     saved = saved_model_args(path)
     if saved is None or getattr(saved, "natbias_init", None) is None:
         arch = getattr(saved, "arch", "unknown")
-        fix = f"resume it with --arch {arch}" if kind == "resume" else "fine-tune it with its own --arch"
-        raise NaturalBiasError(f"{path} was not trained with the natural bias (--arch {arch}); "
-                               f"{fix}, or train a natbias model from scratch in a new --save-dir")
+        fix = (
+            f"resume it with --arch {arch}"
+            if kind == "resume"
+            else "fine-tune it with its own --arch"
+        )
+        raise NaturalBiasError(
+            f"{path} was not trained with the natural bias (--arch {arch}); "
+            f"{fix}, or train a natbias model from scratch in a new --save-dir"
+        )
     check_saved_settings(saved, path)
     explicit = [name for name in STRUCTURAL if name not in (getattr(args, DEFAULTED_RECORD) or ())]
     differing = [name for name in STRUCTURAL if _differs(args, saved, name)]
@@ -117,14 +131,19 @@ def reconcile_with_checkpoint(args, kind: str, path: str) -> None:
         raise NaturalBiasError(
             f"{path} was trained with {options_text(saved)}; the command line asks for "
             f"{options_text(args, refused)}. Give a new --save-dir to train that from scratch, "
-            "or drop those options to resume")
+            "or drop those options to resume"
+        )
     for name in differing:
         setattr(args, name, getattr(saved, name))
     if kind == "finetune":
         ignored = ", ".join("--" + name.replace("_", "-") for name in refused)
-        logger.warning("natbias: fine-tuning from %s: its output layer is loaded as trained "
-                       "(%s), not re-initialised or recounted%s", path, options_text(saved),
-                       f"; {ignored} on the command line ignored" if ignored else "")
+        logger.warning(
+            "natbias: fine-tuning from %s: its output layer is loaded as trained "
+            "(%s), not re-initialised or recounted%s",
+            path,
+            options_text(saved),
+            f"; {ignored} on the command line ignored" if ignored else "",
+        )
     elif differing:
         logger.info("natbias: resuming %s with its own %s", path, options_text(saved))
     setattr(args, COUNTED_MARKER, int(getattr(saved, COUNTED_MARKER, None) or 0))

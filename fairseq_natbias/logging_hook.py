@@ -22,8 +22,15 @@ logger = logging.getLogger(__name__)
 
 TARGET_MASK_KEY = "natbias_target_mask"
 SUM_KEYS = ("natbias_kl_unigram", "natbias_kl_uniform", "natbias_tokens")
-LOGGED_KEYS = ("kl_unigram", "kl_uniform", "gain", "weight_norm", "bias_norm", "bias_kl",
-               "bigram_weight")
+LOGGED_KEYS = (
+    "kl_unigram",
+    "kl_uniform",
+    "gain",
+    "weight_norm",
+    "bias_norm",
+    "bias_kl",
+    "bigram_weight",
+)
 
 
 class BiasDivergenceHook:
@@ -35,8 +42,10 @@ class BiasDivergenceHook:
         self._log_bias_now = False
         self._sums = dict.fromkeys(SUM_KEYS, 0.0)
         if model.decoder.output_projection.bias is None:
-            logger.info("natbias: this model has no output bias (--natbias-init none); "
-                        "logging kl_unigram, kl_uniform and weight_norm only")
+            logger.info(
+                "natbias: this model has no output bias (--natbias-init none); "
+                "logging kl_unigram, kl_uniform and weight_norm only"
+            )
 
     def attach(self, task) -> None:
         """Wrap the task's ``train_step``, ``valid_step`` and ``reduce_metrics``
@@ -103,8 +112,9 @@ class BiasDivergenceHook:
     def bias_statistics(self) -> dict:
         decoder = self.model.decoder
         projection = decoder.output_projection
-        stats = bias_statistics(projection.bias, self.model.target_log_unigram,
-                                projection.weight, projection.gain())
+        stats = bias_statistics(
+            projection.bias, self.model.target_log_unigram, projection.weight, projection.gain()
+        )
         residual = getattr(decoder, "bigram_residual", None)
         if residual is not None:
             stats["bigram_weight"] = residual.weight.detach().float().item()

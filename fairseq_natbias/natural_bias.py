@@ -22,19 +22,21 @@ from typing import Optional
 
 import torch
 
+from fairseq_natbias import bigram_residual, training_data
+from fairseq_natbias.checkpoint_loading import CheckpointError, not_a_checkpoint
+from fairseq_natbias.checkpoints import (
+    check_saved_settings,
+    checkpoint_to_load,
+    reconcile_with_checkpoint,
+    saved_model_args,
+)
+from fairseq_natbias.logging_hook import TARGET_MASK_KEY, BiasDivergenceHook
+from fairseq_natbias.options import COUNTED_MARKER, check_args, set_defaults
 from natbias.bigram import PairCounter, witten_bell_residual
 from natbias.counts import count_text, read_counts_file
 from natbias.errors import NaturalBiasError
 from natbias.prior import log_unigram
 from natbias.projection import NaturalBiasProjection, paper_weight_init_
-
-from fairseq_natbias import bigram_residual, training_data
-from fairseq_natbias.checkpoint_loading import CheckpointError, not_a_checkpoint
-from fairseq_natbias.checkpoints import (
-    check_saved_settings, checkpoint_to_load, reconcile_with_checkpoint, saved_model_args,
-)
-from fairseq_natbias.logging_hook import TARGET_MASK_KEY, BiasDivergenceHook
-from fairseq_natbias.options import COUNTED_MARKER, check_args, set_defaults
 
 logger = logging.getLogger(__name__)
 
@@ -78,8 +80,11 @@ class NaturalBiasModel:
             log_prior, bias, residual = self._count_and_initialise(args, task)
         gain = args.natbias_weight_init == "gain"
         decoder.output_projection = NaturalBiasProjection(
-            decoder.output_projection.weight, bias,
-            args.natbias_gain_init if gain else None, args.natbias_gain_speed if gain else None)
+            decoder.output_projection.weight,
+            bias,
+            args.natbias_gain_init if gain else None,
+            args.natbias_gain_speed if gain else None,
+        )
         if bias is not None and args.natbias_freeze:
             decoder.output_projection.bias.requires_grad_(False)
         if residual is not None:
@@ -100,11 +105,15 @@ class NaturalBiasModel:
         three runs differ in the bias alone."""
         dictionary = task.target_dictionary
         pairs = PairCounter(len(dictionary), dictionary.eos()) if args.natbias_order == 2 else None
-        counts = training_data.count_training_targets(task, getattr(args, "train_subset", "train"),
-                                                      pairs)
+        counts = training_data.count_training_targets(
+            task, getattr(args, "train_subset", "train"), pairs
+        )
         log_prior = log_unigram(counts, args.natbias_smoothing)
-        bias = {"unigram": log_prior.clone(), "zero": torch.zeros_like(log_prior),
-                "none": None}.get(args.natbias_init)
+        bias = {
+            "unigram": log_prior.clone(),
+            "zero": torch.zeros_like(log_prior),
+            "none": None,
+        }.get(args.natbias_init)
         if args.natbias_init == "file":
             file_counts = read_counts_file(args.natbias_counts, training_data.symbols(dictionary))
             bias = log_unigram(file_counts, args.natbias_smoothing)
@@ -112,7 +121,8 @@ class NaturalBiasModel:
         if pairs is not None:
             table = pairs.table()
             residual = bigram_residual.BigramResidual(
-                *witten_bell_residual(table, log_prior), counts=torch.from_numpy(table.counts))
+                *witten_bell_residual(table, log_prior), counts=torch.from_numpy(table.counts)
+            )
         if args.natbias_weight_init == "paper":
             reference = bias if args.natbias_init in ("unigram", "file") else log_prior
             paper_weight_init_(self.decoder.output_projection.weight, reference.norm().item())
@@ -135,8 +145,7 @@ class NaturalBiasModel:
     def load_state_dict(self, state_dict, strict=True, model_cfg=None, args=None):
         """fairseq's, then the prior swapped when the model is loaded with
         ``natbias_prior_text`` (:meth:`swap_prior`)."""
-        loaded = super().load_state_dict(state_dict, strict=strict, model_cfg=model_cfg,
-                                         args=args)
+        loaded = super().load_state_dict(state_dict, strict=strict, model_cfg=model_cfg, args=args)
         prior_text = getattr(self.natbias_args, PRIOR_TEXT, None)
         if prior_text:
             self.swap_prior(prior_text)
@@ -151,23 +160,31 @@ class NaturalBiasModel:
             b' = b - log p + log q     (order 2: the bigram table becomes the text's)
         """
         dictionary = self.decoder.dictionary
-        pairs = (PairCounter(len(dictionary), dictionary.eos())
-                 if getattr(self.natbias_args, "natbias_order", 1) == 2 else None)
+        pairs = (
+            PairCounter(len(dictionary), dictionary.eos())
+            if getattr(self.natbias_args, "natbias_order", 1) == 2
+            else None
+        )
         fix = "give a tokenised text file (the model's pieces, one sentence a line)"
         try:
             with open(text_path, encoding="utf-8") as lines:
-                counts = count_text(lines, dictionary.index, dictionary.eos(), len(dictionary),
-                                    pairs)
+                counts = count_text(
+                    lines, dictionary.index, dictionary.eos(), len(dictionary), pairs
+                )
         except OSError as error:
-            raise SystemExit(f"fairseq_natbias: error: {PRIOR_TEXT} {text_path}: "
-                             f"{error.strerror}; {fix}") from None
+            raise SystemExit(
+                f"fairseq_natbias: error: {PRIOR_TEXT} {text_path}: {error.strerror}; {fix}"
+            ) from None
         except UnicodeDecodeError as error:
-            raise SystemExit(f"fairseq_natbias: error: {PRIOR_TEXT} {text_path} is not UTF-8 "
-                             f"text (byte {error.start}); {fix}") from None
+            raise SystemExit(
+                f"fairseq_natbias: error: {PRIOR_TEXT} {text_path} is not UTF-8 "
+                f"text (byte {error.start}); {fix}"
+            ) from None
         if counts.sum() == counts[dictionary.eos()]:
             raise SystemExit(f"fairseq_natbias: error: {PRIOR_TEXT} {text_path} holds no tokens")
         new_prior = log_unigram(counts, self.natbias_args.natbias_smoothing).to(
-            self.target_log_unigram.device)
+            self.target_log_unigram.device
+        )
         with torch.no_grad():
             bias = self.decoder.output_projection.bias
             if bias is not None:
@@ -176,8 +193,9 @@ class NaturalBiasModel:
             if pairs is not None:
                 table = witten_bell_residual(pairs.table(), new_prior)
                 bigram_residual.bigram_residual(self.decoder).replace_table(*table)
-        logger.info("natbias: prior swapped for the counts of %s (%d tokens)", text_path,
-                    int(counts.sum()))
+        logger.info(
+            "natbias: prior swapped for the counts of %s (%d tokens)", text_path, int(counts.sum())
+        )
 
     def _mark_targets(self, net_output, target_tokens):
         """Tell the logging hook which positions are real targets: those where
@@ -188,8 +206,7 @@ class NaturalBiasModel:
         return net_output
 
     def get_normalized_probs(self, net_output, log_probs, sample=None):
-        probs = super().get_normalized_probs(self._controlled_logits(net_output), log_probs,
-                                             sample)
+        probs = super().get_normalized_probs(self._controlled_logits(net_output), log_probs, sample)
         hook = getattr(self, "natbias_hook", None)
         if hook is not None and log_probs:
             hook.observe(probs, net_output)
@@ -207,8 +224,10 @@ class NaturalBiasModel:
         if scale == 1.0 and adjust == 0.0:
             return net_output
         if self.training:
-            raise ValueError(f"{BIAS_SCALE}={scale:g} / {LOGIT_ADJUSTMENT}={adjust:g} are "
-                             "generation-time settings (--model-overrides), refused in training")
+            raise ValueError(
+                f"{BIAS_SCALE}={scale:g} / {LOGIT_ADJUSTMENT}={adjust:g} are "
+                "generation-time settings (--model-overrides), refused in training"
+            )
         logits = net_output[0]
         bias = self.decoder.output_projection.bias
         if bias is not None and scale != 1.0:
@@ -229,7 +248,9 @@ def check_natbias_checkpoint(path: str):
     arch = getattr(saved, "arch", None)
     model_class: Optional[type] = ARCH_MODEL_REGISTRY.get(arch)
     if model_class is None or not issubclass(model_class, NaturalBiasModel):
-        raise CheckpointError(f"{path} was trained with --arch {arch}, not a fairseq_natbias "
-                              "model: give a checkpoint trained with --user-dir fairseq_natbias "
-                              "--arch transformer_natbias (or transformer_lm_natbias)")
+        raise CheckpointError(
+            f"{path} was trained with --arch {arch}, not a fairseq_natbias "
+            "model: give a checkpoint trained with --user-dir fairseq_natbias "
+            "--arch transformer_natbias (or transformer_lm_natbias)"
+        )
     return arch, model_class

@@ -42,31 +42,67 @@ DEFAULTS = {
 def add_args(parser) -> None:
     # fairseq hands models its "Model-specific configuration" group; nesting a
     # group in it is deprecated (Python 3.11), so add to it directly.
-    group = parser if isinstance(parser, argparse._ArgumentGroup) else (
-        parser.add_argument_group("natural bias (fairseq_natbias)"))
+    group = (
+        parser
+        if isinstance(parser, argparse._ArgumentGroup)
+        else (parser.add_argument_group("natural bias (fairseq_natbias)"))
+    )
     add = group.add_argument
-    add("--natbias-init", choices=BIAS_INITS,
+    add(
+        "--natbias-init",
+        choices=BIAS_INITS,
         help="output bias: unigram (default: the log-unigram of the training targets), "
-             "zero, none (the paper's baselines), file (from --natbias-counts)")
-    add("--natbias-order", type=int, choices=ORDERS,
-        help="1 (default): the unigram bias; 2 (experimental): plus a fixed bigram residual")
-    add("--natbias-counts", metavar="PATH", help="counts file for --natbias-init file "
-        "(natbias-count makes one)")
-    add("--natbias-smoothing", type=float, metavar="ALPHA",
+        "zero, none (the paper's baselines), file (from --natbias-counts)",
+    )
+    add(
+        "--natbias-order",
+        type=int,
+        choices=ORDERS,
+        help="1 (default): the unigram bias; 2 (experimental): plus a fixed bigram residual",
+    )
+    add(
+        "--natbias-counts",
+        metavar="PATH",
+        help="counts file for --natbias-init file (natbias-count makes one)",
+    )
+    add(
+        "--natbias-smoothing",
+        type=float,
+        metavar="ALPHA",
         help="add-alpha smoothing of the unigram counts (default 1.0), for the model and "
-             "the criteria alike")
-    add("--natbias-freeze", action="store_true", default=None,
-        help="hold the output bias fixed during training")
-    add("--natbias-weight-init", choices=WEIGHT_INITS,
+        "the criteria alike",
+    )
+    add(
+        "--natbias-freeze",
+        action="store_true",
+        default=None,
+        help="hold the output bias fixed during training",
+    )
+    add(
+        "--natbias-weight-init",
+        choices=WEIGHT_INITS,
         help="gain (default: a learnt gain on W phi, starting at --natbias-gain-init), "
-             "fairseq (fairseq's own W), paper (the paper's sec. 4.1)")
+        "fairseq (fairseq's own W), paper (the paper's sec. 4.1)",
+    )
     add("--natbias-gain-init", type=float, metavar="G0", help="the gain's start (default 0.05)")
-    add("--natbias-gain-speed", type=float, metavar="C",
-        help="the gain moves about C learning rates per update (default 20)")
-    add("--no-natbias-logging", action="store_true", default=None,
-        help="do not log bias_kl, bias_norm, weight_norm, gain, kl_unigram, kl_uniform")
-    add("--natbias-stats-interval", type=int, metavar="N",
-        help="compute kl_unigram and kl_uniform every N updates (default: --log-interval)")
+    add(
+        "--natbias-gain-speed",
+        type=float,
+        metavar="C",
+        help="the gain moves about C learning rates per update (default 20)",
+    )
+    add(
+        "--no-natbias-logging",
+        action="store_true",
+        default=None,
+        help="do not log bias_kl, bias_norm, weight_norm, gain, kl_unigram, kl_uniform",
+    )
+    add(
+        "--natbias-stats-interval",
+        type=int,
+        metavar="N",
+        help="compute kl_unigram and kl_uniform every N updates (default: --log-interval)",
+    )
 
 
 def set_defaults(args) -> None:
@@ -85,24 +121,34 @@ def set_defaults(args) -> None:
 
 def check_args(args) -> None:
     if getattr(args, "adaptive_softmax_cutoff", None):
-        raise NaturalBiasError("the natural bias is one vector over the whole vocabulary, "
-                               "which --adaptive-softmax-cutoff splits: drop the option")
+        raise NaturalBiasError(
+            "the natural bias is one vector over the whole vocabulary, "
+            "which --adaptive-softmax-cutoff splits: drop the option"
+        )
     if (getattr(args, "quant_noise_scalar", 0) or 0) > 0:
-        raise NaturalBiasError("--quant-noise-scalar swaps the output layer for fairseq's "
-                               "IntLinear, which has no natural bias: drop the option")
+        raise NaturalBiasError(
+            "--quant-noise-scalar swaps the output layer for fairseq's "
+            "IntLinear, which has no natural bias: drop the option"
+        )
     check_smoothing(args.natbias_smoothing)
     if args.natbias_weight_init == "gain":
         check_gain(args.natbias_gain_init, args.natbias_gain_speed)
     if args.natbias_init == "file" and not args.natbias_counts:
-        raise NaturalBiasError("--natbias-init file needs --natbias-counts PATH (make one with "
-                               "`natbias-count --dict DATA/dict.TGT.txt --text CORPUS.tok`)")
+        raise NaturalBiasError(
+            "--natbias-init file needs --natbias-counts PATH (make one with "
+            "`natbias-count --dict DATA/dict.TGT.txt --text CORPUS.tok`)"
+        )
     if args.natbias_counts and args.natbias_init != "file":
-        raise NaturalBiasError(f"--natbias-counts is read with --natbias-init file only, not "
-                               f"--natbias-init {args.natbias_init}")
+        raise NaturalBiasError(
+            f"--natbias-counts is read with --natbias-init file only, not "
+            f"--natbias-init {args.natbias_init}"
+        )
     if args.natbias_order == 2 and args.natbias_init != "unigram":
-        raise NaturalBiasError(f"--natbias-order 2 with --natbias-init {args.natbias_init}: the "
-                               "bigram residual is relative to the unigram bias; use "
-                               "--natbias-init unigram, or --natbias-order 1")
+        raise NaturalBiasError(
+            f"--natbias-order 2 with --natbias-init {args.natbias_init}: the "
+            "bigram residual is relative to the unigram bias; use "
+            "--natbias-init unigram, or --natbias-order 1"
+        )
 
 
 def options_text(settings, names=STRUCTURAL) -> str:
@@ -111,9 +157,14 @@ def options_text(settings, names=STRUCTURAL) -> str:
     parts = []
     for name in names:
         value = getattr(settings, name, None)
-        if value is None or (name == "natbias_gain_speed"
-                             and getattr(settings, "natbias_weight_init", None) != "gain"):
+        if value is None or (
+            name == "natbias_gain_speed"
+            and getattr(settings, "natbias_weight_init", None) != "gain"
+        ):
             continue
-        parts.append(f"--{name.replace('_', '-')} {value:g}" if isinstance(value, float)
-                     else f"--{name.replace('_', '-')} {value}")
+        parts.append(
+            f"--{name.replace('_', '-')} {value:g}"
+            if isinstance(value, float)
+            else f"--{name.replace('_', '-')} {value}"
+        )
     return " ".join(parts)

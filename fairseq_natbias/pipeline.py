@@ -22,16 +22,20 @@ from natbias.tools.data import LANGS, SPLIT_FILES, raw_file, read_lines
 from natbias.tools.generate_output import parse_generate_output
 from natbias.tools.quality import quality
 
-MODEL = ("--encoder-layers 2 --decoder-layers 2 --encoder-embed-dim 128 "
-         "--decoder-embed-dim 128 --encoder-ffn-embed-dim 256 --decoder-ffn-embed-dim 256 "
-         "--encoder-attention-heads 4 --decoder-attention-heads 4 --share-all-embeddings").split()
-TRAINING = ("--cpu --seed 1 --optimizer adam --adam-betas (0.9,0.997) --lr 1e-3 "
-            "--lr-scheduler inverse_sqrt --warmup-updates 100 --dropout 0.1 "
-            "--criterion label_smoothed_cross_entropy --label-smoothing 0.1 "
-            "--max-tokens 3000 --log-format json --log-interval 25 --num-workers 0 "
-            "--no-epoch-checkpoints --save-interval-updates 50 "
-            "--keep-interval-updates 1 --validate-interval-updates 50 "
-            "--no-progress-bar").split()
+MODEL = (
+    "--encoder-layers 2 --decoder-layers 2 --encoder-embed-dim 128 "
+    "--decoder-embed-dim 128 --encoder-ffn-embed-dim 256 --decoder-ffn-embed-dim 256 "
+    "--encoder-attention-heads 4 --decoder-attention-heads 4 --share-all-embeddings"
+).split()
+TRAINING = (
+    "--cpu --seed 1 --optimizer adam --adam-betas (0.9,0.997) --lr 1e-3 "
+    "--lr-scheduler inverse_sqrt --warmup-updates 100 --dropout 0.1 "
+    "--criterion label_smoothed_cross_entropy --label-smoothing 0.1 "
+    "--max-tokens 3000 --log-format json --log-interval 25 --num-workers 0 "
+    "--no-epoch-checkpoints --save-interval-updates 50 "
+    "--keep-interval-updates 1 --validate-interval-updates 50 "
+    "--no-progress-bar"
+).split()
 LN2 = math.log(2.0)
 
 
@@ -69,8 +73,9 @@ def tool(name):
 def run(command, log_path=None, on_line=None):
     """Run a real CLI; stream its output into log_path and to on_line."""
     env = dict(os.environ, PYTHONWARNINGS="ignore")
-    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True, env=env) as process:
+    with subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+    ) as process:
         log = open(log_path, "a", encoding="utf-8", buffering=1) if log_path else None
         lines = []
         for line in process.stdout:
@@ -101,10 +106,27 @@ def prepare(raw, work, vocab_size, langs=LANGS):
         return data_bin
     text = encode_with_sentencepiece(raw, work, langs, vocab_size)
     say("fairseq-preprocess (joined dictionary)")
-    run([*tool("fairseq-preprocess"), "--source-lang", source, "--target-lang", target,
-         "--trainpref", f"{text}/train", "--validpref", f"{text}/valid",
-         "--testpref", f"{text}/test", "--destdir", str(data_bin),
-         "--joined-dictionary", "--workers", "2"], log_path=work / "preprocess.log")
+    run(
+        [
+            *tool("fairseq-preprocess"),
+            "--source-lang",
+            source,
+            "--target-lang",
+            target,
+            "--trainpref",
+            f"{text}/train",
+            "--validpref",
+            f"{text}/valid",
+            "--testpref",
+            f"{text}/test",
+            "--destdir",
+            str(data_bin),
+            "--joined-dictionary",
+            "--workers",
+            "2",
+        ],
+        log_path=work / "preprocess.log",
+    )
     return data_bin
 
 
@@ -116,10 +138,23 @@ def prepare_lm(raw, work, vocab_size, lang="en"):
         return data_bin
     text = encode_with_sentencepiece(raw, work, (lang,), vocab_size)
     say("fairseq-preprocess --only-source (language model)")
-    run([*tool("fairseq-preprocess"), "--only-source",
-         "--trainpref", f"{text}/train.{lang}", "--validpref", f"{text}/valid.{lang}",
-         "--testpref", f"{text}/test.{lang}", "--destdir", str(data_bin),
-         "--workers", "2"], log_path=work / "preprocess.log")
+    run(
+        [
+            *tool("fairseq-preprocess"),
+            "--only-source",
+            "--trainpref",
+            f"{text}/train.{lang}",
+            "--validpref",
+            f"{text}/valid.{lang}",
+            "--testpref",
+            f"{text}/test.{lang}",
+            "--destdir",
+            str(data_bin),
+            "--workers",
+            "2",
+        ],
+        log_path=work / "preprocess.log",
+    )
     return data_bin
 
 
@@ -132,13 +167,16 @@ def encode_with_sentencepiece(raw, work, langs, vocab_size):
         for lang in langs:
             _write_lines(text / f"{split}.raw.{lang}", read_lines(raw_file(raw, split, lang)))
     say(f"sentencepiece: {'joint ' if len(langs) > 1 else ''}unigram model, {vocab_size} pieces")
-    sentencepiece_text.train([text / f"train.raw.{lang}" for lang in langs], work / "spm",
-                             vocab_size)
+    sentencepiece_text.train(
+        [text / f"train.raw.{lang}" for lang in langs], work / "spm", vocab_size
+    )
     processor = sentencepiece_text.load(work / "spm.model")
     for split in SPLIT_FILES:
         for lang in langs:
             lines = (text / f"{split}.raw.{lang}").read_text(encoding="utf-8").splitlines()
-            _write_lines(text / f"{split}.{lang}", sentencepiece_text.encode_lines(processor, lines))
+            _write_lines(
+                text / f"{split}.{lang}", sentencepiece_text.encode_lines(processor, lines)
+            )
     return text
 
 
@@ -160,11 +198,26 @@ def prepare_test_set(raw, work, data_bin, langs, test_set):
         _write_lines(text / f"test.raw.{lang}", lines)
         _write_lines(text / f"test.{lang}", sentencepiece_text.encode_lines(processor, lines))
     say(f"fairseq-preprocess {test_set} with {data_bin}'s dictionaries")
-    run([*tool("fairseq-preprocess"), "--source-lang", source, "--target-lang", target,
-         "--testpref", f"{text}/test", "--destdir", str(destination),
-         "--srcdict", str(data_bin / f"dict.{source}.txt"),
-         "--tgtdict", str(data_bin / f"dict.{target}.txt"), "--workers", "2"],
-        log_path=work / f"preprocess-{test_set}.log")
+    run(
+        [
+            *tool("fairseq-preprocess"),
+            "--source-lang",
+            source,
+            "--target-lang",
+            target,
+            "--testpref",
+            f"{text}/test",
+            "--destdir",
+            str(destination),
+            "--srcdict",
+            str(data_bin / f"dict.{source}.txt"),
+            "--tgtdict",
+            str(data_bin / f"dict.{target}.txt"),
+            "--workers",
+            "2",
+        ],
+        log_path=work / f"preprocess-{test_set}.log",
+    )
     return destination
 
 
@@ -172,8 +225,16 @@ def train_command(data_bin, run_dir, options, max_update):
     """fairseq-train's arguments: ``options`` on ``data_bin`` for ``max_update``
     updates, saving into ``run_dir``."""
     # --user-dir for stock fairseq too: it lets torch >= 2.6 load fairseq checkpoints
-    return [str(data_bin), "--user-dir", "fairseq_natbias", *options,
-            "--max-update", str(max_update), "--save-dir", str(run_dir)]
+    return [
+        str(data_bin),
+        "--user-dir",
+        "fairseq_natbias",
+        *options,
+        "--max-update",
+        str(max_update),
+        "--save-dir",
+        str(run_dir),
+    ]
 
 
 def train(arguments, run_dir, on_line=None):
@@ -195,6 +256,7 @@ def record_step0(arguments, path):
 
 def on_validation(key, report):
     """An ``on_line`` for :func:`run`: ``report(record)`` for each validation line logging ``key``."""
+
     def on_line(line):
         record = fairseq_logs.parse_line(line.rstrip("\n"))
         if record and record.tag == fairseq_logs.VALID and key in record.values:
@@ -226,94 +288,60 @@ def evaluate(data_bin, work, run_dir, name, target=LANGS[1], test_set=None, cpu=
         data_bin, text = work / f"data-bin-{stem}", work / f"text-{stem}"
     else:
         text = work / "text"
-    say(f"generate [{name}]: beam 5 on {'the test set' if test_set is None else stem}, "
-        "then sacreBLEU")
-    output = run([*tool("fairseq-generate"), str(data_bin), "--user-dir", "fairseq_natbias",
-                  "--path", str(run_dir / "checkpoint_best.pt"), "--gen-subset", "test",
-                  "--beam", "5", "--lenpen", "1.0", "--max-len-a", "1.2", "--max-len-b", "10",
-                  "--required-batch-size-multiple", "1", *(["--cpu"] if cpu else []),
-                  "--batch-size", "128", "--remove-bpe", "sentencepiece", "--num-workers", "0"])
+    say(
+        f"generate [{name}]: beam 5 on {'the test set' if test_set is None else stem}, "
+        "then sacreBLEU"
+    )
+    output = run(
+        [
+            *tool("fairseq-generate"),
+            str(data_bin),
+            "--user-dir",
+            "fairseq_natbias",
+            "--path",
+            str(run_dir / "checkpoint_best.pt"),
+            "--gen-subset",
+            "test",
+            "--beam",
+            "5",
+            "--lenpen",
+            "1.0",
+            "--max-len-a",
+            "1.2",
+            "--max-len-b",
+            "10",
+            "--required-batch-size-multiple",
+            "1",
+            *(["--cpu"] if cpu else []),
+            "--batch-size",
+            "128",
+            "--remove-bpe",
+            "sentencepiece",
+            "--num-workers",
+            "0",
+        ]
+    )
     sentences = parse_generate_output(output.splitlines())
-    ordered = [(sentences[i].detokenized if i in sentences else None) or ""
-               for i in range(len(sentences))]
+    ordered = [
+        (sentences[i].detokenized if i in sentences else None) or "" for i in range(len(sentences))
+    ]
     (run_dir / f"{stem}.hyp").write_text("\n".join(ordered) + "\n", encoding="utf-8")
     references = (text / f"test.raw.{target}").read_text(encoding="utf-8").splitlines()
     scores = quality(ordered, references[: len(ordered)])
-    scores = {"bleu": round(scores["BLEU"], 2), "bleu_signature": scores["bleu_signature"],
-              "chrf": round(scores["chrF"], 2), "chrf_signature": scores["chrf_signature"]}
+    scores = {
+        "bleu": round(scores["BLEU"], 2),
+        "bleu_signature": scores["bleu_signature"],
+        "chrf": round(scores["chrF"], 2),
+        "chrf_signature": scores["chrf_signature"],
+    }
     scores_path.write_text(json.dumps(scores, indent=1))
     return scores
 
 
-def build_from_training_args(argv):
-    """Task and model exactly as ``fairseq-train ARGV`` would build them."""
-    from fairseq import options, tasks, utils
-    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
-
-    argv = this_plugin_as_user_dir(argv)
-    saved_argv, sys.argv = sys.argv, [sys.argv[0], *argv]  # fairseq reads --user-dir there too
-    try:
-        parser = options.get_training_parser()
-        args = options.parse_args_and_arch(parser, input_args=argv)
-    finally:
-        sys.argv = saved_argv
-    cfg = convert_namespace_to_omegaconf(args)
-    utils.import_user_module(cfg.common)
-    utils.set_torch_seed(cfg.common.seed)
-    task = tasks.setup_task(cfg.task)
-    model = task.build_model(cfg.model)
-    return cfg, task, model
-
-
-def this_plugin_as_user_dir(argv):
-    """``argv`` with its ``--user-dir`` passed through :func:`this_copy`."""
-    argv = list(argv)
-    for i, arg in enumerate(argv[:-1]):
-        if arg == "--user-dir":
-            argv[i + 1] = this_copy(argv[i + 1])
-    return argv
-
-
-def this_copy(user_dir):
-    """A ``--user-dir .../fairseq_natbias`` pointed at this very copy of the
-    package, already imported (fairseq refuses another copy as "not globally
-    unique"); any other plugin unchanged."""
-    from fairseq_natbias import plugin_dir
-
-    if os.path.basename(os.path.normpath(user_dir)) == "fairseq_natbias":
-        return plugin_dir()
-    return user_dir
-
-
-def validation_divergence(task, model, split="valid", max_tokens=4000):
-    """Token-weighted NLL, unigram cross-entropy and KL(model || unigram), in bits
-    (what natbias-step0 prints for a freshly built model)."""
-    import torch
-
-    task.load_dataset(split, combine=False, epoch=1)
-    iterator = task.get_batch_iterator(
-        task.dataset(split), max_tokens=max_tokens, ignore_invalid_inputs=True,
-    ).next_epoch_itr(shuffle=False)
-    log_unigram = getattr(model, "target_log_unigram", None)
-    pad = task.target_dictionary.pad()
-    totals = {"nll": 0.0, "unigram_ce": 0.0, "kl_unigram": 0.0}
-    tokens = 0
-    model.eval()
-    with torch.no_grad():
-        for sample in iterator:
-            log_p = model.get_normalized_probs(model(**sample["net_input"]), log_probs=True).float()
-            target = sample["target"]
-            mask = target.ne(pad)
-            totals["nll"] -= log_p.gather(-1, target.unsqueeze(-1)).squeeze(-1)[mask].sum().item()
-            tokens += int(mask.sum())
-            if log_unigram is not None:
-                totals["unigram_ce"] -= log_unigram[target[mask]].sum().item()
-                kl = (log_p.exp() * (log_p - log_unigram)).sum(-1)
-                totals["kl_unigram"] += kl[mask].sum().item()
-    if tokens == 0:
-        raise SystemExit(f"natbias-step0: the {split} split has no target tokens")
-    result = {key: value / tokens / LN2 for key, value in totals.items()}
-    result["tokens"] = tokens
-    if log_unigram is None:
-        del result["unigram_ce"], result["kl_unigram"]
-    return result
+# Built in this process; here too for the research scripts that import them from here.
+from fairseq_natbias.in_process import (  # noqa: E402,F401
+    build_from_training_args,
+    this_copy,
+    this_plugin_as_user_dir,
+    validation_divergence,
+)

@@ -17,7 +17,6 @@ Every ``:``-separated data shard and ``train``, ``train1``, ... count (or
 import logging
 import os
 from dataclasses import dataclass
-from typing import List
 
 import numpy as np
 import torch
@@ -28,9 +27,11 @@ from natbias.prior import DEFAULT_SMOOTHING, log_unigram
 
 logger = logging.getLogger(__name__)
 
-NO_SPLIT_FIX = ("--natbias-init unigram counts the tokens the model learns to predict: "
-                "binarise them with fairseq-preprocess --trainpref, or choose --natbias-init "
-                "file --natbias-counts PATH, zero, or none")
+NO_SPLIT_FIX = (
+    "--natbias-init unigram counts the tokens the model learns to predict: "
+    "binarise them with fairseq-preprocess --trainpref, or choose --natbias-init "
+    "file --natbias-counts PATH, zero, or none"
+)
 
 
 class MissingTrainingSplit(NaturalBiasError):
@@ -45,7 +46,7 @@ class Split:
     impl: str
 
 
-def find_splits(data: str, split: str, names) -> List[Split]:
+def find_splits(data: str, split: str, names) -> list[Split]:
     """Every binarised file fairseq trains on for ``split``: ``names(shard,
     split_k)`` yields candidate prefixes in one shard for ``split_k`` =
     ``train``, ``train1``, ... (fairseq concatenates them)."""
@@ -56,8 +57,11 @@ def find_splits(data: str, split: str, names) -> List[Split]:
         k = 0
         while True:
             split_k = split + (str(k) if k > 0 else "")
-            existing = [prefix for prefix in names(shard, split_k)
-                        if indexed_dataset.infer_dataset_impl(prefix) is not None]
+            existing = [
+                prefix
+                for prefix in names(shard, split_k)
+                if indexed_dataset.infer_dataset_impl(prefix) is not None
+            ]
             if not existing:
                 break
             found.append(Split(existing[0], indexed_dataset.infer_dataset_impl(existing[0])))
@@ -87,8 +91,11 @@ def _sum_counts(splits, vocab_size, pairs=None) -> np.ndarray:
     for split in splits:
         counts += count_split(split, vocab_size, pairs)
     counts = check_counts(counts, f"the training split(s) {[s.prefix for s in splits]}")
-    logger.info("target unigram: %d tokens counted in %s", int(counts.sum()),
-                ", ".join(s.prefix for s in splits))
+    logger.info(
+        "target unigram: %d tokens counted in %s",
+        int(counts.sum()),
+        ", ".join(s.prefix for s in splits),
+    )
     return counts
 
 
@@ -99,24 +106,34 @@ def count_translation_targets(data, split, source_lang, target_lang, vocab_size,
 
     splits = find_splits(data, split, names)
     if not splits:
-        first = os.path.join(data.split(":")[0], f"{split}.{source_lang}-{target_lang}.{target_lang}")
-        raise MissingTrainingSplit(f"no binarised target training split (looked for {first}.bin and "
-                               f"the {target_lang}-{source_lang} order in {data!r}). {NO_SPLIT_FIX}")
+        first = os.path.join(
+            data.split(":")[0], f"{split}.{source_lang}-{target_lang}.{target_lang}"
+        )
+        raise MissingTrainingSplit(
+            f"no binarised target training split (looked for {first}.bin and "
+            f"the {target_lang}-{source_lang} order in {data!r}). {NO_SPLIT_FIX}"
+        )
     return _sum_counts(splits, vocab_size, pairs)
 
 
 def count_lm_targets(data, split, dictionary, cfg, pairs=None):
     splits = find_splits(data, split, lambda shard, split_k: [os.path.join(shard, split_k)])
     if not splits:
-        raise MissingTrainingSplit(f"no binarised training split for the language model (looked "
-                                   f"for {os.path.join(data.split(':')[0], split)}.bin, as "
-                                   f"`fairseq-preprocess --only-source` writes it, in {data!r}). "
-                                   f"{NO_SPLIT_FIX}")
+        raise MissingTrainingSplit(
+            f"no binarised training split for the language model (looked "
+            f"for {os.path.join(data.split(':')[0], split)}.bin, as "
+            f"`fairseq-preprocess --only-source` writes it, in {data!r}). "
+            f"{NO_SPLIT_FIX}"
+        )
     output_size = getattr(cfg, "output_dictionary_size", -1)
-    output_size = output_size if output_size is not None and 0 <= output_size < len(dictionary) else None
+    output_size = (
+        output_size if output_size is not None and 0 <= output_size < len(dictionary) else None
+    )
     if pairs is not None and output_size is not None:
-        raise NaturalBiasError(f"--natbias-order 2 with --output-dictionary-size {output_size}: the "
-                               "bigram table pairs tokens of one dictionary; drop one of the two")
+        raise NaturalBiasError(
+            f"--natbias-order 2 with --output-dictionary-size {output_size}: the "
+            "bigram table pairs tokens of one dictionary; drop one of the two"
+        )
     counts = _sum_counts(splits, len(dictionary), pairs)
     if getattr(cfg, "add_bos_token", False):
         counts[dictionary.bos()] += sum(_blocks(s.prefix, cfg) for s in splits)
@@ -128,10 +145,8 @@ def count_lm_targets(data, split, dictionary, cfg, pairs=None):
 
 def _blocks(prefix, cfg) -> int:
     """How many blocks fairseq's language_modeling task cuts ``prefix`` into."""
-    from fairseq.data import data_utils
+    from fairseq.data import data_utils, indexed_dataset
     from fairseq.data.token_block_utils_fast import _get_slice_indices_fast
-
-    from fairseq.data import indexed_dataset
 
     if indexed_dataset.infer_dataset_impl(prefix) == "mmap":
         sizes = binarised_index(prefix)[1]
@@ -155,17 +170,20 @@ def count_training_targets(task, split: str = "train", pairs=None) -> np.ndarray
     counts the bigrams in the same pass."""
     cfg = task_config(task)
     if getattr(cfg, "source_lang", None) and getattr(cfg, "target_lang", None):
-        return count_translation_targets(cfg.data, split, cfg.source_lang, cfg.target_lang,
-                                         len(task.target_dictionary), pairs)
+        return count_translation_targets(
+            cfg.data, split, cfg.source_lang, cfg.target_lang, len(task.target_dictionary), pairs
+        )
     if hasattr(cfg, "tokens_per_sample") and hasattr(task, "output_dictionary"):
         return count_lm_targets(cfg.data, split, task.source_dictionary, cfg, pairs)
-    raise NaturalBiasError(f"cannot tell which tokens task {type(task).__name__} trains a model "
-                           "to predict: the natural bias counts the target side of --task "
-                           "translation or the text of --task language_modeling; give the bias "
-                           "from a counts file instead (--natbias-init file --natbias-counts PATH)")
+    raise NaturalBiasError(
+        f"cannot tell which tokens task {type(task).__name__} trains a model "
+        "to predict: the natural bias counts the target side of --task "
+        "translation or the text of --task language_modeling; give the bias "
+        "from a counts file instead (--natbias-init file --natbias-counts PATH)"
+    )
 
 
-def symbols(dictionary) -> List[str]:
+def symbols(dictionary) -> list[str]:
     """A fairseq dictionary's symbols in id order (what counts files are keyed by)."""
     return [dictionary[i] for i in range(len(dictionary))]
 
@@ -181,9 +199,10 @@ def criterion_prior(task, model, split: str, criterion: str) -> torch.Tensor:
         counts = count_training_targets(task, split)
     except MissingTrainingSplit as error:
         where = str(error).split(". ")[0]
-        raise NaturalBiasError(f"criterion {criterion} counts the training targets of a model "
-                               f"without the natural bias, but finds {where[0].lower()}{where[1:]}."
-                               " Binarise the training data with fairseq-preprocess --trainpref, "
-                               "or train with --criterion label_smoothed_cross_entropy") from None
+        raise NaturalBiasError(
+            f"criterion {criterion} counts the training targets of a model "
+            f"without the natural bias, but finds {where[0].lower()}{where[1:]}."
+            " Binarise the training data with fairseq-preprocess --trainpref, "
+            "or train with --criterion label_smoothed_cross_entropy"
+        ) from None
     return log_unigram(counts, DEFAULT_SMOOTHING)
-

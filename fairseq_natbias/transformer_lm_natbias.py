@@ -3,33 +3,20 @@ natural output bias of Meister et al. (2023), eq. (4):
 
     p_theta(y_t | y_<t) ∝ p_Wphi(y_t | y_<t) * p_b(y_t),    b = log p_unigram
 
-Trained with fairseq's ``language_modeling`` task on data binarised with
-``fairseq-preprocess --only-source``; the bias counts the task's next-token
-targets in ``train.bin`` (what is counted, with ``--add-bos-token`` and
-``--output-dictionary-size``: :mod:`fairseq_natbias.training_data`). The bias
-and its options are those of ``transformer_natbias``
-(:mod:`fairseq_natbias.natural_bias`).
-
-fairseq registers ``transformer_lm`` with a dataclass config; this model is
-registered the older argparse way, like ``transformer_natbias``, so that both
-share one options group and one way of recording which options were left at
-their defaults. Its architecture functions are fairseq's own presets, then the
-dataclass's defaults for whatever a preset leaves unset.
-
-Refused: ``--adaptive-softmax-cutoff`` and ``--adaptive-input`` (the bias is
-one vector over the whole vocabulary, which those split into clusters), and
-``--character-embeddings``.
+Trained with ``--task language_modeling`` on ``fairseq-preprocess
+--only-source`` data; the bias counts the task's next-token targets
+(:mod:`fairseq_natbias.training_data`). Registered the argparse way, like
+``transformer_natbias``, so that both share one options group; its
+architectures are fairseq's presets, then the dataclass's defaults.
+``--adaptive-input`` and ``--character-embeddings`` are refused: the bias is
+one vector over the whole vocabulary.
 """
 
 import dataclasses
 
 from fairseq.dataclass.utils import gen_parser_from_dataclass
-from fairseq.models import register_model, register_model_architecture
-from fairseq.models import transformer_lm
-from fairseq.models.transformer_lm import (
-    TransformerLanguageModel,
-    TransformerLanguageModelConfig,
-)
+from fairseq.models import register_model, register_model_architecture, transformer_lm
+from fairseq.models.transformer_lm import TransformerLanguageModel, TransformerLanguageModelConfig
 
 from fairseq_natbias import natural_bias, options
 
@@ -44,8 +31,10 @@ class TransformerLanguageModelNatbias(natural_bias.NaturalBiasModel, Transformer
 
     @classmethod
     def build_model(cls, args, task):
-        for option, what in (("adaptive_input", "--adaptive-input"),
-                             ("character_embeddings", "--character-embeddings")):
+        for option, what in (
+            ("adaptive_input", "--adaptive-input"),
+            ("character_embeddings", "--character-embeddings"),
+        ):
             if getattr(args, option, False):
                 raise SystemExit(
                     f"fairseq_natbias: error: transformer_lm_natbias does not support "

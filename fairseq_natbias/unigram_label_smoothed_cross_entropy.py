@@ -23,10 +23,9 @@ from fairseq.criterions.label_smoothed_cross_entropy import (
 )
 from omegaconf import II
 
+from fairseq_natbias.training_data import criterion_prior
 from natbias.errors import NaturalBiasError
 from natbias.label_smoothing import check_epsilon, unigram_smoothed_loss
-
-from fairseq_natbias.training_data import criterion_prior
 
 NAME = "unigram_label_smoothed_cross_entropy"
 
@@ -34,21 +33,37 @@ NAME = "unigram_label_smoothed_cross_entropy"
 @dataclass
 class UnigramLabelSmoothedCrossEntropyConfig(LabelSmoothedCrossEntropyCriterionConfig):
     label_smoothing: float = field(
-        default=0.1, metadata={"help": "epsilon: the mass moved from the reference token to "
-                               "the target unigram (the paper's 0.1)"})
+        default=0.1,
+        metadata={
+            "help": "epsilon: the mass moved from the reference token to "
+            "the target unigram (the paper's 0.1)"
+        },
+    )
     train_subset: str = II("dataset.train_subset")
 
 
 @register_criterion(NAME, dataclass=UnigramLabelSmoothedCrossEntropyConfig)
 class UnigramLabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCriterion):
-    def __init__(self, task, sentence_avg, label_smoothing, train_subset="train",
-                 ignore_prefix_size=0, report_accuracy=False):
+    def __init__(
+        self,
+        task,
+        sentence_avg,
+        label_smoothing,
+        train_subset="train",
+        ignore_prefix_size=0,
+        report_accuracy=False,
+    ):
         try:
             check_epsilon(label_smoothing)
         except NaturalBiasError as error:
             raise ValueError(f"criterion {NAME}: {error}") from None
-        super().__init__(task, sentence_avg, label_smoothing,
-                         ignore_prefix_size=ignore_prefix_size, report_accuracy=report_accuracy)
+        super().__init__(
+            task,
+            sentence_avg,
+            label_smoothing,
+            ignore_prefix_size=ignore_prefix_size,
+            report_accuracy=report_accuracy,
+        )
         self.train_subset = train_subset
         self._prior = {}  # (device, dtype) -> omega there
 

@@ -47,9 +47,8 @@ from fairseq.criterions.label_smoothed_cross_entropy import (
 from fairseq.logging import metrics
 from omegaconf import II
 
-from natbias.errors import NaturalBiasError
-
 from fairseq_natbias.training_data import criterion_prior
+from natbias.errors import NaturalBiasError
 
 logger = logging.getLogger(__name__)
 
@@ -63,24 +62,29 @@ REG_SUM, CLAMPED, REG_TOKENS = "unigram_reg", "unigram_clamped", "unigram_reg_to
 @dataclass
 class UnigramRegularizedCrossEntropyConfig(LabelSmoothedCrossEntropyCriterionConfig):
     label_smoothing: float = field(
-        default=0.1,
-        metadata={"help": "epsilon for label smoothing (the paper's 0.1)"},
+        default=0.1, metadata={"help": "epsilon for label smoothing (the paper's 0.1)"}
     )
     unigram_reg_weight: Optional[float] = field(
         default=None,
-        metadata={"help": "lambda >= 0 of App. A.4: weight of -KL(unigram || "
-                  "p_theta) (required; the paper gives no value)"},
+        metadata={
+            "help": "lambda >= 0 of App. A.4: weight of -KL(unigram || "
+            "p_theta) (required; the paper gives no value)"
+        },
     )
     unigram_reg_updates: Optional[int] = field(
         default=None,
-        metadata={"help": "use the regulariser for the first N updates, then the "
-                  "standard objective (required; 0 switches it off)"},
+        metadata={
+            "help": "use the regulariser for the first N updates, then the "
+            "standard objective (required; 0 switches it off)"
+        },
     )
     unigram_reg_clamp: float = field(
         default=2.0,
-        metadata={"help": "bound on each token's unigram cross-entropy, in "
-                  "multiples of ln|V| (inf: no bound; the objective is then "
-                  "unbounded below)"},
+        metadata={
+            "help": "bound on each token's unigram cross-entropy, in "
+            "multiples of ln|V| (inf: no bound; the objective is then "
+            "unbounded below)"
+        },
     )
     train_subset: str = II("dataset.train_subset")
 
@@ -90,16 +94,27 @@ class UnigramRegularizedCrossEntropyCriterion(LabelSmoothedCrossEntropyCriterion
     _clamp_warned = False  # one warning per process, from reduce_metrics
 
     def __init__(
-        self, task, sentence_avg, label_smoothing, unigram_reg_weight,
-        unigram_reg_updates, unigram_reg_clamp=2.0,
-        train_subset="train", ignore_prefix_size=0, report_accuracy=False,
+        self,
+        task,
+        sentence_avg,
+        label_smoothing,
+        unigram_reg_weight,
+        unigram_reg_updates,
+        unigram_reg_clamp=2.0,
+        train_subset="train",
+        ignore_prefix_size=0,
+        report_accuracy=False,
     ):
         super().__init__(
-            task, sentence_avg, label_smoothing,
-            ignore_prefix_size=ignore_prefix_size, report_accuracy=report_accuracy,
+            task,
+            sentence_avg,
+            label_smoothing,
+            ignore_prefix_size=ignore_prefix_size,
+            report_accuracy=report_accuracy,
         )
         self.weight, self.reg_updates = _check_options(
-            unigram_reg_weight, unigram_reg_updates, unigram_reg_clamp)
+            unigram_reg_weight, unigram_reg_updates, unigram_reg_clamp
+        )
         self.clamp = float(unigram_reg_clamp)
         self.train_subset = train_subset
         self.num_updates = 0
@@ -135,7 +150,7 @@ class UnigramRegularizedCrossEntropyCriterion(LabelSmoothedCrossEntropyCriterion
         ``lambda * sum_v omega(v) log p_theta(v|y_<t)`` for each target token."""
         lprobs, target = self.get_lprobs_and_target(model, net_output, sample)
         loss, nll_loss = label_smoothed_nll_loss(
-            lprobs, target, self.eps, ignore_index=self.padding_idx, reduce=reduce,
+            lprobs, target, self.eps, ignore_index=self.padding_idx, reduce=reduce
         )
         if self.regularizing(model):
             reg, clamped = self.unigram_term(lprobs, target, model)
@@ -164,8 +179,10 @@ class UnigramRegularizedCrossEntropyCriterion(LabelSmoothedCrossEntropyCriterion
             try:
                 log_prior = criterion_prior(self.task, model, self.train_subset, NAME)
             except NaturalBiasError as error:
-                raise SystemExit(f"fairseq_natbias: error: {error} (or switch the regulariser "
-                                 "off with --unigram-reg-updates 0)") from None
+                raise SystemExit(
+                    f"fairseq_natbias: error: {error} (or switch the regulariser "
+                    "off with --unigram-reg-updates 0)"
+                ) from None
             self._omega = log_prior.exp()
 
     def omega(self, like: torch.Tensor, model=None) -> torch.Tensor:
@@ -197,19 +214,24 @@ class UnigramRegularizedCrossEntropyCriterion(LabelSmoothedCrossEntropyCriterion
                 "gradient from the term is 0). Without the bound -lambda KL(unigram "
                 "|| p_theta) is unbounded below and training would run away; "
                 "consider a smaller --unigram-reg-weight or --unigram-reg-updates.",
-                clamped, tokens,
+                clamped,
+                tokens,
             )
 
 
 def _check_options(weight, updates, clamp):
-    fix = (f"criterion {NAME} needs --unigram-reg-weight LAMBDA (>= 0) and "
-           "--unigram-reg-updates N (>= 0), e.g. --unigram-reg-weight 0.1 "
-           "--unigram-reg-updates 4000")
+    fix = (
+        f"criterion {NAME} needs --unigram-reg-weight LAMBDA (>= 0) and "
+        "--unigram-reg-updates N (>= 0), e.g. --unigram-reg-weight 0.1 "
+        "--unigram-reg-updates 4000"
+    )
     if weight is None or updates is None:
         missing = "--unigram-reg-weight" if weight is None else "--unigram-reg-updates"
         raise ValueError(f"{missing} is not set: the paper (App. A.4) gives no value. {fix}")
     if not (isinstance(weight, (int, float)) and math.isfinite(weight) and weight >= 0):
-        raise ValueError(f"--unigram-reg-weight must be a finite number >= 0, got {weight!r}. {fix}")
+        raise ValueError(
+            f"--unigram-reg-weight must be a finite number >= 0, got {weight!r}. {fix}"
+        )
     if isinstance(updates, bool) or int(updates) != updates or updates < 0:
         raise ValueError(f"--unigram-reg-updates must be an integer >= 0, got {updates!r}. {fix}")
     if not (isinstance(clamp, (int, float)) and clamp > 0):

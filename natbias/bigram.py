@@ -126,8 +126,12 @@ def witten_bell_residual(pairs: BigramCounts, log_unigram: torch.Tensor):
     arrays ``(indptr, indices, values)``; computed in float64. ``log_unigram``
     is log p, the smoothed unigram of the bias."""
     if len(log_unigram) != pairs.vocab_size:
-        raise ValueError(f"the unigram has {len(log_unigram)} entries, the bigram "
-                         f"counts {pairs.vocab_size}")
+        raise ValueError(
+            f"the unigram has {len(log_unigram)} entries, the bigram counts {pairs.vocab_size}"
+        )
     values = witten_bell_values(pairs, log_unigram.detach().double().cpu().numpy())
-    return (torch.from_numpy(pairs.indptr.copy()), torch.from_numpy(pairs.indices.copy()),
-            torch.from_numpy(values.astype(np.float32)))
+    return (
+        torch.from_numpy(pairs.indptr.copy()),
+        torch.from_numpy(pairs.indices.copy()),
+        torch.from_numpy(values.astype(np.float32)),
+    )

@@ -18,7 +18,8 @@ vocabularies may carry dummy counts.
 import os
 import re
 import struct
-from typing import Callable, Iterable, Iterator, Optional, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Optional
 
 import numpy as np
 
@@ -32,12 +33,21 @@ IGNORE_INDEX = -100  # PyTorch's and transformers' label for "no target here"
 # fairseq's mmap index (``MMapIndexedDataset.Index``): magic, uint64 version,
 # uint8 dtype code, uint64 sentence count, then int32 sentence lengths.
 MMAP_MAGIC = b"MMIDIDX\x00\x00"
-MMAP_DTYPES = {1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64,
-               8: np.uint16, 9: np.uint32, 10: np.uint64}
+MMAP_DTYPES = {
+    1: np.uint8,
+    2: np.int8,
+    3: np.int16,
+    4: np.int32,
+    5: np.int64,
+    8: np.uint16,
+    9: np.uint32,
+    10: np.uint64,
+}
 
 
-def count_ids(sequences: Iterable, vocab_size: int,
-              ignore: Sequence[int] = (IGNORE_INDEX,)) -> np.ndarray:
+def count_ids(
+    sequences: Iterable, vocab_size: int, ignore: Sequence[int] = (IGNORE_INDEX,)
+) -> np.ndarray:
     """Counts (int64, one per id) of the ids in ``sequences``: an iterable of
     id sequences (lists, numpy arrays, torch tensors) or one array. Ids in
     ``ignore`` are skipped; any other id outside ``[0, vocab_size)`` is refused."""
@@ -70,7 +80,8 @@ def _bincount(ids: np.ndarray, vocab_size: int, where: str) -> np.ndarray:
         bad = int(ids.min()) if ids.min() < 0 else int(ids.max())
         raise NaturalBiasError(
             f"{where} hold token id {bad}, outside the vocabulary of {vocab_size} entries: "
-            "count with the vocabulary the model is trained with")
+            "count with the vocabulary the model is trained with"
+        )
     return np.bincount(ids, minlength=vocab_size)
 
 
@@ -85,11 +96,14 @@ def binarised_index(prefix: str):
         with open(path, "rb") as stream:
             header = stream.read(len(MMAP_MAGIC) + 17)
     except OSError as error:
-        raise NaturalBiasError(f"{path}: {error.strerror}; binarise the data with "
-                               "fairseq-preprocess") from None
+        raise NaturalBiasError(
+            f"{path}: {error.strerror}; binarise the data with fairseq-preprocess"
+        ) from None
     if not header.startswith(MMAP_MAGIC):
-        raise NaturalBiasError(f"{path} is not a fairseq mmap index: binarise with "
-                               "fairseq-preprocess --dataset-impl mmap (its default)")
+        raise NaturalBiasError(
+            f"{path} is not a fairseq mmap index: binarise with "
+            "fairseq-preprocess --dataset-impl mmap (its default)"
+        )
     version, code, sentences = struct.unpack_from("<QBQ", header, len(MMAP_MAGIC))
     if version != 1 or code not in MMAP_DTYPES:
         raise NaturalBiasError(f"{path}: unknown index version {version} or dtype code {code}")
@@ -105,13 +119,14 @@ def binarised_tokens(prefix: str) -> Iterator[np.ndarray]:
     total = int(lengths.sum(dtype=np.int64)) if len(lengths) else 0
     path = prefix + ".bin"
     if not os.path.isfile(path) or os.path.getsize(path) < total * np.dtype(dtype).itemsize:
-        raise NaturalBiasError(f"{path} is missing or shorter than {prefix}.idx says: "
-                               "re-run fairseq-preprocess")
+        raise NaturalBiasError(
+            f"{path} is missing or shorter than {prefix}.idx says: re-run fairseq-preprocess"
+        )
     if total == 0:
         return
     tokens = np.memmap(path, dtype=dtype, mode="r", shape=(total,))
     for start in range(0, total, CHUNK_TOKENS):
-        yield np.asarray(tokens[start:start + CHUNK_TOKENS])
+        yield np.asarray(tokens[start : start + CHUNK_TOKENS])
 
 
 def count_binarised(prefix: str, vocab_size: int, pairs=None) -> np.ndarray:
@@ -131,8 +146,9 @@ def count_binarised(prefix: str, vocab_size: int, pairs=None) -> np.ndarray:
 # --- text and counts files ----------------------------------------------------
 
 
-def count_text(lines: Iterable[str], index_of: Callable[[str], int], eos: int,
-               vocab_size: int, pairs=None) -> np.ndarray:
+def count_text(
+    lines: Iterable[str], index_of: Callable[[str], int], eos: int, vocab_size: int, pairs=None
+) -> np.ndarray:
     """Counts of space-separated tokenised text, one sentence a line, each
     ending in ``eos`` (as fairseq binarises it); ``index_of`` maps a piece to
     its id (the unknown id for pieces outside the vocabulary)."""
@@ -164,19 +180,24 @@ def read_counts_file(path: str, symbols: Sequence[str]) -> np.ndarray:
     """Counts aligned to ``symbols`` (the vocabulary, in id order); a file
     made for another vocabulary is refused."""
     if not os.path.isfile(path):
-        raise NaturalBiasError(f"{path}: no such file; make a counts file with "
-                               "`natbias-count --dict DICT --text TOKENISED.txt --output PATH`")
+        raise NaturalBiasError(
+            f"{path}: no such file; make a counts file with "
+            "`natbias-count --dict DICT --text TOKENISED.txt --output PATH`"
+        )
     by_symbol = {}
     # errors="replace": a binary file fails the header check, by name.
     with open(path, encoding="utf-8", errors="replace") as lines:
         if lines.readline().rstrip("\n") != COUNTS_FILE_HEADER:
-            raise NaturalBiasError(f"{path} does not start with {COUNTS_FILE_HEADER!r}: it is "
-                                   "not a counts file written by natbias-count")
+            raise NaturalBiasError(
+                f"{path} does not start with {COUNTS_FILE_HEADER!r}: it is "
+                "not a counts file written by natbias-count"
+            )
         for number, line in enumerate(lines, start=2):
             symbol, tab, count = line.rstrip("\n").rpartition("\t")
             if not tab or not re.fullmatch(r"\d+", count):
-                raise NaturalBiasError(f"{path}:{number}: expected 'symbol<TAB>count', "
-                                       f"got {line!r}")
+                raise NaturalBiasError(
+                    f"{path}:{number}: expected 'symbol<TAB>count', got {line!r}"
+                )
             by_symbol[symbol] = int(count)
     missing = [s for s in symbols if s not in by_symbol]
     extra = sorted(set(by_symbol) - set(symbols))
@@ -184,7 +205,8 @@ def read_counts_file(path: str, symbols: Sequence[str]) -> np.ndarray:
         raise NaturalBiasError(
             f"{path} does not match the vocabulary of {len(symbols)} entries: "
             f"{len(missing)} symbols missing (e.g. {missing[:3]}), {len(extra)} unknown "
-            f"(e.g. {extra[:3]}); make the counts file with the model's own vocabulary")
+            f"(e.g. {extra[:3]}); make the counts file with the model's own vocabulary"
+        )
     counts = np.array([by_symbol[s] for s in symbols], dtype=np.int64)
     if counts.sum() == 0:
         raise NaturalBiasError(f"{path} holds only zero counts")
@@ -195,6 +217,7 @@ def check_counts(counts: Optional[np.ndarray], where: str) -> np.ndarray:
     """``counts`` as int64, refusing an empty corpus (nothing to estimate from)."""
     counts = np.asarray(counts, dtype=np.int64)
     if counts.sum() == 0:
-        raise NaturalBiasError(f"{where} holds no tokens: there is nothing to estimate "
-                               "a unigram from")
+        raise NaturalBiasError(
+            f"{where} holds no tokens: there is nothing to estimate a unigram from"
+        )
     return counts

@@ -20,8 +20,6 @@ this objective wants the context-free part of the model for the whole run.
 Under uniform smoothing that optimum is (1 - eps) omega + eps / |V| instead.
 """
 
-from typing import Tuple
-
 import torch
 
 from natbias.errors import NaturalBiasError
@@ -29,13 +27,20 @@ from natbias.errors import NaturalBiasError
 
 def check_epsilon(epsilon: float, option: str = "--label-smoothing") -> float:
     if isinstance(epsilon, bool) or not (isinstance(epsilon, (int, float)) and 0 <= epsilon < 1):
-        raise NaturalBiasError(f"{option} must be in [0, 1), got {epsilon!r} (the paper's is "
-                               "0.1; 0 is plain cross-entropy)")
+        raise NaturalBiasError(
+            f"{option} must be in [0, 1), got {epsilon!r} (the paper's is "
+            "0.1; 0 is plain cross-entropy)"
+        )
     return float(epsilon)
 
 
-def unigram_smoothed_loss(log_probs: torch.Tensor, target: torch.Tensor, prior: torch.Tensor,
-                          epsilon: float, ignore_index: int) -> Tuple[torch.Tensor, torch.Tensor]:
+def unigram_smoothed_loss(
+    log_probs: torch.Tensor,
+    target: torch.Tensor,
+    prior: torch.Tensor,
+    epsilon: float,
+    ignore_index: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Per target position ``(1 - eps) (-log p(y)) + eps CE(omega, p)`` and the
     NLL ``-log p(y)``, both 0 where ``target`` is ``ignore_index``.
 

@@ -7,7 +7,7 @@ also for tokens that never occur as targets (padding, begin-of-sentence)::
 """
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -20,11 +20,13 @@ DEFAULT_SMOOTHING = 1.0
 def check_smoothing(alpha: float, option: str = "--natbias-smoothing") -> float:
     """``alpha`` as a float, or the error naming ``option``."""
     if isinstance(alpha, bool) or not (
-            isinstance(alpha, (int, float)) and math.isfinite(alpha) and alpha > 0):
+        isinstance(alpha, (int, float)) and math.isfinite(alpha) and alpha > 0
+    ):
         raise NaturalBiasError(
             f"{option} must be a finite number > 0, got {alpha!r}: tokens never seen as "
             f"targets would get log 0 = -inf (the default {DEFAULT_SMOOTHING:g} is add-one "
-            "smoothing)")
+            "smoothing)"
+        )
     return float(alpha)
 
 

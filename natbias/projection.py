@@ -53,10 +53,16 @@ class KeepsFloat32(nn.Module):
         raise NotImplementedError
 
     def _apply(self, fn, *args, **kwargs):
-        kept = {name: self._parameters.pop(name) for name in self.float32_parameters
-                if self._parameters.get(name) is not None}
-        buffers = {name: self._buffers.pop(name) for name in self.float32_buffers
-                   if self._buffers.get(name) is not None}
+        kept = {
+            name: self._parameters.pop(name)
+            for name in self.float32_parameters
+            if self._parameters.get(name) is not None
+        }
+        buffers = {
+            name: self._buffers.pop(name)
+            for name in self.float32_buffers
+            if self._buffers.get(name) is not None
+        }
         try:
             module = super()._apply(fn, *args, **kwargs)
         finally:
@@ -105,8 +111,13 @@ class NaturalBiasProjection(KeepsFloat32, nn.Linear):
 
     float32_parameters = ("bias", "gain_param")
 
-    def __init__(self, weight: nn.Parameter, bias: Optional[torch.Tensor] = None,
-                 gain_init: Optional[float] = None, gain_speed: Optional[float] = None):
+    def __init__(
+        self,
+        weight: nn.Parameter,
+        bias: Optional[torch.Tensor] = None,
+        gain_init: Optional[float] = None,
+        gain_speed: Optional[float] = None,
+    ):
         nn.Module.__init__(self)  # not nn.Linear's: it would draw a new W
         self.out_features, self.in_features = weight.shape
         self.weight = weight
@@ -118,8 +129,9 @@ class NaturalBiasProjection(KeepsFloat32, nn.Linear):
         if self.gain_speed is not None:
             gain_init = DEFAULT_GAIN_INIT if gain_init is None else gain_init
             check_gain(gain_init, self.gain_speed)
-            self.gain_param = nn.Parameter(torch.tensor(
-                gain_init / self.gain_speed, dtype=torch.float32, device=weight.device))
+            self.gain_param = nn.Parameter(
+                torch.tensor(gain_init / self.gain_speed, dtype=torch.float32, device=weight.device)
+            )
 
     def gain(self) -> Optional[torch.Tensor]:
         """g = min(|C u|, 1); None without a gain. Where C u would cross zero,
@@ -146,19 +158,24 @@ class NaturalBiasProjection(KeepsFloat32, nn.Linear):
 
 def check_bias(values: torch.Tensor, vocab_size: int) -> None:
     if tuple(values.shape) != (vocab_size,):
-        raise NaturalBiasError(f"the bias has {tuple(values.shape)} entries, the output layer "
-                               f"{vocab_size}: count with the model's own vocabulary")
+        raise NaturalBiasError(
+            f"the bias has {tuple(values.shape)} entries, the output layer "
+            f"{vocab_size}: count with the model's own vocabulary"
+        )
 
 
 def check_gain(gain_init: float, speed: float) -> None:
     for name, value in (("gain init", gain_init), ("gain speed", speed)):
         if isinstance(value, bool) or not (
-                isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+            isinstance(value, (int, float)) and math.isfinite(value) and value > 0
+        ):
             raise NaturalBiasError(f"the {name} must be a finite number > 0, got {value!r}")
     if gain_init >= GAIN_CAP:
-        raise NaturalBiasError(f"the gain init {gain_init:g} is not below the gain's cap of "
-                               f"{GAIN_CAP:g}: start it below (default {DEFAULT_GAIN_INIT:g}), "
-                               "or train without the gain for g = 1")
+        raise NaturalBiasError(
+            f"the gain init {gain_init:g} is not below the gain's cap of "
+            f"{GAIN_CAP:g}: start it below (default {DEFAULT_GAIN_INIT:g}), "
+            "or train without the gain for g = 1"
+        )
 
 
 def paper_weight_init_(weight: torch.Tensor, reference_norm: float) -> None:
@@ -166,8 +183,10 @@ def paper_weight_init_(weight: torch.Tensor, reference_norm: float) -> None:
     (variance 1/sqrt(d)), then rescaled so that ||W||_F is ``reference_norm``,
     the l2 norm of the log prior. Tied embeddings are rescaled with it."""
     if not reference_norm > 0:
-        raise NaturalBiasError("the paper's weight init rescales W to the norm of the log "
-                               "prior, which is 0 or unknown here")
+        raise NaturalBiasError(
+            "the paper's weight init rescales W to the norm of the log "
+            "prior, which is 0 or unknown here"
+        )
     with torch.no_grad():
         weight.normal_(mean=0.0, std=weight.shape[1] ** -0.25)
         weight.mul_(reference_norm / weight.norm())

@@ -10,7 +10,7 @@ statistics of the paper's App. A.6 (Figs. 13, 14) and Fig. 1, in bits.
 """
 
 import math
-from typing import Dict, Optional, Tuple
+from typing import Optional
 
 import torch
 
@@ -20,8 +20,12 @@ LN2 = math.log(2.0)
 CHUNK_ELEMENTS = 1 << 23
 
 
-def bias_statistics(bias: Optional[torch.Tensor], log_prior: torch.Tensor, weight: torch.Tensor,
-                    gain: Optional[torch.Tensor] = None) -> Dict[str, float]:
+def bias_statistics(
+    bias: Optional[torch.Tensor],
+    log_prior: torch.Tensor,
+    weight: torch.Tensor,
+    gain: Optional[torch.Tensor] = None,
+) -> dict[str, float]:
     """``bias_kl``, ``bias_norm`` (with a bias), ``weight_norm`` and ``gain``
     (with a gain) of an output layer, as floats."""
     weight_norm = weight.detach().float().norm()
@@ -39,9 +43,12 @@ def bias_statistics(bias: Optional[torch.Tensor], log_prior: torch.Tensor, weigh
     return stats
 
 
-def divergence_sums(log_probs: torch.Tensor, mask: torch.Tensor, log_prior: torch.Tensor,
-                    chunk_elements: int = CHUNK_ELEMENTS
-                    ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def divergence_sums(
+    log_probs: torch.Tensor,
+    mask: torch.Tensor,
+    log_prior: torch.Tensor,
+    chunk_elements: int = CHUNK_ELEMENTS,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Sums over the positions where ``mask`` is true of KL(p || unigram) and
     KL(p || uniform), in nats, and the number of those positions: float32
     tensors on ``log_probs``' device (no host synchronisation), computed a
@@ -56,10 +63,10 @@ def divergence_sums(log_probs: torch.Tensor, mask: torch.Tensor, log_prior: torc
     rows = max(1, chunk_elements // vocab)
     kl_unigram = kl_uniform = log_p.new_zeros((), dtype=torch.float32)
     for start in range(0, log_p.size(0), rows):
-        chunk = log_p[start:start + rows].float()
+        chunk = log_p[start : start + rows].float()
         p = chunk.exp()
         neg_entropy = (p * chunk).sum(-1)
-        w = weights[start:start + rows].to(torch.float32)
+        w = weights[start : start + rows].to(torch.float32)
         kl_unigram = kl_unigram + ((neg_entropy - torch.matmul(p, log_u)) * w).sum()
         kl_uniform = kl_uniform + ((neg_entropy + math.log(vocab)) * w).sum()
     return kl_unigram, kl_uniform, weights.sum().to(torch.float32)

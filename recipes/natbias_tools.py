@@ -50,9 +50,12 @@ def cmd_stage(args):
     src_in = _existing(args.input, args.langs[0])
     tgt_in = _existing(args.input, args.langs[1])
     kept = read = 0
-    with open_text(src_in) as fs, open_text(tgt_in) as ft, \
-            open(f"{args.output}.{args.langs[0]}", "w", encoding="utf-8") as os_, \
-            open(f"{args.output}.{args.langs[1]}", "w", encoding="utf-8") as ot:
+    with (
+        open_text(src_in) as fs,
+        open_text(tgt_in) as ft,
+        open(f"{args.output}.{args.langs[0]}", "w", encoding="utf-8") as os_,
+        open(f"{args.output}.{args.langs[1]}", "w", encoding="utf-8") as ot,
+    ):
         for src, tgt in zip(fs, ft):
             read += 1
             src, tgt = " ".join(src.split()), " ".join(tgt.split())
@@ -74,9 +77,15 @@ def cmd_spm_train(args):
     SentencePiece's own <s> and </s> (as they always have)."""
     from natbias.tools import sentencepiece_text
 
-    sentencepiece_text.train(args.input, args.prefix, args.vocab_size,
-                             keep_sentencepiece_specials=True, threads=args.threads,
-                             max_sentences=args.max_sentences, log_level=1)
+    sentencepiece_text.train(
+        args.input,
+        args.prefix,
+        args.vocab_size,
+        keep_sentencepiece_specials=True,
+        threads=args.threads,
+        max_sentences=args.max_sentences,
+        log_level=1,
+    )
 
 
 def cmd_spm_encode(args):
@@ -96,8 +105,10 @@ def _hypotheses(generate_output, expect):
         sentences = parse_generate_output(lines)
     hyps = {i: s.hypothesis for i, s in sentences.items() if s.hypothesis is not None}
     if sorted(hyps) != list(range(expect)):
-        sys.exit(f"natbias_tools.py score: {len(hyps)} hypotheses in {generate_output}, "
-                 f"expected ids 0..{expect - 1}")
+        sys.exit(
+            f"natbias_tools.py score: {len(hyps)} hypotheses in {generate_output}, "
+            f"expected ids 0..{expect - 1}"
+        )
     return [hyps[i] for i in range(expect)]
 
 
@@ -110,14 +121,30 @@ def cmd_score(args):
     with open(hyp, "w", encoding="utf-8") as f:
         f.writelines(h + "\n" for h in _hypotheses(args.generate_output, expect))
     out = subprocess.run(
-        [sys.executable, "-m", "sacrebleu", args.reference, "-i", hyp,
-         "-m", "bleu", "chrf", "-w", "2", "-f", "json"],
-        check=True, capture_output=True, text=True,
+        [
+            sys.executable,
+            "-m",
+            "sacrebleu",
+            args.reference,
+            "-i",
+            hyp,
+            "-m",
+            "bleu",
+            "chrf",
+            "-w",
+            "2",
+            "-f",
+            "json",
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
     ).stdout
     scores = dict(zip(("bleu", "chrf"), json.loads(out)))
     for metric, result in scores.items():
         Path(f"{args.prefix}.{metric}.json").write_text(
-            json.dumps(result, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+            json.dumps(result, indent=1, ensure_ascii=False) + "\n", encoding="utf-8"
+        )
     print(f"BLEU {scores['bleu']['score']}, chrF {scores['chrf']['score']}")
 
 
@@ -140,8 +167,10 @@ def cmd_table(args):
 
     runs = Path(args.runs)
     order = {name: i for i, name in enumerate(args.order)}
-    inits = sorted((d for d in runs.iterdir() if d.is_dir()),
-                   key=lambda d: (order.get(d.name, len(order)), d.name))
+    inits = sorted(
+        (d for d in runs.iterdir() if d.is_dir()),
+        key=lambda d: (order.get(d.name, len(order)), d.name),
+    )
     columns = [(s, m) for s in args.sets for m in ("bleu", "chrf")]
     signatures, rows, present = {}, [], set()
     for init in inits:
@@ -158,13 +187,19 @@ def cmd_table(args):
         rows.append((init.name, done, scores))
     columns = [c for c in columns if c[0] in present] or columns[:2]
     header = ["init", "seeds"] + [f"{s} {'BLEU' if m == 'bleu' else 'chrF'}" for s, m in columns]
-    lines = [f"## {args.title}", "",
-             "Mean ± standard error over seeds (sacreBLEU, detokenised, beam "
-             f"{args.beam}, length penalty {args.lenpen}).", "",
-             "| " + " | ".join(header) + " |",
-             "|" + "|".join(["---"] + ["---:"] * (len(header) - 1)) + "|"]
+    lines = [
+        f"## {args.title}",
+        "",
+        "Mean ± standard error over seeds (sacreBLEU, detokenised, beam "
+        f"{args.beam}, length penalty {args.lenpen}).",
+        "",
+        "| " + " | ".join(header) + " |",
+        "|" + "|".join(["---"] + ["---:"] * (len(header) - 1)) + "|",
+    ]
     for name, done, scores in rows:
-        lines.append("| " + " | ".join([name, str(done)] + [_cell(scores[c]) for c in columns]) + " |")
+        lines.append(
+            "| " + " | ".join([name, str(done)] + [_cell(scores[c]) for c in columns]) + " |"
+        )
     lines.append("")
     for metric, label in (("bleu", "BLEU"), ("chrf", "chrF")):
         if metric in signatures:
@@ -197,8 +232,11 @@ def cmd_free_port(_args):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="natbias_tools.py", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="natbias_tools.py",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("stage")

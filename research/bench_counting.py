@@ -13,10 +13,10 @@ natbias.counts.count_binarised on it and records the peak Python heap
 import argparse
 import os
 import sys
-from pathlib import Path
 import tempfile
 import time
 import tracemalloc
+from pathlib import Path
 
 import numpy as np
 
@@ -52,8 +52,9 @@ def write_synthetic_split(prefix, tokens, vocab, seed=0):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--tokens", type=int, default=150_000_000)
     parser.add_argument("--vocab", type=int, default=32_000)
     parser.add_argument("--repeat", type=int, default=3)
@@ -67,8 +68,11 @@ def main():
     started = time.time()
     if not os.path.exists(prefix + ".idx"):
         write_synthetic_split(prefix, args.tokens, args.vocab)
-    print(f"wrote {args.tokens:,} tokens in {time.time() - started:.1f} s to {prefix}.bin "
-          f"({os.path.getsize(prefix + '.bin') / 2**20:.0f} MiB)", flush=True)
+    print(
+        f"wrote {args.tokens:,} tokens in {time.time() - started:.1f} s to {prefix}.bin "
+        f"({os.path.getsize(prefix + '.bin') / 2**20:.0f} MiB)",
+        flush=True,
+    )
     times = []
     for _ in range(args.repeat):
         tracemalloc.start()
@@ -79,10 +83,14 @@ def main():
         tracemalloc.stop()
     assert counts.sum() == args.tokens
     chunk_bytes = counting.CHUNK_TOKENS * 8
-    print(f"count_binarised: best {min(times):.2f} s, median {sorted(times)[len(times)//2]:.2f} s "
-          f"over {args.repeat} runs ({args.tokens / min(times) / 1e6:.0f}M tokens/s)")
-    print(f"peak heap during count: {peak / 2**20:.1f} MiB "
-          f"(counts {counts.nbytes / 2**20:.2f} MiB, one chunk as int64 {chunk_bytes / 2**20:.0f} MiB)")
+    print(
+        f"count_binarised: best {min(times):.2f} s, median {sorted(times)[len(times) // 2]:.2f} s "
+        f"over {args.repeat} runs ({args.tokens / min(times) / 1e6:.0f}M tokens/s)"
+    )
+    print(
+        f"peak heap during count: {peak / 2**20:.1f} MiB "
+        f"(counts {counts.nbytes / 2**20:.2f} MiB, one chunk as int64 {chunk_bytes / 2**20:.0f} MiB)"
+    )
     print(f"command: {sys.executable} {' '.join(sys.argv)}")
 
 

@@ -22,9 +22,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "examples" / "huggingface"))
 
 import torch  # noqa: E402
-from transformers import DataCollatorForSeq2Seq, Seq2SeqTrainer, Seq2SeqTrainingArguments  # noqa: E402
-
 import translate  # noqa: E402  (the example's data, tokenizer and model)
+from transformers import DataCollatorForSeq2Seq, Seq2SeqTrainer, Seq2SeqTrainingArguments  # noqa: E402
 
 
 def seconds_per_update(bias, args, tokenizer, train, out):
@@ -32,21 +31,41 @@ def seconds_per_update(bias, args, tokenizer, train, out):
     model = translate.build_model(tokenizer, train, options)
     collator = DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100)
     training = Seq2SeqTrainingArguments(
-        output_dir=str(out), max_steps=args.updates, seed=1, per_device_train_batch_size=80,
-        learning_rate=1e-3, lr_scheduler_type="inverse_sqrt", warmup_steps=100,
-        adam_beta2=0.997, max_grad_norm=0.0, train_sampling_strategy="group_by_length",
-        save_strategy="no", eval_strategy="no", report_to=[], disable_tqdm=True, use_cpu=True,
-        logging_steps=10 ** 6, label_smoothing_factor=0.1, dataloader_num_workers=0)
-    trainer = Seq2SeqTrainer(model=model, args=training, train_dataset=train,
-                             data_collator=collator, processing_class=tokenizer)
+        output_dir=str(out),
+        max_steps=args.updates,
+        seed=1,
+        per_device_train_batch_size=80,
+        learning_rate=1e-3,
+        lr_scheduler_type="inverse_sqrt",
+        warmup_steps=100,
+        adam_beta2=0.997,
+        max_grad_norm=0.0,
+        train_sampling_strategy="group_by_length",
+        save_strategy="no",
+        eval_strategy="no",
+        report_to=[],
+        disable_tqdm=True,
+        use_cpu=True,
+        logging_steps=10**6,
+        label_smoothing_factor=0.1,
+        dataloader_num_workers=0,
+    )
+    trainer = Seq2SeqTrainer(
+        model=model,
+        args=training,
+        train_dataset=train,
+        data_collator=collator,
+        processing_class=tokenizer,
+    )
     started = time.perf_counter()
     trainer.train()
     return (time.perf_counter() - started) / args.updates
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--multi30k", default="../shared/data/multi30k")
     parser.add_argument("--work", default="work/bench_hf_cost")
     parser.add_argument("--rounds", type=int, default=5)
@@ -59,24 +78,34 @@ def main():
     options = translate.parse_args(["--data", args.multi30k])
     tokenizer = translate.train_tokenizer(
         translate.read_split(args.multi30k, "train", "de")
-        + translate.read_split(args.multi30k, "train", "en"), 8000, work / "tokenizer")
+        + translate.read_split(args.multi30k, "train", "en"),
+        8000,
+        work / "tokenizer",
+    )
     train, _, _ = translate.tokenised(tokenizer, args.multi30k, "train", options, 0)
     times = {"none": [], "natural": []}
     for round_ in range(args.rounds):
         order = ("none", "natural") if round_ % 2 == 0 else ("natural", "none")
         for bias in order:
             times[bias].append(seconds_per_update(bias, args, tokenizer, train, work / "out"))
-        print(f"round {round_ + 1}: stock {times['none'][-1]:.4f} s, natural bias "
-              f"{times['natural'][-1]:.4f} s an update", flush=True)
+        print(
+            f"round {round_ + 1}: stock {times['none'][-1]:.4f} s, natural bias "
+            f"{times['natural'][-1]:.4f} s an update",
+            flush=True,
+        )
     ratios = [n / s for n, s in zip(times["natural"], times["none"])]
-    table = "\n".join([
-        "| arm | seconds per update (median of rounds) | ratio to stock (median of rounds) |",
-        "|---|---|---|",
-        f"| transformers' stock | {statistics.median(times['none']):.4f} | 1 |",
-        f"| natural bias | {statistics.median(times['natural']):.4f} | "
-        f"{statistics.median(ratios):.3f}× (rounds: {', '.join(f'{r:.3f}' for r in ratios)}) |",
-        "", f"{args.rounds} alternated rounds of {args.updates} updates, {args.threads} thread(s), "
-        f"torch {torch.__version__}; command: {' '.join(sys.argv)}"])
+    table = "\n".join(
+        [
+            "| arm | seconds per update (median of rounds) | ratio to stock (median of rounds) |",
+            "|---|---|---|",
+            f"| transformers' stock | {statistics.median(times['none']):.4f} | 1 |",
+            f"| natural bias | {statistics.median(times['natural']):.4f} | "
+            f"{statistics.median(ratios):.3f}× (rounds: {', '.join(f'{r:.3f}' for r in ratios)}) |",
+            "",
+            f"{args.rounds} alternated rounds of {args.updates} updates, {args.threads} thread(s), "
+            f"torch {torch.__version__}; command: {' '.join(sys.argv)}",
+        ]
+    )
     print(table)
     if args.out:
         Path(args.out).write_text("# Cost per update in transformers\n\n" + table + "\n")

@@ -38,12 +38,16 @@ sys.path.insert(0, str(REPO))
 
 from fairseq_natbias import pipeline  # noqa: E402
 
-SIZES = ("--encoder-layers 2 --decoder-layers 2 --encoder-embed-dim 256 --decoder-embed-dim 256 "
-         "--encoder-ffn-embed-dim 1024 --decoder-ffn-embed-dim 1024 "
-         "--encoder-attention-heads 4 --decoder-attention-heads 4 --share-all-embeddings").split()
-COMMON = ("--cpu --seed 1 --optimizer adam --adam-betas (0.9,0.997) --lr 5e-4 "
-          "--lr-scheduler inverse_sqrt --warmup-updates 100 "
-          "--criterion label_smoothed_cross_entropy --label-smoothing 0.1 --max-tokens 2048").split()
+SIZES = (
+    "--encoder-layers 2 --decoder-layers 2 --encoder-embed-dim 256 --decoder-embed-dim 256 "
+    "--encoder-ffn-embed-dim 1024 --decoder-ffn-embed-dim 1024 "
+    "--encoder-attention-heads 4 --decoder-attention-heads 4 --share-all-embeddings"
+).split()
+COMMON = (
+    "--cpu --seed 1 --optimizer adam --adam-betas (0.9,0.997) --lr 5e-4 "
+    "--lr-scheduler inverse_sqrt --warmup-updates 100 "
+    "--criterion label_smoothed_cross_entropy --label-smoothing 0.1 --max-tokens 2048"
+).split()
 STOCK = "stock"
 DEFAULT = "natbias default"
 
@@ -52,21 +56,34 @@ def variants_of(stock_arch, natbias_arch):
     return {
         STOCK: ["--arch", stock_arch],
         DEFAULT: ["--arch", natbias_arch],  # hook every --log-interval (100) updates
-        "natbias default, hook every update": ["--arch", natbias_arch,
-                                               "--natbias-stats-interval", "1"],
+        "natbias default, hook every update": [
+            "--arch",
+            natbias_arch,
+            "--natbias-stats-interval",
+            "1",
+        ],
         "natbias bias only (fairseq init, no hook)": [
-            "--arch", natbias_arch, "--natbias-weight-init", "fairseq", "--no-natbias-logging"],
+            "--arch",
+            natbias_arch,
+            "--natbias-weight-init",
+            "fairseq",
+            "--no-natbias-logging",
+        ],
     }
 
 
 # Dims and pre-norm explicit so stock transformer_lm builds the same network
 # (see LanguageModel.options in research/study/arms.py).
-LM_SIZES = ("--decoder-layers 2 --decoder-embed-dim 256 --decoder-ffn-embed-dim 1024 "
-            "--decoder-input-dim 256 --decoder-output-dim 256 --decoder-normalize-before "
-            "--decoder-attention-heads 4 --share-decoder-input-output-embed").split()
-LM_COMMON = ("--cpu --seed 1 --optimizer adam --adam-betas (0.9,0.98) --lr 5e-4 "
-             "--lr-scheduler inverse_sqrt --warmup-updates 100 --task language_modeling "
-             "--tokens-per-sample 64 --criterion cross_entropy --max-tokens 2048").split()
+LM_SIZES = (
+    "--decoder-layers 2 --decoder-embed-dim 256 --decoder-ffn-embed-dim 1024 "
+    "--decoder-input-dim 256 --decoder-output-dim 256 --decoder-normalize-before "
+    "--decoder-attention-heads 4 --share-decoder-input-output-embed"
+).split()
+LM_COMMON = (
+    "--cpu --seed 1 --optimizer adam --adam-betas (0.9,0.98) --lr 5e-4 "
+    "--lr-scheduler inverse_sqrt --warmup-updates 100 --task language_modeling "
+    "--tokens-per-sample 64 --criterion cross_entropy --max-tokens 2048"
+).split()
 SUITES = {
     "translation": (SIZES, COMMON, variants_of("transformer", "transformer_natbias")),
     "lm": (LM_SIZES, LM_COMMON, variants_of("transformer_lm", "transformer_lm_natbias")),
@@ -79,8 +96,16 @@ class Variant:
     def __init__(self, data_bin, sizes, common, options, save_dir):
         from fairseq import optim
 
-        argv = [str(data_bin), "--user-dir", "fairseq_natbias", *sizes, *common, *options,
-                "--save-dir", str(save_dir)]
+        argv = [
+            str(data_bin),
+            "--user-dir",
+            "fairseq_natbias",
+            *sizes,
+            *common,
+            *options,
+            "--save-dir",
+            str(save_dir),
+        ]
         self.cfg, self.task, self.model = pipeline.build_from_training_args(argv)
         self.criterion = self.task.build_criterion(self.cfg.criterion)
         params = [p for p in self.model.parameters() if p.requires_grad]
@@ -91,7 +116,7 @@ class Variant:
 
     def batches(self, split, count, max_tokens):
         iterator = self.task.get_batch_iterator(
-            self.task.dataset(split), max_tokens=max_tokens, seed=1,
+            self.task.dataset(split), max_tokens=max_tokens, seed=1
         ).next_epoch_itr(shuffle=(split == "train"))
         return [next(iterator) for _ in range(count)]
 
@@ -133,8 +158,14 @@ def bench_generation(variants, samples, rounds):
         for name, variant in variants.items():
             # min_len = max_len: every hypothesis has 40 tokens, so both models
             # do the same work (untrained models stop at different lengths)
-            generator = SequenceGenerator([variant.model], variant.task.target_dictionary,
-                                          beam_size=5, max_len_a=0, max_len_b=40, min_len=40)
+            generator = SequenceGenerator(
+                [variant.model],
+                variant.task.target_dictionary,
+                beam_size=5,
+                max_len_a=0,
+                max_len_b=40,
+                min_len=40,
+            )
             rates[name].append(sentences / timed(variant.generate, samples, generator))
     return {name: statistics.median(values) for name, values in rates.items()}
 
@@ -154,11 +185,22 @@ def save_checkpoint(variant, path):
     from omegaconf import OmegaConf
 
     cfg = OmegaConf.to_container(variant.cfg, resolve=True, enum_to_str=True)
-    history = [{"criterion_name": type(variant.criterion).__name__,
-                "optimizer_name": type(variant.optimizer).__name__,
-                "lr_scheduler_state": {}, "num_updates": 0}]
-    state = {"cfg": cfg, "model": variant.model.state_dict(), "args": None,
-             "optimizer_history": history, "extra_state": {}, "last_optimizer_state": {}}
+    history = [
+        {
+            "criterion_name": type(variant.criterion).__name__,
+            "optimizer_name": type(variant.optimizer).__name__,
+            "lr_scheduler_state": {},
+            "num_updates": 0,
+        }
+    ]
+    state = {
+        "cfg": cfg,
+        "model": variant.model.state_dict(),
+        "args": None,
+        "optimizer_history": history,
+        "extra_state": {},
+        "last_optimizer_state": {},
+    }
     checkpoint_utils.torch_persistent_save(state, str(path))
 
 
@@ -172,36 +214,44 @@ def print_table(title, figures, unit, higher_is_better=False):
 
 def run_suite(name, data_bin, workdir, args):
     sizes, common, options_by_variant = SUITES[name]
-    variants = {variant: Variant(data_bin, sizes, common, options, workdir / "ckpt")
-                for variant, options in options_by_variant.items()}
+    variants = {
+        variant: Variant(data_bin, sizes, common, options, workdir / "ckpt")
+        for variant, options in options_by_variant.items()
+    }
     first = next(iter(variants.values()))
     batches = first.batches("train", args.updates, 2048)
     for variant in variants.values():  # warm-up: allocator, Adam state
         variant.train_update(batches[0])
     stock_arch = options_by_variant[STOCK][1]
     print(f"\n=== {name}: stock = --arch {stock_arch}", flush=True)
-    print_table("training update (median s/update)",
-                bench_training(variants, batches, args.rounds), "s")
+    print_table(
+        "training update (median s/update)", bench_training(variants, batches, args.rounds), "s"
+    )
     if name != "translation":
         return
     samples = first.batches("test", 4, 1024)
-    generation = bench_generation({k: variants[k] for k in (STOCK, DEFAULT)},
-                                  samples, max(3, args.rounds // 2))
-    print_table("generation, beam 5 (median sentences/s)", generation, "sent/s",
-                higher_is_better=True)
+    generation = bench_generation(
+        {k: variants[k] for k in (STOCK, DEFAULT)}, samples, max(3, args.rounds // 2)
+    )
+    print_table(
+        "generation, beam 5 (median sentences/s)", generation, "sent/s", higher_is_better=True
+    )
     checkpoints = {}
     for variant in (STOCK, DEFAULT):
         checkpoints[variant] = workdir / f"{variant.replace(' ', '_')}.pt"
         save_checkpoint(variants[variant], checkpoints[variant])
-    print_table("checkpoint load for generation (median s)",
-                bench_loading(checkpoints, args.rounds), "s")
+    print_table(
+        "checkpoint load for generation (median s)", bench_loading(checkpoints, args.rounds), "s"
+    )
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--multi30k", default=os.environ.get("NATBIAS_MULTI30K",
-                                                             "../shared/data/multi30k"))
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--multi30k", default=os.environ.get("NATBIAS_MULTI30K", "../shared/data/multi30k")
+    )
     parser.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "natbias-bench"))
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--updates", type=int, default=10, help="batches per round")
@@ -214,8 +264,10 @@ def main():
     torch.set_num_threads(args.threads)
     logging.disable(logging.INFO)  # fairseq's per-model INFO lines would bury the tables
     workdir = Path(args.workdir)
-    print(f"machine: {os.cpu_count()} CPU threads ({args.threads} used), "
-          f"torch {torch.__version__}", flush=True)
+    print(
+        f"machine: {os.cpu_count()} CPU threads ({args.threads} used), torch {torch.__version__}",
+        flush=True,
+    )
     for name in args.suites:
         if name == "translation":
             data_bin = pipeline.prepare(multi30k, workdir, vocab_size=8000, langs=("de", "en"))

@@ -33,9 +33,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "research"))
 
-from natbias.tools.stats import mean_stderr  # noqa: E402
 # The study that wrote the records: its arm folders and test-set names.
 from study.arms import CONVERGE_TEST_SETS, Arm  # noqa: E402
+
+from natbias.tools.stats import mean_stderr  # noqa: E402
 
 RESULTS = REPO / "research" / "results"
 SETTING = "short-converge"
@@ -67,11 +68,15 @@ def seed_from_record(record):
     cells in the tables show a dash."""
     scores = record["scores"]
     second = CONVERGE_TEST_SETS[1]
-    figures = {"best_valid_nll": min(record["nll"]),
-               "bleu_test_2016": scores["bleu"], "chrf_test_2016": scores["chrf"]}
+    figures = {
+        "best_valid_nll": min(record["nll"]),
+        "bleu_test_2016": scores["bleu"],
+        "chrf_test_2016": scores["chrf"],
+    }
     if f"bleu_{second}" in scores:
-        figures.update({"bleu_test_2017": scores[f"bleu_{second}"],
-                        "chrf_test_2017": scores[f"chrf_{second}"]})
+        figures.update(
+            {"bleu_test_2017": scores[f"bleu_{second}"], "chrf_test_2017": scores[f"chrf_{second}"]}
+        )
     return figures
 
 
@@ -92,14 +97,15 @@ def collect_seeds(pairs, arms, results=RESULTS, setting=SETTING):
         for arm in arms:
             archive = results / "runs" / f"{pair}_{setting}" / Arm.parse(arm).folder
             for path in sorted(archive.glob("seed*.json")):
-                seed = int(path.stem[len("seed"):])
+                seed = int(path.stem[len("seed") :])
                 record = json.loads(path.read_text())
                 if "bleu" not in record["scores"]:
                     raise SystemExit(
                         f"combine_seeds: {path} holds no BLEU (a language model's record?): "
                         "this script combines translation runs; for language models the "
                         "study's own table combines the seeds (study_learning_efficiency.py "
-                        "--task lm ... --summarise-only)")
+                        "--task lm ... --summarise-only)"
+                    )
                 seeds.setdefault((pair, arm), {})[seed] = seed_from_record(record)
     return seeds
 
@@ -130,8 +136,11 @@ def values_over_seeds(seeds, two_seed, pair, arm, metric):
 def paired_difference(seeds, pair, arm, reference_arm, metric):
     """``arm - reference_arm`` seed by seed, over the seeds both have."""
     mine, reference = seeds.get((pair, arm), {}), seeds.get((pair, reference_arm), {})
-    common = sorted(seed for seed in mine if seed in reference
-                    and metric in mine[seed] and metric in reference[seed])
+    common = sorted(
+        seed
+        for seed in mine
+        if seed in reference and metric in mine[seed] and metric in reference[seed]
+    )
     return common, [mine[seed][metric] - reference[seed][metric] for seed in common]
 
 
@@ -153,24 +162,35 @@ def table(seeds, two_seed, pairs, arms):
                 continue
             cells = []
             for metric in METRICS:
-                cells.append(mean_stderr(values_over_seeds(seeds, two_seed, pair, arm, metric))
-                             .format(digits_of(metric), count=False))
-            lines.append(f"| {pair} {arm} | {seed_list(seeds, pair, arm)} | " + " | ".join(cells) + " |")
+                cells.append(
+                    mean_stderr(values_over_seeds(seeds, two_seed, pair, arm, metric)).format(
+                        digits_of(metric), count=False
+                    )
+                )
+            lines.append(
+                f"| {pair} {arm} | {seed_list(seeds, pair, arm)} | " + " | ".join(cells) + " |"
+            )
     return "\n".join(lines)
 
 
 def per_seed_table(seeds, pairs, arms):
     """One row per pair and seed: each paired metric as the arms' values in
     ``arms`` order ("–" where an arm lacks that seed or figure)."""
-    header = "| pair, seed | " + " | ".join(f"{metric}: {' / '.join(arms)}" for metric in PAIRED) + " |"
+    header = (
+        "| pair, seed | " + " | ".join(f"{metric}: {' / '.join(arms)}" for metric in PAIRED) + " |"
+    )
     lines = [header, "|" + "---|" * (len(PAIRED) + 1)]
     for pair in pairs:
         for seed in sorted({seed for arm in arms for seed in seeds.get((pair, arm), {})}):
             cells = []
             for metric in PAIRED:
                 values = [seeds.get((pair, arm), {}).get(seed, {}).get(metric) for arm in arms]
-                cells.append(" / ".join("–" if value is None else f"{value:.{digits_of(metric)}f}"
-                                        for value in values))
+                cells.append(
+                    " / ".join(
+                        "–" if value is None else f"{value:.{digits_of(metric)}f}"
+                        for value in values
+                    )
+                )
             lines.append(f"| {pair} {seed} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -186,29 +206,38 @@ def differences(seeds, two_seed, pairs, comparisons):
             for metric in PAIRED:
                 common, diffs = paired_difference(seeds, pair, arm, reference_arm, metric)
                 if diffs:
-                    parts.append(f"{metric} {mean_stderr(diffs).signed(digits_of(metric))}"
-                                 f" (seeds {', '.join(map(str, common))})")
+                    parts.append(
+                        f"{metric} {mean_stderr(diffs).signed(digits_of(metric))}"
+                        f" (seeds {', '.join(map(str, common))})"
+                    )
             for metric in ("chrf_test_2016", "chrf_test_2017"):
                 mine = values_over_seeds(seeds, two_seed, pair, arm, metric)
                 reference = values_over_seeds(seeds, two_seed, pair, reference_arm, metric)
                 if mine and reference:
                     gap = mean_stderr(mine).mean - mean_stderr(reference).mean
-                    parts.append(f"{metric} {gap:+.2f} (difference of means, seeds "
-                                 f"{seed_list(seeds, pair, arm)} against {seed_list(seeds, pair, reference_arm)})")
+                    parts.append(
+                        f"{metric} {gap:+.2f} (difference of means, seeds "
+                        f"{seed_list(seeds, pair, arm)} against {seed_list(seeds, pair, reference_arm)})"
+                    )
             lines.append(f"- {pair} {arm} − {reference_arm}: " + "; ".join(parts))
     return "\n".join(lines)
 
 
 def report(seeds, two_seed, pairs, arms, comparisons, budget=DEFAULT_BUDGET, setting=SETTING):
     """The text the script prints: the means, the per-seed table, the differences."""
-    return "\n".join([
-        f"Multi30k, {setting}, {budget}: mean ± standard error over seeds\n",
-        table(seeds, two_seed, pairs, arms),
-        "\nPer seed:\n",
-        per_seed_table(seeds, pairs, arms),
-        "\nDifferences (NLL in bits, BLEU, chrF):\n",
-        differences(seeds, two_seed, pairs, comparisons),
-    ]) + "\n"
+    return (
+        "\n".join(
+            [
+                f"Multi30k, {setting}, {budget}: mean ± standard error over seeds\n",
+                table(seeds, two_seed, pairs, arms),
+                "\nPer seed:\n",
+                per_seed_table(seeds, pairs, arms),
+                "\nDifferences (NLL in bits, BLEU, chrF):\n",
+                differences(seeds, two_seed, pairs, comparisons),
+            ]
+        )
+        + "\n"
+    )
 
 
 def results_file(text, pairs, arguments=(), setting=SETTING, results=RESULTS):
@@ -217,23 +246,35 @@ def results_file(text, pairs, arguments=(), setting=SETTING, results=RESULTS):
     sources, then the text."""
     runs = ", ".join(f"`runs/{pair}_{setting}/*/seed*.json`" for pair in pairs)
     command = " ".join([".venv/bin/python research/combine_seeds.py", *arguments])
-    typed_in = [f"`seeds/{setting}_{name}.csv`" for name in ("before_records", "two_seed_chrf")
-                if (results / "seeds" / f"{setting}_{name}.csv").exists()]
+    typed_in = [
+        f"`seeds/{setting}_{name}.csv`"
+        for name in ("before_records", "two_seed_chrf")
+        if (results / "seeds" / f"{setting}_{name}.csv").exists()
+    ]
     return (
         f"# Multi30k {setting}: every seed combined\n\n"
         "Written by `research/combine_seeds.py` (do not edit by hand); regenerate with "
         f"`{command}`.\n"
         f"Sources (under research/results/): the study's run records {runs}"
-        + (f"; for the seeds run before records were kept, {' and '.join(typed_in)}"
-           if typed_in else "")
-        + ".\n\n" + text)
+        + (
+            f"; for the seeds run before records were kept, {' and '.join(typed_in)}"
+            if typed_in
+            else ""
+        )
+        + ".\n\n"
+        + text
+    )
 
 
 def is_default_selection(args):
     """Every pair, arm, comparison and the setting the defaults: the one
     selection whose table is written to TABLE_NAME without --out."""
     return (args.pairs, args.arms, args.compare, args.setting) == (
-        DEFAULT_PAIRS, DEFAULT_ARMS, DEFAULT_COMPARE, SETTING)
+        DEFAULT_PAIRS,
+        DEFAULT_ARMS,
+        DEFAULT_COMPARE,
+        SETTING,
+    )
 
 
 def selection_arguments(args):
@@ -242,11 +283,13 @@ def selection_arguments(args):
     another selection also --out, without which nothing would be written, so
     that the header's command regenerates its own file."""
     chosen = []
-    for option, value, default in (("--pairs", args.pairs, DEFAULT_PAIRS),
-                                   ("--arms", args.arms, DEFAULT_ARMS),
-                                   ("--compare", args.compare, DEFAULT_COMPARE),
-                                   ("--budget", [args.budget], [DEFAULT_BUDGET]),
-                                   ("--setting", [args.setting], [SETTING])):
+    for option, value, default in (
+        ("--pairs", args.pairs, DEFAULT_PAIRS),
+        ("--arms", args.arms, DEFAULT_ARMS),
+        ("--compare", args.compare, DEFAULT_COMPARE),
+        ("--budget", [args.budget], [DEFAULT_BUDGET]),
+        ("--setting", [args.setting], [SETTING]),
+    ):
         if value != default:
             chosen += [option, *(shlex.quote(item) for item in value)]
     if args.out is not None and not is_default_selection(args):
@@ -258,18 +301,36 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pairs", nargs="+", default=DEFAULT_PAIRS)
     parser.add_argument("--arms", nargs="+", default=DEFAULT_ARMS)
-    parser.add_argument("--compare", nargs="+", default=DEFAULT_COMPARE,
-                        help="differences to print, as ARM:REFERENCE")
-    parser.add_argument("--results", type=Path, default=RESULTS,
-                        help="folder holding runs/ and seeds/ (default: research/results)")
-    parser.add_argument("--setting", default=SETTING,
-                        help="the study setting whose records to combine: runs/<pair>_<setting>/ "
-                             f"(default: {SETTING}; e.g. paper-converge-cuda)")
-    parser.add_argument("--budget", default=DEFAULT_BUDGET,
-                        help=f"the runs' budget, for the title (default: {DEFAULT_BUDGET})")
-    parser.add_argument("--out", type=Path, default=None,
-                        help=f"also write the tables to this file (default: {TABLE_NAME} in "
-                             "--results when every pair, arm and comparison is the default)")
+    parser.add_argument(
+        "--compare",
+        nargs="+",
+        default=DEFAULT_COMPARE,
+        help="differences to print, as ARM:REFERENCE",
+    )
+    parser.add_argument(
+        "--results",
+        type=Path,
+        default=RESULTS,
+        help="folder holding runs/ and seeds/ (default: research/results)",
+    )
+    parser.add_argument(
+        "--setting",
+        default=SETTING,
+        help="the study setting whose records to combine: runs/<pair>_<setting>/ "
+        f"(default: {SETTING}; e.g. paper-converge-cuda)",
+    )
+    parser.add_argument(
+        "--budget",
+        default=DEFAULT_BUDGET,
+        help=f"the runs' budget, for the title (default: {DEFAULT_BUDGET})",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help=f"also write the tables to this file (default: {TABLE_NAME} in "
+        "--results when every pair, arm and comparison is the default)",
+    )
     args = parser.parse_args(argv)
     comparisons = [tuple(text.split(":", 1)) for text in args.compare]
     arms = list(dict.fromkeys(args.arms + [arm for pair in comparisons for arm in pair]))
@@ -281,8 +342,9 @@ def main(argv=None):
     if out is None and is_default_selection(args):
         out = args.results / TABLE_NAME
     if out is not None:
-        out.write_text(results_file(text, args.pairs, selection_arguments(args), args.setting,
-                                    args.results))
+        out.write_text(
+            results_file(text, args.pairs, selection_arguments(args), args.setting, args.results)
+        )
         print(f"wrote {out}", file=sys.stderr)
 
 

@@ -71,15 +71,18 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(HERE))
 
 import gpu_check_report as report  # noqa: E402
+
 from fairseq_natbias import pipeline, plugin_dir  # noqa: E402
 from natbias.tools import data as data_fetch  # noqa: E402
 from natbias.tools import fairseq_logs  # noqa: E402
 
 CHILD = HERE / "gpu_check_child.py"
-ARMS = {"default": ["--arch", "transformer_natbias_iwslt_de_en"],
-        "stock": ["--arch", "transformer"],
-        "hookoff": ["--arch", "transformer_natbias_iwslt_de_en", "--no-natbias-logging"],
-        "order2": ["--arch", "transformer_natbias_iwslt_de_en", "--natbias-order", "2"]}
+ARMS = {
+    "default": ["--arch", "transformer_natbias_iwslt_de_en"],
+    "stock": ["--arch", "transformer"],
+    "hookoff": ["--arch", "transformer_natbias_iwslt_de_en", "--no-natbias-logging"],
+    "order2": ["--arch", "transformer_natbias_iwslt_de_en", "--natbias-order", "2"],
+}
 # The bigram residual (issue 39) is added to the logits in float32 whatever
 # the model's precision: one run of it per half precision in which that
 # matters (fp16's range, bf16's mantissa).
@@ -88,10 +91,22 @@ ORDER2_PRECISIONS = ("fp16", "bf16")
 # network (the ratios compare like with like); fairseq's own
 # transformer_iwslt_de_en is d 512, FFN 1024.
 IWSLT_PRESET_SIZES = [
-    "--encoder-layers", "6", "--decoder-layers", "6",
-    "--encoder-embed-dim", "256", "--decoder-embed-dim", "256",
-    "--encoder-ffn-embed-dim", "256", "--decoder-ffn-embed-dim", "256",
-    "--encoder-attention-heads", "4", "--decoder-attention-heads", "4",
+    "--encoder-layers",
+    "6",
+    "--decoder-layers",
+    "6",
+    "--encoder-embed-dim",
+    "256",
+    "--decoder-embed-dim",
+    "256",
+    "--encoder-ffn-embed-dim",
+    "256",
+    "--decoder-ffn-embed-dim",
+    "256",
+    "--encoder-attention-heads",
+    "4",
+    "--decoder-attention-heads",
+    "4",
 ]
 # Loss scaling that can fail: fp16's scale starts at 128 and grows after 2^14
 # clean updates, AMP's (torch's GradScaler) after 2,000, so in 300 updates
@@ -104,23 +119,57 @@ LOSS_SCALING = {
     "fp16": ["--fp16-init-scale", "65536", "--fp16-scale-window", "25"],
     "amp": ["--fp16-init-scale", "65536", "--amp-scale-window", "25", "--amp-init-scale", "25"],
 }
-PRECISIONS = {"fp32": [], "fp16": ["--fp16", *LOSS_SCALING["fp16"]], "bf16": ["--bf16"],
-              "amp": ["--amp", *LOSS_SCALING["amp"]]}
+PRECISIONS = {
+    "fp32": [],
+    "fp16": ["--fp16", *LOSS_SCALING["fp16"]],
+    "bf16": ["--bf16"],
+    "amp": ["--amp", *LOSS_SCALING["amp"]],
+}
 # The paper's optimiser and regularisation (sec. 4.1, as in the recipes) with
 # a 100-update warm-up instead of 4,000: with 4,000 the learning rates of 300
 # updates sum to 0.0057, so the gain (g moves about 20 learning rates per
 # update) could not leave 0.05 for more than 0.16; with 100 they sum to 0.098.
 SCHEDULE = [
-    "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr", "5e-4",
-    "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "100", "--warmup-init-lr", "1e-07",
-    "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
-    "--dropout", "0.3", "--weight-decay", "0.0001", "--max-tokens", "4096",
+    "--optimizer",
+    "adam",
+    "--adam-betas",
+    "(0.9, 0.98)",
+    "--lr",
+    "5e-4",
+    "--lr-scheduler",
+    "inverse_sqrt",
+    "--warmup-updates",
+    "100",
+    "--warmup-init-lr",
+    "1e-07",
+    "--criterion",
+    "label_smoothed_cross_entropy",
+    "--label-smoothing",
+    "0.1",
+    "--dropout",
+    "0.3",
+    "--weight-decay",
+    "0.0001",
+    "--max-tokens",
+    "4096",
 ]
 TINY_MODEL = [
-    "--encoder-layers", "1", "--decoder-layers", "1",
-    "--encoder-embed-dim", "32", "--decoder-embed-dim", "32",
-    "--encoder-ffn-embed-dim", "64", "--decoder-ffn-embed-dim", "64",
-    "--encoder-attention-heads", "2", "--decoder-attention-heads", "2",
+    "--encoder-layers",
+    "1",
+    "--decoder-layers",
+    "1",
+    "--encoder-embed-dim",
+    "32",
+    "--decoder-embed-dim",
+    "32",
+    "--encoder-ffn-embed-dim",
+    "64",
+    "--decoder-ffn-embed-dim",
+    "64",
+    "--encoder-attention-heads",
+    "2",
+    "--decoder-attention-heads",
+    "2",
 ]
 LOG_INTERVAL = report.LOG_INTERVAL
 
@@ -137,8 +186,10 @@ def require_gpu(smoke):
     import torch
 
     if not smoke and not torch.cuda.is_available():
-        raise SystemExit(f"gpu_check: no CUDA GPU: torch {torch.__version__} sees none; run this "
-                         "on a machine with a CUDA GPU, or add --smoke for the CPU smoke run")
+        raise SystemExit(
+            f"gpu_check: no CUDA GPU: torch {torch.__version__} sees none; run this "
+            "on a machine with a CUDA GPU, or add --smoke for the CPU smoke run"
+        )
 
 
 def raw_data(folder):
@@ -179,14 +230,25 @@ def generated_precision(smoke):
 
 def training_arguments(data_bin, run_dir, arm, precision, max_update, smoke, keep_checkpoint):
     """fairseq-train's arguments for one run."""
-    options = [*ARMS[arm], "--share-all-embeddings", *PRECISIONS[precision], *SCHEDULE,
-               "--seed", "1", "--log-format", "simple", "--no-progress-bar",
-               "--log-interval", "1" if smoke else str(LOG_INTERVAL)]
+    options = [
+        *ARMS[arm],
+        "--share-all-embeddings",
+        *PRECISIONS[precision],
+        *SCHEDULE,
+        "--seed",
+        "1",
+        "--log-format",
+        "simple",
+        "--no-progress-bar",
+        "--log-interval",
+        "1" if smoke else str(LOG_INTERVAL),
+    ]
     options += ["--cpu", "--num-workers", "0", *TINY_MODEL] if smoke else IWSLT_PRESET_SIZES
     # Only the checkpoint that fairseq-generate reads is written: an IWSLT
     # checkpoint with Adam's state is about half a GiB.
-    options += (["--no-epoch-checkpoints", "--no-last-checkpoints"] if keep_checkpoint
-                else ["--no-save"])
+    options += (
+        ["--no-epoch-checkpoints", "--no-last-checkpoints"] if keep_checkpoint else ["--no-save"]
+    )
     arguments = pipeline.train_command(data_bin, run_dir, options, max_update)
     # Absolute, so that the child finds the plugin from any working directory.
     arguments[arguments.index("--user-dir") + 1] = plugin_dir()
@@ -196,11 +258,21 @@ def training_arguments(data_bin, run_dir, arm, precision, max_update, smoke, kee
 LAUNCHERS = {
     # One process, so that it is the one whose peak memory is read.
     "python": lambda arguments, processes: [
-        sys.executable, str(CHILD), json.dumps([*arguments, "--distributed-world-size", "1"])],
+        sys.executable,
+        str(CHILD),
+        json.dumps([*arguments, "--distributed-world-size", "1"]),
+    ],
     # --standalone: a rendezvous on a free local port, none to set up.
     "torchrun": lambda arguments, processes: [
-        *pipeline.tool("torchrun"), "--standalone", f"--nproc_per_node={processes}",
-        "-m", "fairseq_cli.train", *arguments, "--distributed-world-size", str(processes)],
+        *pipeline.tool("torchrun"),
+        "--standalone",
+        f"--nproc_per_node={processes}",
+        "-m",
+        "fairseq_cli.train",
+        *arguments,
+        "--distributed-world-size",
+        str(processes),
+    ],
 }
 
 
@@ -231,8 +303,13 @@ def train(name, launcher, arguments, run_dir, steps, max_update, processes=1):
     its result from an earlier invocation with the same arguments; a failed
     run is recorded with its error line, and tried again next time."""
     earlier = steps.results.get(name)
-    if (earlier and "failed" not in earlier and "left_out" not in earlier
-            and earlier.get("launcher") == launcher and earlier.get("arguments") == arguments):
+    if (
+        earlier
+        and "failed" not in earlier
+        and "left_out" not in earlier
+        and earlier.get("launcher") == launcher
+        and earlier.get("arguments") == arguments
+    ):
         say(f"{name}: finished before, skipped")
         return earlier
     record = {"launcher": launcher, "arguments": arguments}
@@ -252,20 +329,24 @@ def train(name, launcher, arguments, run_dir, steps, max_update, processes=1):
         times.append(time.monotonic())  # when the line arrived: seconds per update
         report_progress(name, line, max_update)
 
-    failed, lines = launch(LAUNCHERS[launcher](arguments, processes), run_dir / "train.log",
-                           on_line)
+    failed, lines = launch(
+        LAUNCHERS[launcher](arguments, processes), run_dir / "train.log", on_line
+    )
     if failed:
         record["failed"] = failed
         say(f"{name}: FAILED: {failed}")
     else:
         record.update(report.summarise_log(lines, times))
         record.update(report.child_report(lines))
-        say(f"{name}: done, {report.number(record['seconds_per_update'], '{:.4f}')} s/update, "
-            f"{record['overflow_steps']} overflow steps")
+        say(
+            f"{name}: done, {report.number(record['seconds_per_update'], '{:.4f}')} s/update, "
+            f"{record['overflow_steps']} overflow steps"
+        )
     if launcher == "torchrun":
         record["processes"] = processes
-        record["ranks"] = sorted({int(m[1]) for line in lines
-                                  for m in [TORCHRUN_RANK.search(line)] if m})
+        record["ranks"] = sorted(
+            {int(m[1]) for line in lines for m in [TORCHRUN_RANK.search(line)] if m}
+        )
     record["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
     record["seconds"] = round(time.monotonic() - started, 1)
     steps.done(name, record, record["seconds"])
@@ -287,10 +368,13 @@ def report_progress(name, line, max_update):
     if record.tag == fairseq_logs.VALID:
         say(f"{name}: update {record.num_updates}, valid loss {record.values.get('loss')}")
     elif record.tag == fairseq_logs.TRAIN_INNER and (
-            record.num_updates % 50 == 0 or record.num_updates == max_update):
+        record.num_updates % 50 == 0 or record.num_updates == max_update
+    ):
         scale = record.values.get("loss_scale")
-        say(f"{name}: update {record.num_updates}/{max_update}, loss {record.values.get('loss')}"
-            + (f", loss scale {scale:g}" if scale is not None else ""))
+        say(
+            f"{name}: update {record.num_updates}/{max_update}, loss {record.values.get('loss')}"
+            + (f", loss scale {scale:g}" if scale is not None else "")
+        )
 
 
 def generate(data_bin, checkpoint, run_dir, steps, smoke, trained):
@@ -302,12 +386,27 @@ def generate(data_bin, checkpoint, run_dir, steps, smoke, trained):
         return earlier
     run_dir.mkdir(parents=True, exist_ok=True)
     say(f"generate: beam 5 on the test set, {checkpoint}")
-    arguments = [str(data_bin), "--user-dir", plugin_dir(), "--path", str(checkpoint),
-                 "--gen-subset", "test", "--beam", "5", "--remove-bpe", "sentencepiece",
-                 "--batch-size", "128",
-                 # An undertrained model rambles until fairseq's 200-token limit.
-                 "--max-len-a", "1.2", "--max-len-b", "10",
-                 *(["--cpu"] if smoke else ["--fp16"])]
+    arguments = [
+        str(data_bin),
+        "--user-dir",
+        plugin_dir(),
+        "--path",
+        str(checkpoint),
+        "--gen-subset",
+        "test",
+        "--beam",
+        "5",
+        "--remove-bpe",
+        "sentencepiece",
+        "--batch-size",
+        "128",
+        # An undertrained model rambles until fairseq's 200-token limit.
+        "--max-len-a",
+        "1.2",
+        "--max-len-b",
+        "10",
+        *(["--cpu"] if smoke else ["--fp16"]),
+    ]
     record = {"checkpoint_trained": trained, "command": arguments}
     log = run_dir / "generate.log"
     log.unlink(missing_ok=True)
@@ -330,7 +429,7 @@ def generate(data_bin, checkpoint, run_dir, steps, smoke, trained):
 
 
 def header(args):
-    data = (f"{args.data} (prepared before)" if args.data else "prepared in WORKDIR/data")
+    data = f"{args.data} (prepared before)" if args.data else "prepared in WORKDIR/data"
     sizes = " ".join(TINY_MODEL) if args.smoke else " ".join(IWSLT_PRESET_SIZES)
     return [
         f"- data: Multi30k De-En, joint SentencePiece ({args.vocab_size} pieces), "
@@ -338,10 +437,13 @@ def header(args):
         f"- default `{' '.join(ARMS['default'])}`, stock `{' '.join(ARMS['stock'])}`, "
         f"hook off `{' '.join(ARMS['hookoff'])}`; all `{sizes} --share-all-embeddings`",
         f"- {args.max_update} updates, `{' '.join(SCHEDULE)} --seed 1`; per precision "
-        + (f"default, stock, stock, default ({args.rounds}x)" if args.rounds
-           else "default, stock") + ", then hook off",
-        "- loss scaling: fp16 `" + " ".join(LOSS_SCALING["fp16"]) + "`, amp `"
-        + " ".join(LOSS_SCALING["amp"]) + "` (growth interval 25: fairseq takes it from "
+        + (f"default, stock, stock, default ({args.rounds}x)" if args.rounds else "default, stock")
+        + ", then hook off",
+        "- loss scaling: fp16 `"
+        + " ".join(LOSS_SCALING["fp16"])
+        + "`, amp `"
+        + " ".join(LOSS_SCALING["amp"])
+        + "` (growth interval 25: fairseq takes it from "
         "--amp-init-scale)",
         f"- command: `{' '.join(['python', 'research/gpu_check.py', *args.argv])}`",
     ]
@@ -351,38 +453,69 @@ def header(args):
 
 
 def parse_args(argv):
-    parser = argparse.ArgumentParser(prog="gpu_check.py", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--multi30k", default=os.environ.get("NATBIAS_MULTI30K",
-                                                             data_fetch.LOCAL_MULTI30K),
-                        help="folder of Multi30k's raw files (default: $NATBIAS_MULTI30K, "
-                             "else %(default)s)")
+    parser = argparse.ArgumentParser(
+        prog="gpu_check.py",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--multi30k",
+        default=os.environ.get("NATBIAS_MULTI30K", data_fetch.LOCAL_MULTI30K),
+        help="folder of Multi30k's raw files (default: $NATBIAS_MULTI30K, else %(default)s)",
+    )
     parser.add_argument("--workdir", default="work/gpu_check")
-    parser.add_argument("--data", help="the prepared data's folder (SentencePiece, "
-                                       "data-bin): reused as it is, prepared there if absent "
-                                       "(default: WORKDIR/data)")
-    parser.add_argument("--prepare-only", action="store_true",
-                        help="prepare the data (--data) and stop; needs no GPU")
-    parser.add_argument("--precisions", nargs="+", choices=list(PRECISIONS),
-                        default=list(PRECISIONS), metavar="P",
-                        help="which of fp32 fp16 bf16 amp (default: all; --smoke: fp32)")
-    parser.add_argument("--rounds", type=int,
-                        help="rounds of default, stock, stock, default per precision "
-                             "(default: 1; 0, --smoke's default: default, stock once)")
-    parser.add_argument("--max-update", type=int, help="updates per run (default: 300; 2 "
-                                                       "with --smoke)")
+    parser.add_argument(
+        "--data",
+        help="the prepared data's folder (SentencePiece, "
+        "data-bin): reused as it is, prepared there if absent "
+        "(default: WORKDIR/data)",
+    )
+    parser.add_argument(
+        "--prepare-only",
+        action="store_true",
+        help="prepare the data (--data) and stop; needs no GPU",
+    )
+    parser.add_argument(
+        "--precisions",
+        nargs="+",
+        choices=list(PRECISIONS),
+        default=list(PRECISIONS),
+        metavar="P",
+        help="which of fp32 fp16 bf16 amp (default: all; --smoke: fp32)",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        help="rounds of default, stock, stock, default per precision "
+        "(default: 1; 0, --smoke's default: default, stock once)",
+    )
+    parser.add_argument(
+        "--max-update", type=int, help="updates per run (default: 300; 2 with --smoke)"
+    )
     parser.add_argument("--torchrun-updates", type=int, help="(default: 50; 2 with --smoke)")
-    parser.add_argument("--vocab-size", type=int, default=8000,
-                        help="SentencePiece pieces (default: %(default)s); prepared data "
-                             "is reused as it is")
-    parser.add_argument("--time-budget", type=float, metavar="SECONDS",
-                        help="leave out the steps that would end after SECONDS (counted "
-                             "from the start; a step's length guessed as the longest so far)")
-    parser.add_argument("--copy-to", metavar="DIR",
-                        help="after every step, copy the table, results.json and the logs "
-                             "(logs.tar.gz) here too")
-    parser.add_argument("--smoke", action="store_true",
-                        help="CPU run of the script itself: tiny model, fp32, 2 updates")
+    parser.add_argument(
+        "--vocab-size",
+        type=int,
+        default=8000,
+        help="SentencePiece pieces (default: %(default)s); prepared data is reused as it is",
+    )
+    parser.add_argument(
+        "--time-budget",
+        type=float,
+        metavar="SECONDS",
+        help="leave out the steps that would end after SECONDS (counted "
+        "from the start; a step's length guessed as the longest so far)",
+    )
+    parser.add_argument(
+        "--copy-to",
+        metavar="DIR",
+        help="after every step, copy the table, results.json and the logs (logs.tar.gz) here too",
+    )
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="CPU run of the script itself: tiny model, fp32, 2 updates",
+    )
     args = parser.parse_args(argv)
     if args.smoke:
         args.precisions = ["fp32"]
@@ -412,8 +545,9 @@ def run_all(args, data_bin, work, steps):
     for name, run_precision, arm, index in runs:
         run_dir = work / "runs" / f"{run_precision}-{arm}-{index}"
         keep = (run_precision, arm, index) == (precision, "default", 1)
-        arguments = training_arguments(data_bin, run_dir, arm, run_precision, args.max_update,
-                                       args.smoke, keep)
+        arguments = training_arguments(
+            data_bin, run_dir, arm, run_precision, args.max_update, args.smoke, keep
+        )
         done[name] = train(name, "python", arguments, run_dir, steps, args.max_update)
         if name == last_of_precision:
             torchrun_and_generate(args, precision, data_bin, work, steps, done)
@@ -424,10 +558,18 @@ def torchrun_and_generate(args, precision, data_bin, work, steps, done):
     """The torchrun run (default, ``precision``) and fairseq-generate on the
     first default run of ``precision``; their records go into ``done``."""
     run_dir = work / "runs" / f"torchrun-{precision}-default"
-    arguments = training_arguments(data_bin, run_dir, "default", precision,
-                                   args.torchrun_updates, args.smoke, False)
-    done["torchrun"] = train("torchrun", "torchrun", arguments, run_dir, steps,
-                             args.torchrun_updates, torchrun_processes(args.smoke))
+    arguments = training_arguments(
+        data_bin, run_dir, "default", precision, args.torchrun_updates, args.smoke, False
+    )
+    done["torchrun"] = train(
+        "torchrun",
+        "torchrun",
+        arguments,
+        run_dir,
+        steps,
+        args.torchrun_updates,
+        torchrun_processes(args.smoke),
+    )
     source = done[f"{precision} default 1"]
     if "failed" in source or "left_out" in source:
         return
@@ -435,8 +577,9 @@ def torchrun_and_generate(args, precision, data_bin, work, steps, done):
         steps.done("generate", {"left_out": steps.over_budget()}, 0.0)
     else:
         checkpoint = work / "runs" / f"{precision}-default-1" / "checkpoint_best.pt"
-        done["generate"] = generate(data_bin, checkpoint, work / "generate", steps,
-                                    args.smoke, source["finished"])
+        done["generate"] = generate(
+            data_bin, checkpoint, work / "generate", steps, args.smoke, source["finished"]
+        )
         say(f"generate: {done['generate'].get('bleu_line') or 'FAILED'}")
 
 
@@ -444,25 +587,39 @@ def table(args, results):
     precision = generated_precision(args.smoke)
     source = results.get(f"{precision} default 1")
     generated = results.get("generate")
-    why_not = (f"{precision} is not in --precisions" if precision not in args.precisions
-               else "its training has not finished" if source is None
-               or "failed" in source or "left_out" in source
-               else (generated or {}).get("left_out", "not yet"))
+    why_not = (
+        f"{precision} is not in --precisions"
+        if precision not in args.precisions
+        else "its training has not finished"
+        if source is None or "failed" in source or "left_out" in source
+        else (generated or {}).get("left_out", "not yet")
+    )
     if generated and "left_out" in generated:
         generated = None
     ran = precision in args.precisions
-    extra = [report.torchrun_line(results.get("torchrun") if ran else None,
-                                  args.torchrun_updates, precision,
-                                  "not yet" if ran else f"{precision} is not in --precisions"),
-             "",
-             report.generate_line(generated, precision, why_not), "", report.HOW_MEASURED]
+    extra = [
+        report.torchrun_line(
+            results.get("torchrun") if ran else None,
+            args.torchrun_updates,
+            precision,
+            "not yet" if ran else f"{precision} is not in --precisions",
+        ),
+        "",
+        report.generate_line(generated, precision, why_not),
+        "",
+        report.HOW_MEASURED,
+    ]
     if "bf16" in args.precisions:
         extra += ["", report.BF16_NOTE]
     if args.smoke:
-        extra += ["", "fp16, bf16, amp: skipped (--smoke runs on the CPU, where fairseq's "
-                      "half-precision training needs CUDA)"]
-    return report.markdown(plan(args.precisions, args.rounds), results, header(args), extra,
-                           args.smoke)
+        extra += [
+            "",
+            "fp16, bf16, amp: skipped (--smoke runs on the CPU, where fairseq's "
+            "half-precision training needs CUDA)",
+        ]
+    return report.markdown(
+        plan(args.precisions, args.rounds), results, header(args), extra, args.smoke
+    )
 
 
 def prepare(args, raw, work):
@@ -487,20 +644,25 @@ def main(argv=None):
     os.environ["PYTHONUNBUFFERED"] = "1"  # the children's lines arrive as written: timing
     results_path = work / "results.json"
     results = json.loads(results_path.read_text()) if results_path.exists() else {}
-    steps = report.Steps(work, results, args.time_budget, args.copy_to,
-                  lambda results: table(args, results))
+    steps = report.Steps(
+        work, results, args.time_budget, args.copy_to, lambda results: table(args, results)
+    )
     data_bin = prepare(args, raw, work)
     done = run_all(args, data_bin, work, steps)
     print("\n" + steps.save())
-    say(f"table in {work / 'gpu_check.md'}, results in {results_path}"
-        + (f", copied to {args.copy_to}" if args.copy_to else ""))
+    say(
+        f"table in {work / 'gpu_check.md'}, results in {results_path}"
+        + (f", copied to {args.copy_to}" if args.copy_to else "")
+    )
     failed = [name for name, record in done.items() if "failed" in record]
     names = [name for name, *_ in plan(args.precisions, args.rounds)] + ["torchrun", "generate"]
     left_out = [name for name in names if "left_out" in results.get(name, {})]
     if failed or left_out:
-        raise SystemExit(f"gpu_check: failed: {', '.join(failed) or 'none'}; left out: "
-                         f"{', '.join(left_out) or 'none'}; see the logs in {work}/runs "
-                         f"and {work}/generate")
+        raise SystemExit(
+            f"gpu_check: failed: {', '.join(failed) or 'none'}; left out: "
+            f"{', '.join(left_out) or 'none'}; see the logs in {work}/runs "
+            f"and {work}/generate"
+        )
 
 
 if __name__ == "__main__":

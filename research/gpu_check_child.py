@@ -51,6 +51,7 @@ class PeakMemory:
 
     def around_validation(self, validate):
         """``validate`` with its peak kept as the ``valid`` phase's."""
+
         def validate_measured(*args, **kwargs):
             self.fold()
             self.reset()
@@ -78,6 +79,7 @@ class PeakMemory:
 
 def without_implied_tpu(parse, argv):
     """fairseq's parse_args_and_arch, with ``tpu`` as the command line says."""
+
     def parse_without_implied_tpu(*args, **kwargs):
         parsed = parse(*args, **kwargs)
         parsed.tpu = "--tpu" in argv
@@ -87,14 +89,15 @@ def without_implied_tpu(parse, argv):
 
 
 def main():
-    import fairseq_cli.train  # first: it sets up fairseq's log format
     import fairseq.options
+    import fairseq_cli.train  # first: it sets up fairseq's log format
     import torch
 
     argv = json.loads(sys.argv[1])
     sys.argv = ["fairseq-train", *argv]
     fairseq.options.parse_args_and_arch = without_implied_tpu(
-        fairseq.options.parse_args_and_arch, argv)
+        fairseq.options.parse_args_and_arch, argv
+    )
     on_gpu = torch.cuda.is_available() and "--cpu" not in argv
     memory = PeakMemory(torch.cuda) if on_gpu else None
     if memory:
@@ -104,11 +107,20 @@ def main():
     import fairseq
 
     peaks = memory.finish() if memory else {}
-    print(MARK + json.dumps({
-        "device": torch.cuda.get_device_name() if on_gpu else None,
-        "gpus": torch.cuda.device_count(),
-        "peak_train_bytes": peaks.get("train"), "peak_valid_bytes": peaks.get("valid"),
-        "torch": torch.__version__, "fairseq": fairseq.__version__}), flush=True)
+    print(
+        MARK
+        + json.dumps(
+            {
+                "device": torch.cuda.get_device_name() if on_gpu else None,
+                "gpus": torch.cuda.device_count(),
+                "peak_train_bytes": peaks.get("train"),
+                "peak_valid_bytes": peaks.get("valid"),
+                "torch": torch.__version__,
+                "fairseq": fairseq.__version__,
+            }
+        ),
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

@@ -35,8 +35,12 @@ from natbias.tools import fairseq_logs
 
 TARGET_RATIO = 1.02  # seconds per update and training peak memory, default/stock
 FINAL_WINDOW = 50  # updates at the end whose highest loss scale is the final level
-ARM_NAMES = {"default": "default", "stock": "stock", "hookoff": "default, hook off",
-             "order2": "default, --natbias-order 2"}
+ARM_NAMES = {
+    "default": "default",
+    "stock": "stock",
+    "hookoff": "default, hook off",
+    "order2": "default, --natbias-order 2",
+}
 CHILD_MARK = "gpu_check child: "
 LOG_INTERVAL = 10  # updates between train_inner lines on the GPU
 
@@ -46,8 +50,10 @@ LOG_INTERVAL = 10  # updates between train_inner lines on the GPU
 # loss scale it moves to: FP16Optimizer's (--fp16: the update is skipped) and
 # AMPOptimizer's (--amp: the batch is tried again, at most
 # --amp-batch-retries times, then dropped with "AMP: skipping this batch.").
-OVERFLOW_SCALE = (re.compile(r"gradient overflow detected.*setting loss scale to: ([-+.\deE]+)"),
-                  re.compile(r"AMP: overflow detected, setting scale to to ([-+.\deE]+)"))
+OVERFLOW_SCALE = (
+    re.compile(r"gradient overflow detected.*setting loss scale to: ([-+.\deE]+)"),
+    re.compile(r"AMP: overflow detected, setting scale to to ([-+.\deE]+)"),
+)
 
 
 def inner_records(lines):
@@ -60,16 +66,27 @@ def loss_scale_trajectory(lines, window=FINAL_WINDOW):
     """first, min, final level and last loss scale, from the train_inner lines
     (the scale after their interval's last update) and the overflow notes
     (where it dips between two log lines); None without loss scaling."""
-    logged = [(r.num_updates, r.values["loss_scale"]) for _, r in inner_records(lines)
-              if "loss_scale" in r.values]
+    logged = [
+        (r.num_updates, r.values["loss_scale"])
+        for _, r in inner_records(lines)
+        if "loss_scale" in r.values
+    ]
     if not logged:
         return None
-    noted = [float(match[1]) for line in lines for pattern in OVERFLOW_SCALE
-             for match in [pattern.search(line)] if match]
+    noted = [
+        float(match[1])
+        for line in lines
+        for pattern in OVERFLOW_SCALE
+        for match in [pattern.search(line)]
+        if match
+    ]
     end = logged[-1][0]
-    return {"first": logged[0][1], "min": min([s for _, s in logged] + noted),
-            "final_level": max(s for u, s in logged if u > end - window),
-            "last": logged[-1][1]}
+    return {
+        "first": logged[0][1],
+        "min": min([s for _, s in logged] + noted),
+        "final_level": max(s for u, s in logged if u > end - window),
+        "last": logged[-1][1],
+    }
 
 
 def overflow_steps(lines):
@@ -94,7 +111,7 @@ def interval_rates(lines, times):
     marks = inner_records(lines)
     rates = []
     for (i0, r0), (i1, r1) in zip(marks, marks[1:]):
-        if any("epoch" in line for line in lines[i0 + 1:i1]) or r1.num_updates <= r0.num_updates:
+        if any("epoch" in line for line in lines[i0 + 1 : i1]) or r1.num_updates <= r0.num_updates:
             continue
         rates.append((times[i1] - times[i0]) / (r1.num_updates - r0.num_updates))
     return rates
@@ -110,24 +127,27 @@ def summarise_log(lines, times):
     valid = [r for r in records if r.tag == fairseq_logs.VALID]
     updates = [r.num_updates for r in records if r.num_updates is not None]
     rates = interval_rates(lines, times)
-    return {"updates": max(updates) if updates else 0,
-            "loss_scale": loss_scale_trajectory(lines),
-            "overflow_steps": overflow_steps(lines),
-            "dropped_batches": dropped_batches(lines),
-            "gain": last_logged(lines, "gain"),
-            "interval_seconds_per_update": [round(r, 6) for r in rates],
-            "seconds_per_update": round(statistics.median(rates), 6) if rates else None,
-            "final_valid_loss": valid[-1].values.get("loss") if valid else None}
+    return {
+        "updates": max(updates) if updates else 0,
+        "loss_scale": loss_scale_trajectory(lines),
+        "overflow_steps": overflow_steps(lines),
+        "dropped_batches": dropped_batches(lines),
+        "gain": last_logged(lines, "gain"),
+        "interval_seconds_per_update": [round(r, 6) for r in rates],
+        "seconds_per_update": round(statistics.median(rates), 6) if rates else None,
+        "final_valid_loss": valid[-1].values.get("loss") if valid else None,
+    }
 
 
 def child_report(lines):
     """What the training process printed after training: device, peak memory, versions."""
-    found = [json.loads(line[len(CHILD_MARK):]) for line in lines if line.startswith(CHILD_MARK)]
+    found = [json.loads(line[len(CHILD_MARK) :]) for line in lines if line.startswith(CHILD_MARK)]
     return found[-1] if found else {}
 
 
 ERROR_LINE = re.compile(
-    r"^(?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception|Interrupt|Exit)\b(?::|$)")
+    r"^(?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception|Interrupt|Exit)\b(?::|$)"
+)
 
 
 def error_line(lines):
@@ -135,8 +155,7 @@ def error_line(lines):
     (``ValueError: ...``) other than torchrun's own ChildFailedError, whose
     banner follows the child's; else the last non-empty line."""
     lines = [line.strip() for line in lines if line.strip()]
-    errors = [line for line in lines
-              if ERROR_LINE.match(line) and "ChildFailedError" not in line]
+    errors = [line for line in lines if ERROR_LINE.match(line) and "ChildFailedError" not in line]
     if errors:
         return errors[-1]
     return lines[-1] if lines else "no output"
@@ -145,8 +164,9 @@ def error_line(lines):
 def bleu_line(lines):
     """fairseq-generate's "Generate test with beam=5: BLEU4 = ..." line, without
     the logging prefix."""
-    found = [line[line.index("Generate "):] for line in lines
-             if re.search(r"Generate .*BLEU", line)]
+    found = [
+        line[line.index("Generate ") :] for line in lines if re.search(r"Generate .*BLEU", line)
+    ]
     return found[-1] if found else "no BLEU line in fairseq-generate's output"
 
 
@@ -162,9 +182,11 @@ def arm_scale(records):
     scales = [r["loss_scale"] for r in records if r.get("loss_scale")]
     if not scales or len(scales) < len(records):
         return None
-    return {"min": min(s["min"] for s in scales),
-            "final_level": min(s["final_level"] for s in scales),
-            "overflow_steps": max(r["overflow_steps"] for r in records)}
+    return {
+        "min": min(s["min"] for s in scales),
+        "final_level": min(s["final_level"] for s in scales),
+        "overflow_steps": max(r["overflow_steps"] for r in records),
+    }
 
 
 def scale_cells(default, stock):
@@ -182,8 +204,11 @@ def scale_cells(default, stock):
 def arm_time(records):
     """(median of the arm's pooled interval rates, the runs' medians)."""
     pooled = [x for r in records for x in r.get("interval_seconds_per_update") or []]
-    runs = [statistics.median(r["interval_seconds_per_update"]) for r in records
-            if r.get("interval_seconds_per_update")]
+    runs = [
+        statistics.median(r["interval_seconds_per_update"])
+        for r in records
+        if r.get("interval_seconds_per_update")
+    ]
     return (statistics.median(pooled) if pooled else None), runs
 
 
@@ -232,8 +257,11 @@ def target_row(precision, by_arm):
     default, stock = finished(by_arm.get("default", [])), finished(by_arm.get("stock", []))
     if not default or not stock:
         return f"| {precision} | — | — | — | — | — (no finished run of an arm) |"
-    cells = [*scale_cells(default, stock), time_cell(default, stock),
-             memory_cell(default, stock, "peak_train_bytes")]
+    cells = [
+        *scale_cells(default, stock),
+        time_cell(default, stock),
+        memory_cell(default, stock, "peak_train_bytes"),
+    ]
     return f"| {precision} | " + " | ".join(cells) + " |"
 
 
@@ -243,14 +271,19 @@ def order2_row(precision, by_arm):
     default, order2 = finished(by_arm.get("default", [])), finished(by_arm.get("order2", []))
     if not default or not order2:
         return None
-    losses = [statistics.median(r["final_valid_loss"] for r in records)
-              if all(r["final_valid_loss"] is not None for r in records) else None
-              for records in (order2, default)]
+    losses = [
+        statistics.median(r["final_valid_loss"] for r in records)
+        if all(r["final_valid_loss"] is not None for r in records)
+        else None
+        for records in (order2, default)
+    ]
     (ours, _), (theirs, _) = arm_time(order2), arm_time(default)
     speed = f"{ours / theirs:.3f}" if ours and theirs else "—"
-    return (f"| {precision} | {speed} | "
-            f"{memory_cell(order2, default, 'peak_train_bytes', None)} | "
-            f"{number(losses[0], '{:.3f}')} vs {number(losses[1], '{:.3f}')} |")
+    return (
+        f"| {precision} | {speed} | "
+        f"{memory_cell(order2, default, 'peak_train_bytes', None)} | "
+        f"{number(losses[0], '{:.3f}')} vs {number(losses[1], '{:.3f}')} |"
+    )
 
 
 def memory_row(precision, by_arm):
@@ -273,34 +306,62 @@ def mib(value):
     return "n/a" if value is None else f"{value / 2**20:.0f}"
 
 
-RUN_COLUMNS = ["precision", "arm", "run", "device", "updates", "loss scale: first", "min",
-               "final level", "last", "overflow steps", "gain", "s/update (median)",
-               "training peak (MiB)", "validation peak (MiB)", "final valid loss"]
+RUN_COLUMNS = [
+    "precision",
+    "arm",
+    "run",
+    "device",
+    "updates",
+    "loss scale: first",
+    "min",
+    "final level",
+    "last",
+    "overflow steps",
+    "gain",
+    "s/update (median)",
+    "training peak (MiB)",
+    "validation peak (MiB)",
+    "final valid loss",
+]
 
 
 def run_row(precision, arm, index, record, smoke):
     head = [precision, ARM_NAMES[arm], str(index)]
     if record is None or "failed" in record or "left_out" in record:
-        why = ("not run" if record is None else f"FAILED: {record['failed']}"
-               if "failed" in record else f"not run: {record['left_out']}")
+        why = (
+            "not run"
+            if record is None
+            else f"FAILED: {record['failed']}"
+            if "failed" in record
+            else f"not run: {record['left_out']}"
+        )
         return "| " + " | ".join(head + [why]) + " |" + " |" * (len(RUN_COLUMNS) - 4)
     scale = record["loss_scale"] or {}
     device = "CPU smoke" if smoke else (record.get("device") or "CPU")
     overflows = str(record["overflow_steps"])
     if record.get("dropped_batches"):
         overflows += f" ({record['dropped_batches']} batches dropped)"
-    cells = head + [device, str(record["updates"]), number(scale.get("first")),
-                    number(scale.get("min")), number(scale.get("final_level")),
-                    number(scale.get("last")), overflows, number(record.get("gain"), "{:.3f}"),
-                    number(record["seconds_per_update"], "{:.4f}"),
-                    mib(record.get("peak_train_bytes")), mib(record.get("peak_valid_bytes")),
-                    number(record["final_valid_loss"], "{:.3f}")]
+    cells = head + [
+        device,
+        str(record["updates"]),
+        number(scale.get("first")),
+        number(scale.get("min")),
+        number(scale.get("final_level")),
+        number(scale.get("last")),
+        overflows,
+        number(record.get("gain"), "{:.3f}"),
+        number(record["seconds_per_update"], "{:.4f}"),
+        mib(record.get("peak_train_bytes")),
+        mib(record.get("peak_valid_bytes")),
+        number(record["final_valid_loss"], "{:.3f}"),
+    ]
     return "| " + " | ".join(cells) + " |"
 
 
 def versions(records):
     def named(key):
         return ", ".join(sorted({str(r[key]) for r in records if r.get(key)})) or "—"
+
     return named("device"), named("torch"), named("fairseq")
 
 
@@ -312,29 +373,36 @@ def markdown(plan, results, header, extra, smoke):
     if smoke:
         device = "CPU smoke (no GPU: these figures test the script, not the package)"
     by_precision = {}
-    for (name, precision, arm, _), record in zip(plan, records):
+    for (_name, precision, arm, _), record in zip(plan, records):
         by_precision.setdefault(precision, {}).setdefault(arm, []).append(record)
     lines = [
-        "# GPU check (issue 18): the default against stock fairseq in half precision", "",
+        "# GPU check (issue 18): the default against stock fairseq in half precision",
+        "",
         f"- device: {device}; torch {torch_version}; fairseq {fairseq_version}",
-        *header, "",
+        *header,
+        "",
         "| " + " | ".join(RUN_COLUMNS) + " |",
         "|---" * len(RUN_COLUMNS) + "|",
-        *(run_row(p, a, i, r, smoke) for (_, p, a, i), r in zip(plan, records)), "",
+        *(run_row(p, a, i, r, smoke) for (_, p, a, i), r in zip(plan, records)),
+        "",
         "Targets, default against stock (an arm's runs pooled): loss scale minimum and final "
         f"level >= stock's, overflow steps <= stock's; s/update ratio <= {TARGET_RATIO} "
         "(FAIL only beyond the measured run-to-run noise); training peak memory ratio "
-        f"<= {TARGET_RATIO}.", "",
+        f"<= {TARGET_RATIO}.",
+        "",
         "| precision | loss scale min | loss scale final level | overflow steps | "
         "s/update, default/stock | training peak memory, default/stock |",
         "|---|---|---|---|---|---|",
-        *(target_row(p, arms) for p, arms in by_precision.items()), "",
+        *(target_row(p, arms) for p, arms in by_precision.items()),
+        "",
         "Memory without a target: the validation peak, and the logging hook's share "
-        "(the default against the default with --no-natbias-logging).", "",
+        "(the default against the default with --no-natbias-logging).",
+        "",
         "| precision | validation peak, default/stock | training peak, default/hook off | "
         "validation peak, default/hook off |",
         "|---|---|---|---|",
-        *(memory_row(p, arms) for p, arms in by_precision.items()), "",
+        *(memory_row(p, arms) for p, arms in by_precision.items()),
+        "",
         *order2_table(by_precision),
         *extra,
     ]
@@ -345,10 +413,15 @@ def order2_table(by_precision):
     rows = [row for row in (order2_row(p, arms) for p, arms in by_precision.items()) if row]
     if not rows:
         return []
-    return ["The bigram residual (--natbias-order 2, added in float32) against the default, "
-            "no target:", "",
-            "| precision | s/update, order 2/default | training peak, order 2/default | "
-            "final valid loss, order 2 vs default |", "|---|---|---|---|", *rows, ""]
+    return [
+        "The bigram residual (--natbias-order 2, added in float32) against the default, no target:",
+        "",
+        "| precision | s/update, order 2/default | training peak, order 2/default | "
+        "final valid loss, order 2 vs default |",
+        "|---|---|---|---|",
+        *rows,
+        "",
+    ]
 
 
 # --- the lines below the tables -------------------------------------------------------
@@ -365,10 +438,13 @@ HOW_MEASURED = (
     "without those holding an epoch's end and the start-up; peak memory = "
     "torch.cuda.max_memory_allocated() in the training process, fairseq's reset after "
     "every update folded into a running maximum, validation (fairseq_cli.train.validate) "
-    "apart; valid loss = label-smoothed loss in bits at the last validation.")
-BF16_NOTE = ("bf16: fairseq 0.12's --bf16 implies --tpu, whose code needs torch_xla; the "
-             "training process undoes that one implication (for both arms), or --bf16 could "
-             "not train on a GPU at all.")
+    "apart; valid loss = label-smoothed loss in bits at the last validation."
+)
+BF16_NOTE = (
+    "bf16: fairseq 0.12's --bf16 implies --tpu, whose code needs torch_xla; the "
+    "training process undoes that one implication (for both arms), or --bf16 could "
+    "not train on a GPU at all."
+)
 
 
 def torchrun_line(record, updates, precision, why_not):
@@ -380,17 +456,21 @@ def torchrun_line(record, updates, precision, why_not):
     processes = record.get("processes", 1)
     launched = f"torchrun --nproc_per_node={processes} ({what}, {updates} updates)"
     if processes == 1:
-        launched += (" [one process: the machine has one GPU (or none), so no process group "
-                     "and no DDP were tested]")
+        launched += (
+            " [one process: the machine has one GPU (or none), so no process group "
+            "and no DDP were tested]"
+        )
     else:
         launched += f" [{processes} processes, ranks that joined: {record.get('ranks')}]"
     if "failed" in record:
         return f"{launched}: FAILED: {record['failed']}"
     scale = record["loss_scale"] or {}
-    return (f"{launched}: reached update {record['updates']}, loss scale "
-            f"{number(scale.get('last'))}, {record['overflow_steps']} overflow steps, "
-            f"{number(record['seconds_per_update'], '{:.4f}')} s/update, valid loss "
-            f"{number(record['final_valid_loss'], '{:.3f}')}")
+    return (
+        f"{launched}: reached update {record['updates']}, loss scale "
+        f"{number(scale.get('last'))}, {record['overflow_steps']} overflow steps, "
+        f"{number(record['seconds_per_update'], '{:.4f}')} s/update, valid loss "
+        f"{number(record['final_valid_loss'], '{:.3f}')}"
+    )
 
 
 def generate_line(record, precision, why_not):

@@ -31,18 +31,25 @@ import zipfile
 from email.parser import HeaderParser
 from pathlib import Path
 
-
 REPO = Path(__file__).resolve().parents[1]
 # What the GPU check imports that is not this package: fairseq 0.12's build.
 NEEDED = ["ve-fairseq==0.12.3"]
-MACHINE_PYTHON = {"python_version": "3.12", "python_full_version": "3.12.3",
-                  "sys_platform": "linux", "platform_system": "Linux",
-                  "platform_machine": "x86_64", "os_name": "posix",
-                  "implementation_name": "cpython",
-                  "platform_python_implementation": "CPython", "extra": ""}
+MACHINE_PYTHON = {
+    "python_version": "3.12",
+    "python_full_version": "3.12.3",
+    "sys_platform": "linux",
+    "platform_system": "Linux",
+    "platform_machine": "x86_64",
+    "os_name": "posix",
+    "implementation_name": "cpython",
+    "platform_python_implementation": "CPython",
+    "extra": "",
+}
 MAX_GLIBC_MINOR = 28
 # The packages of the GPU machines' image 'cuda', as KINDS.md lists them.
-MACHINE_HAS = frozenset(name.lower() for name in """
+MACHINE_HAS = frozenset(
+    name.lower()
+    for name in """
 absl-py accelerate aiofiles aiohappyeyeballs aiohttp aiosignal annotated-doc anyio attrs
 botorch build certifi charset-normalizer chex click cloudpickle cmake colorama contourpy
 coverage cuda-bindings cuda-core cuda-pathfinder cuda-toolkit cupy-cuda13x cycler cython
@@ -67,7 +74,8 @@ sympy tabulate tensorboard tensorboard-data-server tensorstore threadpoolctl tif
 tiktoken timm tokenizers toolz torch torchaudio torchdiffeq torch-geometric torchmetrics
 torchvision tqdm transformers treescope triton typer typing-extensions typing-inspect
 urllib3 uvloop wadler-lindig werkzeug wheel wrapt xarray xxhash yarl zipp
-""".split())
+""".split()
+)
 
 
 def canonicalize_name(name):
@@ -93,9 +101,13 @@ def installs_on_machine(tags):
     for tag in tags:
         platform = re.fullmatch(r"manylinux(?:1|2010|2014|_2_(\d+))_x86_64", tag.platform)
         fits_platform = tag.platform == "any" or (
-            platform is not None and int(platform[1] or 17) <= MAX_GLIBC_MINOR)
-        if (tag.interpreter in ("cp312", "py3", "py312") and tag.abi in ("cp312", "abi3", "none")
-                and fits_platform):
+            platform is not None and int(platform[1] or 17) <= MAX_GLIBC_MINOR
+        )
+        if (
+            tag.interpreter in ("cp312", "py3", "py312")
+            and tag.abi in ("cp312", "abi3", "none")
+            and fits_platform
+        ):
             return True
     return False
 
@@ -121,23 +133,34 @@ def applies(requirement):
 def check(folder, needed=None, machine=MACHINE_HAS):
     """(lines to print, problems): the wheels of ``folder`` against ``needed``
     (requirements) and their own requirements."""
-    needed = [Requirement(r) for r in NEEDED] + this_package_requirements() \
-        if needed is None else [Requirement(r) for r in needed]
+    needed = (
+        [Requirement(r) for r in NEEDED] + this_package_requirements()
+        if needed is None
+        else [Requirement(r) for r in needed]
+    )
     wheels = sorted(Path(folder).glob("*.whl"))
     lines, problems, versions = [], [], {}
     for path in wheels:
         name, version, _, tags = parse_wheel_filename(path.name)
         versions.setdefault(name, []).append(version)
         fits = installs_on_machine(tags)
-        lines.append(f"{path.name}: {'installs on' if fits else 'DOES NOT install on'} "
-                     "CPython 3.12 x86-64 Linux")
+        lines.append(
+            f"{path.name}: {'installs on' if fits else 'DOES NOT install on'} "
+            "CPython 3.12 x86-64 Linux"
+        )
         if not fits:
             problems.append(f"{path.name} does not install on CPython 3.12 x86-64 Linux")
-    problems += [f"{name}: {len(found)} versions ({', '.join(map(str, found))}): keep one"
-                 for name, found in versions.items() if len(found) > 1]
+    problems += [
+        f"{name}: {len(found)} versions ({', '.join(map(str, found))}): keep one"
+        for name, found in versions.items()
+        if len(found) > 1
+    ]
     wanted = [(requirement, "needed") for requirement in needed]
-    wanted += [(requirement, parse_wheel_filename(path.name)[0]) for path in wheels
-               for requirement in wheel_requirements(path)]
+    wanted += [
+        (requirement, parse_wheel_filename(path.name)[0])
+        for path in wheels
+        for requirement in wheel_requirements(path)
+    ]
     for requirement, by in wanted:
         if not applies(requirement):
             continue
@@ -201,8 +224,10 @@ def import_check():
         if error.name != "torch":
             problems.append(f"import fairseq: {error}")
         else:
-            print("import fairseq: not checked, it needs torch, which this Python lacks "
-                  "(the GPU machine has it)")
+            print(
+                "import fairseq: not checked, it needs torch, which this Python lacks "
+                "(the GPU machine has it)"
+            )
     else:
         sys.path.insert(0, str(REPO))
         import fairseq_natbias  # noqa: F401

@@ -33,10 +33,11 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "research"))
 
-from natbias.tools import plots  # noqa: E402
-from natbias.tools.stats import mean_stderr  # noqa: E402
 from study.runs import nll_curve  # noqa: E402
 from study.summary import band  # noqa: E402
+
+from natbias.tools import plots  # noqa: E402
+from natbias.tools.stats import mean_stderr  # noqa: E402
 
 RESULTS = REPO / "research" / "results"
 REFERENCE = "stock"
@@ -70,8 +71,10 @@ def parse_setting(text):
     """``LABEL=SETTING:ARM`` -> (label, setting, arm)."""
     match = re.fullmatch(r"([^=]+)=([^:]+):(.+)", text)
     if not match:
-        raise SystemExit(f"head_start_at_best: --setting {text!r} is not LABEL=SETTING:ARM "
-                         "(e.g. '3,000 short=n3000_short-converge:gain-unigram')")
+        raise SystemExit(
+            f"head_start_at_best: --setting {text!r} is not LABEL=SETTING:ARM "
+            "(e.g. '3,000 short=n3000_short-converge:gain-unigram')"
+        )
     return match.groups()
 
 
@@ -82,8 +85,10 @@ def seed_pairs(results, pair, setting, arm):
     for stock_path in sorted((folder / REFERENCE).glob("seed*.json")):
         arm_path = folder / arm / stock_path.name
         if arm_path.is_file():
-            found[int(stock_path.stem[len("seed"):])] = (
-                json.loads(stock_path.read_text()), json.loads(arm_path.read_text()))
+            found[int(stock_path.stem[len("seed") :])] = (
+                json.loads(stock_path.read_text()),
+                json.loads(arm_path.read_text()),
+            )
     return found
 
 
@@ -103,11 +108,13 @@ def seed_figures(stock, arm, lead, margin):
     stock_updates, stock_nll = nll_curve(stock)
     best_at = float(stock_updates[int(np.argmin(stock_nll))])
     ahead = updates[difference <= -margin]
-    return {"lead_early": float(np.interp(EARLY, updates, difference)),
-            "stock_best_update": best_at,
-            "lead_at_stock_best": float(np.interp(best_at, updates, difference)),
-            "best_difference": float(np.min(arm["nll"]) - np.min(stock_nll)),
-            "last_ahead": float(ahead[-1]) if len(ahead) else 0.0}
+    return {
+        "lead_early": float(np.interp(EARLY, updates, difference)),
+        "stock_best_update": best_at,
+        "lead_at_stock_best": float(np.interp(best_at, updates, difference)),
+        "best_difference": float(np.min(arm["nll"]) - np.min(stock_nll)),
+        "last_ahead": float(ahead[-1]) if len(ahead) else 0.0,
+    }
 
 
 def summarise(results, pairs, settings, margin):
@@ -120,23 +127,28 @@ def summarise(results, pairs, settings, margin):
             if not found:
                 continue
             curves = [lead_curve(stock, arm_record) for stock, arm_record in found.values()]
-            figures = [seed_figures(stock, arm_record, curve, margin)
-                       for (stock, arm_record), curve in zip(found.values(), curves)]
+            figures = [
+                seed_figures(stock, arm_record, curve, margin)
+                for (stock, arm_record), curve in zip(found.values(), curves)
+            ]
             summary = {key: mean_stderr([f[key] for f in figures]) for key in figures[0]}
             rows.append((label, pair, sorted(found), summary, band(curves)))
     return rows
 
 
 def markdown(rows, margin):
-    lines = [f"| training pairs, schedule | pair | seeds | lead at update {EARLY:,} | stock's best at update "
-             "| lead at stock's best | best − stock's best | last update ahead by "
-             f"≥ {margin} |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"| training pairs, schedule | pair | seeds | lead at update {EARLY:,} | stock's best at update "
+        "| lead at stock's best | best − stock's best | last update ahead by "
+        f"≥ {margin} |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for label, pair, seeds, s, _ in rows:
         lines.append(
             f"| {label} | {pair} | {', '.join(map(str, seeds))} | {s['lead_early'].signed(3)} | "
             f"{s['stock_best_update'].format(0, count=False)} | {s['lead_at_stock_best'].signed(3)} | "
-            f"{s['best_difference'].signed(3)} | {s['last_ahead'].format(0, count=False)} |")
+            f"{s['best_difference'].signed(3)} | {s['last_ahead'].format(0, count=False)} |"
+        )
     return "\n".join(lines)
 
 
@@ -148,44 +160,78 @@ def plot(rows, path):
         keep = grid >= 200
         best = summary["stock_best_update"].mean
         panels.setdefault(f"Multi30k {pair}", []).append(
-            {"label": label, "x": grid[keep], "mean": mean[keep],
-             "low": (mean - stderr)[keep], "high": (mean + stderr)[keep],
-             "mark": (best, float(np.interp(best, grid, mean)))})
-    return plots.curve_panels(panels, "default − stock, valid NLL (bits)", str(path),
-                              ylim=(-0.45, 0.45), zero_line=True, legend_loc="upper left",
-                              xlabel="training updates (dot: stock's mean best)")
+            {
+                "label": label,
+                "x": grid[keep],
+                "mean": mean[keep],
+                "low": (mean - stderr)[keep],
+                "high": (mean + stderr)[keep],
+                "mark": (best, float(np.interp(best, grid, mean))),
+            }
+        )
+    return plots.curve_panels(
+        panels,
+        "default − stock, valid NLL (bits)",
+        str(path),
+        ylim=(-0.45, 0.45),
+        zero_line=True,
+        legend_loc="upper left",
+        xlabel="training updates (dot: stock's mean best)",
+    )
 
 
 def is_default_selection(args):
-    return (args.pairs == DEFAULT_PAIRS and args.setting == DEFAULT_SETTINGS
-            and args.margin == DEFAULT_MARGIN and Path(args.results) == RESULTS)
+    return (
+        args.pairs == DEFAULT_PAIRS
+        and args.setting == DEFAULT_SETTINGS
+        and args.margin == DEFAULT_MARGIN
+        and Path(args.results) == RESULTS
+    )
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pairs", nargs="+", default=DEFAULT_PAIRS)
-    parser.add_argument("--setting", nargs="+", default=DEFAULT_SETTINGS,
-                        help="LABEL=SETTING:ARM, one line each in the table and the plot")
-    parser.add_argument("--margin", type=float, default=DEFAULT_MARGIN,
-                        help="bits ahead that count as a lead (default 0.03, the issue's target)")
+    parser.add_argument(
+        "--setting",
+        nargs="+",
+        default=DEFAULT_SETTINGS,
+        help="LABEL=SETTING:ARM, one line each in the table and the plot",
+    )
+    parser.add_argument(
+        "--margin",
+        type=float,
+        default=DEFAULT_MARGIN,
+        help="bits ahead that count as a lead (default 0.03, the issue's target)",
+    )
     parser.add_argument("--results", default=str(RESULTS), help="folder holding runs/")
-    parser.add_argument("--out", help="write the table here (and the plot beside it, .png); "
-                                      f"the default selection writes results/{TABLE_NAME}")
+    parser.add_argument(
+        "--out",
+        help="write the table here (and the plot beside it, .png); "
+        f"the default selection writes results/{TABLE_NAME}",
+    )
     args = parser.parse_args(argv)
     settings = [parse_setting(text) for text in args.setting]
     rows = summarise(Path(args.results), args.pairs, settings, args.margin)
     if not rows:
-        raise SystemExit(f"head_start_at_best: no seed has both {REFERENCE} and the arm under "
-                         f"{args.results}/runs for these settings")
+        raise SystemExit(
+            f"head_start_at_best: no seed has both {REFERENCE} and the arm under "
+            f"{args.results}/runs for these settings"
+        )
     table = markdown(rows, args.margin)
     print(table)
-    out = Path(args.out) if args.out else (RESULTS / TABLE_NAME if is_default_selection(args)
-                                          else None)
+    out = (
+        Path(args.out)
+        if args.out
+        else (RESULTS / TABLE_NAME if is_default_selection(args) else None)
+    )
     if out is None:
         return
     command = ".venv/bin/python research/head_start_at_best.py" + (
-        "" if is_default_selection(args) and not args.out
-        else " " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:])))
+        ""
+        if is_default_selection(args) and not args.out
+        else " " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
+    )
     png = Path(plot(rows, out.with_suffix(".png")))
     out.write_text(HEADER.format(command=command, png=png.name) + table + "\n")
     print(f"wrote {out}", file=sys.stderr)

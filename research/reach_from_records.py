@@ -29,18 +29,27 @@ def row(path, target, horizon):
     nll = np.asarray(record["nll"])
     reached = updates_to_reach(updates, nll, target)
     scores = record["scores"]
-    score = (f"BLEU {scores['bleu']:.2f} / chrF {scores['chrf']:.2f}" if "bleu" in scores
-             else f"ppl {scores['ppl']:.2f}")
+    score = (
+        f"BLEU {scores['bleu']:.2f} / chrF {scores['chrf']:.2f}"
+        if "bleu" in scores
+        else f"ppl {scores['ppl']:.2f}"
+    )
     reach = "never" if reached == float("inf") else f"{reached:.0f} ({reached / horizon:.2f}x)"
     gain = record.get("gain")
-    return (f"| {path} | {reach} | {np.interp(horizon, updates, nll):.3f} | {score} | "
-            f"{'' if gain is None else f'{gain:.2f}'} |")
+    return (
+        f"| {path} | {reach} | {np.interp(horizon, updates, nll):.3f} | {score} | "
+        f"{'' if gain is None else f'{gain:.2f}'} |"
+    )
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("records", nargs="+", help="run records (the study's runs/.../seed<k>.json)")
-    parser.add_argument("--target", type=float, required=True, help="validation NLL to reach (bits)")
+    parser.add_argument(
+        "records", nargs="+", help="run records (the study's runs/.../seed<k>.json)"
+    )
+    parser.add_argument(
+        "--target", type=float, required=True, help="validation NLL to reach (bits)"
+    )
     parser.add_argument("--horizon", type=int, default=1000, help="the reach's denominator")
     parser.add_argument("--label", default="", help="where the target comes from")
     args = parser.parse_args(argv)
@@ -48,8 +57,10 @@ def main(argv=None):
     if missing:
         raise SystemExit(f"reach_from_records: no run record at {', '.join(missing)}")
     print(f"Target {args.target:.3f} bits{': ' + args.label if args.label else ''}\n")
-    print(f"| run record | update reaching it (of {args.horizon:,}) | valid NLL at "
-          f"{args.horizon:,} | test score (best checkpoint) | gain g at the end |")
+    print(
+        f"| run record | update reaching it (of {args.horizon:,}) | valid NLL at "
+        f"{args.horizon:,} | test score (best checkpoint) | gain g at the end |"
+    )
     print("|---|---|---|---|---|")
     for path in args.records:
         print(row(path, args.target, args.horizon))

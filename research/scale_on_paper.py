@@ -29,6 +29,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench_counting import write_synthetic_split  # noqa: E402
+
 from fairseq_natbias.pipeline import build_from_training_args  # noqa: E402
 
 
@@ -52,8 +53,9 @@ def sizes(model):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--vocab", type=int, default=32000)
     args = parser.parse_args()
     warnings.filterwarnings("ignore")  # hydra's deprecation notices at every build
@@ -64,22 +66,29 @@ def main():
         models = {
             "fairseq transformer_wmt_en_de": [tmp, "--arch", "transformer_wmt_en_de", *common],
             "transformer_natbias (same sizes)": [*natbias, "--arch", "transformer_natbias"],
-            "transformer_natbias_wmt_en_de (paper: FFN 512)":
-                [*natbias, "--arch", "transformer_natbias_wmt_en_de"],
+            "transformer_natbias_wmt_en_de (paper: FFN 512)": [
+                *natbias,
+                "--arch",
+                "transformer_natbias_wmt_en_de",
+            ],
         }
         logging.disable(logging.INFO)  # fairseq's per-build log lines
         rows = {name: sizes(build_from_training_args(argv)[2]) for name, argv in models.items()}
     stock = rows["fairseq transformer_wmt_en_de"]
-    print(f"| model ({args.vocab} vocabulary, tied) | parameters | buffers | "
-          "training state (fp32 W + grad + Adam, MiB) |")
+    print(
+        f"| model ({args.vocab} vocabulary, tied) | parameters | buffers | "
+        "training state (fp32 W + grad + Adam, MiB) |"
+    )
     print("|---|---|---|---|")
     for name, (parameters, buffers, state) in rows.items():
         print(f"| {name} | {parameters:,} | {buffers:,} | {state / 2**20:.1f} |")
     same = rows["transformer_natbias (same sizes)"]
     extra_parameters, extra_buffers = same[0] - stock[0], same[1] - stock[1]
-    print(f"\nplugin vs stock at equal sizes: +{extra_parameters:,} parameters, "
-          f"+{extra_buffers:,} buffer entries, +{(same[2] - stock[2]) / 2**20:.2f} MiB "
-          f"of training state ({100 * (same[2] - stock[2]) / stock[2]:.3f}% of the stock model's)")
+    print(
+        f"\nplugin vs stock at equal sizes: +{extra_parameters:,} parameters, "
+        f"+{extra_buffers:,} buffer entries, +{(same[2] - stock[2]) / 2**20:.2f} MiB "
+        f"of training state ({100 * (same[2] - stock[2]) / stock[2]:.3f}% of the stock model's)"
+    )
 
 
 if __name__ == "__main__":

@@ -77,15 +77,23 @@ class Task:
 TASKS = {
     # No --source-lang/--target-lang: fairseq infers the one pair in the
     # data-bin, so the same options serve Multi30k and the tests' toy data.
-    "translation": Task("translation", ("de", "en"), "de-en", ("--task", "translation"),
-                        ("--share-all-embeddings",),
-                        ("dict.de.txt", "dict.en.txt", "valid.de-en.en.bin", "train.de-en.en.bin")),
+    "translation": Task(
+        "translation",
+        ("de", "en"),
+        "de-en",
+        ("--task", "translation"),
+        ("--share-all-embeddings",),
+        ("dict.de.txt", "dict.en.txt", "valid.de-en.en.bin", "train.de-en.en.bin"),
+    ),
     # The study's LM data options: 64-token blocks across sentence ends.
-    "lm": Task("lm", ("en",), "lm-en",
-               ("--task", "language_modeling", "--tokens-per-sample", "64",
-                "--sample-break-mode", "none"),
-               ("--share-decoder-input-output-embed",),
-               ("dict.txt", "valid.bin", "train.bin")),
+    "lm": Task(
+        "lm",
+        ("en",),
+        "lm-en",
+        ("--task", "language_modeling", "--tokens-per-sample", "64", "--sample-break-mode", "none"),
+        ("--share-decoder-input-output-embed",),
+        ("dict.txt", "valid.bin", "train.bin"),
+    ),
 }
 
 
@@ -104,8 +112,7 @@ def presets():
     for arch, model_class in ARCH_MODEL_REGISTRY.items():
         if arch.startswith(PREFIXES):
             # The model class, not the name, says which task builds it.
-            task = ("translation" if issubclass(model_class, FairseqEncoderDecoderModel)
-                    else "lm")
+            task = "translation" if issubclass(model_class, FairseqEncoderDecoderModel) else "lm"
             found.append((arch, task))
     return sorted(found, key=lambda item: (item[1] != "translation", item[0]))
 
@@ -116,8 +123,20 @@ def arguments(arch, task, request, data_bin, save_dir):
     tie = list(task.tie) if request == "tied" else []
     # save_dir holds no checkpoint: the model counts the unigram afresh
     # instead of expecting one to resume from.
-    return [str(data_bin), "--user-dir", "fairseq_natbias", "--arch", arch, *task.options,
-            *tie, "--cpu", "--seed", "1", "--save-dir", str(save_dir)]
+    return [
+        str(data_bin),
+        "--user-dir",
+        "fairseq_natbias",
+        "--arch",
+        arch,
+        *task.options,
+        *tie,
+        "--cpu",
+        "--seed",
+        "1",
+        "--save-dir",
+        str(save_dir),
+    ]
 
 
 def tying(model_cfg):
@@ -136,20 +155,26 @@ def measure(arch, task, request, data_bin, save_dir):
     """One row: build, count the parameters, run the validation split at update 0."""
     started = time.time()
     cfg, fairseq_task, model = pipeline.build_from_training_args(
-        arguments(arch, task, request, data_bin, save_dir))
+        arguments(arch, task, request, data_bin, save_dir)
+    )
     shared = tying(cfg.model)
     result = validation_divergence(fairseq_task, model)
     return {
-        "preset": arch, "task": task.name, "request": request,
+        "preset": arch,
+        "task": task.name,
+        "request": request,
         "tying": "untied" if shared is None else f"tied ({shared})",
         "tied_by_preset": request == "untied" and shared is not None,
         # parameters() yields a shared matrix once, so tying shows here.
         "parameters": sum(p.numel() for p in model.parameters()),
-        "nll": result["nll"], "unigram_ce": result["unigram_ce"],
-        "kl_unigram": result["kl_unigram"], "tokens": result["tokens"],
+        "nll": result["nll"],
+        "unigram_ce": result["unigram_ce"],
+        "kl_unigram": result["kl_unigram"],
+        "tokens": result["tokens"],
         "difference": result["nll"] - result["unigram_ce"],
         "within": abs(result["nll"] - result["unigram_ce"]) <= WITHIN_BITS,
-        "seconds": time.time() - started, "data": str(data_bin),
+        "seconds": time.time() - started,
+        "data": str(data_bin),
     }
 
 
@@ -171,9 +196,11 @@ def measure_preset(arch, task, data_bin, save_dir, known=None, on_row=None):
                 on_row(key, row)
         else:
             say(f"{key}: measured before, skipped")
-        say(f"{key}: NLL {row['nll']:.3f} bits, unigram {row['unigram_ce']:.3f}, "
+        say(
+            f"{key}: NLL {row['nll']:.3f} bits, unigram {row['unigram_ce']:.3f}, "
             f"difference {row['difference']:+.3f}, {row['parameters']:,} parameters, "
-            f"{row['seconds']:.0f} s")
+            f"{row['seconds']:.0f} s"
+        )
         rows.append(row)
     return rows
 
@@ -198,8 +225,10 @@ def data_for(task, args):
     if not complete(task, work / "data-bin"):
         raw = Path(args.multi30k)
         if not has_all_files(raw, task.langs):
-            raise SystemExit(f"step0_presets: no Multi30k {'-'.join(task.langs)} at {raw}; "
-                             "give --multi30k DIR or set NATBIAS_MULTI30K")
+            raise SystemExit(
+                f"step0_presets: no Multi30k {'-'.join(task.langs)} at {raw}; "
+                "give --multi30k DIR or set NATBIAS_MULTI30K"
+            )
     work.mkdir(parents=True, exist_ok=True)
     return task.prepare(Path(args.multi30k), work)
 
@@ -221,23 +250,39 @@ def save_cache(path, rows):
     temporary.replace(path)
 
 
-COLUMNS = ("preset", "task", "tying", "parameters", "NLL at update 0 (bits)",
-           "unigram cross-entropy (bits)", "difference (bits)",
-           f"within {WITHIN_BITS} bits", "KL(model ‖ unigram) (bits)",
-           "seconds (build + measure)")
+COLUMNS = (
+    "preset",
+    "task",
+    "tying",
+    "parameters",
+    "NLL at update 0 (bits)",
+    "unigram cross-entropy (bits)",
+    "difference (bits)",
+    f"within {WITHIN_BITS} bits",
+    "KL(model ‖ unigram) (bits)",
+    "seconds (build + measure)",
+)
 
 
 def table_row(row):
-    cells = (row["preset"], row["task"], row["tying"], f"{row['parameters']:,}",
-             f"{row['nll']:.3f}", f"{row['unigram_ce']:.3f}", f"{row['difference']:+.3f}",
-             "yes" if row["within"] else "**no**", f"{row['kl_unigram']:.3f}",
-             f"{row['seconds']:.0f}")
+    cells = (
+        row["preset"],
+        row["task"],
+        row["tying"],
+        f"{row['parameters']:,}",
+        f"{row['nll']:.3f}",
+        f"{row['unigram_ce']:.3f}",
+        f"{row['difference']:+.3f}",
+        "yes" if row["within"] else "**no**",
+        f"{row['kl_unigram']:.3f}",
+        f"{row['seconds']:.0f}",
+    )
     return "| " + " | ".join(cells) + " |"
 
 
 def markdown(rows, command, data, threads, note):
-    import torch
     import fairseq
+    import torch
 
     tokens = {row["task"]: row["tokens"] for row in rows}
     head = [
@@ -261,8 +306,14 @@ def markdown(rows, command, data, threads, note):
         "|---" * len(COLUMNS) + "|",
     ]
     missed = [f"{r['preset']} ({r['tying']})" for r in rows if not r["within"]]
-    foot = ["", (f"Not within {WITHIN_BITS} bits: {', '.join(missed)}." if missed
-                 else f"Every row is within {WITHIN_BITS} bits of the unigram.")]
+    foot = [
+        "",
+        (
+            f"Not within {WITHIN_BITS} bits: {', '.join(missed)}."
+            if missed
+            else f"Every row is within {WITHIN_BITS} bits of the unigram."
+        ),
+    ]
     return "\n".join(head + [table_row(row) for row in rows] + foot) + "\n"
 
 
@@ -270,27 +321,44 @@ def markdown(rows, command, data, threads, note):
 
 
 def parse_arguments():
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--multi30k", default=os.environ.get("NATBIAS_MULTI30K",
-                                                             "../shared/data/multi30k"))
-    parser.add_argument("--workdir", default="work/step0_presets",
-                        help="prepared data and the cache of measured rows")
-    parser.add_argument("--prepared", help="a study workdir (e.g. /tmp/study) whose "
-                        "de-en/data-bin and lm-en/data-bin are used where complete")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--multi30k", default=os.environ.get("NATBIAS_MULTI30K", "../shared/data/multi30k")
+    )
+    parser.add_argument(
+        "--workdir",
+        default="work/step0_presets",
+        help="prepared data and the cache of measured rows",
+    )
+    parser.add_argument(
+        "--prepared",
+        help="a study workdir (e.g. /tmp/study) whose "
+        "de-en/data-bin and lm-en/data-bin are used where complete",
+    )
     parser.add_argument("--output", default=str(REPO / "research/results/step0_presets.md"))
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--note", help="said after the machine in the table (e.g. what "
-                        "else ran, which makes the seconds noisy)")
+    parser.add_argument(
+        "--note",
+        help="said after the machine in the table (e.g. what "
+        "else ran, which makes the seconds noisy)",
+    )
     return parser.parse_args()
 
 
 # Third-party notices repeated at every build or batch; each is harmless here
 # (pytest.ini says why, one by one).
-NOTICES = (r"(?s).*validated against ConfigStore schema", r"(?s).*version_base parameter",
-           r"(?s).*deprecated keyword in package header", r"(?s).*strict flag in the compose",
-           r"hydra\.experimental", r"`torch\.jit\.script` is deprecated",
-           r"'pin_memory' argument", r"Support for mismatched key_padding_mask")
+NOTICES = (
+    r"(?s).*validated against ConfigStore schema",
+    r"(?s).*version_base parameter",
+    r"(?s).*deprecated keyword in package header",
+    r"(?s).*strict flag in the compose",
+    r"hydra\.experimental",
+    r"`torch\.jit\.script` is deprecated",
+    r"'pin_memory' argument",
+    r"Support for mismatched key_padding_mask",
+)
 
 
 def quiet():
@@ -319,8 +387,11 @@ def main():
         save_cache(cache_path, cache)
 
     save_dir = workdir / "no-checkpoints"
-    rows = [row for arch, task in found
-            for row in measure_preset(arch, TASKS[task], data[task], save_dir, cache, keep)]
+    rows = [
+        row
+        for arch, task in found
+        for row in measure_preset(arch, TASKS[task], data[task], save_dir, cache, keep)
+    ]
     command = f"{os.path.relpath(sys.executable, REPO)} {shlex.join(sys.argv)}"
     table = markdown(rows, command, data, args.threads, args.note)
     Path(args.output).write_text(table, encoding="utf-8")

@@ -113,77 +113,145 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "research"))  # the study package, research/study/
 
-from natbias.tools.data import has_all_files  # noqa: E402
 # The study's parts (research/study/__init__.py says which holds what). The
 # names tests/test_study_learning_efficiency.py reads from this script are
 # imported here too, so that it reads the whole study from one place.
 from study.arms import (  # noqa: E402,F401
-    CONVERGE_TEST_SETS, EPOCHS_NEVER, PRESETS, SCHEDULES, TYING_OPTIONS, Arm, LanguageModel,
-    Translation, converge_options, first_pairs, vocabulary_for)
+    CONVERGE_TEST_SETS,
+    EPOCHS_NEVER,
+    PRESETS,
+    SCHEDULES,
+    TYING_OPTIONS,
+    Arm,
+    LanguageModel,
+    Translation,
+    converge_options,
+    first_pairs,
+    vocabulary_for,
+)
 from study.runs import (  # noqa: E402,F401
-    EARLY_STOP, collect_runs, reopen_to_train_on, time_updates, timing_arguments, train_all,
-    training_arguments)
+    EARLY_STOP,
+    collect_runs,
+    reopen_to_train_on,
+    time_updates,
+    timing_arguments,
+    train_all,
+    training_arguments,
+)
 from study.summary import (  # noqa: E402,F401
-    from_update, markdown_converged, markdown_reach_by_horizon, reach_by_horizon, summarise,
-    write_table_and_plots)
+    from_update,
+    markdown_converged,
+    markdown_reach_by_horizon,
+    reach_by_horizon,
+    summarise,
+    write_table_and_plots,
+)
+
+from natbias.tools.data import has_all_files  # noqa: E402
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--multi30k", default=os.environ.get("NATBIAS_MULTI30K",
-                                                             "../shared/data/multi30k"))
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--multi30k", default=os.environ.get("NATBIAS_MULTI30K", "../shared/data/multi30k")
+    )
     parser.add_argument("--workdir", default="work/study")
     parser.add_argument("--task", default="translation", choices=["translation", "lm"])
-    parser.add_argument("--pair", default="de-en", choices=["de-en", "fr-en"],
-                        help="with --task translation")
-    parser.add_argument("--lang", default="en", choices=["en", "de", "fr"],
-                        help="with --task lm")
+    parser.add_argument(
+        "--pair", default="de-en", choices=["de-en", "fr-en"], help="with --task translation"
+    )
+    parser.add_argument("--lang", default="en", choices=["en", "de", "fr"], help="with --task lm")
     parser.add_argument("--schedule", default="short", choices=sorted(SCHEDULES))
-    parser.add_argument("--arms", nargs="+", default=[
-        "stock", "gain/unigram", "gain/zero", "gain/none",
-        "fairseq/unigram", "fairseq/zero", "fairseq/none"])
+    parser.add_argument(
+        "--arms",
+        nargs="+",
+        default=[
+            "stock",
+            "gain/unigram",
+            "gain/zero",
+            "gain/none",
+            "fairseq/unigram",
+            "fairseq/zero",
+            "fairseq/none",
+        ],
+    )
     parser.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3])
-    parser.add_argument("--max-update", type=int,
-                        help="updates per run (default 1000; with --converge, the cap: 12000; "
-                             "a --converge run its cap stopped trains on to a higher cap)")
+    parser.add_argument(
+        "--max-update",
+        type=int,
+        help="updates per run (default 1000; with --converge, the cap: 12000; "
+        "a --converge run its cap stopped trains on to a higher cap)",
+    )
     parser.add_argument("--max-tokens", type=int, default=1500)
-    parser.add_argument("--validate-every", type=int,
-                        help="updates between validations (default 50; with --converge 250)")
-    parser.add_argument("--converge", action="store_true",
-                        help="train each run until its validation NLL has not improved for "
-                             "--patience validations (best checkpoint: lowest validation NLL; "
-                             "no BLEU during training; translation also scored on "
-                             "test_2017_flickr); runs and results are named <setting>-converge")
-    parser.add_argument("--patience", type=int, default=6,
-                        help="with --converge: validations without improvement before a run "
-                             "stops; 0: a fixed budget of --max-update updates (runs stopped "
-                             "by their patience train on to it)")
+    parser.add_argument(
+        "--validate-every",
+        type=int,
+        help="updates between validations (default 50; with --converge 250)",
+    )
+    parser.add_argument(
+        "--converge",
+        action="store_true",
+        help="train each run until its validation NLL has not improved for "
+        "--patience validations (best checkpoint: lowest validation NLL; "
+        "no BLEU during training; translation also scored on "
+        "test_2017_flickr); runs and results are named <setting>-converge",
+    )
+    parser.add_argument(
+        "--patience",
+        type=int,
+        default=6,
+        help="with --converge: validations without improvement before a run "
+        "stops; 0: a fixed budget of --max-update updates (runs stopped "
+        "by their patience train on to it)",
+    )
     parser.add_argument("--jobs", type=int, default=2, help="trainings side by side")
     parser.add_argument("--threads", type=int, default=1, help="CPU threads per training")
-    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
-                        help="where fairseq trains and scores: cuda drops --cpu (a lent GPU "
-                             "machine, research/studies/gpu_check.md); such runs and results "
-                             "are named <setting>-cuda, apart from the CPU's, since the same "
-                             "seed gives other numbers there")
-    parser.add_argument("--summarise-only", action="store_true",
-                        help="no training: the table and plots of the finished runs")
+    parser.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="where fairseq trains and scores: cuda drops --cpu (a lent GPU "
+        "machine, research/studies/gpu_check.md); such runs and results "
+        "are named <setting>-cuda, apart from the CPU's, since the same "
+        "seed gives other numbers there",
+    )
+    parser.add_argument(
+        "--summarise-only",
+        action="store_true",
+        help="no training: the table and plots of the finished runs",
+    )
     parser.add_argument("--results", help="also copy the table and plots to this folder")
-    parser.add_argument("--untied", action="store_true",
-                        help="untied output projection (no embedding sharing); runs and "
-                             "results are named <schedule>-untied")
-    parser.add_argument("--time-updates", type=int, metavar="N",
-                        help="no study: time N updates of each arm (no validation, no "
-                             "checkpoint) and print seconds per update, to plan a study")
-    parser.add_argument("--train-pairs", type=int, metavar="N",
-                        help="the first N training pairs only (a small corpus; for "
-                             "--task lm the first N sentences of the language), "
-                             "SentencePiece vocabulary scaled with sqrt(N) (8,000 at "
-                             "29,000); runs and results are named <pair>_nN (lm-<lang>_nN)")
-    parser.add_argument("--preset", choices=sorted(PRESETS),
-                        help="translation at a paper size instead of the small model (2+2, "
-                             "d 128): iwslt (6+6, d 256, FFN 256, 4 heads); results named "
-                             "<schedule>-iwslt")
+    parser.add_argument(
+        "--untied",
+        action="store_true",
+        help="untied output projection (no embedding sharing); runs and "
+        "results are named <schedule>-untied",
+    )
+    parser.add_argument(
+        "--time-updates",
+        type=int,
+        metavar="N",
+        help="no study: time N updates of each arm (no validation, no "
+        "checkpoint) and print seconds per update, to plan a study",
+    )
+    parser.add_argument(
+        "--train-pairs",
+        type=int,
+        metavar="N",
+        help="the first N training pairs only (a small corpus; for "
+        "--task lm the first N sentences of the language), "
+        "SentencePiece vocabulary scaled with sqrt(N) (8,000 at "
+        "29,000); runs and results are named <pair>_nN (lm-<lang>_nN)",
+    )
+    parser.add_argument(
+        "--preset",
+        choices=sorted(PRESETS),
+        help="translation at a paper size instead of the small model (2+2, "
+        "d 128): iwslt (6+6, d 256, FFN 256, 4 heads); results named "
+        "<schedule>-iwslt",
+    )
     args = parser.parse_args()
     arms = [Arm.parse(text) for text in args.arms]
     if args.preset and args.task != "translation":
@@ -192,16 +260,22 @@ def main():
         args.max_update = 12000 if args.converge else 1000
     if args.validate_every is None:
         args.validate_every = 250 if args.converge else 50
-    task = (Translation(args.pair, CONVERGE_TEST_SETS[1:] if args.converge else ())
-            if args.task == "translation" else LanguageModel(args.lang))
+    task = (
+        Translation(args.pair, CONVERGE_TEST_SETS[1:] if args.converge else ())
+        if args.task == "translation"
+        else LanguageModel(args.lang)
+    )
     if args.preset:
         task.use_preset(args.preset)
     task.device = args.device
     if args.untied:
         task.options = [o for o in task.options if o not in TYING_OPTIONS]
     if args.converge:
-        task.options = [*converge_options(task.options, task.loss_key), "--patience",
-                        str(args.patience)]
+        task.options = [
+            *converge_options(task.options, task.loss_key),
+            "--patience",
+            str(args.patience),
+        ]
     raw = Path(args.multi30k)
     langs = task.langs if args.task == "translation" else (task.lang,)
     if not has_all_files(raw, langs):
@@ -213,10 +287,13 @@ def main():
     work.mkdir(parents=True, exist_ok=True)
     if args.train_pairs:
         raw = first_pairs(raw, work / "raw", langs, args.train_pairs)
-    setting = args.setting = (args.schedule + ("-untied" if args.untied else "")
-                              + (f"-{args.preset}" if args.preset else "")
-                              + ("-converge" if args.converge else "")
-                              + ("-cuda" if args.device == "cuda" else ""))
+    setting = args.setting = (
+        args.schedule
+        + ("-untied" if args.untied else "")
+        + (f"-{args.preset}" if args.preset else "")
+        + ("-converge" if args.converge else "")
+        + ("-cuda" if args.device == "cuda" else "")
+    )
     study_dir = work / setting
     os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(args.threads)
     data_bin = task.prepare(raw, work)
@@ -225,29 +302,42 @@ def main():
         return
     if not args.summarise_only:
         train_all(task, data_bin, work, study_dir, arms, args.seeds, args)
-    archive = (Path(args.results) / "runs" / f"{task.folder}_{setting}"
-               if args.results else None)
-    runs = collect_runs(task, study_dir, arms, args.seeds, archive,
-                        with_bleu_curve=task.name == "translation" and not args.converge)
+    archive = Path(args.results) / "runs" / f"{task.folder}_{setting}" if args.results else None
+    runs = collect_runs(
+        task,
+        study_dir,
+        arms,
+        args.seeds,
+        archive,
+        with_bleu_curve=task.name == "translation" and not args.converge,
+    )
     if args.task != "translation":
-        size = (f"{args.train_pairs:,} sentences (SentencePiece {task.vocab_size:,}), "
-                if args.train_pairs else "")
+        size = (
+            f"{args.train_pairs:,} sentences (SentencePiece {task.vocab_size:,}), "
+            if args.train_pairs
+            else ""
+        )
         title = f"language model, Multi30k {args.lang}, {size}schedule {setting}"
     elif args.train_pairs:  # short enough for a plot's panel title
-        title = (f"Multi30k {args.pair}, {args.train_pairs:,} pairs "
-                 f"(SentencePiece {task.vocab_size:,}), {setting}")
+        title = (
+            f"Multi30k {args.pair}, {args.train_pairs:,} pairs "
+            f"(SentencePiece {task.vocab_size:,}), {setting}"
+        )
     else:
         title = f"Multi30k {args.pair}, schedule {setting}"
-    table, outputs = write_table_and_plots(task, runs, title, study_dir, args.converge,
-                                           args.patience)
+    table, outputs = write_table_and_plots(
+        task, runs, title, study_dir, args.converge, args.patience
+    )
     if args.results:
         results = Path(args.results)
         results.mkdir(parents=True, exist_ok=True)
         for path in outputs.values():
             shutil.copy(path, results / f"{task.folder}_{setting}_{path.name}")
     print(table)
-    print(f"outputs: {', '.join(str(p) for p in outputs.values())}; "
-          f"command: {sys.executable} {' '.join(sys.argv)}")
+    print(
+        f"outputs: {', '.join(str(p) for p in outputs.values())}; "
+        f"command: {sys.executable} {' '.join(sys.argv)}"
+    )
 
 
 if __name__ == "__main__":

@@ -9,7 +9,6 @@ import shutil
 import pytest
 import torch
 from filelock import FileLock
-
 from natbias_testing import MULTI30K, fairseq
 
 # One thread per pytest worker (make test runs one worker per core), for the
@@ -23,12 +22,23 @@ torch.set_num_threads(1)
 # ones leaves short ones to fill the end instead of one worker finishing a
 # two-minute module alone (xdist's own reordering goes by number of tests).
 LONGEST_FIRST = [
-    "test_recipes.py", "test_examples.py", "test_gpu_check.py", "test_demo.py",
-    "test_bigram_residual.py", "test_natural_bias.py", "test_half_precision.py",
+    "test_recipes.py",
+    "test_examples.py",
+    "test_gpu_check.py",
+    "test_demo.py",
+    "test_bigram_residual.py",
+    "test_natural_bias.py",
+    "test_half_precision.py",
     "test_generation_control.py",
-    "test_logging_hook.py", "test_transformer_natbias.py", "test_checkpoint_settings.py",
-    "test_transformer_lm_natbias.py", "test_checkpoint_tools.py", "test_sweep_lm.py",
-    "test_unigram_regularized_cross_entropy.py", "test_decomposition.py", "test_frequency.py",
+    "test_logging_hook.py",
+    "test_transformer_natbias.py",
+    "test_checkpoint_settings.py",
+    "test_transformer_lm_natbias.py",
+    "test_checkpoint_tools.py",
+    "test_sweep_lm.py",
+    "test_unigram_regularized_cross_entropy.py",
+    "test_decomposition.py",
+    "test_frequency.py",
 ]
 
 
@@ -95,9 +105,20 @@ def toy_text(tmp_path_factory):
 
 def preprocess(text_dir, dest, joined=False, src="src", tgt="tgt"):
     args = [
-        "--source-lang", src, "--target-lang", tgt,
-        "--trainpref", text_dir / "train", "--validpref", text_dir / "valid",
-        "--testpref", text_dir / "test", "--destdir", dest, "--workers", "1",
+        "--source-lang",
+        src,
+        "--target-lang",
+        tgt,
+        "--trainpref",
+        text_dir / "train",
+        "--validpref",
+        text_dir / "valid",
+        "--testpref",
+        text_dir / "test",
+        "--destdir",
+        dest,
+        "--workers",
+        "1",
     ]
     if joined:
         args.append("--joined-dictionary")
@@ -108,15 +129,15 @@ def preprocess(text_dir, dest, joined=False, src="src", tgt="tgt"):
 @pytest.fixture(scope="session")
 def toy_bin(tmp_path_factory, toy_text):
     """Binarised toy data with separate dictionaries."""
-    return built_once(tmp_path_factory, "toy_bin",
-                      lambda dest: preprocess(toy_text, dest))
+    return built_once(tmp_path_factory, "toy_bin", lambda dest: preprocess(toy_text, dest))
 
 
 @pytest.fixture(scope="session")
 def toy_bin_joined(tmp_path_factory, toy_text):
     """Binarised toy data with one joined dictionary (source words included)."""
-    return built_once(tmp_path_factory, "toy_bin_joined",
-                      lambda dest: preprocess(toy_text, dest, joined=True))
+    return built_once(
+        tmp_path_factory, "toy_bin_joined", lambda dest: preprocess(toy_text, dest, joined=True)
+    )
 
 
 @pytest.fixture
@@ -162,20 +183,32 @@ def encode_multi30k(root):
             _write(root / f"{split}.raw.{lang}", raw[split, lang])
     spm.SentencePieceTrainer.train(
         input=f"{root}/train.raw.de,{root}/train.raw.en",
-        model_prefix=str(root / "spm"), vocab_size=8000, model_type="unigram",
-        character_coverage=1.0, bos_id=-1, eos_id=-1, pad_id=-1, unk_id=0,
-        minloglevel=2, num_threads=2,
+        model_prefix=str(root / "spm"),
+        vocab_size=8000,
+        model_type="unigram",
+        character_coverage=1.0,
+        bos_id=-1,
+        eos_id=-1,
+        pad_id=-1,
+        unk_id=0,
+        minloglevel=2,
+        num_threads=2,
     )
     model = spm.SentencePieceProcessor(model_file=str(root / "spm.model"))
     for (split, lang), lines in raw.items():
-        _write(root / f"{split}.{lang}", [" ".join(model.encode(l, out_type=str)) for l in lines])
+        _write(
+            root / f"{split}.{lang}", [" ".join(model.encode(line, out_type=str)) for line in lines]
+        )
 
 
 @pytest.fixture(scope="session")
 def multi30k_bin(tmp_path_factory, multi30k_text):
     """Multi30k De-En, joint SentencePiece, joined dictionary, binarised."""
-    return built_once(tmp_path_factory, "multi30k_bin", lambda dest: preprocess(
-        multi30k_text, dest, joined=True, src="de", tgt="en"))
+    return built_once(
+        tmp_path_factory,
+        "multi30k_bin",
+        lambda dest: preprocess(multi30k_text, dest, joined=True, src="de", tgt="en"),
+    )
 
 
 @pytest.fixture(scope="session")
@@ -191,10 +224,11 @@ def lsce_run(tmp_path_factory, toy_bin):
 def toy_log_unigram(toy_text, toy_bin):
     """log omega of the toy training targets, counted in the tests (float64)."""
     from fairseq.data import Dictionary
-
     from natbias_testing import reference_log_unigram
 
-    return reference_log_unigram(toy_text / "train.tgt", Dictionary.load(str(toy_bin / "dict.tgt.txt")))
+    return reference_log_unigram(
+        toy_text / "train.tgt", Dictionary.load(str(toy_bin / "dict.tgt.txt"))
+    )
 
 
 # --- language modelling: fairseq-preprocess --only-source -------------------------
@@ -202,21 +236,34 @@ def toy_log_unigram(toy_text, toy_bin):
 
 def preprocess_lm(text_dir, dest, lang):
     """``text_dir/{train,valid,test}.LANG`` binarised for --task language_modeling."""
-    fairseq("fairseq-preprocess", "--only-source",
-            "--trainpref", text_dir / f"train.{lang}", "--validpref", text_dir / f"valid.{lang}",
-            "--testpref", text_dir / f"test.{lang}", "--destdir", dest, "--workers", "1")
+    fairseq(
+        "fairseq-preprocess",
+        "--only-source",
+        "--trainpref",
+        text_dir / f"train.{lang}",
+        "--validpref",
+        text_dir / f"valid.{lang}",
+        "--testpref",
+        text_dir / f"test.{lang}",
+        "--destdir",
+        dest,
+        "--workers",
+        "1",
+    )
     return dest
 
 
 @pytest.fixture(scope="session")
 def toy_lm_bin(tmp_path_factory, toy_text):
     """The toy corpus's target side as language-model data."""
-    return built_once(tmp_path_factory, "toy_lm_bin",
-                      lambda dest: preprocess_lm(toy_text, dest, "tgt"))
+    return built_once(
+        tmp_path_factory, "toy_lm_bin", lambda dest: preprocess_lm(toy_text, dest, "tgt")
+    )
 
 
 @pytest.fixture(scope="session")
 def multi30k_lm_bin(tmp_path_factory, multi30k_text):
     """Multi30k English (the joint SentencePiece pieces) as language-model data."""
-    return built_once(tmp_path_factory, "multi30k_lm_bin",
-                      lambda dest: preprocess_lm(multi30k_text, dest, "en"))
+    return built_once(
+        tmp_path_factory, "multi30k_lm_bin", lambda dest: preprocess_lm(multi30k_text, dest, "en")
+    )

@@ -43,19 +43,52 @@ def write_multi30k_slice(root, counts):
 
 
 TINY_MODEL = [
-    "--encoder-layers", "2", "--decoder-layers", "2",
-    "--encoder-embed-dim", "64", "--decoder-embed-dim", "64",
-    "--encoder-ffn-embed-dim", "128", "--decoder-ffn-embed-dim", "128",
-    "--encoder-attention-heads", "2", "--decoder-attention-heads", "2",
+    "--encoder-layers",
+    "2",
+    "--decoder-layers",
+    "2",
+    "--encoder-embed-dim",
+    "64",
+    "--decoder-embed-dim",
+    "64",
+    "--encoder-ffn-embed-dim",
+    "128",
+    "--decoder-ffn-embed-dim",
+    "128",
+    "--encoder-attention-heads",
+    "2",
+    "--decoder-attention-heads",
+    "2",
 ]
 
 TINY_TRAINING = [
-    "--cpu", "--seed", "1", "--num-workers", "0",
-    "--optimizer", "adam", "--adam-betas", "(0.9, 0.997)", "--lr", "1e-3",
-    "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "10",
-    "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
-    "--max-tokens", "2000", "--log-format", "simple", "--log-interval", "1",
-    "--no-epoch-checkpoints", "--no-progress-bar",
+    "--cpu",
+    "--seed",
+    "1",
+    "--num-workers",
+    "0",
+    "--optimizer",
+    "adam",
+    "--adam-betas",
+    "(0.9, 0.997)",
+    "--lr",
+    "1e-3",
+    "--lr-scheduler",
+    "inverse_sqrt",
+    "--warmup-updates",
+    "10",
+    "--criterion",
+    "label_smoothed_cross_entropy",
+    "--label-smoothing",
+    "0.1",
+    "--max-tokens",
+    "2000",
+    "--log-format",
+    "simple",
+    "--log-interval",
+    "1",
+    "--no-epoch-checkpoints",
+    "--no-progress-bar",
 ]
 
 
@@ -88,14 +121,18 @@ def fairseq(tool, *args, cwd=None, check=True, env=None, in_process=True):
     cwd = Path(cwd or REPO)
     # Another working directory tests how fairseq finds --user-dir from there,
     # which only a process started there shows.
-    in_process = (in_process and cwd.resolve() == REPO
-                  and os.environ.get("NATBIAS_TESTS_SUBPROCESS") != "1")
+    in_process = (
+        in_process and cwd.resolve() == REPO and os.environ.get("NATBIAS_TESTS_SUBPROCESS") != "1"
+    )
     if in_process:
         result = run_in_process(tool, list(map(str, args)), cwd, full_env)
     else:
         result = subprocess.run(
             [str(BIN / tool), *map(str, args)],
-            cwd=cwd, env=dict(os.environ, **full_env), capture_output=True, text=True,
+            cwd=cwd,
+            env=dict(os.environ, **full_env),
+            capture_output=True,
+            text=True,
         )
     if check and result.returncode != 0:
         raise AssertionError(
@@ -135,8 +172,10 @@ def forget_earlier_runs():
     from fairseq_cli import train as fairseq_train
     from hydra.core.global_hydra import GlobalHydra
 
-    for function, names in ((checkpoint_utils.save_checkpoint, ("best",)),
-                            (fairseq_train.should_stop_early, ("best", "num_runs"))):
+    for function, names in (
+        (checkpoint_utils.save_checkpoint, ("best",)),
+        (fairseq_train.should_stop_early, ("best", "num_runs")),
+    ):
         for name in names:
             if hasattr(function, name):
                 delattr(function, name)
@@ -158,7 +197,7 @@ def run_in_process(tool, args, cwd, env):
     import warnings
     from importlib.metadata import entry_points
 
-    from fairseq_natbias.pipeline import this_plugin_as_user_dir
+    from fairseq_natbias.in_process import this_plugin_as_user_dir
 
     (entry,) = entry_points(group="console_scripts", name=tool)
     main = entry.load()
@@ -182,8 +221,11 @@ def run_in_process(tool, args, cwd, env):
         os.environ.update(env)
         os.chdir(cwd)
         sys.argv = [tool, *this_plugin_as_user_dir(args)]
-        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr), \
-                warnings.catch_warnings():
+        with (
+            contextlib.redirect_stdout(stdout),
+            contextlib.redirect_stderr(stderr),
+            warnings.catch_warnings(),
+        ):
             warnings.simplefilter("ignore")
             try:
                 main()
@@ -207,42 +249,109 @@ def run_in_process(tool, args, cwd, env):
             else:
                 os.environ[name] = value
         IN_PROCESS_LOCK.release()
-    return subprocess.CompletedProcess([tool, *args], code, stdout.getvalue(),
-                                       stderr.getvalue())
+    return subprocess.CompletedProcess([tool, *args], code, stdout.getvalue(), stderr.getvalue())
 
 
-def train(data, save_dir, *extra, arch="transformer_natbias", cwd=None, check=True,
-          model=TINY_MODEL, max_update=4):
+def train(
+    data,
+    save_dir,
+    *extra,
+    arch="transformer_natbias",
+    cwd=None,
+    check=True,
+    model=TINY_MODEL,
+    max_update=4,
+):
     return fairseq(
-        "fairseq-train", data, "--user-dir", "fairseq_natbias", "--arch", arch,
-        *model, *TINY_TRAINING, "--save-dir", save_dir,
-        "--max-update", max_update, *extra, cwd=cwd, check=check,
+        "fairseq-train",
+        data,
+        "--user-dir",
+        "fairseq_natbias",
+        "--arch",
+        arch,
+        *model,
+        *TINY_TRAINING,
+        "--save-dir",
+        save_dir,
+        "--max-update",
+        max_update,
+        *extra,
+        cwd=cwd,
+        check=check,
     )
 
 
 TINY_LM = [
-    "--decoder-layers", "2", "--decoder-embed-dim", "64", "--decoder-ffn-embed-dim", "128",
-    "--decoder-attention-heads", "2",
+    "--decoder-layers",
+    "2",
+    "--decoder-embed-dim",
+    "64",
+    "--decoder-ffn-embed-dim",
+    "128",
+    "--decoder-attention-heads",
+    "2",
 ]
 
 TINY_LM_TRAINING = [
-    "--task", "language_modeling", "--tokens-per-sample", "32",
-    "--cpu", "--seed", "1", "--num-workers", "0",
-    "--optimizer", "adam", "--adam-betas", "(0.9, 0.997)", "--lr", "1e-3",
-    "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "10",
-    "--criterion", "cross_entropy", "--max-tokens", "1024",
-    "--log-format", "simple", "--log-interval", "1",
-    "--no-epoch-checkpoints", "--no-progress-bar",
+    "--task",
+    "language_modeling",
+    "--tokens-per-sample",
+    "32",
+    "--cpu",
+    "--seed",
+    "1",
+    "--num-workers",
+    "0",
+    "--optimizer",
+    "adam",
+    "--adam-betas",
+    "(0.9, 0.997)",
+    "--lr",
+    "1e-3",
+    "--lr-scheduler",
+    "inverse_sqrt",
+    "--warmup-updates",
+    "10",
+    "--criterion",
+    "cross_entropy",
+    "--max-tokens",
+    "1024",
+    "--log-format",
+    "simple",
+    "--log-interval",
+    "1",
+    "--no-epoch-checkpoints",
+    "--no-progress-bar",
 ]
 
 
-def train_lm(data, save_dir, *extra, arch="transformer_lm_natbias", cwd=None, check=True,
-             model=TINY_LM, max_update=4):
+def train_lm(
+    data,
+    save_dir,
+    *extra,
+    arch="transformer_lm_natbias",
+    cwd=None,
+    check=True,
+    model=TINY_LM,
+    max_update=4,
+):
     """fairseq-train --task language_modeling with a tiny transformer LM."""
     return fairseq(
-        "fairseq-train", data, "--user-dir", "fairseq_natbias", "--arch", arch,
-        *model, *TINY_LM_TRAINING, "--save-dir", save_dir,
-        "--max-update", max_update, *extra, cwd=cwd, check=check,
+        "fairseq-train",
+        data,
+        "--user-dir",
+        "fairseq_natbias",
+        "--arch",
+        arch,
+        *model,
+        *TINY_LM_TRAINING,
+        "--save-dir",
+        save_dir,
+        "--max-update",
+        max_update,
+        *extra,
+        cwd=cwd,
+        check=check,
     )
 
 
@@ -274,10 +383,21 @@ def build_in_process(data, save_dir, *extra, arch="transformer_natbias", model=T
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
     parser = options.get_training_parser()
-    args = options.parse_args_and_arch(parser, [
-        str(data), "--user-dir", str(REPO / "fairseq_natbias"), "--arch", arch,
-        *model, *TINY_TRAINING, "--save-dir", str(save_dir), *map(str, extra),
-    ])
+    args = options.parse_args_and_arch(
+        parser,
+        [
+            str(data),
+            "--user-dir",
+            str(REPO / "fairseq_natbias"),
+            "--arch",
+            arch,
+            *model,
+            *TINY_TRAINING,
+            "--save-dir",
+            str(save_dir),
+            *map(str, extra),
+        ],
+    )
     cfg = convert_namespace_to_omegaconf(args)
     utils.set_torch_seed(cfg.common.seed)  # as fairseq-train: same init every call
     task = tasks.setup_task(cfg.task)
@@ -307,8 +427,7 @@ def reference_log_unigram(text_path, dictionary, alpha=1.0):
         counts[dictionary.eos()] += 1
     total = sum(counts.values()) + alpha * len(dictionary)
     return torch.tensor(
-        [math.log((counts[i] + alpha) / total) for i in range(len(dictionary))],
-        dtype=torch.float64,
+        [math.log((counts[i] + alpha) / total) for i in range(len(dictionary))], dtype=torch.float64
     )
 
 
@@ -319,7 +438,9 @@ RECIPES = REPO / "recipes"
 # Multi30k as a recipe's local raw text (RAW_DIR): its splits are named
 # train / val / test_2016_flickr, with test_2017_flickr as a second test set.
 MULTI30K_RAW = {
-    "RAW_DIR": str(MULTI30K), "RAW_TRAIN": "train", "RAW_VALID": "val",
+    "RAW_DIR": str(MULTI30K),
+    "RAW_TRAIN": "train",
+    "RAW_VALID": "val",
     "RAW_TEST": "test_2016_flickr",
 }
 
@@ -362,7 +483,10 @@ def recipe_env(env=None):
     full_env = {k: v for k, v in os.environ.items() if k not in recipe_settings()}
     full_env.update(
         PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
-        PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1", SMOKE="1", NGPUS="0",
+        PYTHONWARNINGS="ignore",
+        OMP_NUM_THREADS="1",
+        SMOKE="1",
+        NGPUS="0",
     )
     full_env.update({k: str(v) for k, v in (env or {}).items()})
     return full_env
@@ -381,8 +505,12 @@ def run_recipe(script, env=None, check=True, cwd=None, args=()):
     """Run a recipe's entry script (bash, see recipe_env) with ``args`` (e.g.
     --help); returns the CompletedProcess."""
     result = subprocess.run(
-        ["bash", str(script), *args], cwd=cwd or REPO, env=recipe_env(env),
-        capture_output=True, text=True, timeout=900,
+        ["bash", str(script), *args],
+        cwd=cwd or REPO,
+        env=recipe_env(env),
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
     return _checked(script, result, check)
 
@@ -393,8 +521,9 @@ def start_recipe(script, env, cwd, output_dir):
     out = open(Path(output_dir) / "recipe.stdout", "w")
     err = open(Path(output_dir) / "recipe.stderr", "w")
     with out, err:
-        proc = subprocess.Popen(["bash", str(script)], cwd=cwd, env=recipe_env(env),
-                                stdout=out, stderr=err, text=True)
+        proc = subprocess.Popen(
+            ["bash", str(script)], cwd=cwd, env=recipe_env(env), stdout=out, stderr=err, text=True
+        )
     proc.script, proc.output_dir = script, Path(output_dir)
     return proc
 
@@ -406,7 +535,8 @@ def wait_recipe(proc, check=True, timeout=900):
         proc.kill()
         raise
     result = subprocess.CompletedProcess(
-        proc.args, returncode,
+        proc.args,
+        returncode,
         stdout=(proc.output_dir / "recipe.stdout").read_text(),
         stderr=(proc.output_dir / "recipe.stderr").read_text(),
     )
@@ -423,6 +553,7 @@ def epoch_batches(log_text):
 
 
 # --- half precision on the CPU, at float32 matrix-product speed ---------------------
+
 
 def half_matmuls_in_float32():
     """A context in which every fp16 or bfloat16 matrix product (aten mm,

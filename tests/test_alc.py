@@ -3,12 +3,12 @@
 import math
 
 import pytest
+from natbias_testing import console_script_help
 
 from natbias.errors import NaturalBiasError
 from natbias.tools import alc
-from natbias.tools.stats import mean_stderr
 from natbias.tools import cli as alc_cli
-from natbias_testing import console_script_help
+from natbias.tools.stats import mean_stderr
 
 # A piecewise-linear validation curve: (update, BLEU).
 CURVE = [(1000, 2.0), (2000, 6.0), (4000, 6.0), (5000, 10.0)]
@@ -43,12 +43,15 @@ def test_a_constant_curve_has_its_value_as_alc():
     assert result.alc == pytest.approx(3.5)
 
 
-@pytest.mark.parametrize("updates, values, limit, message", [
-    ([1000, 2000], [1.0, 2.0], 1000, "1 validation point"),
-    ([3000, 4000], [1.0, 2.0], 2000, "first validation is at update 3000"),
-    ([2000, 1000], [1.0, 2.0], None, "strictly increasing"),
-    ([1000, 2000], [1.0, math.nan], None, "non-finite"),
-])
+@pytest.mark.parametrize(
+    "updates, values, limit, message",
+    [
+        ([1000, 2000], [1.0, 2.0], 1000, "1 validation point"),
+        ([3000, 4000], [1.0, 2.0], 2000, "first validation is at update 3000"),
+        ([2000, 1000], [1.0, 2.0], None, "strictly increasing"),
+        ([1000, 2000], [1.0, math.nan], None, "non-finite"),
+    ],
+)
 def test_unusable_curves_are_refused_with_a_reason(updates, values, limit, message):
     with pytest.raises(NaturalBiasError, match=message):
         alc.area_under_learning_curve(updates, values, limit)
@@ -65,9 +68,11 @@ def test_mean_and_standard_error_over_seeds():
 
 
 def _simple_log(points, extra=""):
-    lines = [f"2026-01-01 10:00:00 | INFO | valid | epoch {i:03d} | valid on 'valid' "
-             f"subset | loss 4.5 | bleu {bleu} | num_updates {update}"
-             for i, (update, bleu) in enumerate(points, start=1)]
+    lines = [
+        f"2026-01-01 10:00:00 | INFO | valid | epoch {i:03d} | valid on 'valid' "
+        f"subset | loss 4.5 | bleu {bleu} | num_updates {update}"
+        for i, (update, bleu) in enumerate(points, start=1)
+    ]
     return extra + "\n".join(lines) + "\n"
 
 
@@ -75,7 +80,8 @@ def _json_log(points):
     return "".join(
         f'2026-01-01 10:00:00 | INFO | valid | {{"epoch": {i}, "valid_loss": "4.5", '
         f'"valid_bleu": "{bleu}", "valid_num_updates": "{update}"}}\n'
-        for i, (update, bleu) in enumerate(points, start=1))
+        for i, (update, bleu) in enumerate(points, start=1)
+    )
 
 
 def test_alc_of_logs_in_both_formats(tmp_path):
@@ -102,8 +108,9 @@ def test_cli_prints_each_run_and_mean_with_standard_error(tmp_path, capsys):
 
 def test_cli_without_validation_lines_says_so_without_traceback(tmp_path):
     log = tmp_path / "train.log"
-    log.write_text("2026-01-01 10:00:01 | INFO | train_inner | epoch 001:      1 / 2 "
-                   "loss=4.4, num_updates=1\n")
+    log.write_text(
+        "2026-01-01 10:00:01 | INFO | train_inner | epoch 001:      1 / 2 loss=4.4, num_updates=1\n"
+    )
     with pytest.raises(SystemExit) as exit_info:
         alc_cli.alc_main([str(log)])
     message = str(exit_info.value.code)  # sys.exit(message): printed alone, no traceback

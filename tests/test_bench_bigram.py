@@ -7,7 +7,6 @@ from collections import Counter
 
 import numpy as np
 import pytest
-
 from natbias_testing import benchmark_script
 
 VOCAB, EOS = 32_000, 2
@@ -40,15 +39,17 @@ def test_quick_counting_matches_a_count_made_here(script, tmp_path):
     tokens, _ = script.write_split(prefix, 8_000, VOCAB, seed=3)
     saved = tmp_path / "table.npz"
     # 4,096-token chunks, a merge every 1,024 pending pairs: seams and merges
-    figures = script.run_child(prefix, VOCAB, with_pairs=True, save=saved,
-                               chunk=4_096, pending=1_024)
+    figures = script.run_child(
+        prefix, VOCAB, with_pairs=True, save=saved, chunk=4_096, pending=1_024
+    )
     unigrams, pairs = hand_count(prefix)
     assert figures["tokens"] == tokens == sum(unigrams.values())
     assert figures["pairs"] == len(pairs)
     assert figures["rows_equal_unigram"] and figures["columns_equal_unigram"]
     table = np.load(saved)
     assert dict(enumerate(table["unigram"].tolist())) == {
-        t: unigrams.get(t, 0) for t in range(VOCAB)}
+        t: unigrams.get(t, 0) for t in range(VOCAB)
+    }
     assert script.table_as_counter(table) == pairs
     # the corpus is the one the docstring describes: Zipfian ids of the
     # vocabulary's words, sentences of 10..46 tokens plus EOS
@@ -60,6 +61,11 @@ def test_quick_counting_matches_a_count_made_here(script, tmp_path):
     assert verdict["unigram_equal"] and verdict["pairs_equal"]
     counts = table["counts"].copy()
     counts[len(counts) // 2] += 1
-    np.savez(tmp_path / "off.npz", indptr=table["indptr"], indices=table["indices"],
-             counts=counts, unigram=table["unigram"])
+    np.savez(
+        tmp_path / "off.npz",
+        indptr=table["indptr"],
+        indices=table["indices"],
+        counts=counts,
+        unigram=table["unigram"],
+    )
     assert not script.check_against_independent(tmp_path / "off.npz", prefix)["pairs_equal"]

@@ -9,12 +9,8 @@ import pytest
 import torch
 from fairseq.data import Dictionary
 
-from natbias import bigram
+from natbias import bigram, prior
 from natbias import counts as natbias_counts
-from natbias import prior
-from natbias.errors import NaturalBiasError
-
-from fairseq_natbias import training_data
 
 
 def hand_pairs(text_path, dictionary):
@@ -55,20 +51,22 @@ def dense(table, vocab):
     return matrix
 
 
-@pytest.mark.parametrize("chunk, pending", [(natbias_counts.CHUNK_TOKENS, bigram.MIN_PENDING_PAIRS),
-                                            (7, 5)])  # chunk seams and many merges
+@pytest.mark.parametrize(
+    "chunk, pending", [(natbias_counts.CHUNK_TOKENS, bigram.MIN_PENDING_PAIRS), (7, 5)]
+)  # chunk seams and many merges
 def test_pairs_counted_in_the_unigram_pass_match_a_hand_count(
-        toy_text, toy_bin, monkeypatch, chunk, pending):
+    toy_text, toy_bin, monkeypatch, chunk, pending
+):
     monkeypatch.setattr(natbias_counts, "CHUNK_TOKENS", chunk)
     monkeypatch.setattr(bigram, "MIN_PENDING_PAIRS", pending)
     dictionary = Dictionary.load(str(toy_bin / "dict.tgt.txt"))
     counter = bigram.PairCounter(len(dictionary), dictionary.eos())
-    counts = natbias_counts.count_binarised(str(toy_bin / "train.src-tgt.tgt"), len(dictionary),
-                                     pairs=counter)
+    counts = natbias_counts.count_binarised(
+        str(toy_bin / "train.src-tgt.tgt"), len(dictionary), pairs=counter
+    )
     table = counter.table()
     expected = hand_pairs(toy_text / "train.tgt", dictionary)
-    got = {(v, int(y)): int(c) for v in range(len(dictionary))
-           for y, c in zip(*table.row(v))}
+    got = {(v, int(y)): int(c) for v in range(len(dictionary)) for y, c in zip(*table.row(v))}
     assert got == dict(expected)
     assert table.counts.sum() == counts.sum()  # one pair per counted token
     for v in range(len(dictionary)):  # CSR rows ascending
@@ -87,11 +85,15 @@ def test_residual_table_gives_the_witten_bell_bigram_hand_worked():
     p = np.array([0.1, 0.3, 0.4, 0.2])
     indptr, indices, values = bigram.witten_bell_residual(pairs, torch.tensor(np.log(p)))
     # By hand: D[1, 2] = log(1 + 1 / (2 * 0.4)), D[1, 3] = log(1 + 1 / (2 * 0.2)).
-    row = {int(y): float(d) for y, d in zip(indices[indptr[1]:indptr[2]], values[indptr[1]:indptr[2]])}
+    row = {
+        int(y): float(d)
+        for y, d in zip(indices[indptr[1] : indptr[2]], values[indptr[1] : indptr[2]])
+    }
     assert row == pytest.approx({2: math.log(1 + 1 / 0.8), 3: math.log(1 + 1 / 0.4)}, rel=1e-6)
     # softmax(log p + D[v]) is p_WB(. | v) for every v, seen or not.
-    reference = witten_bell(Counter({(v, y): 1 for v, y in
-                                     [(0, 1), (1, 2), (2, 1), (1, 3), (3, 0), (0, 2), (2, 2)]}), p)
+    reference = witten_bell(
+        Counter({(v, y): 1 for v, y in [(0, 1), (1, 2), (2, 1), (1, 3), (3, 0), (0, 2), (2, 2)]}), p
+    )
     logits = torch.tensor(np.log(p) + dense((indptr, indices, values), 4))
     np.testing.assert_allclose(torch.softmax(logits, -1).numpy(), reference, atol=1e-6)
 
@@ -99,12 +101,14 @@ def test_residual_table_gives_the_witten_bell_bigram_hand_worked():
 def test_residual_of_real_counts_is_the_witten_bell_bigram(toy_text, toy_bin):
     dictionary = Dictionary.load(str(toy_bin / "dict.tgt.txt"))
     counter = bigram.PairCounter(len(dictionary), dictionary.eos())
-    counts = natbias_counts.count_binarised(str(toy_bin / "train.src-tgt.tgt"), len(dictionary),
-                                     pairs=counter)
+    counts = natbias_counts.count_binarised(
+        str(toy_bin / "train.src-tgt.tgt"), len(dictionary), pairs=counter
+    )
     log_p = prior.log_unigram(counts, 1.0)
     table = bigram.witten_bell_residual(counter.table(), log_p)
     assert (table[2] >= 0).all()
-    reference = witten_bell(hand_pairs(toy_text / "train.tgt", dictionary),
-                            np.exp(log_p.double().numpy()))
+    reference = witten_bell(
+        hand_pairs(toy_text / "train.tgt", dictionary), np.exp(log_p.double().numpy())
+    )
     logits = torch.tensor(log_p.double().numpy() + dense(table, len(dictionary)))
     np.testing.assert_allclose(torch.softmax(logits, -1).numpy(), reference, rtol=1e-5, atol=1e-7)

@@ -9,15 +9,24 @@ import re
 
 import pytest
 import torch
+from natbias_testing import BIN, fairseq, train
 
 import fairseq_natbias  # noqa: F401  (lets torch.load read fairseq's saved config here too)
-from natbias_testing import BIN, fairseq, train
 
 pytestmark = pytest.mark.training  # runs fairseq-train: the full tier only (make test)
 
 AVERAGE = BIN / "natbias-average-checkpoints"
-GENERATE = ("--beam", "2", "--batch-size", "8", "--required-batch-size-multiple", "1",
-            "--cpu", "--num-workers", "0")
+GENERATE = (
+    "--beam",
+    "2",
+    "--batch-size",
+    "8",
+    "--required-batch-size-multiple",
+    "1",
+    "--cpu",
+    "--num-workers",
+    "0",
+)
 
 
 def average(*args):
@@ -29,8 +38,9 @@ def assert_one_line_error(result, *fragments):
     assert result.returncode != 0
     assert "Traceback" not in result.stderr + result.stdout, result.stderr
     lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("natbias-average-checkpoints: error: "), \
+    assert len(lines) == 1 and lines[0].startswith("natbias-average-checkpoints: error: "), (
         result.stderr
+    )
     for fragment in fragments:
         assert fragment in lines[0], lines[0]
 
@@ -57,8 +67,9 @@ def zero_run(toy_bin, tmp_path_factory):
 
 def generated(data, path, *extra):
     """fairseq-generate's output on the test split: {id: hypothesis} and the text."""
-    output = fairseq("fairseq-generate", data, "--user-dir", "fairseq_natbias",
-                     "--path", path, *GENERATE, *extra).stdout
+    output = fairseq(
+        "fairseq-generate", data, "--user-dir", "fairseq_natbias", "--path", path, *GENERATE, *extra
+    ).stdout
     hypotheses = dict(re.findall(r"^H-(\d+)\t\S+\t(.*)$", output, re.M))
     return hypotheses, output
 
@@ -67,8 +78,7 @@ def generated(data, path, *extra):
 def averaged(unigram_run, tmp_path_factory):
     """The run's last two update checkpoints averaged, found by their names."""
     output = tmp_path_factory.mktemp("averaged") / "averaged.pt"
-    result = average("--inputs", unigram_run, "--num-update-checkpoints", "2",
-                     "--output", output)
+    result = average("--inputs", unigram_run, "--num-update-checkpoints", "2", "--output", output)
     assert result.returncode == 0, result.stderr
     return output, result
 
@@ -83,44 +93,67 @@ def test_averaging_two_default_checkpoints_loads_and_generates(unigram_run, aver
     assert "decoder.output_projection.gain_param" in mean
     for name, tensor in mean.items():
         assert tensor.dtype == first[name].dtype
-        torch.testing.assert_close(tensor, (first[name] + second[name]) / 2,
-                                   rtol=1e-6, atol=1e-7, msg=name)
-    assert not torch.equal(first["decoder.output_projection.bias"],
-                           second["decoder.output_projection.bias"])  # a real average
+        torch.testing.assert_close(
+            tensor, (first[name] + second[name]) / 2, rtol=1e-6, atol=1e-7, msg=name
+        )
+    assert not torch.equal(
+        first["decoder.output_projection.bias"], second["decoder.output_projection.bias"]
+    )  # a real average
     hypotheses, _ = generated(toy_bin, output)
     assert sorted(map(int, hypotheses)) == list(range(20))  # every test sentence
 
 
 def test_averaging_named_inputs_gives_the_same_checkpoint(unigram_run, averaged, tmp_path):
     named = tmp_path / "named.pt"
-    assert average("--inputs", unigram_run / "checkpoint_1_4.pt",
-                   unigram_run / "checkpoint_1_2.pt", "--output", named).returncode == 0
+    assert (
+        average(
+            "--inputs",
+            unigram_run / "checkpoint_1_4.pt",
+            unigram_run / "checkpoint_1_2.pt",
+            "--output",
+            named,
+        ).returncode
+        == 0
+    )
     one, other = model_tensors(averaged[0]), model_tensors(named)
     assert all(torch.equal(one[name], other[name]) for name in one)
 
 
 def test_averaging_refuses_different_natbias_inits(unigram_run, zero_run, tmp_path):
-    result = average("--inputs", unigram_run / "checkpoint_last.pt",
-                     zero_run / "checkpoint_last.pt", "--output", tmp_path / "mixed.pt")
-    assert_one_line_error(result, "--natbias-init unigram", "--natbias-init zero",
-                          "average checkpoints of one run")
+    result = average(
+        "--inputs",
+        unigram_run / "checkpoint_last.pt",
+        zero_run / "checkpoint_last.pt",
+        "--output",
+        tmp_path / "mixed.pt",
+    )
+    assert_one_line_error(
+        result, "--natbias-init unigram", "--natbias-init zero", "average checkpoints of one run"
+    )
     assert not (tmp_path / "mixed.pt").exists()
 
 
 def test_averaging_refuses_different_vocabularies(unigram_run, toy_bin_joined, tmp_path):
     joined = tmp_path / "joined"
     train(toy_bin_joined, joined, "--max-tokens", "500", max_update=2)
-    result = average("--inputs", unigram_run / "checkpoint_last.pt",
-                     joined / "checkpoint_last.pt", "--output", tmp_path / "mixed.pt")
+    result = average(
+        "--inputs",
+        unigram_run / "checkpoint_last.pt",
+        joined / "checkpoint_last.pt",
+        "--output",
+        tmp_path / "mixed.pt",
+    )
     assert_one_line_error(result, "different vocabularies", "one dictionary")
     assert not (tmp_path / "mixed.pt").exists()
 
 
 def test_averaging_refuses_fewer_checkpoints_than_asked(unigram_run, tmp_path):
-    result = average("--inputs", unigram_run, "--num-update-checkpoints", "3",
-                     "--output", tmp_path / "avg.pt")
-    assert_one_line_error(result, "holds 2 checkpoint_<epoch>_<update>.pt files",
-                          "fewer than the 3 asked for")
+    result = average(
+        "--inputs", unigram_run, "--num-update-checkpoints", "3", "--output", tmp_path / "avg.pt"
+    )
+    assert_one_line_error(
+        result, "holds 2 checkpoint_<epoch>_<update>.pt files", "fewer than the 3 asked for"
+    )
 
 
 def test_ensemble_of_a_unigram_and_a_zero_model(unigram_run, zero_run, toy_bin):
@@ -133,15 +166,19 @@ def test_ensemble_of_a_unigram_and_a_zero_model(unigram_run, zero_run, toy_bin):
 
     def reference_scores(path):
         _, output = generated(toy_bin, path, "--score-reference")
-        return {int(i): [float(v) for v in scores.split()]
-                for i, scores in re.findall(r"^P-(\d+)\t(.*)$", output, re.M)}
+        return {
+            int(i): [float(v) for v in scores.split()]
+            for i, scores in re.findall(r"^P-(\d+)\t(.*)$", output, re.M)
+        }
 
     alone_unigram, alone_zero = reference_scores(unigram), reference_scores(zero)
     ensemble = reference_scores(f"{unigram}:{zero}")
     assert sorted(ensemble) == list(range(20))
     for i, scores in ensemble.items():
-        expected = [math.log2((2 ** a + 2 ** b) / 2)
-                    for a, b in zip(alone_unigram[i], alone_zero[i], strict=True)]
+        expected = [
+            math.log2((2**a + 2**b) / 2)
+            for a, b in zip(alone_unigram[i], alone_zero[i], strict=True)
+        ]
         # printed to 4 decimals (base 2)
         assert scores == pytest.approx(expected, abs=2e-4)
     assert alone_unigram != alone_zero  # two different models, not one twice

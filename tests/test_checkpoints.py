@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 from fairseq import checkpoint_utils
-
-from natbias.errors import NaturalBiasError
-from fairseq_natbias.checkpoints import saved_model_args
 from natbias_testing import fairseq, train
+
+from fairseq_natbias.checkpoints import saved_model_args
+from natbias.errors import NaturalBiasError
 
 pytestmark = pytest.mark.training  # runs fairseq-train: the full tier only (make test)
 
@@ -24,10 +24,22 @@ V080 = FIXTURES / "v0.8.0"  # 0.8.0's defaults, which 1.0 still offers
 V100 = FIXTURES / "v1.0.0"  # 1.0.0's defaults, with its format version
 # The model of the fixtures (their READMEs say how they were made).
 FIXTURE_MODEL = [
-    "--encoder-layers", "1", "--decoder-layers", "1",
-    "--encoder-embed-dim", "16", "--decoder-embed-dim", "16",
-    "--encoder-ffn-embed-dim", "32", "--decoder-ffn-embed-dim", "32",
-    "--encoder-attention-heads", "2", "--decoder-attention-heads", "2",
+    "--encoder-layers",
+    "1",
+    "--decoder-layers",
+    "1",
+    "--encoder-embed-dim",
+    "16",
+    "--decoder-embed-dim",
+    "16",
+    "--encoder-ffn-embed-dim",
+    "32",
+    "--decoder-ffn-embed-dim",
+    "32",
+    "--encoder-attention-heads",
+    "2",
+    "--decoder-attention-heads",
+    "2",
     "--share-decoder-input-output-embed",
 ]
 GENERATE = ["--beam", "5", "--cpu", "--max-len-b", "10", "--required-batch-size-multiple", "1"]
@@ -46,7 +58,8 @@ def test_a_checkpoint_builds_its_own_model_exactly(toy_bin, fixture):
     by 1.0 and not by 0.8.0."""
     path = fixture / "checkpoint_last.pt"
     models, cfg, _ = checkpoint_utils.load_model_ensemble_and_task(
-        [str(path)], arg_overrides={"data": str(toy_bin)})
+        [str(path)], arg_overrides={"data": str(toy_bin)}
+    )
     saved = torch.load(path, map_location="cpu", weights_only=False)
     built = models[0].state_dict()
     assert sorted(built) == sorted(saved["model"])
@@ -81,8 +94,15 @@ def test_a_checkpoint_generates_as_its_version_did(toy_bin, fixture):
     full-precision sentence scores are compared to 1e-6, and the positional
     scores, printed to 4 decimals, to 1e-4: their last bits depend on the
     CPU's float kernels, not on this package."""
-    result = fairseq("fairseq-generate", toy_bin, "--user-dir", "fairseq_natbias",
-                     "--path", fixture / "checkpoint_last.pt", *GENERATE)
+    result = fairseq(
+        "fairseq-generate",
+        toy_bin,
+        "--user-dir",
+        "fairseq_natbias",
+        "--path",
+        fixture / "checkpoint_last.pt",
+        *GENERATE,
+    )
     got = _generate_lines(result.stdout)
     expected = _generate_lines((fixture / "generate.out").read_text())
     assert len(got) == len(expected)
@@ -110,8 +130,6 @@ def _resume_fixture(fixture, toy_bin, tmp_path, *options):
     return log, torch.load(save_dir / "checkpoint_last.pt", map_location="cpu")
 
 
-
-
 @pytest.mark.parametrize("fixture", LOADABLE, ids=lambda p: p.name)
 def test_a_checkpoint_resumes_and_then_records_the_format(toy_bin, tmp_path, fixture):
     _, state = _resume_fixture(fixture, toy_bin, tmp_path)
@@ -123,13 +141,24 @@ def test_a_checkpoint_resumes_and_then_records_the_format(toy_bin, tmp_path, fix
 def test_a_retired_checkpoint_is_refused_in_one_line_naming_080(toy_bin, tmp_path):
     """0.3.9's linear gain: generating, loading in Python and resuming all refuse it."""
     path = V039 / "checkpoint_last.pt"
-    expected = ("was trained by fairseq-natbias 0.x with --natbias-gain-form linear, retired "
-                "in 1.0: read it with fairseq-natbias 0.8.0, the last version that does")
-    result = fairseq("fairseq-generate", toy_bin, "--user-dir", "fairseq_natbias",
-                     "--path", path, *GENERATE, check=False)
+    expected = (
+        "was trained by fairseq-natbias 0.x with --natbias-gain-form linear, retired "
+        "in 1.0: read it with fairseq-natbias 0.8.0, the last version that does"
+    )
+    result = fairseq(
+        "fairseq-generate",
+        toy_bin,
+        "--user-dir",
+        "fairseq_natbias",
+        "--path",
+        path,
+        *GENERATE,
+        check=False,
+    )
     assert result.returncode != 0 and "Traceback" not in result.stderr
     assert result.stderr.strip().splitlines()[-1] == (
-        f"fairseq_natbias: error: this checkpoint {expected}")
+        f"fairseq_natbias: error: this checkpoint {expected}"
+    )
     save_dir = tmp_path / "ckpt"
     save_dir.mkdir()
     shutil.copy(path, save_dir / "checkpoint_last.pt")
@@ -143,11 +172,21 @@ def test_a_checkpoint_of_a_newer_format_is_refused(toy_bin, tmp_path):
     state["cfg"]["model"].natbias_format_version = 2
     path = tmp_path / "newer.pt"
     torch.save(state, path)
-    result = fairseq("fairseq-generate", toy_bin, "--user-dir", "fairseq_natbias",
-                     "--path", path, *GENERATE, check=False)
+    result = fairseq(
+        "fairseq-generate",
+        toy_bin,
+        "--user-dir",
+        "fairseq_natbias",
+        "--path",
+        path,
+        *GENERATE,
+        check=False,
+    )
     assert result.returncode != 0
-    assert "records natural-bias format 2; fairseq-natbias 1.0.0 reads format 1: upgrade it" \
+    assert (
+        "records natural-bias format 2; fairseq-natbias 1.0.0 reads format 1: upgrade it"
         in result.stderr.strip().splitlines()[-1]
+    )
 
 
 # --- resuming and fine-tuning with other settings --------------------------------------------
@@ -161,14 +200,16 @@ def unigram_run(toy_bin, tmp_path_factory):
     return save_dir / "checkpoint_last.pt"
 
 
-@pytest.mark.parametrize("options, asked", [
-    (["--natbias-init", "zero"], "--natbias-init zero"),
-    (["--natbias-init", "none"], "--natbias-init none"),
-    (["--natbias-weight-init", "fairseq"], "--natbias-weight-init fairseq"),
-    (["--natbias-gain-speed", "50"], "--natbias-gain-speed 50"),
-])
-def test_resuming_with_other_settings_is_refused(toy_bin, tmp_path, unigram_run,
-                                                 options, asked):
+@pytest.mark.parametrize(
+    "options, asked",
+    [
+        (["--natbias-init", "zero"], "--natbias-init zero"),
+        (["--natbias-init", "none"], "--natbias-init none"),
+        (["--natbias-weight-init", "fairseq"], "--natbias-weight-init fairseq"),
+        (["--natbias-gain-speed", "50"], "--natbias-gain-speed 50"),
+    ],
+)
+def test_resuming_with_other_settings_is_refused(toy_bin, tmp_path, unigram_run, options, asked):
     save_dir = tmp_path / "ckpt"
     save_dir.mkdir()
     shutil.copy(unigram_run, save_dir / "checkpoint_last.pt")
@@ -192,8 +233,7 @@ def test_every_way_fairseq_resumes_is_checked(toy_bin, tmp_path, unigram_run, ho
     else:
         shutil.copy(unigram_run, tmp_path / "start-x.pt")
         options = ["--restore-file", tmp_path / "start.pt", "--checkpoint-suffix=-x"]
-    result = train(toy_bin, save_dir, "--natbias-init", "zero", *options, max_update=2,
-                   check=False)
+    result = train(toy_bin, save_dir, "--natbias-init", "zero", *options, max_update=2, check=False)
     assert result.returncode != 0
     message = result.stderr.strip().splitlines()[-1]
     assert message.startswith("fairseq_natbias: error: ") and "--natbias-init zero" in message
@@ -222,14 +262,28 @@ def test_resuming_with_the_same_settings_given_explicitly_works(toy_bin, tmp_pat
     save_dir = tmp_path / "ckpt"
     save_dir.mkdir()
     shutil.copy(unigram_run, save_dir / "checkpoint_last.pt")
-    result = train(toy_bin, save_dir, "--natbias-init", "unigram",
-                   "--natbias-weight-init", "gain", max_update=2)
+    result = train(
+        toy_bin,
+        save_dir,
+        "--natbias-init",
+        "unigram",
+        "--natbias-weight-init",
+        "gain",
+        max_update=2,
+    )
     assert "@ 1 updates" in result.stdout + result.stderr
 
 
 def test_finetuning_keeps_the_checkpoint_bias_and_says_so(toy_bin, tmp_path, unigram_run):
-    result = train(toy_bin, tmp_path / "finetuned", "--natbias-init", "zero",
-                   "--finetune-from-model", unigram_run, max_update=2)
+    result = train(
+        toy_bin,
+        tmp_path / "finetuned",
+        "--natbias-init",
+        "zero",
+        "--finetune-from-model",
+        unigram_run,
+        max_update=2,
+    )
     log = result.stdout + result.stderr
     assert "fine-tuning from" in log and "not re-initialised or recounted" in log
     assert "--natbias-init on the command line ignored" in log
@@ -238,8 +292,7 @@ def test_finetuning_keeps_the_checkpoint_bias_and_says_so(toy_bin, tmp_path, uni
     assert state["cfg"]["model"].natbias_init == "unigram"
     # Fine-tuning started from the trained bias (1 more update moves it a little).
     bias = state["model"]["decoder.output_projection.bias"]
-    torch.testing.assert_close(bias, trained["decoder.output_projection.bias"],
-                               atol=5e-3, rtol=0)
+    torch.testing.assert_close(bias, trained["decoder.output_projection.bias"], atol=5e-3, rtol=0)
 
 
 def test_resumed_run_still_generates_without_training_data(toy_bin, fresh_copy, tmp_path):
@@ -253,6 +306,7 @@ def test_resumed_run_still_generates_without_training_data(toy_bin, fresh_copy, 
     moved = tmp_path / "moved.pt"
     shutil.move(tmp_path / "ckpt/checkpoint_last.pt", moved)
     shutil.rmtree(tmp_path / "ckpt")
-    result = fairseq("fairseq-generate", data, "--user-dir", "fairseq_natbias",
-                     "--path", moved, *GENERATE)
+    result = fairseq(
+        "fairseq-generate", data, "--user-dir", "fairseq_natbias", "--path", moved, *GENERATE
+    )
     assert "Translated 20 sentences" in result.stderr

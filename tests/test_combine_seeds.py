@@ -5,7 +5,6 @@ against values worked by hand."""
 import json
 
 import pytest
-
 from natbias_testing import benchmark_script
 
 ROWS = """# a comment line, as in the committed file
@@ -22,10 +21,18 @@ x-y,stock,test_2016,50,1
 """
 ARMS = ("stock", "gain/unigram", "gain/zero")
 # Seed 3 of stock, as the study writes its record: it overrides the row above.
-RECORD = {"updates": [0, 250, 500], "nll": [5.0, 2.3, 2.4],
-          "scores": {"bleu": 34.0, "chrf": 52.0, "bleu_test_2017_flickr": 24.0,
-                     "chrf_test_2017_flickr": 40.0},
-          "step0": {"nll": 5.0}, "gain": None}
+RECORD = {
+    "updates": [0, 250, 500],
+    "nll": [5.0, 2.3, 2.4],
+    "scores": {
+        "bleu": 34.0,
+        "chrf": 52.0,
+        "bleu_test_2017_flickr": 24.0,
+        "chrf_test_2017_flickr": 40.0,
+    },
+    "step0": {"nll": 5.0},
+    "gain": None,
+}
 
 
 @pytest.fixture(scope="module")
@@ -47,18 +54,26 @@ def results(tmp_path):
 def test_a_run_record_wins_over_a_typed_in_row(combine, results):
     seeds = combine.collect_seeds(["x-y"], ARMS, results)
     assert seeds[("x-y", "stock")][3] == {
-        "best_valid_nll": 2.3, "bleu_test_2016": 34.0, "chrf_test_2016": 52.0,
-        "bleu_test_2017": 24.0, "chrf_test_2017": 40.0}
-    assert seeds[("x-y", "stock")][1] == {"best_valid_nll": 2.0, "bleu_test_2016": 30.0,
-                                         "bleu_test_2017": 20.0}
+        "best_valid_nll": 2.3,
+        "bleu_test_2016": 34.0,
+        "chrf_test_2016": 52.0,
+        "bleu_test_2017": 24.0,
+        "chrf_test_2017": 40.0,
+    }
+    assert seeds[("x-y", "stock")][1] == {
+        "best_valid_nll": 2.0,
+        "bleu_test_2016": 30.0,
+        "bleu_test_2017": 20.0,
+    }
     assert sorted(seeds) == [("x-y", "gain/unigram"), ("x-y", "stock")]
 
 
 def test_a_language_models_record_is_refused_with_where_to_go(combine, results):
     record = results / "runs" / "lm-en_n3000_short-converge" / "stock" / "seed1.json"
     record.parent.mkdir(parents=True)
-    record.write_text(json.dumps({"nll": [6.0, 5.7], "updates": [0, 100],
-                                  "scores": {"nll": 5.7, "ppl": 52.0}}))
+    record.write_text(
+        json.dumps({"nll": [6.0, 5.7], "updates": [0, 100], "scores": {"nll": 5.7, "ppl": 52.0}})
+    )
     with pytest.raises(SystemExit, match="holds no BLEU .*--summarise-only"):
         combine.collect_seeds(["lm-en_n3000"], ["stock"], results)
 
@@ -73,29 +88,48 @@ def test_two_seed_mean_and_stderr_give_back_the_two_values(combine, results):
 
 
 def test_values_over_seeds_fill_only_the_seeds_that_lack_one(combine, results):
-    seeds, two_seed = combine.collect_seeds(["x-y"], ARMS, results), combine.two_seed_values(results)
-    assert sorted(combine.values_over_seeds(seeds, two_seed, "x-y", "stock", "chrf_test_2016")) \
-        == [49.0, 51.0, 52.0]
+    seeds, two_seed = (
+        combine.collect_seeds(["x-y"], ARMS, results),
+        combine.two_seed_values(results),
+    )
+    assert sorted(combine.values_over_seeds(seeds, two_seed, "x-y", "stock", "chrf_test_2016")) == [
+        49.0,
+        51.0,
+        52.0,
+    ]
     # No summary for test_2017: two seeds lack chrF, so there is no mean.
     assert combine.values_over_seeds(seeds, two_seed, "x-y", "stock", "chrf_test_2017") == []
 
 
 def test_table_means_by_hand(combine, results):
-    seeds, two_seed = combine.collect_seeds(["x-y"], ARMS, results), combine.two_seed_values(results)
+    seeds, two_seed = (
+        combine.collect_seeds(["x-y"], ARMS, results),
+        combine.two_seed_values(results),
+    )
     text = combine.table(seeds, two_seed, ["x-y"], ["stock", "gain/unigram"])
     # stock NLL 2.0, 2.2, 2.3: mean 2.1667; squared deviations 0.02778 + 0.00111
     # + 0.01778 = 0.04667, / 2 = 0.02333, s = 0.15275, s.e. = s / sqrt 3 = 0.0882.
     # BLEU 30, 32, 34: mean 32, s = 2, s.e. 1.1547. chrF 49, 51, 52: 50.67, s.e. 0.88.
-    assert "| x-y stock | 1, 2, 3 | 2.167 ± 0.088 | 32.00 ± 1.15 | 50.67 ± 0.88 | 22.00 ± 1.15 | n/a |" \
+    assert (
+        "| x-y stock | 1, 2, 3 | 2.167 ± 0.088 | 32.00 ± 1.15 | 50.67 ± 0.88 | 22.00 ± 1.15 | n/a |"
         in text
-    assert "| x-y gain/unigram | 1, 2 | 2.100 ± 0.000 | 33.00 ± 2.00 | n/a | 21.00 ± 0.00 | n/a |" in text
+    )
+    assert (
+        "| x-y gain/unigram | 1, 2 | 2.100 ± 0.000 | 33.00 ± 2.00 | n/a | 21.00 ± 0.00 | n/a |"
+        in text
+    )
 
 
 def test_differences_pair_by_seed(combine, results):
-    seeds, two_seed = combine.collect_seeds(["x-y"], ARMS, results), combine.two_seed_values(results)
+    seeds, two_seed = (
+        combine.collect_seeds(["x-y"], ARMS, results),
+        combine.two_seed_values(results),
+    )
     # Seeds 1 and 2 only (the default has no seed 3): NLL +0.1 and -0.1, mean 0,
     # s = 0.1414, s.e. 0.1; BLEU test_2016 +1 and +3: mean +2, s.e. 1.
-    common, diffs = combine.paired_difference(seeds, "x-y", "gain/unigram", "stock", "bleu_test_2016")
+    common, diffs = combine.paired_difference(
+        seeds, "x-y", "gain/unigram", "stock", "bleu_test_2016"
+    )
     assert (common, diffs) == ([1, 2], [1.0, 3.0])
     line = combine.differences(seeds, two_seed, ["x-y"], [("gain/unigram", "stock")])
     assert "best_valid_nll +0.000 ± 0.100 (seeds 1, 2)" in line
@@ -143,30 +177,68 @@ def test_another_selection_names_itself_in_the_written_header(tmp_path):
     made it, and its title the budget given."""
     combine = benchmark_script("combine_seeds")
     out = tmp_path / "small.md"
-    combine.main(["--pairs", "de-en", "--arms", "stock", "gain/zero", "--compare",
-                  "gain/zero:stock", "--budget", "2,000 updates", "--out", str(out)])
+    combine.main(
+        [
+            "--pairs",
+            "de-en",
+            "--arms",
+            "stock",
+            "gain/zero",
+            "--compare",
+            "gain/zero:stock",
+            "--budget",
+            "2,000 updates",
+            "--out",
+            str(out),
+        ]
+    )
     text = out.read_text()
-    assert ("regenerate with `.venv/bin/python research/combine_seeds.py --pairs de-en "
-            f"--arms stock gain/zero --compare gain/zero:stock --budget '2,000 updates' "
-            f"--out {out}`") in text
+    assert (
+        "regenerate with `.venv/bin/python research/combine_seeds.py --pairs de-en "
+        f"--arms stock gain/zero --compare gain/zero:stock --budget '2,000 updates' "
+        f"--out {out}`"
+    ) in text
     assert "Multi30k, short-converge, 2,000 updates: mean ± standard error" in text
 
 
-def test_another_setting_reads_its_own_records_and_leaves_unscored_sets_blank(combine, results,
-                                                                                capsys):
+def test_another_setting_reads_its_own_records_and_leaves_unscored_sets_blank(
+    combine, results, capsys
+):
     """--setting paper-converge-cuda combines runs/<pair>_paper-converge-cuda
     alone (no typed-in rows exist for it); a record without test_2017 scores
     (decoding cut off) gives its figures for the rest and dashes there."""
     folder = results / "runs" / "x-y_paper-converge-cuda"
     for arm, nll, bleu in (("stock", [9.0, 4.5, 4.6], 20.0), ("gain-unigram", [8.0, 4.4], 20.5)):
         (folder / arm).mkdir(parents=True)
-        (folder / arm / "seed1.json").write_text(json.dumps(
-            {"updates": [0, 100, 200][:len(nll)], "nll": nll,
-             "scores": {"bleu": bleu, "chrf": 40.0}, "step0": {"nll": nll[0]}, "gain": None}))
+        (folder / arm / "seed1.json").write_text(
+            json.dumps(
+                {
+                    "updates": [0, 100, 200][: len(nll)],
+                    "nll": nll,
+                    "scores": {"bleu": bleu, "chrf": 40.0},
+                    "step0": {"nll": nll[0]},
+                    "gain": None,
+                }
+            )
+        )
     out = results / "paper.md"
-    combine.main(["--results", str(results), "--setting", "paper-converge-cuda",
-                  "--pairs", "x-y", "--arms", "stock", "gain/unigram",
-                  "--compare", "gain/unigram:stock", "--out", str(out)])
+    combine.main(
+        [
+            "--results",
+            str(results),
+            "--setting",
+            "paper-converge-cuda",
+            "--pairs",
+            "x-y",
+            "--arms",
+            "stock",
+            "gain/unigram",
+            "--compare",
+            "gain/unigram:stock",
+            "--out",
+            str(out),
+        ]
+    )
     capsys.readouterr()
     text = out.read_text()
     assert "| x-y 1 | 4.500 / 4.400 | 20.00 / 20.50 | – / – |" in text

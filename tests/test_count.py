@@ -4,14 +4,11 @@ import re
 
 import numpy as np
 from fairseq.data import Dictionary
-
-from natbias import counts as natbias_counts
-from natbias import prior
-from natbias.errors import NaturalBiasError
-
-from fairseq_natbias import training_data
 from natbias_testing import fairseq
 from test_counts import hand_counts
+
+from fairseq_natbias import training_data
+from natbias import counts as natbias_counts
 
 
 def natbias_count(*args):
@@ -22,19 +19,49 @@ def test_counts_from_text_and_from_binarised_data_agree(toy_bin, toy_text, tmp_p
     dict_path = toy_bin / "dict.tgt.txt"
     dictionary = Dictionary.load(str(dict_path))
     from_text, from_bin = tmp_path / "text.counts", tmp_path / "bin.counts"
-    assert natbias_count("--dict", dict_path, "--text", toy_text / "train.tgt",
-                         "--output", from_text).returncode == 0
-    assert natbias_count("--dict", dict_path, "--data", toy_bin, "--source-lang", "src",
-                         "--target-lang", "tgt", "--output", from_bin).returncode == 0
+    assert (
+        natbias_count(
+            "--dict", dict_path, "--text", toy_text / "train.tgt", "--output", from_text
+        ).returncode
+        == 0
+    )
+    assert (
+        natbias_count(
+            "--dict",
+            dict_path,
+            "--data",
+            toy_bin,
+            "--source-lang",
+            "src",
+            "--target-lang",
+            "tgt",
+            "--output",
+            from_bin,
+        ).returncode
+        == 0
+    )
     expected = hand_counts(toy_text / "train.tgt", dictionary)
-    np.testing.assert_array_equal(natbias_counts.read_counts_file(str(from_text), training_data.symbols(dictionary)), expected)
-    np.testing.assert_array_equal(natbias_counts.read_counts_file(str(from_bin), training_data.symbols(dictionary)), expected)
+    np.testing.assert_array_equal(
+        natbias_counts.read_counts_file(str(from_text), training_data.symbols(dictionary)), expected
+    )
+    np.testing.assert_array_equal(
+        natbias_counts.read_counts_file(str(from_bin), training_data.symbols(dictionary)), expected
+    )
 
 
 def test_missing_split_is_a_clear_error(toy_bin, tmp_path):
-    result = natbias_count("--dict", toy_bin / "dict.tgt.txt", "--data", tmp_path,
-                           "--source-lang", "src", "--target-lang", "tgt",
-                           "--output", tmp_path / "x.counts")
+    result = natbias_count(
+        "--dict",
+        toy_bin / "dict.tgt.txt",
+        "--data",
+        tmp_path,
+        "--source-lang",
+        "src",
+        "--target-lang",
+        "tgt",
+        "--output",
+        tmp_path / "x.counts",
+    )
     assert result.returncode != 0
     assert "natbias-count: error: no binarised target training split" in result.stderr
     assert "Traceback" not in result.stderr
@@ -54,17 +81,27 @@ def test_bad_inputs_are_named_with_the_fix(toy_bin, toy_text, tmp_path):
     other_dict.write_text("".join(reversed(lines)), encoding="utf-8")
     target = ["--data", toy_bin, "--source-lang", "src", "--target-lang", "tgt"]
     refusals = [
-        (["--dict", tmp_path / "none.txt", "--text", toy_text / "train.tgt"],
-         "--dict .*none.txt: no such file; give the target dictionary"),
-        (["--dict", binary, "--text", toy_text / "train.tgt"],
-         "--dict .*checkpoint.pt is not a fairseq dictionary \\(.*\\); give dict.TGT.txt"),
-        (["--dict", no_counts, "--text", toy_text / "train.tgt"],
-         "--dict .*words.txt is not a fairseq dictionary"),
-        (["--dict", toy_bin / "dict.tgt.txt", "--text", binary],
-         "--text .*checkpoint.pt is not UTF-8 text \\(byte 4\\)"),
-        (["--dict", other_dict, *target],
-         "--dict .*dict.other.txt is not the target dictionary of .*dict.tgt.txt holds other "
-         "symbols\\); give --dict .*dict.tgt.txt"),
+        (
+            ["--dict", tmp_path / "none.txt", "--text", toy_text / "train.tgt"],
+            "--dict .*none.txt: no such file; give the target dictionary",
+        ),
+        (
+            ["--dict", binary, "--text", toy_text / "train.tgt"],
+            "--dict .*checkpoint.pt is not a fairseq dictionary \\(.*\\); give dict.TGT.txt",
+        ),
+        (
+            ["--dict", no_counts, "--text", toy_text / "train.tgt"],
+            "--dict .*words.txt is not a fairseq dictionary",
+        ),
+        (
+            ["--dict", toy_bin / "dict.tgt.txt", "--text", binary],
+            "--text .*checkpoint.pt is not UTF-8 text \\(byte 4\\)",
+        ),
+        (
+            ["--dict", other_dict, *target],
+            "--dict .*dict.other.txt is not the target dictionary of .*dict.tgt.txt holds other "
+            "symbols\\); give --dict .*dict.tgt.txt",
+        ),
     ]
     for args, message in refusals:
         output = tmp_path / "x.counts"

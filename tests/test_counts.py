@@ -10,11 +10,10 @@ import pytest
 import torch
 from fairseq.data import Dictionary
 
+from fairseq_natbias import training_data
 from natbias import counts as natbias_counts
 from natbias import prior
 from natbias.errors import NaturalBiasError
-
-from fairseq_natbias import training_data
 
 
 def hand_counts(text_path, dictionary):
@@ -29,7 +28,9 @@ def hand_counts(text_path, dictionary):
 
 def test_counts_equal_hand_count_of_target_text(toy_text, toy_bin):
     dictionary = Dictionary.load(str(toy_bin / "dict.tgt.txt"))
-    counts = training_data.count_translation_targets(str(toy_bin), "train", "src", "tgt", len(dictionary))
+    counts = training_data.count_translation_targets(
+        str(toy_bin), "train", "src", "tgt", len(dictionary)
+    )
     np.testing.assert_array_equal(counts, hand_counts(toy_text / "train.tgt", dictionary))
     assert counts[dictionary.eos()] == 400  # one EOS per sentence, which dict.txt drops
 
@@ -47,7 +48,9 @@ def test_joined_dictionary_counts_target_side_only(toy_text, toy_bin_joined):
 
 def test_all_shards_and_numbered_splits_count(toy_bin, tmp_path):
     dictionary = Dictionary.load(str(toy_bin / "dict.tgt.txt"))
-    single = training_data.count_translation_targets(str(toy_bin), "train", "src", "tgt", len(dictionary))
+    single = training_data.count_translation_targets(
+        str(toy_bin), "train", "src", "tgt", len(dictionary)
+    )
     shard_a, shard_b = tmp_path / "a", tmp_path / "b"
     shutil.copytree(toy_bin, shard_a)
     shutil.copytree(toy_bin, shard_b)
@@ -100,17 +103,23 @@ def test_foreign_dictionary_is_refused(toy_bin):
 def test_counts_file_round_trip_and_mismatch(toy_bin, toy_text, tmp_path):
     dictionary = Dictionary.load(str(toy_bin / "dict.tgt.txt"))
     with open(toy_text / "train.tgt", encoding="utf-8") as lines:
-        counts = natbias_counts.count_text(lines, dictionary.index, dictionary.eos(), len(dictionary))
+        counts = natbias_counts.count_text(
+            lines, dictionary.index, dictionary.eos(), len(dictionary)
+        )
     np.testing.assert_array_equal(counts, hand_counts(toy_text / "train.tgt", dictionary))
     path = tmp_path / "train.counts"
     natbias_counts.write_counts_file(str(path), training_data.symbols(dictionary), counts)
-    np.testing.assert_array_equal(natbias_counts.read_counts_file(str(path), training_data.symbols(dictionary)), counts)
+    np.testing.assert_array_equal(
+        natbias_counts.read_counts_file(str(path), training_data.symbols(dictionary)), counts
+    )
 
     other = Dictionary.load(str(toy_bin / "dict.src.txt"))
     with pytest.raises(NaturalBiasError, match="does not match the vocabulary"):
         natbias_counts.read_counts_file(str(path), training_data.symbols(other))
     with pytest.raises(NaturalBiasError, match="no such file"):
-        natbias_counts.read_counts_file(str(tmp_path / "missing"), training_data.symbols(dictionary))
+        natbias_counts.read_counts_file(
+            str(tmp_path / "missing"), training_data.symbols(dictionary)
+        )
     bad = tmp_path / "bad.counts"
     for content in (b"hello\n", b"PK\x03\x04\x80\xff\n"):  # text, and a binary file
         bad.write_bytes(content)

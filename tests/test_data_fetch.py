@@ -39,15 +39,18 @@ def test_download_from_a_mirror_then_reuse(tmp_path, monkeypatch, no_local_multi
     assert found == tmp_path / "cache/download"
     for path in (tmp_path / "mirror").iterdir():
         assert (found / path.name).read_bytes() == path.read_bytes()
-    assert data_fetch.read_lines(data_fetch.raw_file(found, "valid", "en")) == ["val en one",
-                                                                               "val en two"]
+    assert data_fetch.read_lines(data_fetch.raw_file(found, "valid", "en")) == [
+        "val en one",
+        "val en two",
+    ]
     monkeypatch.setenv("NATBIAS_MULTI30K_URL", (tmp_path / "gone").as_uri())
     assert data_fetch.find_raw_data(None, tmp_path / "cache", ("de", "en"), say=say) == found
     assert "downloaded before" in messages[-1]
 
 
-def test_a_failed_download_keeps_complete_files_and_falls_back(tmp_path, monkeypatch,
-                                                                no_local_multi30k):
+def test_a_failed_download_keeps_complete_files_and_falls_back(
+    tmp_path, monkeypatch, no_local_multi30k
+):
     say, messages = no_local_multi30k
     write_mirror(tmp_path / "mirror", skip=("test_2016_flickr.en",))
     monkeypatch.setenv("NATBIAS_MULTI30K_URL", (tmp_path / "mirror").as_uri())
@@ -58,7 +61,9 @@ def test_a_failed_download_keeps_complete_files_and_falls_back(tmp_path, monkeyp
     downloaded = sorted(p.name for p in (tmp_path / "cache/download").iterdir())
     assert downloaded == sorted(p.name for p in (tmp_path / "mirror").iterdir())  # no .part
     assert data_fetch.has_all_files(found, ("de", "en"))
-    train = [data_fetch.read_lines(data_fetch.raw_file(found, "train", lang)) for lang in ("de", "en")]
+    train = [
+        data_fetch.read_lines(data_fetch.raw_file(found, "train", lang)) for lang in ("de", "en")
+    ]
     assert len(train[0]) == len(train[1]) > 1000  # line-aligned
 
 
@@ -85,7 +90,9 @@ def test_the_demo_uses_the_same_helper(tmp_path):
     from fairseq_natbias.cli import demo
 
     (tmp_path / "text").write_text("x\n")
-    with pytest.raises(SystemExit, match=r"^natbias-demo: error: --data=.* is a file, not a folder"):
+    with pytest.raises(
+        SystemExit, match=r"^natbias-demo: error: --data=.* is a file, not a folder"
+    ):
         demo.find_raw_data(str(tmp_path / "text"), tmp_path)
 
 
@@ -98,6 +105,7 @@ def test_raw_file_takes_multi30k_names_split_names_and_any_stem(tmp_path):
     assert data_fetch.raw_file(tmp_path, "valid", "de") == tmp_path / "val.de.gz"
     assert data_fetch.raw_file(tmp_path, "test", "de") == tmp_path / "test.de"
     assert data_fetch.raw_file(tmp_path, "test_2017_flickr", "de") == (
-        tmp_path / "test_2017_flickr.de.gz")
+        tmp_path / "test_2017_flickr.de.gz"
+    )
     assert data_fetch.raw_file(tmp_path, "test_2018_flickr", "de") is None
     assert data_fetch.raw_file(tmp_path, "train", "en") is None

@@ -5,20 +5,25 @@ against a computation that does not go through the module: the decoder's
 features through g W by hand, log_softmax(b), beam search's own scores."""
 
 import math
+
 import pytest
 import torch
-
-from natbias.errors import NaturalBiasError
-from fairseq_natbias.analysis import decomposition
-from fairseq_natbias.pipeline import build_from_training_args
 from natbias_testing import TINY_LM, TINY_MODEL, train, train_lm
+
+from fairseq_natbias.analysis import decomposition
+from fairseq_natbias.in_process import build_from_training_args
+from natbias.errors import NaturalBiasError
 
 pytestmark = pytest.mark.training  # runs fairseq-train: the full tier only (make test)
 
 IDENTITY_TOLERANCE = 1e-5
 # The trained models: (kind, --natbias-init).
-MODELS = [("translation", "unigram"), ("translation", "none"),
-          ("language_model", "unigram"), ("language_model", "none")]
+MODELS = [
+    ("translation", "unigram"),
+    ("translation", "none"),
+    ("language_model", "unigram"),
+    ("language_model", "none"),
+]
 MODEL_IDS = [f"{kind}-{init}" for kind, init in MODELS]
 
 
@@ -42,8 +47,10 @@ def checkpoints(toy_bin, toy_lm_bin, tmp_path_factory):
 @pytest.fixture(scope="module")
 def hubs(checkpoints, toy_bin, toy_lm_bin):
     data = {"translation": toy_bin, "language_model": toy_lm_bin}
-    return {model: decomposition.load_model(str(path), str(data[model[0]]))
-            for model, path in checkpoints.items()}
+    return {
+        model: decomposition.load_model(str(path), str(data[model[0]]))
+        for model, path in checkpoints.items()
+    }
 
 
 def sentences(hub, toy_text, kind, n=6):
@@ -67,8 +74,9 @@ def hand_terms(model, target, source):
         if source is None:
             phi, _ = model.decoder(shifted, features_only=True)
         else:
-            encoder_out = model.encoder(source.unsqueeze(0),
-                                        src_lengths=torch.tensor([len(source)]))
+            encoder_out = model.encoder(
+                source.unsqueeze(0), src_lengths=torch.tensor([len(source)])
+            )
             phi, _ = model.decoder(shifted, encoder_out=encoder_out, features_only=True)
     projection = model.decoder.output_projection
     gain = projection.gain().double() if hasattr(projection, "gain") else 1.0
@@ -82,8 +90,12 @@ def hand_terms(model, target, source):
     log_p_bias = torch.log_softmax(bias, -1)
     full = torch.log_softmax(context_logits + bias, -1)
     normaliser = -torch.log((log_p_context.exp() * log_p_bias.exp()).sum(-1))
-    return {"log_p": full[positions, target], "context": log_p_context[positions, target],
-            "frequency": log_p_bias[target], "normaliser": normaliser}
+    return {
+        "log_p": full[positions, target],
+        "context": log_p_context[positions, target],
+        "frequency": log_p_bias[target],
+        "normaliser": normaliser,
+    }
 
 
 # --- the identity and each term, on trained models --------------------------------------
@@ -99,14 +111,18 @@ def test_terms_sum_to_log_p_and_match_a_hand_computation(hubs, toy_text, model_k
         assert result.residual().abs().max() < IDENTITY_TOLERANCE
         expected = hand_terms(model, target, source)
         for name, values in expected.items():
-            torch.testing.assert_close(getattr(result, name).double(), values,
-                                       atol=2e-5, rtol=0, msg=name)
+            torch.testing.assert_close(
+                getattr(result, name).double(), values, atol=2e-5, rtol=0, msg=name
+            )
         assert torch.equal(result.tokens, target)
         assert result.symbols == [hub.tgt_dict[int(i)] for i in target]
 
 
-@pytest.mark.parametrize("model_key", [m for m in MODELS if m[1] == "unigram"],
-                         ids=[i for i in MODEL_IDS if i.endswith("unigram")])
+@pytest.mark.parametrize(
+    "model_key",
+    [m for m in MODELS if m[1] == "unigram"],
+    ids=[i for i in MODEL_IDS if i.endswith("unigram")],
+)
 def test_with_a_bias_the_terms_behave_as_eq_4_says(hubs, toy_text, model_key):
     """The frequency term varies by token (b is not uniform); the normaliser
     is >= 0 (sum_v p_Wphi(v) p_b(v) <= 1)."""
@@ -138,8 +154,9 @@ def test_log_p_is_what_beam_search_scored(hubs, toy_text):
     for _, source in sentences(hub, toy_text, "translation", n=3):
         best = hub.generate(source, beam=5, max_len_b=12)[0]
         result = decomposition.decompose(hub.models[0], best["tokens"], source)
-        torch.testing.assert_close(result.log_p, best["positional_scores"].float(),
-                                   atol=1e-4, rtol=0)
+        torch.testing.assert_close(
+            result.log_p, best["positional_scores"].float(), atol=1e-4, rtol=0
+        )
 
 
 def test_table_rows_are_the_terms(hubs, toy_text):
@@ -148,7 +165,7 @@ def test_table_rows_are_the_terms(hubs, toy_text):
     result = decomposition.decompose(hub.models[0], target)
     lines = result.format_table().splitlines()
     assert lines[0].split() == ["t", "token", "log_p", "context", "frequency", "normaliser"]
-    body = [line.split() for line in lines[1:1 + len(target)]]
+    body = [line.split() for line in lines[1 : 1 + len(target)]]
     for row, t in zip(body, range(len(target))):
         assert row[1] == hub.tgt_dict[int(target[t])]
         values = [float(v) for v in row[2:]]
@@ -165,10 +182,26 @@ def fresh_model(kind, data, *options):
     if kind == "translation":
         argv = [str(data), "--arch", "transformer_natbias", *TINY_MODEL]
     else:
-        argv = [str(data), "--arch", "transformer_lm_natbias", *TINY_LM,
-                "--task", "language_modeling", "--tokens-per-sample", "32"]
-    argv += ["--user-dir", "fairseq_natbias", "--cpu", "--seed", "1",
-             "--save-dir", "/nonexistent/ckpt", *options]
+        argv = [
+            str(data),
+            "--arch",
+            "transformer_lm_natbias",
+            *TINY_LM,
+            "--task",
+            "language_modeling",
+            "--tokens-per-sample",
+            "32",
+        ]
+    argv += [
+        "--user-dir",
+        "fairseq_natbias",
+        "--cpu",
+        "--seed",
+        "1",
+        "--save-dir",
+        "/nonexistent/ckpt",
+        *options,
+    ]
     _, task, model = build_from_training_args(argv)
     return task, model.eval()
 
@@ -184,8 +217,11 @@ def fresh_gaps(kind, data, toy_text, *options):
     to_frequency, from_uniform, normalisers = [], [], []
     for source, target in zip(sources, targets):
         target_ids = task.target_dictionary.encode_line(target, add_if_not_exist=False).long()
-        source_ids = (task.source_dictionary.encode_line(source, add_if_not_exist=False).long()
-                      if kind == "translation" else None)
+        source_ids = (
+            task.source_dictionary.encode_line(source, add_if_not_exist=False).long()
+            if kind == "translation"
+            else None
+        )
         result = decomposition.decompose(model, target_ids, source_ids)
         assert result.residual().abs().max() < IDENTITY_TOLERANCE
         to_frequency.append((result.log_p - result.frequency).abs())
@@ -207,8 +243,9 @@ def test_a_fresh_default_model_is_its_frequency_term(toy_bin, toy_lm_bin, toy_te
     assert from_uniform.mean() < 0.1 and from_uniform.max() < 0.3
     assert (normalisers - math.log(vocab)).abs().max() < 0.1
     # (means 0.9-1.1 nats, 20-25 times the gain init's)
-    stock_to_frequency, _, _, _ = fresh_gaps(kind, data, toy_text,
-                                             "--natbias-weight-init", "fairseq")
+    stock_to_frequency, _, _, _ = fresh_gaps(
+        kind, data, toy_text, "--natbias-weight-init", "fairseq"
+    )
     assert stock_to_frequency.mean() > 10 * to_frequency.mean()
 
 
@@ -280,8 +317,11 @@ def test_wrong_data_directory_is_named(checkpoints, toy_bin, tmp_path):
 
 def test_missing_sentencepiece_model_is_named(checkpoints, toy_bin, tmp_path):
     with pytest.raises(NaturalBiasError, match="no such SentencePiece model"):
-        decomposition.load_model(str(checkpoints["translation", "unigram"]), str(toy_bin),
-                                 sentencepiece_model=str(tmp_path / "spm.model"))
+        decomposition.load_model(
+            str(checkpoints["translation", "unigram"]),
+            str(toy_bin),
+            sentencepiece_model=str(tmp_path / "spm.model"),
+        )
 
 
 def test_inputs_that_do_not_fit_the_model_are_refused(hubs, toy_text):

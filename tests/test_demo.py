@@ -5,7 +5,6 @@ import os
 import subprocess
 
 import pytest
-
 from natbias_testing import BIN, write_multi30k_slice
 
 pytestmark = pytest.mark.training  # runs fairseq-train: the full tier only (make test)
@@ -30,9 +29,22 @@ def natbias_demo(data, output, **env):
     # One thread for the demo's fairseq processes, as for the tests' own
     # (tests/conftest.py): the pytest workers already use every core.
     return subprocess.run(
-        [str(BIN / "natbias-demo"), "--data", str(data), "--output", str(output),
-         "--max-update", str(MAX_UPDATE), "--vocab-size", "1000", "--arms", *ARMS],
-        capture_output=True, text=True, check=True,
+        [
+            str(BIN / "natbias-demo"),
+            "--data",
+            str(data),
+            "--output",
+            str(output),
+            "--max-update",
+            str(MAX_UPDATE),
+            "--vocab-size",
+            "1000",
+            "--arms",
+            *ARMS,
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
         env=dict(os.environ, OMP_NUM_THREADS="1", **env),
     )
 

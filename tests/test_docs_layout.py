@@ -26,12 +26,23 @@ README = REPO / "README.md"
 DOCS = REPO / "docs"
 SETUP_HEADING = "## Set-up"
 ARMS = ["stock fairseq", "stock + criterion", "natural bias", "natural bias + criterion"]
-PAGES = {"installation", "options", "criteria", "language_models", "tools", "checkpoints",
-         "half_precision", "huggingface", "results", "changelog"}
-MONTHS = ("January|February|March|April|May|June|July|August|September|October|November"
-          "|December")
+PAGES = {
+    "installation",
+    "options",
+    "criteria",
+    "language_models",
+    "tools",
+    "checkpoints",
+    "half_precision",
+    "huggingface",
+    "results",
+    "changelog",
+}
+MONTHS = "January|February|March|April|May|June|July|August|September|October|November|December"
 ISSUE = re.compile(r"\b(?:issues?|pull requests?|PR)\s*#?\d+|#\d+(?![\w-])", re.I)
-DATE = re.compile(rf"\b(?:19|20)\d\d-\d\d-\d\d\b|\b(?:{MONTHS})\s+(?:\d{{1,2}},?\s+)?(?:19|20)\d\d\b")
+DATE = re.compile(
+    rf"\b(?:19|20)\d\d-\d\d-\d\d\b|\b(?:{MONTHS})\s+(?:\d{{1,2}},?\s+)?(?:19|20)\d\d\b"
+)
 RELEASE_HEADING = re.compile(r"^## \d+\.\d+\.\d+ \((\d{4}-\d\d-\d\d)\)$")
 
 
@@ -45,7 +56,7 @@ def lines_of(path: Path) -> list:
 
 def first_screen(text: str) -> list:
     lines = text.split("\n")
-    return lines[:next(i for i, line in enumerate(lines) if line.startswith(SETUP_HEADING))]
+    return lines[: next(i for i, line in enumerate(lines) if line.startswith(SETUP_HEADING))]
 
 
 def cells(row: str) -> list:
@@ -56,10 +67,11 @@ def results_table(text: str) -> tuple:
     """The header and body rows of the first Markdown table whose header names
     stock fairseq."""
     lines = text.split("\n")
-    start = next(i for i, line in enumerate(lines)
-                 if line.startswith("|") and "stock fairseq" in line)
+    start = next(
+        i for i, line in enumerate(lines) if line.startswith("|") and "stock fairseq" in line
+    )
     rows = []
-    for line in lines[start + 2:]:
+    for line in lines[start + 2 :]:
         if not line.startswith("|"):
             break
         rows.append(cells(line))
@@ -77,13 +89,17 @@ def missing_figures(row, columns, root: Path = REPO) -> list:
     texts = []
     for target in re.findall(r"\]\(([^)#\s]+)", " | ".join(row)):
         path = (root / target).resolve()
-        assert path.is_relative_to((root / "research" / "results").resolve()), \
+        assert path.is_relative_to((root / "research" / "results").resolve()), (
             f"row {row[0]!r}: {target} is not under research/results/"
+        )
         texts.append(path.read_text(encoding="utf-8"))
     assert texts, f"row {row[0]!r}: no link to a results file"
-    return [figure for column in columns for figure in figures(row[column])
-            if not any(re.search(rf"(?<![\d.]){re.escape(figure)}(?!\d)", text)
-                       for text in texts)]
+    return [
+        figure
+        for column in columns
+        for figure in figures(row[column])
+        if not any(re.search(rf"(?<![\d.]){re.escape(figure)}(?!\d)", text) for text in texts)
+    ]
 
 
 def slug(heading: str) -> str:
@@ -151,16 +167,24 @@ def test_a_figure_missing_from_its_results_file_is_found(tmp_path):
 
 
 def test_a_broken_link_or_anchor_is_found(tmp_path):
-    (tmp_path / "a.md").write_text("# A → b: `c` (d)\n[ok](a.md#a--b-c-d) [gone](b.md) [bad](a.md#nope)\n")
+    (tmp_path / "a.md").write_text(
+        "# A → b: `c` (d)\n[ok](a.md#a--b-c-d) [gone](b.md) [bad](a.md#nope)\n"
+    )
     assert broken_links(tmp_path / "a.md") == ["b.md", "a.md#nope"]
 
 
 def test_issue_numbers_and_dates_are_found(tmp_path):
     page = tmp_path / "changelog.md"
-    page.write_text("## 1.0.0 (2026-12-02)\nas issue 36 asked\nfixed (#12)\nsee [x](#3000-pairs)\n"
-                    "measured 2026-11-29\nin January 2024\nthe 2,000 updates of 2023\n")
+    page.write_text(
+        "## 1.0.0 (2026-12-02)\nas issue 36 asked\nfixed (#12)\nsee [x](#3000-pairs)\n"
+        "measured 2026-11-29\nin January 2024\nthe 2,000 updates of 2023\n"
+    )
     assert [line.split(": ")[1] for line in forbidden_lines(page)] == [
-        "issue", "issue", "date", "date"]
+        "issue",
+        "issue",
+        "date",
+        "date",
+    ]
     other = tmp_path / "results.md"
     other.write_text("## 1.0.0 (2026-12-02)\n")
     assert len(forbidden_lines(other)) == 1
@@ -184,7 +208,9 @@ def test_the_readme_results_table_separates_the_bias_from_the_criterion():
     assert header[1:5] == ARMS
     assert len(rows) >= 3
     for row in rows:
-        assert any(figures(row[column]) for column in range(1, 5)), f"row {row[0]!r} shows no figure"
+        assert any(figures(row[column]) for column in range(1, 5)), (
+            f"row {row[0]!r} shows no figure"
+        )
         assert missing_figures(row, range(1, 5)) == [], row[0]
 
 
@@ -205,8 +231,13 @@ def test_the_changelog_starts_at_the_package_version():
 
 def test_the_criterion_credits_its_prior_art():
     text = (DOCS / "criteria.md").read_text(encoding="utf-8")
-    for credit in ("Szegedy", "Chorowski and Jaitly (2017)", "Pereyra et al.", "espresso",
-                   "--smoothing-type unigram"):
+    for credit in (
+        "Szegedy",
+        "Chorowski and Jaitly (2017)",
+        "Pereyra et al.",
+        "espresso",
+        "--smoothing-type unigram",
+    ):
         assert credit in text, credit
 
 

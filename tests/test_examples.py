@@ -22,7 +22,6 @@ from collections import Counter
 
 import pytest
 import torch
-
 from natbias_testing import BIN, MULTI30K, REPO
 
 pytestmark = pytest.mark.training  # runs fairseq-train: the full tier only (make test)
@@ -37,14 +36,22 @@ SCRIPTS = {
 DECOMPOSE = EXAMPLES / "python_api/decompose.py"
 TRAIN_LINES, EVAL_LINES = 2000, 100
 TINY = {  # the settings shared by the translation, external-bias and LM examples
-    "TRAIN_LINES": TRAIN_LINES, "EVAL_LINES": EVAL_LINES, "VOCAB": 1000,
-    "EMBED_DIM": 32, "FFN_DIM": 64, "HEADS": 2, "LAYERS": 1,
-    "MAX_UPDATE": 20, "MAX_TOKENS": 2000, "WARMUP": 10,
+    "TRAIN_LINES": TRAIN_LINES,
+    "EVAL_LINES": EVAL_LINES,
+    "VOCAB": 1000,
+    "EMBED_DIM": 32,
+    "FFN_DIM": 64,
+    "HEADS": 2,
+    "LAYERS": 1,
+    "MAX_UPDATE": 20,
+    "MAX_TOKENS": 2000,
+    "WARMUP": 10,
 }
 DEFAULT_CRITERION = "unigram_label_smoothed_cross_entropy"  # the examples' CRITERION
 PAPERS_CRITERION = "label_smoothed_cross_entropy"
 SCORE_LINE = re.compile(
-    r"^\[(\w+)\] (BLEU|chrF2)\|nrefs:1\|case:mixed\|.*\|version:[\d.]+ = ([\d.]+)")
+    r"^\[(\w+)\] (BLEU|chrF2)\|nrefs:1\|case:mixed\|.*\|version:[\d.]+ = ([\d.]+)"
+)
 
 
 def example_settings():
@@ -57,13 +64,21 @@ def example_settings():
 
 
 def run_example(command, env=None, cwd=None, unset=()):
-    clean = {k: v for k, v in os.environ.items()
-             if k not in example_settings() and k not in unset}
-    clean.update(PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
-                 OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    clean = {k: v for k, v in os.environ.items() if k not in example_settings() and k not in unset}
+    clean.update(
+        PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+        OMP_NUM_THREADS="1",
+        PYTHONWARNINGS="ignore",
+    )
     clean.update({k: str(v) for k, v in (env or {}).items()})
-    return subprocess.run([str(c) for c in command], env=clean, cwd=cwd or REPO,
-                          capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [str(c) for c in command],
+        env=clean,
+        cwd=cwd or REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 def succeeded(result):
@@ -148,8 +163,10 @@ def sacrebleu_scores(hypotheses, references):
     """BLEU and chrF from sacreBLEU's Python API, not its command line."""
     import sacrebleu
 
-    return (sacrebleu.corpus_bleu(hypotheses, [references]).score,
-            sacrebleu.corpus_chrf(hypotheses, [references]).score)
+    return (
+        sacrebleu.corpus_bleu(hypotheses, [references]).score,
+        sacrebleu.corpus_chrf(hypotheses, [references]).score,
+    )
 
 
 def test_translation_run_again_skips_every_step(translation):
@@ -157,8 +174,9 @@ def test_translation_run_again_skips_every_step(translation):
     again = succeeded(run_example(["bash", SCRIPTS["translation"]], env))
     skipped = [line for line in again.stderr.splitlines() if "skipped" in line]
     assert len(skipped) == 3 + 2 * 2  # text, sentencepiece, preprocess; train, generate x 2
-    assert [l for l in again.stdout.splitlines() if SCORE_LINE.match(l)] == \
-        [l for l in result.stdout.splitlines() if SCORE_LINE.match(l)]
+    assert [line for line in again.stdout.splitlines() if SCORE_LINE.match(line)] == [
+        line for line in result.stdout.splitlines() if SCORE_LINE.match(line)
+    ]
 
 
 def test_translation_criterion_default_and_refusal(translation):
@@ -169,20 +187,25 @@ def test_translation_criterion_default_and_refusal(translation):
     CRITERION existed) is refused too: the fresh-clone test below, which
     trains under the paper's criterion."""
     _, work, env = translation
-    trained = torch.load(work / "runs/unigram/checkpoint_best.pt", map_location="cpu",
-                         weights_only=False)
+    trained = torch.load(
+        work / "runs/unigram/checkpoint_best.pt", map_location="cpu", weights_only=False
+    )
     assert trained["cfg"]["criterion"]["_name"] == DEFAULT_CRITERION
     assert (work / "runs/unigram/train.done").read_text().strip() == DEFAULT_CRITERION
     refused = run_example(["bash", SCRIPTS["translation"]], {**env, "CRITERION": PAPERS_CRITERION})
-    assert_one_line_error(refused, "examples/translation/run.sh",
-                          f"{work}/runs/unigram was trained with --criterion {DEFAULT_CRITERION}, "
-                          f"not CRITERION={PAPERS_CRITERION}: give CRITERION={DEFAULT_CRITERION} "
-                          "to keep using it")
+    assert_one_line_error(
+        refused,
+        "examples/translation/run.sh",
+        f"{work}/runs/unigram was trained with --criterion {DEFAULT_CRITERION}, "
+        f"not CRITERION={PAPERS_CRITERION}: give CRITERION={DEFAULT_CRITERION} "
+        "to keep using it",
+    )
 
 
 def test_translation_bad_data_folder(tmp_path):
-    result = run_example(["bash", SCRIPTS["translation"]],
-                         {"DATA": tmp_path, "WORK": tmp_path / "w"})
+    result = run_example(
+        ["bash", SCRIPTS["translation"]], {"DATA": tmp_path, "WORK": tmp_path / "w"}
+    )
     assert_one_line_error(result, "examples/translation/run.sh", f"DATA={tmp_path} has no train.de")
     assert not (tmp_path / "w/raw").exists()
 
@@ -206,19 +229,29 @@ TABLE_ROW = re.compile(r"^\s*\d+\s+\S+((?:\s+-?\d+\.\d{4}){4})$")
 def test_decompose_prints_the_identity_per_token(translation):
     _, work, _ = translation
     result = succeeded(run_example([sys.executable, DECOMPOSE], {"WORK": work}))
-    rows = [[float(v) for v in m[1].split()]
-            for m in map(TABLE_ROW.match, result.stdout.splitlines()) if m]
+    rows = [
+        [float(v) for v in m[1].split()]
+        for m in map(TABLE_ROW.match, result.stdout.splitlines())
+        if m
+    ]
     assert rows  # at least the EOS row
     for log_p, context, frequency, normaliser in rows:
         # printed to 4 decimals: the sum of three rounded terms is within 2e-4
         assert log_p == pytest.approx(context + frequency + normaliser, abs=3e-4)
         assert normaliser >= 0
-    residual = float(re.search(r"largest \|log p - \(context \+ frequency \+ normaliser\)\|: (\S+)",
-                               result.stdout)[1])
+    residual = float(
+        re.search(
+            r"largest \|log p - \(context \+ frequency \+ normaliser\)\|: (\S+)", result.stdout
+        )[1]
+    )
     assert residual < 1e-5
-    beam, teacher_forced = map(float, re.search(
-        r"beam search's own log p of the translation: (\S+) \(teacher-forced above: (\S+)\)",
-        result.stdout).groups())
+    beam, teacher_forced = map(
+        float,
+        re.search(
+            r"beam search's own log p of the translation: (\S+) \(teacher-forced above: (\S+)\)",
+            result.stdout,
+        ).groups(),
+    )
     assert beam == pytest.approx(teacher_forced, abs=1e-3)
     assert teacher_forced == pytest.approx(sum(row[0] for row in rows), abs=1e-3 * len(rows))
     assert "--natbias-init unigram, gain g = " in result.stdout
@@ -228,9 +261,21 @@ def test_decompose_a_reference_with_the_zero_model(translation):
     _, work, _ = translation
     reference = multi30k_lines("test_2016_flickr", "en", 1)[0]
     source = multi30k_lines("test_2016_flickr", "de", 1)[0]
-    result = succeeded(run_example(
-        [sys.executable, DECOMPOSE, "--checkpoint", work / "runs/zero/checkpoint_best.pt",
-         "--sentence", source, "--reference", reference], {"WORK": work}))
+    result = succeeded(
+        run_example(
+            [
+                sys.executable,
+                DECOMPOSE,
+                "--checkpoint",
+                work / "runs/zero/checkpoint_best.pt",
+                "--sentence",
+                source,
+                "--reference",
+                reference,
+            ],
+            {"WORK": work},
+        )
+    )
     assert f"reference (teacher-forced): {reference}" in result.stdout
     rows = [m for m in map(TABLE_ROW.match, result.stdout.splitlines()) if m]
     import sentencepiece
@@ -252,8 +297,12 @@ def test_decompose_missing_checkpoint(tmp_path):
 def external(translation):
     _, translation_work, env = translation
     work = translation_work.parent / "external_bias"
-    env = {**env, "TRANSLATION_WORK": translation_work, "WORK": work,
-           "EXTERNAL_TEXT": MULTI30K / "train.en.gz"}
+    env = {
+        **env,
+        "TRANSLATION_WORK": translation_work,
+        "WORK": work,
+        "EXTERNAL_TEXT": MULTI30K / "train.en.gz",
+    }
     return succeeded(run_example(["bash", SCRIPTS["external_bias"]], env)), work, translation_work
 
 
@@ -283,9 +332,14 @@ def test_external_bias_counts_the_external_text_and_trains_with_it(external):
 
 def test_external_bias_missing_text(translation, tmp_path):
     _, translation_work, _ = translation
-    result = run_example(["bash", SCRIPTS["external_bias"]], {
-        "TRANSLATION_WORK": translation_work, "WORK": tmp_path,
-        "EXTERNAL_TEXT": tmp_path / "no.txt"})
+    result = run_example(
+        ["bash", SCRIPTS["external_bias"]],
+        {
+            "TRANSLATION_WORK": translation_work,
+            "WORK": tmp_path,
+            "EXTERNAL_TEXT": tmp_path / "no.txt",
+        },
+    )
     assert_one_line_error(result, "examples/external_bias/run.sh", "no such file", "EXTERNAL_TEXT")
 
 
@@ -293,12 +347,22 @@ def test_external_bias_refuses_translation_runs_of_another_criterion(translation
     """Its scores are printed beside the translation runs': not under mixed criteria."""
     _, translation_work, _ = translation
     papers = "label_smoothed_cross_entropy"
-    result = run_example(["bash", SCRIPTS["external_bias"]], {
-        "TRANSLATION_WORK": translation_work, "WORK": tmp_path, "CRITERION": papers,
-        "EXTERNAL_TEXT": MULTI30K / "train.en.gz"})
-    assert_one_line_error(result, "examples/external_bias/run.sh",
-                          f"{translation_work}/runs/", "was trained with --criterion "
-                          f"unigram_label_smoothed_cross_entropy, not CRITERION={papers}")
+    result = run_example(
+        ["bash", SCRIPTS["external_bias"]],
+        {
+            "TRANSLATION_WORK": translation_work,
+            "WORK": tmp_path,
+            "CRITERION": papers,
+            "EXTERNAL_TEXT": MULTI30K / "train.en.gz",
+        },
+    )
+    assert_one_line_error(
+        result,
+        "examples/external_bias/run.sh",
+        f"{translation_work}/runs/",
+        "was trained with --criterion "
+        f"unigram_label_smoothed_cross_entropy, not CRITERION={papers}",
+    )
     assert not (tmp_path / "runs").exists()
 
 
@@ -308,13 +372,20 @@ def test_external_bias_refuses_translation_runs_of_another_criterion(translation
 def test_frequency_analysis_draws_fig_4(translation):
     _, translation_work, _ = translation
     out = translation_work.parent / "frequency_analysis"
-    result = succeeded(run_example(["bash", SCRIPTS["frequency_analysis"]],
-                                   {"TRANSLATION_WORK": translation_work, "OUT": out}))
+    result = succeeded(
+        run_example(
+            ["bash", SCRIPTS["frequency_analysis"]],
+            {"TRANSLATION_WORK": translation_work, "OUT": out},
+        )
+    )
     assert (out / "frequency.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     rows = list(csv.DictReader((out / "frequency_bins.csv").open(encoding="utf-8")))
     by_model = {m: [r for r in rows if r["model"] == m] for m in ("zero", "unigram")}
-    printed = [line.split() for line in result.stdout.splitlines()
-               if re.match(r"^\s*-?\d+\.\d\d(\s+-?\d+\.\d{3}){4}$", line)]
+    printed = [
+        line.split()
+        for line in result.stdout.splitlines()
+        if re.match(r"^\s*-?\d+\.\d\d(\s+-?\d+\.\d{3}){4}$", line)
+    ]
     assert len(printed) == len(by_model["unigram"]) == len(by_model["zero"]) > 10
     for cells, zero, unigram in zip(printed, by_model["zero"], by_model["unigram"]):
         assert float(cells[0]) == pytest.approx(float(zero["bin_center"]), abs=0.005)
@@ -337,11 +408,17 @@ def slope(rows, column):
 def test_frequency_analysis_refuses_a_file_that_is_not_a_checkpoint(translation, tmp_path):
     _, translation_work, _ = translation
     not_a_checkpoint = translation_work / "data-bin/dict.en.txt"
-    result = run_example(["bash", SCRIPTS["frequency_analysis"]], {
-        "TRANSLATION_WORK": translation_work, "OUT": tmp_path,
-        "MODELS": f"zero={not_a_checkpoint}"})
-    assert_one_line_error(result, "examples/frequency_analysis/run.sh",
-                          "is not a fairseq checkpoint")
+    result = run_example(
+        ["bash", SCRIPTS["frequency_analysis"]],
+        {
+            "TRANSLATION_WORK": translation_work,
+            "OUT": tmp_path,
+            "MODELS": f"zero={not_a_checkpoint}",
+        },
+    )
+    assert_one_line_error(
+        result, "examples/frequency_analysis/run.sh", "is not a fairseq checkpoint"
+    )
 
 
 # --- language_model -----------------------------------------------------------------------
@@ -353,25 +430,42 @@ LAMBDAS = ("1", "0.5", "0")
 @pytest.fixture(scope="module")
 def language_model(multi30k, tmp_path_factory):
     work = tmp_path_factory.mktemp("examples") / "language_model"
-    env = {**TINY, "DATA": multi30k, "WORK": work, "INITS": "unigram",
-           "LAMBDAS": " ".join(LAMBDAS), "PROMPT": "A man"}
+    env = {
+        **TINY,
+        "DATA": multi30k,
+        "WORK": work,
+        "INITS": "unigram",
+        "LAMBDAS": " ".join(LAMBDAS),
+        "PROMPT": "A man",
+    }
     return succeeded(run_example(["bash", SCRIPTS["language_model"]], env)), work
 
 
 def test_language_model_evaluates_samples_and_sweeps(language_model):
     result, work = language_model
-    loss, perplexity = map(float, re.search(
-        r"^\[unigram\] Loss \(base 2\): ([\d.]+), Perplexity: ([\d.]+)$",
-        result.stdout, re.M).groups())
-    assert perplexity == pytest.approx(2 ** loss, rel=1e-3)
+    loss, perplexity = map(
+        float,
+        re.search(
+            r"^\[unigram\] Loss \(base 2\): ([\d.]+), Perplexity: ([\d.]+)$", result.stdout, re.M
+        ).groups(),
+    )
+    assert perplexity == pytest.approx(2**loss, rel=1e-3)
     tokens = sum(len(line.split()) + 1 for line in (work / "spm/test.en").read_text().splitlines())
     assert f"Evaluated {tokens:,} tokens" in (work / "runs/unigram/eval_lm.log").read_text()
-    samples = [line.split("\t") for line in result.stdout.splitlines()
-               if line.startswith("[unigram] lambda=")]
-    assert [s[0] for s in samples] == [f"[unigram] lambda={l}" for l in LAMBDAS for _ in range(3)]
+    samples = [
+        line.split("\t")
+        for line in result.stdout.splitlines()
+        if line.startswith("[unigram] lambda=")
+    ]
+    assert [s[0] for s in samples] == [
+        f"[unigram] lambda={lam}" for lam in LAMBDAS for _ in range(3)
+    ]
     assert all(text.startswith("A man") for _, text in samples)
-    table = [line.strip("|").split("|") for line in result.stdout.splitlines()
-             if re.match(r"^\| [\d.]+ \| [\d.]+ \|", line)]
+    table = [
+        line.strip("|").split("|")
+        for line in result.stdout.splitlines()
+        if re.match(r"^\| [\d.]+ \| [\d.]+ \|", line)
+    ]
     assert [row[0].strip() for row in table] == list(LAMBDAS)
     # Two independent computations of the test NLL with the bias as trained:
     # fairseq-eval-lm's and the sweep's lambda = 1 row.
@@ -381,18 +475,29 @@ def test_language_model_evaluates_samples_and_sweeps(language_model):
 
 def test_language_model_bad_data_folder(tmp_path):
     (tmp_path / "train.en").write_text("a b\n")
-    result = run_example(["bash", SCRIPTS["language_model"]],
-                         {"DATA": tmp_path, "WORK": tmp_path / "w"})
-    assert_one_line_error(result, "examples/language_model/run.sh",
-                          f"DATA={tmp_path} has no val.en")
+    result = run_example(
+        ["bash", SCRIPTS["language_model"]], {"DATA": tmp_path, "WORK": tmp_path / "w"}
+    )
+    assert_one_line_error(
+        result, "examples/language_model/run.sh", f"DATA={tmp_path} has no val.en"
+    )
 
 
 def test_sampling_refuses_a_translation_checkpoint(translation, language_model):
     _, translation_work, _ = translation
     _, work = language_model
-    result = run_example([sys.executable, EXAMPLES / "language_model/sample.py",
-                          "--checkpoint", translation_work / "runs/zero/checkpoint_best.pt",
-                          "--data-bin", work / "data-bin", "--spm-model", work / "spm.model"])
+    result = run_example(
+        [
+            sys.executable,
+            EXAMPLES / "language_model/sample.py",
+            "--checkpoint",
+            translation_work / "runs/zero/checkpoint_best.pt",
+            "--data-bin",
+            work / "data-bin",
+            "--spm-model",
+            work / "spm.model",
+        ]
+    )
     assert_one_line_error(result, "sample.py", "is a translation model")
 
 
@@ -417,17 +522,26 @@ def test_translation_on_a_fresh_clone_falls_back_to_the_synthetic_corpus(tmp_pat
     the default CRITERION with the one that keeps the run."""
     clone = fresh_clone(tmp_path)
     assert not (clone.parent / "shared").exists() and not (clone / "fairseq_natbias").exists()
-    env = {**FRESH, "NATBIAS_MULTI30K_URL": (tmp_path / "offline").as_uri(),
-           "CRITERION": PAPERS_CRITERION}
-    result = succeeded(run_example(["bash", "examples/translation/run.sh"], env,
-                                   cwd=clone, unset=("NATBIAS_MULTI30K",)))
+    env = {
+        **FRESH,
+        "NATBIAS_MULTI30K_URL": (tmp_path / "offline").as_uri(),
+        "CRITERION": PAPERS_CRITERION,
+    }
+    result = succeeded(
+        run_example(
+            ["bash", "examples/translation/run.sh"], env, cwd=clone, unset=("NATBIAS_MULTI30K",)
+        )
+    )
     assert "download failed" in result.stderr
     assert "using a small SYNTHETIC corpus" in result.stderr
     # DATA_CACHE and WORK: the defaults, relative to where the script ran
     synthetic = clone / "work/examples/data/synthetic"
     staged = clone / "work/examples/translation/raw"
-    for name, split, lines in (("train", "train", TRAIN_LINES), ("val", "valid", EVAL_LINES),
-                               ("test_2016_flickr", "test", EVAL_LINES)):
+    for name, split, lines in (
+        ("train", "train", TRAIN_LINES),
+        ("val", "valid", EVAL_LINES),
+        ("test_2016_flickr", "test", EVAL_LINES),
+    ):
         for lang in ("de", "en"):
             expected = (synthetic / f"{name}.{lang}").read_text().splitlines()[:lines]
             assert (staged / f"{split}.{lang}").read_text().splitlines() == expected
@@ -437,27 +551,39 @@ def test_translation_on_a_fresh_clone_falls_back_to_the_synthetic_corpus(tmp_pat
     saved = torch.load(run / "checkpoint_best.pt", map_location="cpu", weights_only=False)
     assert saved["cfg"]["criterion"]["_name"] == PAPERS_CRITERION
     assert (run / "train.done").read_text().strip() == PAPERS_CRITERION
-    again = succeeded(run_example(["bash", "examples/translation/run.sh"], env,
-                                  cwd=clone, unset=("NATBIAS_MULTI30K",)))
+    again = succeeded(
+        run_example(
+            ["bash", "examples/translation/run.sh"], env, cwd=clone, unset=("NATBIAS_MULTI30K",)
+        )
+    )
     # staged before: the data is not looked for (or downloaded) again
-    assert "data:" not in again.stderr and "raw text: work/examples/translation/raw exists, skipped" \
-        in again.stderr
+    assert (
+        "data:" not in again.stderr
+        and "raw text: work/examples/translation/raw exists, skipped" in again.stderr
+    )
     (run / "train.done").write_text("")
-    old = run_example(["bash", "examples/translation/run.sh"],
-                      {key: value for key, value in env.items() if key != "CRITERION"},
-                      cwd=clone, unset=("NATBIAS_MULTI30K",))
-    assert_one_line_error(old, "examples/translation/run.sh",
-                          f"work/examples/translation/runs/unigram was trained with --criterion "
-                          f"{PAPERS_CRITERION}, not CRITERION={DEFAULT_CRITERION}: "
-                          f"give CRITERION={PAPERS_CRITERION} to keep using it")
+    old = run_example(
+        ["bash", "examples/translation/run.sh"],
+        {key: value for key, value in env.items() if key != "CRITERION"},
+        cwd=clone,
+        unset=("NATBIAS_MULTI30K",),
+    )
+    assert_one_line_error(
+        old,
+        "examples/translation/run.sh",
+        f"work/examples/translation/runs/unigram was trained with --criterion "
+        f"{PAPERS_CRITERION}, not CRITERION={DEFAULT_CRITERION}: "
+        f"give CRITERION={PAPERS_CRITERION} to keep using it",
+    )
 
 
 def test_data_is_a_file(tmp_path):
     data = tmp_path / "train.de"
     data.write_text("ein Hund\n")
     result = run_example(["bash", SCRIPTS["translation"]], {"DATA": data, "WORK": tmp_path / "w"})
-    assert_one_line_error(result, "examples/translation/run.sh",
-                          f"DATA={data} is a file, not a folder")
+    assert_one_line_error(
+        result, "examples/translation/run.sh", f"DATA={data} is a file, not a folder"
+    )
     assert not (tmp_path / "w/raw").exists()
 
 
@@ -466,22 +592,35 @@ def test_natbias_multi30k_without_the_files(tmp_path):
     by a download."""
     (tmp_path / "m30k").mkdir()
     (tmp_path / "m30k/train.en.gz").write_bytes(b"")
-    result = run_example(["bash", SCRIPTS["language_model"]],
-                         {"NATBIAS_MULTI30K": tmp_path / "m30k", "WORK": tmp_path / "w",
-                          "DATA_CACHE": tmp_path / "cache"})
-    assert_one_line_error(result, "examples/language_model/run.sh",
-                          f"NATBIAS_MULTI30K={tmp_path / 'm30k'} has no val.en, test_2016_flickr.en")
+    result = run_example(
+        ["bash", SCRIPTS["language_model"]],
+        {
+            "NATBIAS_MULTI30K": tmp_path / "m30k",
+            "WORK": tmp_path / "w",
+            "DATA_CACHE": tmp_path / "cache",
+        },
+    )
+    assert_one_line_error(
+        result,
+        "examples/language_model/run.sh",
+        f"NATBIAS_MULTI30K={tmp_path / 'm30k'} has no val.en, test_2016_flickr.en",
+    )
     assert not (tmp_path / "cache").exists()
 
 
 @pytest.mark.parametrize("name", ["external_bias", "frequency_analysis"])
 def test_run_before_the_translation_example(name, tmp_path):
-    result = run_example(["bash", SCRIPTS[name]], {"TRANSLATION_WORK": tmp_path / "nothing",
-                                                    "WORK": tmp_path / "w", "OUT": tmp_path / "o"})
-    assert_one_line_error(result, f"examples/{name}/run.sh", "run examples/translation/run.sh first")
+    result = run_example(
+        ["bash", SCRIPTS[name]],
+        {"TRANSLATION_WORK": tmp_path / "nothing", "WORK": tmp_path / "w", "OUT": tmp_path / "o"},
+    )
+    assert_one_line_error(
+        result, f"examples/{name}/run.sh", "run examples/translation/run.sh first"
+    )
 
 
 def test_decompose_before_the_translation_example(tmp_path):
     result = run_example([sys.executable, DECOMPOSE], {"WORK": tmp_path})
-    assert_one_line_error(result, "decompose.py", "no such checkpoint",
-                          "run examples/translation/run.sh first")
+    assert_one_line_error(
+        result, "decompose.py", "no such checkpoint", "run examples/translation/run.sh first"
+    )

@@ -1,10 +1,10 @@
 """fairseq_natbias.analysis.fairseq_logs: fairseq-train logs in both formats."""
 
 import pytest
+from natbias_testing import train
 
 from natbias.errors import NaturalBiasError
 from natbias.tools import fairseq_logs
-from natbias_testing import train
 
 pytestmark = pytest.mark.training  # runs fairseq-train: the full tier only (make test)
 
@@ -39,13 +39,23 @@ def _hydra_prefix(text):
 
 
 def _summary(records):
-    return [(r.tag, r.epoch, {k: r.values[k] for k in ("loss", "bleu", "num_updates")
-                              if k in r.values}) for r in records]
+    return [
+        (r.tag, r.epoch, {k: r.values[k] for k in ("loss", "bleu", "num_updates") if k in r.values})
+        for r in records
+    ]
 
 
-@pytest.mark.parametrize("text", [SIMPLE_LINES, JSON_LINES, _strip_prefix(JSON_LINES),
-                                  _strip_prefix(SIMPLE_LINES.split("\n", 1)[1]),
-                                  _hydra_prefix(SIMPLE_LINES), _hydra_prefix(JSON_LINES)])
+@pytest.mark.parametrize(
+    "text",
+    [
+        SIMPLE_LINES,
+        JSON_LINES,
+        _strip_prefix(JSON_LINES),
+        _strip_prefix(SIMPLE_LINES.split("\n", 1)[1]),
+        _hydra_prefix(SIMPLE_LINES),
+        _hydra_prefix(JSON_LINES),
+    ],
+)
 def test_both_formats_with_and_without_prefix_give_the_same_records(text):
     records = fairseq_logs.parse_lines(text.splitlines())
     assert _summary(records) == [
@@ -59,13 +69,17 @@ def test_both_formats_with_and_without_prefix_give_the_same_records(text):
 def test_config_dump_and_module_lines_are_not_records():
     line = SIMPLE_LINES.splitlines()[0]
     assert fairseq_logs.parse_line(line) is None
-    assert fairseq_logs.parse_line("2026-01-01 10:00:00 | INFO | fairseq.x | a | b 1 | num_updates 3") is None
+    assert (
+        fairseq_logs.parse_line("2026-01-01 10:00:00 | INFO | fairseq.x | a | b 1 | num_updates 3")
+        is None
+    )
 
 
 def test_resumed_run_keeps_the_last_value_of_a_repeated_update():
     resumed = SIMPLE_LINES + SIMPLE_LINES.splitlines()[-1].replace("bleu 1.5", "bleu 2.5") + "\n"
-    updates, values = fairseq_logs.series(fairseq_logs.parse_lines(resumed.splitlines()),
-                                          "valid", "bleu")
+    updates, values = fairseq_logs.series(
+        fairseq_logs.parse_lines(resumed.splitlines()), "valid", "bleu"
+    )
     assert updates.tolist() == [2.0, 4.0]
     assert values.tolist() == [0.06, 2.5]
 
@@ -90,9 +104,19 @@ def real_logs(toy_bin, tmp_path_factory):
     root = tmp_path_factory.mktemp("logs")
 
     def run(fmt):
-        return train(toy_bin, root / fmt, "--log-format", fmt, "--log-file", root / f"{fmt}.file",
-                     "--no-save", "--eval-bleu", "--eval-bleu-args", '{"beam": 1, "max_len_b": 5}',
-                     max_update=4)
+        return train(
+            toy_bin,
+            root / fmt,
+            "--log-format",
+            fmt,
+            "--log-file",
+            root / f"{fmt}.file",
+            "--no-save",
+            "--eval-bleu",
+            "--eval-bleu-args",
+            '{"beam": 1, "max_len_b": 5}',
+            max_update=4,
+        )
 
     logs = {}
     for fmt in ("simple", "json"):
@@ -104,8 +128,13 @@ def real_logs(toy_bin, tmp_path_factory):
 
 def test_real_fairseq_logs_parse_alike_in_every_format(real_logs):
     """Same seed, same numbers: every format must yield the same series."""
-    wanted = [("valid", "bleu"), ("valid", "loss"), ("train_inner", "loss"),
-              ("train_inner", "kl_unigram"), ("train_inner", "bias_norm")]
+    wanted = [
+        ("valid", "bleu"),
+        ("valid", "loss"),
+        ("train_inner", "loss"),
+        ("train_inner", "kl_unigram"),
+        ("train_inner", "bias_norm"),
+    ]
     parsed = {name: fairseq_logs.parse_lines(text.splitlines()) for name, text in real_logs.items()}
     reference = parsed["simple"]
     for tag, key in wanted:

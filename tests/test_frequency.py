@@ -10,11 +10,11 @@ from collections import Counter
 import numpy as np
 import pytest
 import torch
+from natbias_testing import console_script_help, fairseq, train
 
-from natbias.errors import NaturalBiasError
 from fairseq_natbias.analysis import frequency
 from fairseq_natbias.cli import frequency as frequency_cli
-from natbias_testing import console_script_help, fairseq, train
+from natbias.errors import NaturalBiasError
 
 pytestmark = pytest.mark.training  # runs fairseq-train: the full tier only (make test)
 
@@ -35,8 +35,12 @@ def checkpoints(toy_bin, tmp_path_factory):
     entry, natbias_init none in its config)."""
     root = tmp_path_factory.mktemp("frequency_models")
     inits = {"unigram": ["--natbias-freeze"], "zero": []}
-    one_after_another(lambda init: train(toy_bin, root / init, "--natbias-init", init,
-                                     *inits[init], max_update=4), inits)
+    one_after_another(
+        lambda init: train(
+            toy_bin, root / init, "--natbias-init", init, *inits[init], max_update=4
+        ),
+        inits,
+    )
     found = {init: root / init / "checkpoint_last.pt" for init in inits}
     state = torch.load(found["zero"], map_location="cpu")
     del state["model"]["decoder.output_projection.bias"]
@@ -87,7 +91,8 @@ def _brute_force_bins(x, ys, n_bins):
 
 
 def test_bins_and_averages_of_a_model_with_known_probabilities(
-        known_probabilities_checkpoint, toy_bin, toy_text):
+    known_probabilities_checkpoint, toy_bin, toy_text
+):
     from fairseq.data import Dictionary
 
     dictionary = Dictionary.load(str(toy_bin / "dict.tgt.txt"))
@@ -117,9 +122,20 @@ def test_bins_and_averages_of_a_model_with_known_probabilities(
 def _score_reference(checkpoint, data, *overrides):
     """Per-type mean log-probability of the reference tokens as fairseq's own
     SequenceScorer (fairseq-generate --score-reference) computes it."""
-    result = fairseq("fairseq-generate", data, "--path", checkpoint, "--user-dir",
-                     "fairseq_natbias", "--score-reference", "--batch-size", "8",
-                     "--required-batch-size-multiple", "1", *overrides)
+    result = fairseq(
+        "fairseq-generate",
+        data,
+        "--path",
+        checkpoint,
+        "--user-dir",
+        "fairseq_natbias",
+        "--score-reference",
+        "--batch-size",
+        "8",
+        "--required-batch-size-multiple",
+        "1",
+        *overrides,
+    )
     hypotheses, scores = {}, {}
     for line in result.stdout.splitlines():
         kind, _, rest = line.partition("\t")
@@ -139,12 +155,14 @@ def test_scores_match_fairseq_score_reference_with_and_without_bias(checkpoints,
     scores = frequency.score_checkpoint("unigram", str(checkpoints["unigram"]), str(toy_bin))
     present = np.flatnonzero(scores.present)
     ours_full = {scores.symbols[t]: scores.sum_full[t] / scores.occurrences[t] for t in present}
-    ours_without = {scores.symbols[t]: scores.sum_without_bias[t] / scores.occurrences[t]
-                    for t in present}
+    ours_without = {
+        scores.symbols[t]: scores.sum_without_bias[t] / scores.occurrences[t] for t in present
+    }
     # lambda = 0 through fairseq's --model-overrides: logits W phi only
     fairseq_full, fairseq_without = one_after_another(
         lambda overrides: _score_reference(checkpoints["unigram"], toy_bin, *overrides),
-        [(), ("--model-overrides", "{'natbias_bias_scale': 0.0}")])
+        [(), ("--model-overrides", "{'natbias_bias_scale': 0.0}")],
+    )
     assert set(fairseq_full) == set(ours_full)
     for word in ours_full:
         assert ours_full[word] == pytest.approx(fairseq_full[word], abs=2e-4)
@@ -154,9 +172,19 @@ def test_scores_match_fairseq_score_reference_with_and_without_bias(checkpoints,
 
 def test_four_panels_and_csv_for_a_zero_and_a_unigram_model(checkpoints, toy_bin, tmp_path, capsys):
     out = tmp_path / "fig4"
-    frequency_cli.main([str(toy_bin), "--model", f"zero={checkpoints['zero']}",
-                        "--model", str(checkpoints["unigram"]), "--bins", "6",
-                        "--out-dir", str(out)])
+    frequency_cli.main(
+        [
+            str(toy_bin),
+            "--model",
+            f"zero={checkpoints['zero']}",
+            "--model",
+            str(checkpoints["unigram"]),
+            "--bins",
+            "6",
+            "--out-dir",
+            str(out),
+        ]
+    )
     printed = capsys.readouterr().out
     assert "unigram: 20 sentences" in printed  # the default label is the model's init
     assert (out / "frequency.png").stat().st_size > 20_000
@@ -170,10 +198,13 @@ def test_four_panels_and_csv_for_a_zero_and_a_unigram_model(checkpoints, toy_bin
 
 
 def test_model_without_bias_says_both_rows_are_the_same(checkpoints, toy_bin, tmp_path, capsys):
-    frequency_cli.main([str(toy_bin), "--model", str(checkpoints["none"]),
-                        "--out-dir", str(tmp_path / "none")])
-    assert "has no output bias, so the bias-dropped row equals the full model" in \
-        capsys.readouterr().out
+    frequency_cli.main(
+        [str(toy_bin), "--model", str(checkpoints["none"]), "--out-dir", str(tmp_path / "none")]
+    )
+    assert (
+        "has no output bias, so the bias-dropped row equals the full model"
+        in capsys.readouterr().out
+    )
     scores = frequency.score_checkpoint("none", str(checkpoints["none"]), str(toy_bin))
     assert not scores.has_bias
     np.testing.assert_array_equal(scores.sum_full, scores.sum_without_bias)
@@ -199,14 +230,27 @@ def test_bad_inputs_end_with_a_clear_message(checkpoints, toy_bin, fresh_copy):
     with pytest.raises(NaturalBiasError, match="test split of .* is empty"):
         frequency.score_checkpoint("zero", str(checkpoints["zero"]), str(data))
     with pytest.raises(SystemExit, match="natbias-frequency: error: .*valid2"):
-        frequency_cli.main([str(toy_bin), "--model", str(checkpoints["zero"]),
-                            "--gen-subset", "valid2", "--out-dir", "unused"])
+        frequency_cli.main(
+            [
+                str(toy_bin),
+                "--model",
+                str(checkpoints["zero"]),
+                "--gen-subset",
+                "valid2",
+                "--out-dir",
+                "unused",
+            ]
+        )
     # A dictionary given for a checkpoint: a bare IndexError from torch's
     # unpickler in 0.7.0.
-    with pytest.raises(SystemExit, match=r"natbias-frequency: error: .*dict.tgt.txt is not a "
-                                         r"fairseq checkpoint \(not a torch.save archive\)"):
-        frequency_cli.main([str(toy_bin), "--model", str(toy_bin / "dict.tgt.txt"),
-                            "--out-dir", "unused"])
+    with pytest.raises(
+        SystemExit,
+        match=r"natbias-frequency: error: .*dict.tgt.txt is not a "
+        r"fairseq checkpoint \(not a torch.save archive\)",
+    ):
+        frequency_cli.main(
+            [str(toy_bin), "--model", str(toy_bin / "dict.tgt.txt"), "--out-dir", "unused"]
+        )
 
 
 def test_user_dir_of_this_package_is_taken_as_loaded(checkpoints, toy_bin, tmp_path):
@@ -222,15 +266,33 @@ def test_user_dir_of_this_package_is_taken_as_loaded(checkpoints, toy_bin, tmp_p
     (other_copy / "__init__.py").write_text("")
     with pytest.raises(ImportError, match="not globally unique"):
         utils.import_user_module(argparse.Namespace(user_dir=str(other_copy)))
-    frequency_cli.main([str(toy_bin), "--model", str(checkpoints["zero"]),
-                        "--user-dir", str(other_copy), "--out-dir", str(tmp_path / "out")])
+    frequency_cli.main(
+        [
+            str(toy_bin),
+            "--model",
+            str(checkpoints["zero"]),
+            "--user-dir",
+            str(other_copy),
+            "--out-dir",
+            str(tmp_path / "out"),
+        ]
+    )
     assert (tmp_path / "out" / "frequency_tokens.csv").exists()
     broken = tmp_path / "broken_plugin"
     broken.mkdir()
     (broken / "__init__.py").write_text("import a_module_nobody_has\n")
     with pytest.raises(SystemExit, match="natbias-frequency: error: --user-dir .*broken_plugin"):
-        frequency_cli.main([str(toy_bin), "--model", str(checkpoints["zero"]),
-                            "--user-dir", str(broken), "--out-dir", str(tmp_path / "unused")])
+        frequency_cli.main(
+            [
+                str(toy_bin),
+                "--model",
+                str(checkpoints["zero"]),
+                "--user-dir",
+                str(broken),
+                "--out-dir",
+                str(tmp_path / "unused"),
+            ]
+        )
 
 
 def test_checkpoint_with_unknown_pickled_types_gets_a_hint(checkpoints, toy_bin, tmp_path):
@@ -240,15 +302,31 @@ def test_checkpoint_with_unknown_pickled_types_gets_a_hint(checkpoints, toy_bin,
     state = torch.load(checkpoints["zero"], map_location="cpu")
     state["extra_state"]["bleu_counts"] = np.zeros(4, dtype=np.int64)
     torch.save(state, tmp_path / "with_numpy.pt")
-    frequency_cli.main([str(toy_bin), "--model", str(tmp_path / "with_numpy.pt"),
-                        "--out-dir", str(tmp_path / "numpy_out")])
+    frequency_cli.main(
+        [
+            str(toy_bin),
+            "--model",
+            str(tmp_path / "with_numpy.pt"),
+            "--out-dir",
+            str(tmp_path / "numpy_out"),
+        ]
+    )
     assert (tmp_path / "numpy_out/frequency_bins.csv").exists()
 
     state["extra_state"]["when"] = datetime.date(2023, 7, 9)
     torch.save(state, tmp_path / "with_date.pt")
-    with pytest.raises(SystemExit, match="weights-only loading refused.*TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"):
-        frequency_cli.main([str(toy_bin), "--model", str(tmp_path / "with_date.pt"),
-                            "--out-dir", str(tmp_path / "out")])
+    with pytest.raises(
+        SystemExit, match="weights-only loading refused.*TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"
+    ):
+        frequency_cli.main(
+            [
+                str(toy_bin),
+                "--model",
+                str(tmp_path / "with_date.pt"),
+                "--out-dir",
+                str(tmp_path / "out"),
+            ]
+        )
 
 
 def test_console_script_help():

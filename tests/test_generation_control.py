@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from natbias_testing import console_script_help, fairseq, train
 
 from fairseq_natbias.checkpoint_loading import has_output_bias
 from fairseq_natbias.cli import sweep as sweep_cli
-from natbias_testing import console_script_help, fairseq, train
 
 pytestmark = pytest.mark.training  # runs fairseq-train: the full tier only (make test)
 
@@ -27,19 +27,25 @@ def unigram_checkpoint(toy_bin, tmp_path_factory):
 
 
 def _load(checkpoint, data, **overrides):
-    import fairseq_natbias  # noqa: F401  (registers the model)
     from fairseq import checkpoint_utils
 
+    import fairseq_natbias  # noqa: F401  (registers the model)
+
     models, _, task = checkpoint_utils.load_model_ensemble_and_task(
-        [str(checkpoint)], arg_overrides={"data": str(data), **overrides})
+        [str(checkpoint)], arg_overrides={"data": str(data), **overrides}
+    )
     return models[0].eval(), task
 
 
 def _test_batch(task):
     task.load_dataset("test")
-    return next(iter(task.get_batch_iterator(
-        dataset=task.dataset("test"), max_sentences=20, required_batch_size_multiple=1,
-    ).next_epoch_itr(shuffle=False)))
+    return next(
+        iter(
+            task.get_batch_iterator(
+                dataset=task.dataset("test"), max_sentences=20, required_batch_size_multiple=1
+            ).next_epoch_itr(shuffle=False)
+        )
+    )
 
 
 def _contextual_logits(model, sample):
@@ -48,8 +54,9 @@ def _contextual_logits(model, sample):
     ``abs-capped``)."""
     net_input = sample["net_input"]
     encoder_out = model.encoder(net_input["src_tokens"], src_lengths=net_input["src_lengths"])
-    features, _ = model.decoder(net_input["prev_output_tokens"], encoder_out=encoder_out,
-                                features_only=True)
+    features, _ = model.decoder(
+        net_input["prev_output_tokens"], encoder_out=encoder_out, features_only=True
+    )
     projection = model.decoder.output_projection
     gain = min(abs(projection.gain_param.item() * model.args.natbias_gain_speed), 1.0)
     return gain * F.linear(features, projection.weight)
@@ -66,7 +73,10 @@ def test_overrides_reach_the_model_and_act_on_the_logits(unigram_checkpoint, toy
     for overrides, logits in (
         ({}, w_phi + bias),
         ({"natbias_bias_scale": 0.0}, w_phi),
-        ({"natbias_bias_scale": 0.5, "natbias_logit_adjustment": 0.3}, w_phi + 0.5 * bias - 0.3 * log_u),
+        (
+            {"natbias_bias_scale": 0.5, "natbias_logit_adjustment": 0.3},
+            w_phi + 0.5 * bias - 0.3 * log_u,
+        ),
         ({"natbias_bias_scale": 1.0, "natbias_logit_adjustment": 1.0}, w_phi),
     ):
         model, _ = _load(unigram_checkpoint, toy_bin, **overrides)
@@ -76,7 +86,8 @@ def test_overrides_reach_the_model_and_act_on_the_logits(unigram_checkpoint, toy
 
 @torch.no_grad()
 def test_lambda_zero_on_a_unigram_model_is_the_model_without_bias(
-        unigram_checkpoint, toy_bin, tmp_path):
+    unigram_checkpoint, toy_bin, tmp_path
+):
     """The same weights saved as a --natbias-init none model (no bias at all)
     score every token as lambda = 0 does."""
     state = torch.load(unigram_checkpoint, map_location="cpu")
@@ -89,7 +100,8 @@ def test_lambda_zero_on_a_unigram_model_is_the_model_without_bias(
     sample = _test_batch(task)
     torch.testing.assert_close(
         lambda_zero.get_normalized_probs(lambda_zero(**sample["net_input"]), log_probs=True),
-        none_like.get_normalized_probs(none_like(**sample["net_input"]), log_probs=True))
+        none_like.get_normalized_probs(none_like(**sample["net_input"]), log_probs=True),
+    )
 
 
 def test_the_settings_are_refused_in_training_and_never_saved(unigram_checkpoint, toy_bin, capsys):
@@ -99,9 +111,16 @@ def test_the_settings_are_refused_in_training_and_never_saved(unigram_checkpoint
     assert not hasattr(saved_model_cfg, "natbias_bias_scale")
     assert not hasattr(saved_model_cfg, "natbias_logit_adjustment")
     with pytest.raises(SystemExit):  # fairseq-train's own command-line parsing
-        options.parse_args_and_arch(options.get_training_parser(), [
-            str(toy_bin), "--arch", "transformer_natbias",  # registered on import
-            "--natbias-bias-scale", "0.5"])
+        options.parse_args_and_arch(
+            options.get_training_parser(),
+            [
+                str(toy_bin),
+                "--arch",
+                "transformer_natbias",  # registered on import
+                "--natbias-bias-scale",
+                "0.5",
+            ],
+        )
     assert "unrecognized arguments: --natbias-bias-scale 0.5" in capsys.readouterr().err
     model, task = _load(unigram_checkpoint, toy_bin, natbias_bias_scale=0.5)
     model.train()
@@ -120,7 +139,7 @@ def _distinct(texts, n):
     grams = Counter()
     for text in texts:
         words = Tokenizer13a()(text).split()
-        grams.update(tuple(words[i:i + n]) for i in range(len(words) - n + 1))
+        grams.update(tuple(words[i : i + n]) for i in range(len(words) - n + 1))
     total = sum(grams.values())
     return len(grams) / total if total else math.nan
 
@@ -134,28 +153,51 @@ def _independent_scores(output):
     refs = dict(line.split("\t") for line in lines if line.startswith("T-"))
     ids = sorted(refs)
     hyp_texts, ref_texts = [hyps["D" + i[1:]] for i in ids], [refs[i] for i in ids]
-    return {"sentences": len(ids),
-            "BLEU": BLEU().corpus_score(hyp_texts, [ref_texts]).score,
-            "chrF": CHRF().corpus_score(hyp_texts, [ref_texts]).score,
-            **{f"D{n}": _distinct(hyp_texts, n) for n in range(1, 5)}}
+    return {
+        "sentences": len(ids),
+        "BLEU": BLEU().corpus_score(hyp_texts, [ref_texts]).score,
+        "chrF": CHRF().corpus_score(hyp_texts, [ref_texts]).score,
+        **{f"D{n}": _distinct(hyp_texts, n) for n in range(1, 5)},
+    }
 
 
 def _run_plain_generate_and_sweep(checkpoint, data, plain, out):
     def plain_generate():
-        result = fairseq("fairseq-generate", data, "--path", checkpoint, "--user-dir",
-                         "fairseq_natbias", "--required-batch-size-multiple", "1", *GENERATE_ARGS)
+        result = fairseq(
+            "fairseq-generate",
+            data,
+            "--path",
+            checkpoint,
+            "--user-dir",
+            "fairseq_natbias",
+            "--required-batch-size-multiple",
+            "1",
+            *GENERATE_ARGS,
+        )
         plain.write_text(result.stdout)
 
     def run_sweep():
-        sweep_cli.main([str(data), str(checkpoint), "--lambdas", "0", "1",
-                        "--out-dir", str(out), "--", *GENERATE_ARGS])
+        sweep_cli.main(
+            [
+                str(data),
+                str(checkpoint),
+                "--lambdas",
+                "0",
+                "1",
+                "--out-dir",
+                str(out),
+                "--",
+                *GENERATE_ARGS,
+            ]
+        )
 
     plain_generate()
     run_sweep()
 
 
 def test_sweep_runs_fairseq_generate_and_reports_quality_and_diversity(
-        unigram_checkpoint, toy_bin, tmp_path, capsys):
+    unigram_checkpoint, toy_bin, tmp_path, capsys
+):
     out, plain = tmp_path / "sweep", tmp_path / "plain.txt"
     _run_plain_generate_and_sweep(unigram_checkpoint, toy_bin, plain, out)
     assert "sacreBLEU BLEU signature: `nrefs:1|case:mixed" in capsys.readouterr().out
@@ -174,7 +216,11 @@ def test_sweep_runs_fairseq_generate_and_reports_quality_and_diversity(
         distinct = [expected[f"D{n}"] for n in range(1, 5)]
         for n, value in enumerate(distinct, start=1):
             cell = row[f"D{n}"]
-            assert (cell == "n/a") if math.isnan(value) else float(cell) == pytest.approx(value, abs=6e-5)
+            assert (
+                (cell == "n/a")
+                if math.isnan(value)
+                else float(cell) == pytest.approx(value, abs=6e-5)
+            )
         if not any(math.isnan(v) for v in distinct):
             assert float(row["D"]) == pytest.approx(np.mean(distinct), abs=6e-5)
     assert (out / "sweep.png").stat().st_size > 10_000
@@ -185,21 +231,37 @@ def _empty_split(data_dir):
 
     for side in ("src", "tgt"):
         prefix = data_dir / f"test.src-tgt.{side}"
-        indexed_dataset.MMapIndexedDatasetBuilder(f"{prefix}.bin", dtype=np.uint16).finalize(f"{prefix}.idx")
+        indexed_dataset.MMapIndexedDatasetBuilder(f"{prefix}.bin", dtype=np.uint16).finalize(
+            f"{prefix}.idx"
+        )
 
 
-def test_sweep_refuses_bad_settings_and_an_empty_test_set(unigram_checkpoint, toy_bin, fresh_copy,
-                                                          tmp_path):
+def test_sweep_refuses_bad_settings_and_an_empty_test_set(
+    unigram_checkpoint, toy_bin, fresh_copy, tmp_path
+):
     with pytest.raises(SystemExit, match=r"lambda = 1.5: the bias scale must lie in \[0, 1\]"):
-        sweep_cli.main([str(toy_bin), str(unigram_checkpoint), "--lambdas", "1.5",
-                        "--out-dir", str(tmp_path)])
+        sweep_cli.main(
+            [str(toy_bin), str(unigram_checkpoint), "--lambdas", "1.5", "--out-dir", str(tmp_path)]
+        )
     with pytest.raises(SystemExit, match="sets --model-overrides itself"):
-        sweep_cli.main([str(toy_bin), str(unigram_checkpoint), "--out-dir", str(tmp_path),
-                        "--", "--model-overrides", "{}"])
+        sweep_cli.main(
+            [
+                str(toy_bin),
+                str(unigram_checkpoint),
+                "--out-dir",
+                str(tmp_path),
+                "--",
+                "--model-overrides",
+                "{}",
+            ]
+        )
     # A dictionary given for the checkpoint: refused before any fairseq-generate
     # (0.7.0 relayed that process's traceback).
-    with pytest.raises(SystemExit, match=r"natbias-sweep: error: .*dict.tgt.txt is not a fairseq "
-                                         r"checkpoint \(not a torch.save archive\)"):
+    with pytest.raises(
+        SystemExit,
+        match=r"natbias-sweep: error: .*dict.tgt.txt is not a fairseq "
+        r"checkpoint \(not a torch.save archive\)",
+    ):
         sweep_cli.main([str(toy_bin), str(toy_bin / "dict.tgt.txt"), "--out-dir", str(tmp_path)])
     assert not list(tmp_path.glob("generate.*"))
     data = fresh_copy(toy_bin)

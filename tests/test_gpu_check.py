@@ -16,7 +16,6 @@ import tarfile
 from pathlib import Path
 
 import pytest
-
 from natbias_testing import REPO, benchmark_script, write_multi30k_slice
 from test_gpu_check_report import FP16_LOG, table_rows
 
@@ -34,14 +33,21 @@ pytestmark = pytest.mark.training  # runs fairseq-train: the full tier only (mak
 
 def test_tools_beside_this_python_as_in_a_virtual_environment():
     beside = Path(sys.executable).parent
-    for name in ("fairseq-train", "natbias-step0", "fairseq-preprocess", "fairseq-generate",
-                 "fairseq-eval-lm", "torchrun"):
+    for name in (
+        "fairseq-train",
+        "natbias-step0",
+        "fairseq-preprocess",
+        "fairseq-generate",
+        "fairseq-eval-lm",
+        "torchrun",
+    ):
         assert (beside / name).is_file(), name
         assert pipeline.tool(name) == [str(beside / name)]
 
 
 def test_tools_without_scripts_beside_python_run_as_modules_of_the_same_python(
-        monkeypatch, tmp_path):
+    monkeypatch, tmp_path
+):
     (tmp_path / "bin").mkdir()
     python = tmp_path / "bin" / "python3"  # a folder with no scripts, as after --target
     monkeypatch.setattr(sys, "executable", str(python))
@@ -68,14 +74,28 @@ def fake_launchers(monkeypatch, tmp_path):
     part way as fairseq does at its minimum loss scale, one that cannot start."""
     log = tmp_path / "fp16.log"
     log.write_text("\n".join(FP16_LOG) + "\n")
-    printing = [sys.executable, "-c", "import sys; print(open(sys.argv[1]).read(), end='')",
-                str(log)]
+    printing = [
+        sys.executable,
+        "-c",
+        "import sys; print(open(sys.argv[1]).read(), end='')",
+        str(log),
+    ]
     monkeypatch.setitem(gpu_check.LAUNCHERS, "fake", lambda arguments, processes: printing)
-    monkeypatch.setitem(gpu_check.LAUNCHERS, "failing", lambda arguments, processes: [
-        sys.executable, "-c", "print('epoch 001: 10 / 103 loss=13.1'); raise SystemExit("
-        "'FloatingPointError: Minimum loss scale reached (0.0001).')"])
-    monkeypatch.setitem(gpu_check.LAUNCHERS, "missing", lambda arguments, processes: [
-        str(tmp_path / "no-such-dir" / "torchrun"), "--standalone"])
+    monkeypatch.setitem(
+        gpu_check.LAUNCHERS,
+        "failing",
+        lambda arguments, processes: [
+            sys.executable,
+            "-c",
+            "print('epoch 001: 10 / 103 loss=13.1'); raise SystemExit("
+            "'FloatingPointError: Minimum loss scale reached (0.0001).')",
+        ],
+    )
+    monkeypatch.setitem(
+        gpu_check.LAUNCHERS,
+        "missing",
+        lambda arguments, processes: [str(tmp_path / "no-such-dir" / "torchrun"), "--standalone"],
+    )
     return printing
 
 
@@ -85,7 +105,8 @@ def steps_in(work, budget=None, copy_to=None):
 
 
 def test_a_run_is_recorded_then_skipped_and_an_interrupted_one_restarted(
-        fake_launchers, tmp_path, capsys):
+    fake_launchers, tmp_path, capsys
+):
     steps, run_dir = steps_in(tmp_path / "work"), tmp_path / "run"
     record = gpu_check.train("fp16 default 1", "fake", ["a"], run_dir, steps, 50)
     assert steps.results["fp16 default 1"] is record
@@ -133,11 +154,13 @@ def test_the_time_budget_leaves_runs_out_and_a_later_call_runs_them(fake_launche
     left = gpu_check.train("fp16 stock 1", "fake", ["a"], tmp_path / "run2", steps, 50)
     assert left["left_out"] == "--time-budget 1000 s reached"
     assert report.run_row("fp16", "stock", 1, left, False).startswith(
-        "| fp16 | stock | 1 | not run: --time-budget 1000 s reached |")
+        "| fp16 | stock | 1 | not run: --time-budget 1000 s reached |"
+    )
     later = steps_in(tmp_path / "work")
     later.results.update(steps.results)
-    assert "left_out" not in gpu_check.train("fp16 stock 1", "fake", ["a"], tmp_path / "run2",
-                                             later, 50)
+    assert "left_out" not in gpu_check.train(
+        "fp16 stock 1", "fake", ["a"], tmp_path / "run2", later, 50
+    )
 
 
 def test_the_table_is_written_and_copied_after_every_step(fake_launchers, monkeypatch, tmp_path):
@@ -155,20 +178,30 @@ def test_the_table_is_written_and_copied_after_every_step(fake_launchers, monkey
         assert (work / "gpu_check.md").read_text() == table == (out / "gpu_check.md").read_text()
         seen.append((len(steps.results), table, json.loads((out / "results.json").read_text())))
         return table
+
     monkeypatch.setattr(steps, "save", save_and_look)
     monkeypatch.setitem(gpu_check.LAUNCHERS, "python", gpu_check.LAUNCHERS["fake"])
     monkeypatch.setitem(gpu_check.LAUNCHERS, "torchrun", gpu_check.LAUNCHERS["fake"])
     done = gpu_check.run_all(args, tmp_path / "data-bin", work, steps)
 
-    assert list(done) == ["fp32 default 1", "fp32 stock 1", "fp32 stock 2", "fp32 default 2",
-                          "fp32 hookoff 1", "torchrun", "generate"]
+    assert list(done) == [
+        "fp32 default 1",
+        "fp32 stock 1",
+        "fp32 stock 2",
+        "fp32 default 2",
+        "fp32 hookoff 1",
+        "torchrun",
+        "generate",
+    ]
     assert [count for count, _, _ in seen] == list(range(1, 8))  # one save per step
     for count, table, results in seen:
         assert len(results) == count
         assert table.count("| CPU smoke |") == min(count, 5)
-    assert gpu_check.plan(["fp32"], 0) == [("fp32 default 1", "fp32", "default", 1),
-                                           ("fp32 stock 1", "fp32", "stock", 1),
-                                           ("fp32 hookoff 1", "fp32", "hookoff", 1)]
+    assert gpu_check.plan(["fp32"], 0) == [
+        ("fp32 default 1", "fp32", "default", 1),
+        ("fp32 stock 1", "fp32", "stock", 1),
+        ("fp32 hookoff 1", "fp32", "hookoff", 1),
+    ]
     assert f"`{bleu}`" in seen[-1][1]
     with tarfile.open(out / "logs.tar.gz") as archive:
         assert "runs/fp32-hookoff-1/train.log" in archive.getnames()
@@ -177,36 +210,57 @@ def test_the_table_is_written_and_copied_after_every_step(fake_launchers, monkey
 def test_order2_runs_at_fp16_and_bf16_only():
     plan = gpu_check.plan(["fp16", "bf16", "amp"], 0)
     assert [name for name in (n for n, *_ in plan) if "order2" in name] == [
-        "fp16 order2 1", "bf16 order2 1"]
+        "fp16 order2 1",
+        "bf16 order2 1",
+    ]
     options = gpu_check.training_arguments("bin", "run", "order2", "fp16", 300, False, False)
     assert options[options.index("--natbias-order") + 1] == "2"
     assert options[options.index("--arch") + 1] == "transformer_natbias_iwslt_de_en"
 
 
-def test_torchrun_and_generate_follow_their_precisions_runs(fake_launchers, monkeypatch,
-                                                            tmp_path):
+def test_torchrun_and_generate_follow_their_precisions_runs(fake_launchers, monkeypatch, tmp_path):
     """A time budget must cut later precisions' trainings, not these two."""
     monkeypatch.setattr(pipeline, "tool", lambda name: [sys.executable, "-c", "print('BLEU4')"])
     monkeypatch.setitem(gpu_check.LAUNCHERS, "python", gpu_check.LAUNCHERS["fake"])
     monkeypatch.setitem(gpu_check.LAUNCHERS, "torchrun", gpu_check.LAUNCHERS["fake"])
     args = gpu_check.parse_args(["--smoke", "--workdir", str(tmp_path / "work")])
     args.precisions = ["fp32", "fp16"]  # the smoke run's generate reads fp32's checkpoint
-    done = gpu_check.run_all(args, tmp_path / "data-bin", tmp_path / "work",
-                             steps_in(tmp_path / "work"))
-    assert list(done) == ["fp32 default 1", "fp32 stock 1", "fp32 hookoff 1", "torchrun",
-                          "generate", "fp16 default 1", "fp16 stock 1", "fp16 hookoff 1",
-                          "fp16 order2 1"]
+    done = gpu_check.run_all(
+        args, tmp_path / "data-bin", tmp_path / "work", steps_in(tmp_path / "work")
+    )
+    assert list(done) == [
+        "fp32 default 1",
+        "fp32 stock 1",
+        "fp32 hookoff 1",
+        "torchrun",
+        "generate",
+        "fp16 default 1",
+        "fp16 stock 1",
+        "fp16 hookoff 1",
+        "fp16 order2 1",
+    ]
 
 
 def test_the_order2_table_compares_with_the_default():
-    run = {"loss_scale": None, "overflow_steps": 0, "updates": 300, "gain": 1.0,
-           "seconds_per_update": 0.05, "peak_train_bytes": 2**30, "peak_valid_bytes": 2**29,
-           "final_valid_loss": 6.0, "interval_seconds_per_update": [0.04, 0.04, 0.04]}
-    slower = dict(run, interval_seconds_per_update=[0.05, 0.05], peak_train_bytes=2**30 * 1.5,
-                  final_valid_loss=5.5)
+    run = {
+        "loss_scale": None,
+        "overflow_steps": 0,
+        "updates": 300,
+        "gain": 1.0,
+        "seconds_per_update": 0.05,
+        "peak_train_bytes": 2**30,
+        "peak_valid_bytes": 2**29,
+        "final_valid_loss": 6.0,
+        "interval_seconds_per_update": [0.04, 0.04, 0.04],
+    }
+    slower = dict(
+        run,
+        interval_seconds_per_update=[0.05, 0.05],
+        peak_train_bytes=2**30 * 1.5,
+        final_valid_loss=5.5,
+    )
     plan = [("bf16 default 1", "bf16", "default", 1), ("bf16 order2 1", "bf16", "order2", 1)]
-    table = report.markdown(plan, {"bf16 default 1": run, "bf16 order2 1": slower}, [], [],
-                            False)
+    table = report.markdown(plan, {"bf16 default 1": run, "bf16 order2 1": slower}, [], [], False)
     assert "| bf16 | 1.250 | 1.500 | 5.500 vs 6.000 |" in table
     assert "| bf16 | default, --natbias-order 2 | 1 |" in table
 
@@ -231,19 +285,31 @@ def bare_python(root):
     if not python.exists():
         python.symlink_to(base.resolve())
     env = {key: value for key, value in os.environ.items() if key != "VIRTUAL_ENV"}
-    env.update(PYTHONPATH=sysconfig.get_paths()["purelib"], PYTHONNOUSERSITE="1",
-               PATH=f"{root / 'bin'}:/usr/bin:/bin", OMP_NUM_THREADS="1",
-               PYTHONWARNINGS="ignore")
+    env.update(
+        PYTHONPATH=sysconfig.get_paths()["purelib"],
+        PYTHONNOUSERSITE="1",
+        PATH=f"{root / 'bin'}:/usr/bin:/bin",
+        OMP_NUM_THREADS="1",
+        PYTHONWARNINGS="ignore",
+    )
     return python, env
 
 
 def run_script(*args, check=True, python=None, env=None):
     env = env or dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    result = subprocess.run([str(python or sys.executable), str(SCRIPT), *map(str, args)],
-                            cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    result = subprocess.run(
+        [str(python or sys.executable), str(SCRIPT), *map(str, args)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     if check and result.returncode != 0:
-        raise AssertionError(f"gpu_check.py failed ({result.returncode}):\n"
-                             f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
+        raise AssertionError(
+            f"gpu_check.py failed ({result.returncode}):\n"
+            f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+        )
     return result
 
 
@@ -251,8 +317,17 @@ def run_script(*args, check=True, python=None, env=None):
 def smoke(multi30k_slice, tmp_path_factory):
     work = tmp_path_factory.mktemp("gpu_check")
     python, env = bare_python(tmp_path_factory.mktemp("bare"))
-    command = ["--smoke", "--multi30k", multi30k_slice, "--workdir", work, "--vocab-size", 1000,
-               "--copy-to", work / "out"]
+    command = [
+        "--smoke",
+        "--multi30k",
+        multi30k_slice,
+        "--workdir",
+        work,
+        "--vocab-size",
+        1000,
+        "--copy-to",
+        work / "out",
+    ]
     return work, command, run_script(*command, python=python, env=env), (python, env)
 
 
@@ -261,16 +336,27 @@ def test_smoke_runs_from_a_python_without_fairseqs_scripts(smoke):
     assert not any(python.parent.glob("fairseq-*")) and not (python.parent / "torchrun").exists()
     for name in ("fairseq-preprocess", "fairseq-generate", "fairseq-train", "torchrun"):
         assert shutil.which(name, path=env["PATH"]) is None
-    probe = subprocess.run([str(python), "-c", "import sys, importlib.util as u; "
-                            "print(sys.prefix, u.find_spec('fairseq').origin)"],
-                           env=env, capture_output=True, text=True, check=True)
+    probe = subprocess.run(
+        [
+            str(python),
+            "-c",
+            "import sys, importlib.util as u; print(sys.prefix, u.find_spec('fairseq').origin)",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     prefix, fairseq_found = probe.stdout.split()
     assert ".venv" not in prefix and ".venv" in fairseq_found  # packages on PYTHONPATH only
     table = (work / "gpu_check.md").read_text()
     assert "torchrun --nproc_per_node=1 (default, fp32, --cpu, 2 updates) [one process" in table
     assert "reached update 2" in table
-    assert re.search(r"fairseq-generate \(beam 5, --cpu, .*\): `Generate test with beam=5: "
-                     r"BLEU4 = ", table)
+    assert re.search(
+        r"fairseq-generate \(beam 5, --cpu, .*\): `Generate test with beam=5: "
+        r"BLEU4 = ",
+        table,
+    )
     assert (work / "out" / "gpu_check.md").read_text() == table
 
 
@@ -280,8 +366,11 @@ def test_smoke_table_names_the_cpu_and_holds_every_run(smoke):
     assert table in first.stdout
     assert "device: CPU smoke" in table
     rows = table_rows(table)
-    assert list(rows) == [("fp32", "default", "1"), ("fp32", "stock", "1"),
-                          ("fp32", "hookoff", "1")]
+    assert list(rows) == [
+        ("fp32", "default", "1"),
+        ("fp32", "stock", "1"),
+        ("fp32", "hookoff", "1"),
+    ]
     assert all(cells[3] == "CPU smoke" for cells in rows.values())
     assert "fp16, bf16, amp: skipped" in table
     assert "| fp32 | n/a (no loss scaling) |" in table
@@ -313,8 +402,10 @@ def test_smoke_figures_are_those_of_the_logs(smoke):
         assert cells[11] == f"{record['seconds_per_update']:.4f}"
         assert 0 < record["seconds_per_update"] < 60
         assert len(record["interval_seconds_per_update"]) == 1  # update 1 -> 2
-    generated = re.search(r"Generate test with beam=5: BLEU4 = [^\n]*",
-                          (work / "generate" / "generate.log").read_text())[0]
+    generated = re.search(
+        r"Generate test with beam=5: BLEU4 = [^\n]*",
+        (work / "generate" / "generate.log").read_text(),
+    )[0]
     assert f"`{generated}`" in (work / "gpu_check.md").read_text()
 
 

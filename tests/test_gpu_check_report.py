@@ -8,7 +8,6 @@ import re
 import zipfile
 
 import pytest
-
 from natbias_testing import REPO, benchmark_script
 
 gpu_check = benchmark_script("gpu_check")
@@ -24,10 +23,12 @@ PREFIX = "2024-05-01 10:00:{:02d} | INFO | "
 def inner(second, update, scale=None, gain=None):
     scale_part = f", loss_scale={scale:g}" if scale is not None else ""
     gain_part = f", gain={gain}" if gain is not None else ""
-    return (PREFIX.format(second % 60) + f"train_inner | epoch 001:     {update} / 103 loss=13.1, "
-            f"nll_loss=13.05, ppl=8480.1, wps=20311.2, ups=5.12, wpb=3967.2, bsz=140.2, "
-            f"num_updates={update}, lr=1.34e-06, gnorm=4.5{scale_part}{gain_part}, "
-            f"train_wall=2, gb_free=70.1, wall={second}")
+    return (
+        PREFIX.format(second % 60) + f"train_inner | epoch 001:     {update} / 103 loss=13.1, "
+        f"nll_loss=13.05, ppl=8480.1, wps=20311.2, ups=5.12, wpb=3967.2, bsz=140.2, "
+        f"num_updates={update}, lr=1.34e-06, gnorm=4.5{scale_part}{gain_part}, "
+        f"train_wall=2, gb_free=70.1, wall={second}"
+    )
 
 
 def note(second, text):
@@ -35,8 +36,10 @@ def note(second, text):
 
 
 def overflow(second, scale):
-    return note(second, "NOTE: gradient overflow detected, ignoring gradient, setting loss "
-                        f"scale to: {scale:.1f}")
+    return note(
+        second,
+        f"NOTE: gradient overflow detected, ignoring gradient, setting loss scale to: {scale:.1f}",
+    )
 
 
 FP16_LOG = [
@@ -49,7 +52,7 @@ FP16_LOG = [
     inner(6, 30, 16, gain=0.1),
     PREFIX.format(7) + "fairseq_cli.train | end of epoch 1 (average epoch stats below)",
     PREFIX.format(7) + "valid | epoch 001 | valid on 'valid' subset | loss 12.5 | "
-                       "nll_loss 12.4 | ppl 5404 | wps 80000 | wpb 3000 | bsz 100 | num_updates 33",
+    "nll_loss 12.4 | ppl 5404 | wps 80000 | wpb 3000 | bsz 100 | num_updates 33",
     note(8, "begin training epoch 2"),
     inner(9, 40, 16, gain=0.12),
     inner(10, 50, 32, gain=0.15),
@@ -76,10 +79,14 @@ def test_loss_scale_minimum_from_a_note_between_log_lines():
 
 
 def test_amp_overflow_notes_are_counted_and_read():
-    lines = [inner(1, 10, 65536.0), note(2, "AMP: overflow detected, setting scale to to 32768.0"),
-             note(2, "AMP: overflow detected, setting scale to to 16384.0"),
-             note(2, "AMP: overflow detected, setting scale to to 8192.0"),
-             note(2, "AMP: skipping this batch."), inner(3, 20, 8192.0)]
+    lines = [
+        inner(1, 10, 65536.0),
+        note(2, "AMP: overflow detected, setting scale to to 32768.0"),
+        note(2, "AMP: overflow detected, setting scale to to 16384.0"),
+        note(2, "AMP: overflow detected, setting scale to to 8192.0"),
+        note(2, "AMP: skipping this batch."),
+        inner(3, 20, 8192.0),
+    ]
     assert report.overflow_steps(lines) == 3
     assert report.dropped_batches(lines) == 1
     assert report.loss_scale_trajectory(lines)["min"] == 8192
@@ -114,12 +121,16 @@ def test_summary_of_a_log():
 
 
 def test_bleu_line_without_the_logging_prefix():
-    lines = ["H-0\t-0.5\tA man .",
-             "2024-05-01 10:01:00 | INFO | fairseq_cli.generate | Generate test with beam=5: "
-             "BLEU4 = 12.34, 40.0/15.0/8.0/4.0 (BP=1.000, ratio=1.010, syslen=12000, reflen=11880)"]
-    assert report.bleu_line(lines) == ("Generate test with beam=5: BLEU4 = 12.34, "
-                                       "40.0/15.0/8.0/4.0 (BP=1.000, ratio=1.010, "
-                                       "syslen=12000, reflen=11880)")
+    lines = [
+        "H-0\t-0.5\tA man .",
+        "2024-05-01 10:01:00 | INFO | fairseq_cli.generate | Generate test with beam=5: "
+        "BLEU4 = 12.34, 40.0/15.0/8.0/4.0 (BP=1.000, ratio=1.010, syslen=12000, reflen=11880)",
+    ]
+    assert report.bleu_line(lines) == (
+        "Generate test with beam=5: BLEU4 = 12.34, "
+        "40.0/15.0/8.0/4.0 (BP=1.000, ratio=1.010, "
+        "syslen=12000, reflen=11880)"
+    )
 
 
 def test_error_line_is_the_childs_error_not_torchruns_banner():
@@ -137,10 +148,13 @@ fairseq_cli.train FAILED
 Root Cause (first observed failure):
   exitcode  : 1 (pid: 123)
 ============================================================""".splitlines()
-    assert report.error_line(output) == ("RuntimeError: CUDA error: an illegal memory access "
-                                         "was encountered")
-    assert report.error_line(["loading", "FloatingPointError: Minimum loss scale reached"]) \
+    assert report.error_line(output) == (
+        "RuntimeError: CUDA error: an illegal memory access was encountered"
+    )
+    assert (
+        report.error_line(["loading", "FloatingPointError: Minimum loss scale reached"])
         == "FloatingPointError: Minimum loss scale reached"
+    )
     assert report.error_line(["a", "killed", ""]) == "killed"
 
 
@@ -151,8 +165,13 @@ def run_record(log, times=None, train_mib=1000, valid_mib=1200, rates=None):
     """A finished GPU run as the script records it, from a constructed log."""
     times = times or [float(i) for i in range(len(log))]
     record = report.summarise_log(log, times)
-    record.update(device="NVIDIA H100 80GB HBM3", torch="2.11.0", fairseq="0.12.3",
-                  peak_train_bytes=train_mib * 2**20, peak_valid_bytes=valid_mib * 2**20)
+    record.update(
+        device="NVIDIA H100 80GB HBM3",
+        torch="2.11.0",
+        fairseq="0.12.3",
+        peak_train_bytes=train_mib * 2**20,
+        peak_valid_bytes=valid_mib * 2**20,
+    )
     if rates is not None:
         record["interval_seconds_per_update"] = rates
         record["seconds_per_update"] = sorted(rates)[len(rates) // 2]
@@ -176,8 +195,11 @@ STOCK_SCALES = [65536 / 2**10] * 3 + [128, 64, 128, 64, 128, 64, 128]
 def test_loss_scale_targets_pass_when_default_keeps_stocks_level():
     stock = run_record(scale_log(STOCK_SCALES, overflows_at=(50, 70)))
     default = run_record(scale_log(STOCK_SCALES, overflows_at=(50, 70)))
-    assert report.scale_cells([default], [stock]) == ["64 vs 64: pass", "128 vs 128: pass",
-                                                      "2 vs 2: pass"]
+    assert report.scale_cells([default], [stock]) == [
+        "64 vs 64: pass",
+        "128 vs 128: pass",
+        "2 vs 2: pass",
+    ]
 
 
 def test_loss_scale_targets_fail_on_a_constructed_trajectory():
@@ -186,8 +208,11 @@ def test_loss_scale_targets_fail_on_a_constructed_trajectory():
     # final level, more skipped updates, each its own FAIL.
     lower = [s / 2 for s in STOCK_SCALES]
     default = run_record(scale_log(lower, overflows_at=(50, 60, 70)))
-    assert report.scale_cells([default], [stock]) == ["32 vs 64: FAIL", "64 vs 128: FAIL",
-                                                      "3 vs 2: FAIL"]
+    assert report.scale_cells([default], [stock]) == [
+        "32 vs 64: FAIL",
+        "64 vs 128: FAIL",
+        "3 vs 2: FAIL",
+    ]
     # Only one more overflow (same levels): only that target fails.
     more = run_record(scale_log(STOCK_SCALES, overflows_at=(30, 50, 70)))
     assert report.scale_cells([more], [stock])[2] == "3 vs 2: FAIL"
@@ -212,15 +237,20 @@ def test_time_target_fails_only_beyond_the_measured_noise():
     # default and its hook-off twin differed by up to 26% (host-bound updates
     # of a small model)
     assert report.time_cell(arm(0.095), arm(0.100)) == (
-        "0.950: no verdict: one run per arm, noise not measured")
+        "0.950: no verdict: one run per arm, noise not measured"
+    )
 
 
 def test_memory_target_fails_above_the_ratio():
     stock = [run_record(FP16_LOG, train_mib=1000)]
-    assert report.memory_cell([run_record(FP16_LOG, train_mib=1010)], stock,
-                              "peak_train_bytes") == "1.010: pass"
-    assert report.memory_cell([run_record(FP16_LOG, train_mib=1100)], stock,
-                              "peak_train_bytes") == "1.100: FAIL"
+    assert (
+        report.memory_cell([run_record(FP16_LOG, train_mib=1010)], stock, "peak_train_bytes")
+        == "1.010: pass"
+    )
+    assert (
+        report.memory_cell([run_record(FP16_LOG, train_mib=1100)], stock, "peak_train_bytes")
+        == "1.100: FAIL"
+    )
     cpu = dict(stock[0], peak_train_bytes=None)
     assert report.memory_cell([cpu], [cpu], "peak_train_bytes") == "n/a (no GPU)"
 
@@ -231,32 +261,55 @@ def test_gpu_table_names_the_gpu_and_marks_the_targets():
     results = {}
     for name, precision, arm, _ in plan:
         scaled = precision in ("fp16", "amp")
-        log = (scale_log(STOCK_SCALES, overflows_at=(50, 70)) if scaled
-               else [inner(k, k * 10) for k in range(1, 11)])
+        log = (
+            scale_log(STOCK_SCALES, overflows_at=(50, 70))
+            if scaled
+            else [inner(k, k * 10) for k in range(1, 11)]
+        )
         mib = {"default": 1010, "stock": 1000, "hookoff": 990, "order2": 1020}[arm]
         rate = 0.0505 if arm != "stock" else 0.0500
         results[name] = run_record(log, train_mib=mib, valid_mib=mib + 300, rates=[rate] * 9)
     # amp: the default misses every target
     for name in ("amp default 1", "amp default 2"):
-        results[name] = run_record(scale_log([s / 2 for s in STOCK_SCALES], (50, 60, 70)),
-                                   train_mib=1100, rates=[0.060] * 9)
+        results[name] = run_record(
+            scale_log([s / 2 for s in STOCK_SCALES], (50, 60, 70)),
+            train_mib=1100,
+            rates=[0.060] * 9,
+        )
     results["bf16 default 2"] = {"failed": "RuntimeError: CUDA out of memory"}
     table = gpu_check.table(args, results)
 
     assert "device: NVIDIA H100 80GB HBM3; torch 2.11.0; fairseq 0.12.3" in table
     rows = table_rows(table)
     assert len(rows) == 22  # a failed run's row has its error instead of figures
-    assert rows["bf16", "default", "2"][3:] == ["FAILED: RuntimeError: CUDA out of memory"] \
-        + [""] * 11
-    assert rows["fp16", "default", "1"][3:] == ["NVIDIA H100 80GB HBM3", "100", "64", "64",
-                                                "128", "128", "2", "—", "0.0505", "1010",
-                                                "1310", "—"]
-    assert ("| fp16 | 64 vs 64: pass | 128 vs 128: pass | 2 vs 2: pass | "
-            "1.010 (noise ±0.0%): pass | 1.010: pass |") in table
-    assert ("| amp | 32 vs 64: FAIL | 64 vs 128: FAIL | 3 vs 2: FAIL | "
-            "1.200 (noise ±0.0%): FAIL | 1.100: FAIL |") in table
-    assert "| fp32 | n/a (no loss scaling) | n/a (no loss scaling) | n/a (no loss scaling) |" \
-        in table
+    assert (
+        rows["bf16", "default", "2"][3:] == ["FAILED: RuntimeError: CUDA out of memory"] + [""] * 11
+    )
+    assert rows["fp16", "default", "1"][3:] == [
+        "NVIDIA H100 80GB HBM3",
+        "100",
+        "64",
+        "64",
+        "128",
+        "128",
+        "2",
+        "—",
+        "0.0505",
+        "1010",
+        "1310",
+        "—",
+    ]
+    assert (
+        "| fp16 | 64 vs 64: pass | 128 vs 128: pass | 2 vs 2: pass | "
+        "1.010 (noise ±0.0%): pass | 1.010: pass |"
+    ) in table
+    assert (
+        "| amp | 32 vs 64: FAIL | 64 vs 128: FAIL | 3 vs 2: FAIL | "
+        "1.200 (noise ±0.0%): FAIL | 1.100: FAIL |"
+    ) in table
+    assert (
+        "| fp32 | n/a (no loss scaling) | n/a (no loss scaling) | n/a (no loss scaling) |" in table
+    )
     # bf16's default has one finished run left; it is judged on that one
     assert "| bf16 | n/a (no loss scaling) |" in table
     assert "| fp16 | 1.008 | 1.020 | 1.016 |" in table  # memory without a target
@@ -315,6 +368,7 @@ def test_peak_memory_folds_fairseqs_resets_and_keeps_validation_apart():
     def validate(*args):
         cuda.allocate(trainer_validate_peak)
         return [2.0]
+
     memory.around_validation(validate)()
     train_step(850)
     cuda.allocate(300)  # after the last reset: the last checkpoint save
@@ -340,9 +394,11 @@ def test_fairseqs_own_code_has_the_resets_and_the_validate_the_child_wraps():
     import fairseq_cli.train
 
     assert "torch.cuda.reset_peak_memory_stats()" in inspect.getsource(
-        fairseq.trainer.Trainer.train_step)
+        fairseq.trainer.Trainer.train_step
+    )
     assert "validate(cfg, trainer, task, epoch_itr, valid_subsets)" in inspect.getsource(
-        fairseq_cli.train.validate_and_save)
+        fairseq_cli.train.validate_and_save
+    )
 
 
 def test_bf16_keeps_tpu_as_the_command_line_says():
@@ -358,15 +414,25 @@ def fake_wheel(folder, filename, requires=()):
     """A wheel file holding only its METADATA (what the check reads)."""
     name, version = filename.split("-")[:2]
     with zipfile.ZipFile(folder / filename, "w") as archive:
-        archive.writestr(f"{name}-{version}.dist-info/METADATA",
-                         f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
-                         + "".join(f"Requires-Dist: {r}\n" for r in requires))
+        archive.writestr(
+            f"{name}-{version}.dist-info/METADATA",
+            f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+            + "".join(f"Requires-Dist: {r}\n" for r in requires),
+        )
 
 
 def test_the_wheel_check_passes_a_complete_folder_and_names_each_gap(tmp_path):
-    fake_wheel(tmp_path, "ve_fairseq-0.12.3-cp312-cp312-manylinux_2_28_x86_64.whl",
-               ["hydra-core>=1.3.2", "torch>=1.13", "bitarray", 'pytest; extra == "dev"',
-                'importlib-resources; python_version < "3.9"'])
+    fake_wheel(
+        tmp_path,
+        "ve_fairseq-0.12.3-cp312-cp312-manylinux_2_28_x86_64.whl",
+        [
+            "hydra-core>=1.3.2",
+            "torch>=1.13",
+            "bitarray",
+            'pytest; extra == "dev"',
+            'importlib-resources; python_version < "3.9"',
+        ],
+    )
     fake_wheel(tmp_path, "hydra_core-1.3.8-py3-none-any.whl", ["antlr4-python3-runtime==4.9.*"])
     fake_wheel(tmp_path, "antlr4_python3_runtime-4.9.3-py3-none-any.whl")
     fake_wheel(tmp_path, "bitarray-3.12.3-cp312-cp312-manylinux2014_x86_64.whl")
@@ -382,7 +448,8 @@ def test_the_wheel_check_passes_a_complete_folder_and_names_each_gap(tmp_path):
         "3.12 x86-64 Linux",
         "bitarray: 2 versions (3.11.0, 3.12.3): keep one",
         "ve-fairseq==0.12.4 (for needed): the wheel is 0.12.3",
-        "antlr4-python3-runtime==4.9.* (for hydra-core): neither a wheel nor on the machine"]
+        "antlr4-python3-runtime==4.9.* (for hydra-core): neither a wheel nor on the machine",
+    ]
 
 
 def test_the_wheel_check_knows_this_packages_requirements():
@@ -394,9 +461,11 @@ def documented_device_command(script="research/gpu_check.py"):
     """The one device command of research/studies/gpu_check.md that runs
     ``script``."""
     text = (REPO / "research" / "studies" / "gpu_check.md").read_text()
-    commands = [command for command in
-                re.findall(r"```bash\n(python3 -m pip install[^\n]*)\n```", text)
-                if script in command]
+    commands = [
+        command
+        for command in re.findall(r"```bash\n(python3 -m pip install[^\n]*)\n```", text)
+        if script in command
+    ]
     assert len(commands) == 1
     return commands[0]
 
@@ -416,8 +485,9 @@ def test_the_documented_device_command_is_complete():
     command = documented_device_command()
     assert len(command) <= 2000  # the device tool's limit
     install, rest = command.split(" || exit; ")
-    assert "--no-index --no-deps" in install and "--target /tmp/site gpu_prep/wheels/*.whl" \
-        in install
+    assert (
+        "--no-index --no-deps" in install and "--target /tmp/site gpu_prep/wheels/*.whl" in install
+    )
     assert "PYTHONPATH=/tmp/site:$PWD" in install
     check = rest.split("python3 research/gpu_check.py ")[1].split()
     args = gpu_check.parse_args(check)
@@ -428,8 +498,17 @@ def test_the_documented_device_command_is_complete():
     assert args.precisions == ["fp16", "bf16", "amp", "fp32"] and args.rounds == 0
     # Everything it names travels: the carried folder is what make gpu-prep fills.
     makefile = (REPO / "Makefile").read_text()
-    assert "GPU_PREP    ?= gpu_prep" in makefile and "gpu_prep/" in (
-        REPO / ".gitignore").read_text().splitlines()
-    for package in ("ve-fairseq", "hydra-core", "omegaconf", "bitarray", "cffi", "pycparser",
-                    "antlr4-python3-runtime==4.9.3"):
+    assert (
+        "GPU_PREP    ?= gpu_prep" in makefile
+        and "gpu_prep/" in (REPO / ".gitignore").read_text().splitlines()
+    )
+    for package in (
+        "ve-fairseq",
+        "hydra-core",
+        "omegaconf",
+        "bitarray",
+        "cffi",
+        "pycparser",
+        "antlr4-python3-runtime==4.9.3",
+    ):
         assert package in makefile

@@ -20,9 +20,16 @@ import pytest
 import torch
 from fairseq import optim, options, tasks, utils
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf
-
-from natbias_testing import (REPO, TINY_LM, TINY_LM_TRAINING, TINY_MODEL, TINY_TRAINING,
-                             build_in_process, first_sentences, half_matmuls_in_float32)
+from natbias_testing import (
+    REPO,
+    TINY_LM,
+    TINY_LM_TRAINING,
+    TINY_MODEL,
+    TINY_TRAINING,
+    build_in_process,
+    first_sentences,
+    half_matmuls_in_float32,
+)
 
 pytestmark = pytest.mark.training  # runs fairseq-train: the full tier only (make test)
 
@@ -37,8 +44,9 @@ class _NoBackward:
 
 
 def _built(data, tmp_path, *options):
-    task, model, criterion = build_in_process(data, tmp_path, "--natbias-stats-interval", "1",
-                                              "--dropout", "0", *options)
+    task, model, criterion = build_in_process(
+        data, tmp_path, "--natbias-stats-interval", "1", "--dropout", "0", *options
+    )
     return task, model, criterion
 
 
@@ -69,8 +77,9 @@ def test_half_model_trains_finite_and_close_to_float32(toy_bin, tmp_path, dtype)
     for run_dtype in (torch.float32, dtype):
         model.zero_grad()
         model.to(run_dtype)
-        loss, _, logging_output = task.train_step(sample, model, criterion, _NoBackward(),
-                                                  update_num=0)
+        loss, _, logging_output = task.train_step(
+            sample, model, criterion, _NoBackward(), update_num=0
+        )
         grads = [p.grad for p in model.parameters() if p.grad is not None]
         assert grads and all(torch.isfinite(g.float()).all() for g in grads)
         assert model.decoder.output_projection.bias.grad is not None
@@ -78,7 +87,11 @@ def test_half_model_trains_finite_and_close_to_float32(toy_bin, tmp_path, dtype)
         assert torch.isfinite(lprobs).all()
         kl = logging_output["natbias_kl_unigram"]
         assert torch.is_tensor(kl) and kl.dtype == torch.float32  # summed on the device
-        results[run_dtype] = (loss.float().item(), kl.item(), logging_output["natbias_kl_uniform"].item())
+        results[run_dtype] = (
+            loss.float().item(),
+            kl.item(),
+            logging_output["natbias_kl_uniform"].item(),
+        )
     reference, half = results[torch.float32], results[dtype]
     assert half[0] == pytest.approx(reference[0], rel=0.01)
     assert half[1] == pytest.approx(reference[1], rel=0.02, abs=1e-3)
@@ -133,17 +146,30 @@ UPDATES = 8  # 0.2.0's default overflowed on each of its first 6
 
 def _build_for_training(data, arch, flags, model, training):
     parser = options.get_training_parser()
-    args = options.parse_args_and_arch(parser, [
-        str(data), "--user-dir", str(REPO / "fairseq_natbias"), "--arch", arch, *model,
-        *training, "--save-dir", "/nonexistent", *flags])
+    args = options.parse_args_and_arch(
+        parser,
+        [
+            str(data),
+            "--user-dir",
+            str(REPO / "fairseq_natbias"),
+            "--arch",
+            arch,
+            *model,
+            *training,
+            "--save-dir",
+            "/nonexistent",
+            *flags,
+        ],
+    )
     cfg = convert_namespace_to_omegaconf(args)
     utils.set_torch_seed(cfg.common.seed)
     task = tasks.setup_task(cfg.task)
     return cfg, task, task.build_model(cfg.model), task.build_criterion(cfg.criterion)
 
 
-def drive_half_precision(data, arch, flags, model=TINY_MODEL, training=TINY_TRAINING,
-                         updates=UPDATES, adapt=None):
+def drive_half_precision(
+    data, arch, flags, model=TINY_MODEL, training=TINY_TRAINING, updates=UPDATES, adapt=None
+):
     """Train ``updates`` batches under fairseq's half-precision optimiser for
     ``flags``; returns the loss scale after each, the skipped (overflowed)
     updates, and the bias before and after (None without a bias). ``adapt``,
@@ -160,8 +186,9 @@ def drive_half_precision(data, arch, flags, model=TINY_MODEL, training=TINY_TRAI
     optimizer = builder.build_optimizer(cfg, params)
     optimizer.set_lr(1e-3)
     task.load_dataset("train")
-    batches = task.get_batch_iterator(task.dataset("train"), max_tokens=cfg.dataset.max_tokens,
-                                      seed=1).next_epoch_itr(shuffle=True)
+    batches = task.get_batch_iterator(
+        task.dataset("train"), max_tokens=cfg.dataset.max_tokens, seed=1
+    ).next_epoch_itr(shuffle=True)
     bias = model.decoder.output_projection.bias
     bias_before = None if bias is None else bias.detach().float().clone()
     scales, skipped = [], 0
@@ -178,8 +205,7 @@ def drive_half_precision(data, arch, flags, model=TINY_MODEL, training=TINY_TRAI
                 skipped += 1
             scales.append(optimizer.scaler.loss_scale if optimizer.scaler else None)
     bias_after = None if bias is None else bias.detach().float().clone()
-    return {"scales": scales, "skipped": skipped, "bias": (bias_before, bias_after),
-            "model": model}
+    return {"scales": scales, "skipped": skipped, "bias": (bias_before, bias_after), "model": model}
 
 
 FP16_FLAGS = {
@@ -194,10 +220,15 @@ def fp16_runs(multi30k_bin):
     gradients and scaler; the optimisers differ in the update only), tied,
     Multi30k De-En (joint 8k)."""
     tied = ["--share-all-embeddings"]
-    runs = {("transformer_natbias", name): drive_half_precision(
-        multi30k_bin, "transformer_natbias", flags + tied) for name, flags in FP16_FLAGS.items()}
-    runs["transformer"] = drive_half_precision(multi30k_bin, "transformer",
-                                               FP16_FLAGS["fp16"] + tied)
+    runs = {
+        ("transformer_natbias", name): drive_half_precision(
+            multi30k_bin, "transformer_natbias", flags + tied
+        )
+        for name, flags in FP16_FLAGS.items()
+    }
+    runs["transformer"] = drive_half_precision(
+        multi30k_bin, "transformer", FP16_FLAGS["fp16"] + tied
+    )
     return runs
 
 
@@ -233,9 +264,12 @@ def test_unigram_label_smoothing_trains_at_stocks_loss_scale(fp16_runs, multi30k
     unigram term is taken in float32 from fairseq's float32 log-probabilities,
     so the default skips no more updates than stock with the standard
     criterion, keeps its loss scale, and its rare tokens' biases move."""
-    run = drive_half_precision(multi30k_bin, "transformer_natbias",
-                               FP16_FLAGS["fp16"] + ["--share-all-embeddings", "--criterion",
-                                                     "unigram_label_smoothed_cross_entropy"])
+    run = drive_half_precision(
+        multi30k_bin,
+        "transformer_natbias",
+        FP16_FLAGS["fp16"]
+        + ["--share-all-embeddings", "--criterion", "unigram_label_smoothed_cross_entropy"],
+    )
     stock = fp16_runs["transformer"]
     assert run["skipped"] <= stock["skipped"], (run["scales"], stock["scales"])
     assert min(run["scales"]) >= min(stock["scales"]) / 2, (run["scales"], stock["scales"])
@@ -248,8 +282,9 @@ def test_unigram_label_smoothing_trains_at_stocks_loss_scale(fp16_runs, multi30k
 def test_memory_efficient_bf16_keeps_the_bias_learning(multi30k_bin):
     """bfloat16 spaces |b| >= 8 by 0.0625: with no float32 master copy, a
     bias held in bfloat16 could never move by 1e-3."""
-    run = drive_half_precision(multi30k_bin, "transformer_natbias",
-                               ["--bf16", "--memory-efficient-bf16"], updates=5)
+    run = drive_half_precision(
+        multi30k_bin, "transformer_natbias", ["--bf16", "--memory-efficient-bf16"], updates=5
+    )
     before, after = run["bias"]
     rare = before < -8
     assert (after[rare] != before[rare]).float().mean() > 0.99
@@ -257,9 +292,17 @@ def test_memory_efficient_bf16_keeps_the_bias_learning(multi30k_bin):
 
 
 def test_language_model_trains_at_stocks_loss_scale(multi30k_lm_bin):
-    runs = {arch: drive_half_precision(multi30k_lm_bin, arch, FP16_FLAGS["fp16"],
-                                       model=TINY_LM, training=TINY_LM_TRAINING, updates=10)
-            for arch in ("transformer_lm_natbias", "transformer_lm")}
+    runs = {
+        arch: drive_half_precision(
+            multi30k_lm_bin,
+            arch,
+            FP16_FLAGS["fp16"],
+            model=TINY_LM,
+            training=TINY_LM_TRAINING,
+            updates=10,
+        )
+        for arch in ("transformer_lm_natbias", "transformer_lm")
+    }
     ours, stock = runs["transformer_lm_natbias"], runs["transformer_lm"]
     assert ours["skipped"] <= stock["skipped"]
     assert min(ours["scales"]) >= min(stock["scales"]) / 2, (ours["scales"], stock["scales"])
@@ -269,10 +312,22 @@ def test_language_model_trains_at_stocks_loss_scale(multi30k_lm_bin):
 # 6+6 layers, 4 heads, FFN 256, and d 256), given explicitly so that stock
 # --arch transformer builds the same network.
 IWSLT_SIZES = [
-    "--encoder-layers", "6", "--decoder-layers", "6",
-    "--encoder-embed-dim", "256", "--decoder-embed-dim", "256",
-    "--encoder-ffn-embed-dim", "256", "--decoder-ffn-embed-dim", "256",
-    "--encoder-attention-heads", "4", "--decoder-attention-heads", "4",
+    "--encoder-layers",
+    "6",
+    "--decoder-layers",
+    "6",
+    "--encoder-embed-dim",
+    "256",
+    "--decoder-embed-dim",
+    "256",
+    "--encoder-ffn-embed-dim",
+    "256",
+    "--decoder-ffn-embed-dim",
+    "256",
+    "--encoder-attention-heads",
+    "4",
+    "--decoder-attention-heads",
+    "4",
 ]
 
 
@@ -280,12 +335,17 @@ def _iwslt_fp16_gradients(data, arch):
     """A function of the loss scale: the fp16 gradients of one batch of ~4k
     tokens through the IWSLT preset's network (tied), eval mode."""
     cfg, task, model, criterion = _build_for_training(
-        data, arch, ["--share-all-embeddings", "--max-tokens", "4096"], IWSLT_SIZES,
-        TINY_TRAINING)
+        data, arch, ["--share-all-embeddings", "--max-tokens", "4096"], IWSLT_SIZES, TINY_TRAINING
+    )
     model, criterion = model.half().eval(), criterion.half()
     task.load_dataset("train")
-    sample = next(iter(task.get_batch_iterator(task.dataset("train"), max_tokens=4096,
-                                               seed=1).next_epoch_itr(shuffle=False)))
+    sample = next(
+        iter(
+            task.get_batch_iterator(task.dataset("train"), max_tokens=4096, seed=1).next_epoch_itr(
+                shuffle=False
+            )
+        )
+    )
 
     def gradients(loss_scale):
         model.zero_grad()
@@ -293,6 +353,7 @@ def _iwslt_fp16_gradients(data, arch):
             loss, _, _ = criterion(model, sample)
             (loss * loss_scale).backward()
         return {name: p.grad for name, p in model.named_parameters() if p.grad is not None}
+
     return gradients
 
 

@@ -14,51 +14,112 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 from transformers import (  # noqa: E402
-    AutoModelForCausalLM, AutoModelForSeq2SeqLM, BartConfig, BartForConditionalGeneration,
-    BertConfig, BertForMaskedLM, DataCollatorForSeq2Seq, GPT2Config, GPT2LMHeadModel,
-    LlamaConfig, LlamaForCausalLM, LogitsProcessorList, MarianConfig, MarianMTModel,
-    Seq2SeqTrainer, Seq2SeqTrainingArguments,
+    AutoModelForCausalLM,
+    AutoModelForSeq2SeqLM,
+    BartConfig,
+    BartForConditionalGeneration,
+    BertConfig,
+    BertForMaskedLM,
+    DataCollatorForSeq2Seq,
+    GPT2Config,
+    GPT2LMHeadModel,
+    LlamaConfig,
+    LlamaForCausalLM,
+    LogitsProcessorList,
+    MarianConfig,
+    MarianMTModel,
+    Seq2SeqTrainer,
+    Seq2SeqTrainingArguments,
 )
 
-import natbias.hf  # noqa: E402
 from natbias.counts import write_counts_file  # noqa: E402
 from natbias.errors import NaturalBiasError  # noqa: E402
 from natbias.hf import (  # noqa: E402
-    BiasScaleLogitsProcessor, BiasStatisticsCallback, UnigramLabelSmoothingLoss,
-    add_natural_bias, count_targets, from_pretrained,
+    BiasScaleLogitsProcessor,
+    BiasStatisticsCallback,
+    UnigramLabelSmoothingLoss,
+    add_natural_bias,
+    count_targets,
+    from_pretrained,
 )
 
 V = 40
-SMALL = dict(d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
-             decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32,
-             max_position_embeddings=64)
+SMALL = dict(
+    d_model=16,
+    encoder_layers=1,
+    decoder_layers=1,
+    encoder_attention_heads=2,
+    decoder_attention_heads=2,
+    encoder_ffn_dim=32,
+    decoder_ffn_dim=32,
+    max_position_embeddings=64,
+)
 
 
 def marian():
-    return MarianMTModel(MarianConfig(vocab_size=V, pad_token_id=0, decoder_start_token_id=0,
-                                      eos_token_id=1, forced_eos_token_id=1, **SMALL))
+    return MarianMTModel(
+        MarianConfig(
+            vocab_size=V,
+            pad_token_id=0,
+            decoder_start_token_id=0,
+            eos_token_id=1,
+            forced_eos_token_id=1,
+            **SMALL,
+        )
+    )
 
 
 def bart():
-    return BartForConditionalGeneration(BartConfig(
-        vocab_size=V, pad_token_id=0, bos_token_id=2, eos_token_id=1, decoder_start_token_id=1,
-        forced_eos_token_id=1, **SMALL))
+    return BartForConditionalGeneration(
+        BartConfig(
+            vocab_size=V,
+            pad_token_id=0,
+            bos_token_id=2,
+            eos_token_id=1,
+            decoder_start_token_id=1,
+            forced_eos_token_id=1,
+            **SMALL,
+        )
+    )
 
 
 def gpt2():
-    return GPT2LMHeadModel(GPT2Config(vocab_size=V, n_embd=16, n_layer=1, n_head=2,
-                                      n_positions=64, bos_token_id=2, eos_token_id=1))
+    return GPT2LMHeadModel(
+        GPT2Config(
+            vocab_size=V,
+            n_embd=16,
+            n_layer=1,
+            n_head=2,
+            n_positions=64,
+            bos_token_id=2,
+            eos_token_id=1,
+        )
+    )
 
 
 def llama():
-    return LlamaForCausalLM(LlamaConfig(
-        vocab_size=V, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-        num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64,
-        bos_token_id=2, eos_token_id=1, pad_token_id=0))
+    return LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=V,
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=2,
+            max_position_embeddings=64,
+            bos_token_id=2,
+            eos_token_id=1,
+            pad_token_id=0,
+        )
+    )
 
 
-MODELS = {"marian": (marian, AutoModelForSeq2SeqLM), "bart": (bart, AutoModelForSeq2SeqLM),
-          "gpt2": (gpt2, AutoModelForCausalLM), "llama": (llama, AutoModelForCausalLM)}
+MODELS = {
+    "marian": (marian, AutoModelForSeq2SeqLM),
+    "bart": (bart, AutoModelForSeq2SeqLM),
+    "gpt2": (gpt2, AutoModelForCausalLM),
+    "llama": (llama, AutoModelForCausalLM),
+}
 
 
 def zipf_targets(n=200, seed=0):
@@ -66,8 +127,10 @@ def zipf_targets(n=200, seed=0):
     rng = np.random.default_rng(seed)
     weights = 1.0 / np.arange(1, V - 2)
     weights /= weights.sum()
-    return [list(rng.choice(np.arange(3, V), size=rng.integers(3, 9), p=weights)) + [1]
-            for _ in range(n)]
+    return [
+        list(rng.choice(np.arange(3, V), size=rng.integers(3, 9), p=weights)) + [1]
+        for _ in range(n)
+    ]
 
 
 def hand_log_prior(sequences, causal, alpha=1.0):
@@ -108,7 +171,8 @@ def test_the_bias_is_the_smoothed_log_unigram_of_the_targets(name):
     assert (model.get_output_embeddings().weight is model.get_input_embeddings().weight) == tied
     assert model.config.natural_bias["format_version"] == 1
     assert model.config.natural_bias["prior_tokens"] == sum(
-        len(t) - (1 if causal else 0) for t in targets)
+        len(t) - (1 if causal else 0) for t in targets
+    )
 
 
 def test_a_fresh_model_predicts_the_prior():
@@ -140,16 +204,20 @@ def test_a_saved_model_reloads_with_identical_logits_and_beams(name, tmp_path):
         with torch.no_grad():
             assert (loaded(**inputs).logits - before).abs().max().item() == 0
         assert loaded.output_gain().item() == pytest.approx(0.4)
-        beams = [m.generate(inputs["input_ids"], num_beams=3, max_new_tokens=5, do_sample=False)
-                 for m in (model, loaded)]
+        beams = [
+            m.generate(inputs["input_ids"], num_beams=3, max_new_tokens=5, do_sample=False)
+            for m in (model, loaded)
+        ]
         assert torch.equal(*beams)
 
 
 def test_without_the_import_transformers_refuses_the_model_loudly(tmp_path):
     torch.manual_seed(0)
     add_natural_bias(gpt2(), zipf_targets()).save_pretrained(tmp_path)
-    code = ("from transformers import AutoModelForCausalLM\n"
-            f"AutoModelForCausalLM.from_pretrained({str(tmp_path)!r})\n")
+    code = (
+        "from transformers import AutoModelForCausalLM\n"
+        f"AutoModelForCausalLM.from_pretrained({str(tmp_path)!r})\n"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode != 0 and "natbias-gpt2" in done.stderr
 
@@ -169,12 +237,21 @@ def test_a_newer_format_is_refused(tmp_path):
 
 
 def test_an_unsupported_model_is_refused_naming_the_supported_ones():
-    bert = BertForMaskedLM(BertConfig(vocab_size=V, hidden_size=16, num_hidden_layers=1,
-                                      num_attention_heads=2, intermediate_size=32))
+    bert = BertForMaskedLM(
+        BertConfig(
+            vocab_size=V,
+            hidden_size=16,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            intermediate_size=32,
+        )
+    )
     with pytest.raises(NaturalBiasError) as error:
         add_natural_bias(bert, zipf_targets())
-    assert str(error.value) == ("natbias.hf supports MarianMTModel, BartForConditionalGeneration, "
-                                "GPT2LMHeadModel, LlamaForCausalLM; not BertForMaskedLM")
+    assert str(error.value) == (
+        "natbias.hf supports MarianMTModel, BartForConditionalGeneration, "
+        "GPT2LMHeadModel, LlamaForCausalLM; not BertForMaskedLM"
+    )
 
 
 def test_the_prior_from_counts_a_counts_file_or_a_dataset_is_the_same(tmp_path):
@@ -192,11 +269,17 @@ def test_the_prior_from_counts_a_counts_file_or_a_dataset_is_the_same(tmp_path):
 
         def iter(self, batch_size):
             for start in range(0, len(targets), batch_size):
-                yield {"labels": targets[start:start + batch_size]}
+                yield {"labels": targets[start : start + batch_size]}
 
-    biases = [add_natural_bias(marian(), **source).output_bias().detach() for source in (
-        {"targets": targets}, {"counts": counts}, {"targets": Dataset()},
-        {"counts_file": str(tmp_path / "c.counts"), "vocabulary": Vocabulary()})]
+    biases = [
+        add_natural_bias(marian(), **source).output_bias().detach()
+        for source in (
+            {"targets": targets},
+            {"counts": counts},
+            {"targets": Dataset()},
+            {"counts_file": str(tmp_path / "c.counts"), "vocabulary": Vocabulary()},
+        )
+    ]
     assert all(torch.equal(biases[0], bias) for bias in biases[1:])
     with pytest.raises(NaturalBiasError, match="exactly one of targets"):
         add_natural_bias(marian(), targets, counts=counts)
@@ -213,11 +296,11 @@ def test_the_loss_by_hand():
     logits = torch.tensor([[[0.5, 1e-30, 0.25, 0.25], [0.25, 1e-30, 0.5, 0.25]]]).log()
     value = loss({"logits": logits}, torch.tensor([[0, -100]]))
     assert value.item() == pytest.approx(0.727805, abs=1e-6)
-    causal = UnigramLabelSmoothingLoss(torch.tensor([0.5, 1e-30, 0.3, 0.2]).log(), 0.1,
-                                       causal=True)
+    causal = UnigramLabelSmoothingLoss(torch.tensor([0.5, 1e-30, 0.3, 0.2]).log(), 0.1, causal=True)
     shifted = torch.cat([logits, logits[:, :1]], dim=1)  # position t predicts label t + 1
     assert causal({"logits": shifted}, torch.tensor([[7, 0, -100]])).item() == pytest.approx(
-        0.727805, abs=1e-6)
+        0.727805, abs=1e-6
+    )
 
 
 def _trainer(model, callbacks=(), loss=None, steps=3, out=None, label_smoothing=0.0):
@@ -230,17 +313,32 @@ def _trainer(model, callbacks=(), loss=None, steps=3, out=None, label_smoothing=
 
         def pad(self, features, return_tensors=None, **kwargs):
             width = max(len(f["input_ids"]) for f in features)
-            ids = torch.tensor([f["input_ids"] + [0] * (width - len(f["input_ids"]))
-                                for f in features])
+            ids = torch.tensor(
+                [f["input_ids"] + [0] * (width - len(f["input_ids"])) for f in features]
+            )
             return {"input_ids": ids, "attention_mask": ids.ne(0).long()}
 
     collator = DataCollatorForSeq2Seq(Tokenizer(), model=model, label_pad_token_id=-100)
-    args = Seq2SeqTrainingArguments(output_dir=str(out), max_steps=steps, logging_steps=1,
-                                    per_device_train_batch_size=16, report_to=[],
-                                    disable_tqdm=True, use_cpu=True, save_strategy="no",
-                                    learning_rate=1e-2, label_smoothing_factor=label_smoothing)
-    trainer = Seq2SeqTrainer(model=model, args=args, train_dataset=data, data_collator=collator,
-                             compute_loss_func=loss, callbacks=list(callbacks))
+    args = Seq2SeqTrainingArguments(
+        output_dir=str(out),
+        max_steps=steps,
+        logging_steps=1,
+        per_device_train_batch_size=16,
+        report_to=[],
+        disable_tqdm=True,
+        use_cpu=True,
+        save_strategy="no",
+        learning_rate=1e-2,
+        label_smoothing_factor=label_smoothing,
+    )
+    trainer = Seq2SeqTrainer(
+        model=model,
+        args=args,
+        train_dataset=data,
+        data_collator=collator,
+        compute_loss_func=loss,
+        callbacks=list(callbacks),
+    )
     return trainer, collator(data[:8])
 
 
@@ -261,8 +359,9 @@ def test_the_trainer_trains_with_the_loss_and_logs_the_statistics(tmp_path):
     logged = [entry for entry in trainer.state.log_history if "loss" in entry]
     assert len(logged) == 3
     for entry in logged:
-        assert {"bias_kl", "bias_norm", "weight_norm", "gain", "kl_unigram",
-                "kl_uniform"} <= set(entry)
+        assert {"bias_kl", "bias_norm", "weight_norm", "gain", "kl_unigram", "kl_uniform"} <= set(
+            entry
+        )
         assert all(math.isfinite(entry[key]) for key in ("bias_kl", "kl_unigram", "gain"))
     assert logged[-1]["gain"] != pytest.approx(0.05, abs=1e-4)  # the gain moved
 
@@ -288,8 +387,12 @@ def test_the_logits_processor_scales_the_bias_and_renormalises():
     assert torch.allclose(half.exp().sum(-1), torch.ones(2))
     ids = inputs_for("gpt2")["input_ids"]
     plain = model.generate(ids, max_new_tokens=4, do_sample=False)
-    kept = model.generate(ids, max_new_tokens=4, do_sample=False, logits_processor=(
-        LogitsProcessorList([BiasScaleLogitsProcessor(model, 1.0)])))
+    kept = model.generate(
+        ids,
+        max_new_tokens=4,
+        do_sample=False,
+        logits_processor=(LogitsProcessorList([BiasScaleLogitsProcessor(model, 1.0)])),
+    )
     assert torch.equal(plain, kept)
     with pytest.raises(NaturalBiasError, match="has no natural bias"):
         BiasScaleLogitsProcessor(gpt2(), 0.5)

@@ -6,8 +6,9 @@ import os
 import subprocess
 import sys
 
-import fairseq_natbias
 from natbias_testing import BIN, REPO, top_level_imports
+
+import fairseq_natbias
 
 
 def _simple_log(points):
@@ -15,7 +16,9 @@ def _simple_log(points):
         f"2026-01-01 10:00:00 | INFO | train_inner | epoch 001:  {u:5d} / 9 loss=4.4, "
         f"kl_unigram=0.5, kl_uniform=1.2, bias_norm=30.0, bias_kl=0.1, num_updates={u}\n"
         f"2026-01-01 10:00:00 | INFO | valid | epoch 001 | valid on 'valid' subset | "
-        f"loss 4.5 | bleu {bleu} | num_updates {u}\n" for u, bleu in points)
+        f"loss 4.5 | bleu {bleu} | num_updates {u}\n"
+        for u, bleu in points
+    )
 
 
 def _run_profiled(tool, *args):
@@ -23,8 +26,9 @@ def _run_profiled(tool, *args):
     with Python's import-time report on stderr."""
     env = dict(os.environ, PYTHONPROFILEIMPORTTIME="1", PYTHONWARNINGS="ignore")
     command = [str(BIN / tool)] if isinstance(tool, str) else list(map(str, tool))
-    return subprocess.run([*command, *map(str, args)], capture_output=True, text=True,
-                          env=env, timeout=120)
+    return subprocess.run(
+        [*command, *map(str, args)], capture_output=True, text=True, env=env, timeout=120
+    )
 
 
 def _assert_ran_without_torch(name, done):
@@ -39,13 +43,20 @@ def test_log_only_tools_do_their_work_without_torch_or_fairseq(tmp_path):
     log = tmp_path / "grid" / "toy" / "unigram" / "seed1" / "train.log"
     log.parent.mkdir(parents=True)
     log.write_text(_simple_log([(4, 10.0), (8, 20.0)]))
-    (log.parent / "test.bleu.json").write_text(json.dumps(
-        {"name": "BLEU", "score": 30.0, "signature": "nrefs:1|tok:13a"}))
+    (log.parent / "test.bleu.json").write_text(
+        json.dumps({"name": "BLEU", "score": 30.0, "signature": "nrefs:1|tok:13a"})
+    )
     (log.parent / "test.chrf.json").write_text("50.0\n")
     runs = {
         "natbias-alc": [log, "--max-updates", "0"],
-        "natbias-dynamics": ["--log", f"unigram={log}", "--metrics", "bias_kl",
-                             "--out-dir", tmp_path / "dynamics"],
+        "natbias-dynamics": [
+            "--log",
+            f"unigram={log}",
+            "--metrics",
+            "bias_kl",
+            "--out-dir",
+            tmp_path / "dynamics",
+        ],
         "natbias-report": [tmp_path / "grid", "--out-dir", tmp_path / "report"],
     }
     for tool, args in runs.items():
@@ -53,8 +64,12 @@ def test_log_only_tools_do_their_work_without_torch_or_fairseq(tmp_path):
         _assert_ran_without_torch(tool, done)
         assert "numpy" in top_level_imports(done.stderr), tool  # the log was read
     # Their outputs: the ALC of the curve (10 at 4, 20 at 8, over 4..8: 15) ...
-    alc_line = subprocess.run([str(BIN / "natbias-alc"), str(log), "--max-updates", "0"],
-                              capture_output=True, text=True, check=True).stdout.splitlines()[0]
+    alc_line = subprocess.run(
+        [str(BIN / "natbias-alc"), str(log), "--max-updates", "0"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()[0]
     assert alc_line.split("\t")[1].startswith("15.0000")
     # ... a plot and a table.
     assert (tmp_path / "dynamics" / "bias_kl.png").stat().st_size > 10_000
@@ -72,13 +87,36 @@ def test_text_helpers_of_the_recipes_and_examples_start_without_torch(tmp_path):
     tools = [sys.executable, REPO / "recipes/natbias_tools.py"]
     python_m = [sys.executable, "-m", "natbias.tools.data"]
     for name, command, args in [
-        ("spm_text.py train", spm_text, ["train", "--model-prefix", tmp_path / "spm",
-                                         "--vocab-size", 40, tmp_path / "train.de"]),
-        ("natbias_tools.py spm-encode", tools, ["spm-encode", "--model", tmp_path / "spm.model",
-                                               "--input", tmp_path / "train.de",
-                                               "--output-dir", tmp_path / "pieces"]),
-        ("python -m natbias.tools.data", python_m, [tmp_path / "cache", "--data", tmp_path,
-                                                           "--langs", "de"]),
+        (
+            "spm_text.py train",
+            spm_text,
+            [
+                "train",
+                "--model-prefix",
+                tmp_path / "spm",
+                "--vocab-size",
+                40,
+                tmp_path / "train.de",
+            ],
+        ),
+        (
+            "natbias_tools.py spm-encode",
+            tools,
+            [
+                "spm-encode",
+                "--model",
+                tmp_path / "spm.model",
+                "--input",
+                tmp_path / "train.de",
+                "--output-dir",
+                tmp_path / "pieces",
+            ],
+        ),
+        (
+            "python -m natbias.tools.data",
+            python_m,
+            [tmp_path / "cache", "--data", tmp_path, "--langs", "de"],
+        ),
     ]:
         done = _run_profiled(command, *args)
         if name.startswith("python -m"):
@@ -92,14 +130,17 @@ def test_text_helpers_of_the_recipes_and_examples_start_without_torch(tmp_path):
 
 def test_any_other_process_registers_on_import():
     """fairseq's CLIs import the package by --user-dir: registration must not wait."""
-    code = ("import fairseq_natbias\n"
-            "from fairseq.models import ARCH_MODEL_REGISTRY\n"
-            "from fairseq.criterions import CRITERION_REGISTRY\n"
-            "print('transformer_natbias' in ARCH_MODEL_REGISTRY,"
-            " 'transformer_lm_natbias' in ARCH_MODEL_REGISTRY,"
-            " 'unigram_regularized_cross_entropy' in CRITERION_REGISTRY)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True).stdout
+    code = (
+        "import fairseq_natbias\n"
+        "from fairseq.models import ARCH_MODEL_REGISTRY\n"
+        "from fairseq.criterions import CRITERION_REGISTRY\n"
+        "print('transformer_natbias' in ARCH_MODEL_REGISTRY,"
+        " 'transformer_lm_natbias' in ARCH_MODEL_REGISTRY,"
+        " 'unigram_regularized_cross_entropy' in CRITERION_REGISTRY)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
     assert out.split() == ["True", "True", "True"]
 
 

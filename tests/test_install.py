@@ -11,7 +11,6 @@ import sys
 import zipfile
 
 import pytest
-
 from natbias_testing import BIN, REPO, TINY_MODEL, TINY_TRAINING
 
 pytestmark = pytest.mark.training  # runs fairseq-train: the full tier only (make test)
@@ -22,8 +21,12 @@ SOURCES = ("pyproject.toml", "README.md", "LICENSE", "natbias", "fairseq_natbias
 
 
 def pip(*args, cwd):
-    result = subprocess.run([sys.executable, "-m", "pip", "--disable-pip-version-check",
-                             *map(str, args)], cwd=cwd, capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "pip", "--disable-pip-version-check", *map(str, args)],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 0, f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
     return result
 
@@ -34,13 +37,22 @@ def wheel(tmp_path_factory):
     for name in SOURCES:
         source = REPO / name
         if source.is_dir():
-            shutil.copytree(source, root / "src" / name,
-                            ignore=shutil.ignore_patterns("__pycache__"))
+            shutil.copytree(
+                source, root / "src" / name, ignore=shutil.ignore_patterns("__pycache__")
+            )
         else:
             (root / "src").mkdir(exist_ok=True)
             shutil.copy(source, root / "src" / name)
-    pip("wheel", "--no-deps", "--no-build-isolation", "--no-index", "-w", root / "dist",
-        root / "src", cwd=root)
+    pip(
+        "wheel",
+        "--no-deps",
+        "--no-build-isolation",
+        "--no-index",
+        "-w",
+        root / "dist",
+        root / "src",
+        cwd=root,
+    )
     (built,) = (root / "dist").glob("fairseq_natbias-*.whl")
     return built
 
@@ -58,11 +70,16 @@ def test_the_wheel_carries_licence_versions_and_readme(wheel):
     assert "Programming Language :: Python :: 3.12" in metadata.get_all("Classifier")
     assert metadata["Description-Content-Type"] == "text/markdown"
     assert metadata.get_payload().strip() == (REPO / "README.md").read_text().strip()
-    assert "natbias-average-checkpoints = fairseq_natbias.cli.average_checkpoints:main" \
-        in entry_points
+    assert (
+        "natbias-average-checkpoints = fairseq_natbias.cli.average_checkpoints:main" in entry_points
+    )
     assert "natbias-alc = natbias.tools.cli:alc_main" in entry_points
-    assert {"natbias/projection.py", "natbias/tools/data.py", "natbias/hf/models.py",
-            "fairseq_natbias/natural_bias.py"} <= set(names)
+    assert {
+        "natbias/projection.py",
+        "natbias/tools/data.py",
+        "natbias/hf/models.py",
+        "fairseq_natbias/natural_bias.py",
+    } <= set(names)
     assert not [n for n in names if n.startswith(("tests/", "research/", "examples/"))]
     assert "Provides-Extra: hf" in str(metadata) or "hf" in metadata.get_all("Provides-Extra")
 
@@ -71,20 +88,35 @@ def test_installed_elsewhere_trains_with_fairseq_from_another_directory(wheel, t
     site = tmp_path / "site"
     # --no-compile: no bytecode yet, so bytecode written below proves that this
     # copy, not the checkout's or the virtual environment's, was imported.
-    pip("install", "--no-deps", "--no-index", "--no-compile", "--target", site, wheel,
-        cwd=tmp_path)
+    pip("install", "--no-deps", "--no-index", "--no-compile", "--target", site, wheel, cwd=tmp_path)
     plugin = site / "fairseq_natbias"
     assert not (plugin / "__pycache__").exists()
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("PYTHONDONTWRITEBYTECODE", "PYTHONPATH")}
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("PYTHONDONTWRITEBYTECODE", "PYTHONPATH")
+    }
     env.update(OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
     result = subprocess.run(
-        [str(BIN / "fairseq-train"), str(toy_bin), "--user-dir", str(plugin),
-         "--arch", "transformer_natbias", *TINY_MODEL, *TINY_TRAINING,
-         "--max-update", "2", "--save-dir", str(tmp_path / "checkpoints")],
-        cwd=elsewhere, env=env, capture_output=True, text=True)
+        [
+            str(BIN / "fairseq-train"),
+            str(toy_bin),
+            "--user-dir",
+            str(plugin),
+            "--arch",
+            "transformer_natbias",
+            *TINY_MODEL,
+            *TINY_TRAINING,
+            "--max-update",
+            "2",
+            "--save-dir",
+            str(tmp_path / "checkpoints"),
+        ],
+        cwd=elsewhere,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 0, result.stderr[-4000:]
     log = result.stdout + result.stderr
     # the plugin's own statistics on fairseq's training lines: the default

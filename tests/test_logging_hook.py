@@ -14,10 +14,6 @@ import weakref
 import pytest
 import torch
 from fairseq.logging import metrics
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
-
-from natbias.statistics import divergence_sums
 from natbias_testing import (
     BIN,
     REPO,
@@ -28,6 +24,10 @@ from natbias_testing import (
     log_records,
     train,
 )
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+from natbias.statistics import divergence_sums
 
 pytestmark = pytest.mark.training  # runs fairseq-train: the full tier only (make test)
 
@@ -67,15 +67,23 @@ def logged(task, criterion, logging_outputs):
 def test_kl_sums_equal_hand_computation(tmp_path, toy_bin, toy_log_unigram, step):
     """Zero bias and fairseq's own W: the model is far from both references."""
     task, model, criterion = build_in_process(
-        toy_bin, tmp_path, "--natbias-init", "zero", "--natbias-weight-init", "fairseq",
-        "--dropout", "0")
+        toy_bin,
+        tmp_path,
+        "--natbias-init",
+        "zero",
+        "--natbias-weight-init",
+        "fairseq",
+        "--dropout",
+        "0",
+    )
     sample = first_sentences(task)
     if step == "valid":
         _, _, out = task.valid_step(sample, model, criterion)
     else:
         _, _, out = task.train_step(sample, model, criterion, _Backward(), update_num=0)
     kl_unigram, kl_uniform, tokens = hand_divergences(
-        model, sample, toy_log_unigram, task.target_dictionary.pad())
+        model, sample, toy_log_unigram, task.target_dictionary.pad()
+    )
     assert out["natbias_tokens"] == tokens == sample["ntokens"]
     # The hook works in float32: per token, terms of size ln|V| cancel.
     float32 = 1e-5 * tokens
@@ -91,7 +99,8 @@ def test_kl_sums_weight_every_token_once_across_micro_batches(tmp_path, toy_bin,
     """Two logging outputs (micro-batches or workers) give the token-weighted
     mean over both, not the mean of the two means."""
     task, model, criterion = build_in_process(
-        toy_bin, tmp_path, "--natbias-init", "zero", "--dropout", "0")
+        toy_bin, tmp_path, "--natbias-init", "zero", "--dropout", "0"
+    )
     pad = task.target_dictionary.pad()
     outs, hand = [], []
     for sample in (first_sentences(task, n=2), first_sentences(task, n=30)):
@@ -110,8 +119,15 @@ def test_kl_sums_in_chunks_equal_the_hand_computation(tmp_path, toy_bin, toy_log
     """Chunks of 3 tokens (ragged last chunk, padding inside chunks) give the
     sums of one pass and of the hand computation."""
     task, model, criterion = build_in_process(
-        toy_bin, tmp_path, "--natbias-init", "zero", "--natbias-weight-init", "fairseq",
-        "--dropout", "0")
+        toy_bin,
+        tmp_path,
+        "--natbias-init",
+        "zero",
+        "--natbias-weight-init",
+        "fairseq",
+        "--dropout",
+        "0",
+    )
     sample = first_sentences(task, n=7)
     results = []
     for chunk_tokens in (None, 3):
@@ -122,7 +138,8 @@ def test_kl_sums_in_chunks_equal_the_hand_computation(tmp_path, toy_bin, toy_log
         else:
             results.append(task.train_step(sample, model, criterion, _Backward(), 0)[2])
     kl_unigram, kl_uniform, tokens = hand_divergences(
-        model, sample, toy_log_unigram, task.target_dictionary.pad())
+        model, sample, toy_log_unigram, task.target_dictionary.pad()
+    )
     one_pass, chunked = results
     assert chunked["natbias_tokens"] == one_pass["natbias_tokens"] == tokens
     for key, hand in (("natbias_kl_unigram", kl_unigram), ("natbias_kl_uniform", kl_uniform)):
@@ -141,10 +158,16 @@ class _LiveBytes(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        inputs = {t.untyped_storage().data_ptr() for t in tree_leaves((args, kwargs))
-                  if isinstance(t, torch.Tensor)}
+        inputs = {
+            t.untyped_storage().data_ptr()
+            for t in tree_leaves((args, kwargs))
+            if isinstance(t, torch.Tensor)
+        }
         for tensor in tree_leaves(out):
-            if isinstance(tensor, torch.Tensor) and tensor.untyped_storage().data_ptr() not in inputs:
+            if (
+                isinstance(tensor, torch.Tensor)
+                and tensor.untyped_storage().data_ptr() not in inputs
+            ):
                 size = tensor.untyped_storage().nbytes()
                 self.live += size
                 self.peak = max(self.peak, self.live)
@@ -181,10 +204,13 @@ def test_statistics_memory_is_bounded_by_the_chunk(tmp_path, toy_bin):
 
 def test_stats_only_on_every_interval_th_update(tmp_path, toy_bin):
     task, model, criterion = build_in_process(
-        toy_bin, tmp_path, "--natbias-stats-interval", "2", "--dropout", "0")
+        toy_bin, tmp_path, "--natbias-stats-interval", "2", "--dropout", "0"
+    )
     sample = first_sentences(task, n=4)
-    tokens = [task.train_step(sample, model, criterion, _Backward(), update_num=u)[2]["natbias_tokens"]
-              for u in range(4)]
+    tokens = [
+        task.train_step(sample, model, criterion, _Backward(), update_num=u)[2]["natbias_tokens"]
+        for u in range(4)
+    ]
     assert tokens == [0, sample["ntokens"], 0, sample["ntokens"]]  # updates 2 and 4
 
 
@@ -216,11 +242,15 @@ def test_bias_kl_never_prints_minus_zero(tmp_path, toy_bin):
     task, model, criterion = build_in_process(toy_bin, tmp_path)
     bias = model.decoder.output_projection.bias
     log_omega = model.target_log_unigram
+
     def kl(log_p, log_q):  # KL(p || q), nats, computed as the statistics do
         return (log_p.exp() * (log_p - log_q)).sum(-1)
 
-    shifts = [c for c in torch.linspace(-5, 5, 41)
-              if kl((log_omega + c).log_softmax(-1), log_omega).item() < 0]
+    shifts = [
+        c
+        for c in torch.linspace(-5, 5, 41)
+        if kl((log_omega + c).log_softmax(-1), log_omega).item() < 0
+    ]
     assert shifts  # float error does produce negative KLs here
     for c in shifts:
         with torch.no_grad():
@@ -240,10 +270,22 @@ def test_a_second_model_built_on_the_task_is_the_one_measured(tmp_path, toy_bin)
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
     task, first, criterion = build_in_process(toy_bin, tmp_path, "--dropout", "0")
-    args = options.parse_args_and_arch(options.get_training_parser(), [
-        str(toy_bin), "--user-dir", str(REPO / "fairseq_natbias"), "--arch", "transformer_natbias",
-        *TINY_MODEL, *TINY_TRAINING, "--save-dir", str(tmp_path), "--natbias-init", "zero",
-    ])
+    args = options.parse_args_and_arch(
+        options.get_training_parser(),
+        [
+            str(toy_bin),
+            "--user-dir",
+            str(REPO / "fairseq_natbias"),
+            "--arch",
+            "transformer_natbias",
+            *TINY_MODEL,
+            *TINY_TRAINING,
+            "--save-dir",
+            str(tmp_path),
+            "--natbias-init",
+            "zero",
+        ],
+    )
     second = task.build_model(convert_namespace_to_omegaconf(args).model)
     sample = first_sentences(task, n=4)
     _, _, out = task.valid_step(sample, second, criterion)
@@ -311,10 +353,24 @@ def _one_step(task, model, criterion, step):
 # and a zero bias, so bias_kl moves.
 
 SAME_UPDATES = [
-    "--natbias-init", "zero", "--lr", "0.01", "--dropout", "0", "--curriculum", "1",
-    "--required-batch-size-multiple", "1", "--max-tokens", "100000",
-    "--criterion", "unigram_regularized_cross_entropy",
-    "--unigram-reg-weight", "0.5", "--unigram-reg-updates", "2",
+    "--natbias-init",
+    "zero",
+    "--lr",
+    "0.01",
+    "--dropout",
+    "0",
+    "--curriculum",
+    "1",
+    "--required-batch-size-multiple",
+    "1",
+    "--max-tokens",
+    "100000",
+    "--criterion",
+    "unigram_regularized_cross_entropy",
+    "--unigram-reg-weight",
+    "0.5",
+    "--unigram-reg-updates",
+    "2",
 ]
 NOT_COMPARED = {"wps", "ups", "wall", "train_wall", "ppl"}  # timing; ppl = 2^nll_loss
 PRINTED = 1.1e-3  # one unit in the third decimal, the coarsest rounding logged
@@ -330,17 +386,46 @@ def _two_workers(data, save_dir, batch_size):
     """One fairseq-train process per rank, rendezvous over TCP (gloo, CPU)."""
     port = _free_port()
     command = [
-        str(BIN / "fairseq-train"), data, "--user-dir", "fairseq_natbias",
-        "--arch", "transformer_natbias", *TINY_MODEL, *TINY_TRAINING, *SAME_UPDATES,
-        "--batch-size", batch_size, "--max-update", "4", "--no-save",
-        "--distributed-world-size", "2", "--distributed-init-method", f"tcp://127.0.0.1:{port}",
-        "--distributed-no-spawn", "--distributed-backend", "gloo", "--ddp-backend", "legacy_ddp",
+        str(BIN / "fairseq-train"),
+        data,
+        "--user-dir",
+        "fairseq_natbias",
+        "--arch",
+        "transformer_natbias",
+        *TINY_MODEL,
+        *TINY_TRAINING,
+        *SAME_UPDATES,
+        "--batch-size",
+        batch_size,
+        "--max-update",
+        "4",
+        "--no-save",
+        "--distributed-world-size",
+        "2",
+        "--distributed-init-method",
+        f"tcp://127.0.0.1:{port}",
+        "--distributed-no-spawn",
+        "--distributed-backend",
+        "gloo",
+        "--ddp-backend",
+        "legacy_ddp",
     ]
     env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
     ranks = [
-        subprocess.Popen([*map(str, command), "--distributed-rank", str(rank),
-                          "--save-dir", str(save_dir / f"rank{rank}")],
-                         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            [
+                *map(str, command),
+                "--distributed-rank",
+                str(rank),
+                "--save-dir",
+                str(save_dir / f"rank{rank}"),
+            ],
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         for rank in (0, 1)
     ]
     try:
@@ -358,8 +443,9 @@ def _two_workers(data, save_dir, batch_size):
 def same_updates_runs(tmp_path_factory, toy_bin):
     root = tmp_path_factory.mktemp("same_updates")
     whole = train(toy_bin, root / "whole", "--no-save", *SAME_UPDATES, "--batch-size", 20)
-    halves = train(toy_bin, root / "halves", "--no-save", *SAME_UPDATES, "--batch-size", 10,
-                   "--update-freq", 2)
+    halves = train(
+        toy_bin, root / "halves", "--no-save", *SAME_UPDATES, "--batch-size", 10, "--update-freq", 2
+    )
     workers = _two_workers(toy_bin, root / "workers", 10)
     return {"whole": whole.stdout, "update_freq_2": halves.stdout, "ranks": workers}
 

@@ -11,14 +11,14 @@ from pathlib import Path
 import pytest
 import torch
 from fairseq.data import Dictionary
+from natbias_testing import first_sentences, log_records, train
+from test_counts import hand_counts
+from test_transformer_natbias import build, hand_log_unigram
 
 from fairseq_natbias.analysis import decomposition
 from fairseq_natbias.checkpoint_loading import CheckpointError, read_checkpoint
 from fairseq_natbias.cli.step0 import validation_divergence
 from fairseq_natbias.natural_bias import check_natbias_checkpoint
-from natbias_testing import first_sentences, log_records, train
-from test_transformer_natbias import build, hand_log_unigram
-from test_counts import hand_counts
 
 pytestmark = pytest.mark.training  # runs fairseq-train: the full tier only (make test)
 
@@ -40,12 +40,16 @@ def unigram_cross_entropy(multi30k_bin, multi30k_text):
 
 
 # The default in every tying and pre-norm.
-@pytest.mark.parametrize("tying", [
-    [],
-    ["--share-decoder-input-output-embed"],
-    ALL_TIED,
-    ALL_TIED + ["--encoder-normalize-before", "--decoder-normalize-before"],
-], ids=["untied", "decoder-tied", "all-tied", "all-tied-pre-norm"])
+@pytest.mark.parametrize(
+    "tying",
+    [
+        [],
+        ["--share-decoder-input-output-embed"],
+        ALL_TIED,
+        ALL_TIED + ["--encoder-normalize-before", "--decoder-normalize-before"],
+    ],
+    ids=["untied", "decoder-tied", "all-tied", "all-tied-pre-norm"],
+)
 def test_default_starts_at_the_unigram(multi30k_bin, unigram_cross_entropy, tying):
     """Fig. 1 at update 0 with the DEFAULT settings, on real text: a fresh
     unigram model's validation NLL is the unigram's cross-entropy (within 0.3
@@ -69,9 +73,12 @@ def test_the_zero_bias_starts_far_from_the_unigram(multi30k_bin, unigram_cross_e
 
 @pytest.mark.parametrize("weight_init", ["gain", "fairseq", "paper"])
 def test_biases_share_every_initial_parameter_but_the_bias(toy_bin, weight_init):
-    states = {init: build(toy_bin, "--natbias-init", init,
-                          "--natbias-weight-init", weight_init)[2].state_dict()
-              for init in ("unigram", "zero", "none")}
+    states = {
+        init: build(toy_bin, "--natbias-init", init, "--natbias-weight-init", weight_init)[
+            2
+        ].state_dict()
+        for init in ("unigram", "zero", "none")
+    }
     bias_key = "decoder.output_projection.bias"
     assert bias_key not in states["none"]
     for init in ("unigram", "zero"):
@@ -89,12 +96,25 @@ def test_one_update_moves_the_gain_by_speed_times_lr(toy_bin, tmp_path):
     update 1 the logged gain is 0.05 +- speed * lr (the cap and 0 are far):
     Adam's first step on u is lr * sign of its gradient."""
     lr, speed = 1e-3, 30.0
-    result = train(toy_bin, tmp_path / "ckpt", "--lr-scheduler", "fixed", "--lr", str(lr),
-                   "--warmup-updates", "0",  # the fixed schedule: lr from update 1
-                   "--natbias-gain-speed", str(speed), "--no-save", max_update=1)
+    result = train(
+        toy_bin,
+        tmp_path / "ckpt",
+        "--lr-scheduler",
+        "fixed",
+        "--lr",
+        str(lr),
+        "--warmup-updates",
+        "0",  # the fixed schedule: lr from update 1
+        "--natbias-gain-speed",
+        str(speed),
+        "--no-save",
+        max_update=1,
+    )
     gain = log_records(result.stdout + result.stderr, "train_inner")[0]["gain"]
-    assert gain in [pytest.approx(0.05 + speed * lr, abs=1e-4),
-                    pytest.approx(0.05 - speed * lr, abs=1e-4)]
+    assert gain in [
+        pytest.approx(0.05 + speed * lr, abs=1e-4),
+        pytest.approx(0.05 - speed * lr, abs=1e-4),
+    ]
 
 
 def test_grad_norm_is_the_networks_not_the_gains(multi30k_bin):
@@ -106,8 +126,9 @@ def test_grad_norm_is_the_networks_not_the_gains(multi30k_bin):
     sample = first_sentences(task, n=200)
     loss, sample_size, _ = _criterion_loss(task, model, sample)
     loss.backward()
-    grads = {name: p.grad / sample_size for name, p in model.named_parameters()
-             if p.grad is not None}
+    grads = {
+        name: p.grad / sample_size for name, p in model.named_parameters() if p.grad is not None
+    }
     projection = model.decoder.output_projection
     seen = grads.pop("decoder.output_projection.gain_param").abs().item()
     true = seen * projection.gain_speed * projection.in_features
@@ -117,10 +138,9 @@ def test_grad_norm_is_the_networks_not_the_gains(multi30k_bin):
 
 
 def _criterion_loss(task, model, sample):
-    from fairseq.criterions.label_smoothed_cross_entropy import (
-        LabelSmoothedCrossEntropyCriterion)
-    criterion = LabelSmoothedCrossEntropyCriterion(task, sentence_avg=False,
-                                                   label_smoothing=0.1)
+    from fairseq.criterions.label_smoothed_cross_entropy import LabelSmoothedCrossEntropyCriterion
+
+    criterion = LabelSmoothedCrossEntropyCriterion(task, sentence_avg=False, label_smoothing=0.1)
     return criterion(model, sample)
 
 

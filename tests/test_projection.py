@@ -35,7 +35,8 @@ def add_gain(decoder, gain_init=0.05, speed=20.0):
     """The decoder's output layer with the gain, keeping its bias."""
     old = decoder.output_projection
     decoder.output_projection = NaturalBiasProjection(
-        old.weight, None if old.bias is None else old.bias.detach(), gain_init, speed)
+        old.weight, None if old.bias is None else old.bias.detach(), gain_init, speed
+    )
     return decoder.output_projection
 
 
@@ -51,7 +52,9 @@ def test_the_bias_is_a_float32_parameter_and_w_is_the_decoders_own():
     expected = features @ weight.T + values
     assert torch.allclose(projection(features), expected, atol=1e-6)
     assert NaturalBiasProjection(weight, None).bias is None
-    with pytest.raises(NaturalBiasError, match="the bias has \\(49,\\) entries, the output layer 50"):
+    with pytest.raises(
+        NaturalBiasError, match="the bias has \\(49,\\) entries, the output layer 50"
+    ):
         NaturalBiasProjection(weight, torch.zeros(49))
 
 
@@ -84,8 +87,12 @@ def test_gained_projection_is_g_w_phi_plus_b_and_keeps_the_tie():
     expected = 0.05 * (features @ decoder.embed_tokens.weight.T) + values
     torch.testing.assert_close(gained(features), expected, atol=1e-6, rtol=1e-6)
     assert set(dict(decoder.named_parameters())) == {
-        "embed_tokens.weight", "output_projection.bias", "output_projection.gain_param",
-        "layer_norm.weight", "layer_norm.bias"}
+        "embed_tokens.weight",
+        "output_projection.bias",
+        "output_projection.gain_param",
+        "layer_norm.weight",
+        "layer_norm.bias",
+    }
     assert gained.gain().item() == pytest.approx(0.05)
     norm = decoder.embed_tokens.weight.detach().norm().item()
     stats = bias_statistics(gained.bias, values, gained.weight, gained.gain())
@@ -156,8 +163,9 @@ def test_the_gain_gradient_is_the_true_one_divided_by_speed_times_width(u):
     true = _true_gain_gradient(gained, features.detach(), targets)
     torch.testing.assert_close(gained.gain_param.grad, true / (20.0 * 16), rtol=1e-5, atol=0)
     plain = features.detach().clone().requires_grad_()
-    logits = torch.nn.functional.linear(plain * gain_of(torch.tensor(u), 20.0), gained.weight,
-                                        gained.bias)
+    logits = torch.nn.functional.linear(
+        plain * gain_of(torch.tensor(u), 20.0), gained.weight, gained.bias
+    )
     torch.nn.functional.cross_entropy(logits, targets, reduction="sum").backward()
     torch.testing.assert_close(features.grad, plain.grad, rtol=1e-5, atol=1e-7)
 
@@ -283,13 +291,13 @@ def test_the_capped_gain_at_its_cap_under_fp16_loss_scaling():
     features = torch.randn(64, 16).half()
     ours = features.clone().requires_grad_()
     logits = gained(ours)
-    (torch.nn.functional.cross_entropy(logits.float(), targets, reduction="sum")
-     * 2.0 ** 7).backward()
+    (
+        torch.nn.functional.cross_entropy(logits.float(), targets, reduction="sum") * 2.0**7
+    ).backward()
     stock = features.clone().requires_grad_()
     weight = gained.weight.detach().clone().requires_grad_()
     plain = torch.nn.functional.linear(stock, weight, gained.bias.detach().half())
-    (torch.nn.functional.cross_entropy(plain.float(), targets, reduction="sum")
-     * 2.0 ** 7).backward()
+    (torch.nn.functional.cross_entropy(plain.float(), targets, reduction="sum") * 2.0**7).backward()
     assert logits.dtype == torch.float16 and torch.equal(logits, plain)
     assert gained.gain_param.grad.item() == 0.0
     assert torch.isfinite(ours.grad).all() and torch.isfinite(gained.weight.grad).all()
@@ -302,8 +310,9 @@ def test_the_gain_refuses_to_start_at_its_cap():
         add_gain(FakeDecoder(), 1.0, 20.0)
 
 
-@pytest.mark.parametrize("option, value", [("gain_init", 0.0), ("gain_init", float("nan")),
-                                           ("speed", -1.0)])
+@pytest.mark.parametrize(
+    "option, value", [("gain_init", 0.0), ("gain_init", float("nan")), ("speed", -1.0)]
+)
 def test_bad_gain_settings_are_refused(option, value):
     settings = {"gain_init": 0.05, "speed": 20.0, option: value}
     with pytest.raises(NaturalBiasError, match="gain (init|speed) must be a finite number > 0"):

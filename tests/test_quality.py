@@ -61,10 +61,16 @@ def test_scoring_imports_neither_torch_nor_fairseq(tmp_path):
     from natbias_testing import top_level_imports
 
     script = tmp_path / "score.py"
-    script.write_text("from natbias.tools.quality import quality\n"
-                      "print(quality(['a b c d'], ['a b c d'])['BLEU'])\n")
-    done = subprocess.run([sys.executable, "-X", "importtime", str(script)],
-                          capture_output=True, text=True, check=True)
+    script.write_text(
+        "from natbias.tools.quality import quality\n"
+        "print(quality(['a b c d'], ['a b c d'])['BLEU'])\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-X", "importtime", str(script)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert done.stdout.strip() == "100.00000000000004" or float(done.stdout) == 100.0
     imported = top_level_imports(done.stderr)
     assert "sacrebleu" in imported  # the scorer did run

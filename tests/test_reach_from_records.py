@@ -3,7 +3,6 @@
 import json
 
 import pytest
-
 from natbias_testing import benchmark_script
 
 
@@ -11,8 +10,16 @@ def test_reach_is_interpolated_and_scaled_by_the_horizon(tmp_path, capsys):
     reach = benchmark_script("reach_from_records")
     record = tmp_path / "seed1.json"
     # 4.0 at 600, 3.9 at 700: 3.973 is reached at 600 + 100 * 0.027 / 0.1 = 627.
-    record.write_text(json.dumps({"updates": [0, 600, 700, 1000], "nll": [8.0, 4.0, 3.9, 3.7],
-                                  "scores": {"bleu": 30.0, "chrf": 50.0}, "gain": 1.0}))
+    record.write_text(
+        json.dumps(
+            {
+                "updates": [0, 600, 700, 1000],
+                "nll": [8.0, 4.0, 3.9, 3.7],
+                "scores": {"bleu": 30.0, "chrf": 50.0},
+                "gain": 1.0,
+            }
+        )
+    )
     reach.main(["--target", "3.973", "--horizon", "1000", str(record)])
     out = capsys.readouterr().out
     assert f"| {record} | 627 (0.63x) | 3.700 | BLEU 30.00 / chrF 50.00 | 1.00 |" in out

@@ -13,7 +13,6 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-
 from natbias_testing import (
     BIN,
     MULTI30K,
@@ -42,8 +41,9 @@ pytestmark = pytest.mark.training  # runs fairseq-train: the full tier only (mak
 INITS = ("unigram",)
 SEEDS = (1,)
 IWSLT = RECIPES / "iwslt14_de_en" / "run.sh"
-RECIPE_SCRIPTS = [RECIPES / name / "run.sh" for name in
-                  ("iwslt14_de_en", "wmt14_de_en", "afromt", "template")]
+RECIPE_SCRIPTS = [
+    RECIPES / name / "run.sh" for name in ("iwslt14_de_en", "wmt14_de_en", "afromt", "template")
+]
 DEFAULTS = RECIPES / "defaults.sh"
 # The template's "set these three" lines: blanks for the user to fill in, empty
 # like their defaults on purpose.
@@ -74,11 +74,18 @@ def table_rows(results_md):
 def start_iwslt(root):
     """recipes/iwslt14_de_en/run.sh, SMOKE=1, on Multi30k De-En: the unigram
     bias, seed 1, scored on test_2016_flickr."""
-    env = dict(MULTI30K_RAW, PAIRS="de-en", OOD_TEST="", WORK_DIR=root / "work",
-               INITS=" ".join(INITS), SEEDS=" ".join(map(str, SEEDS)))
+    env = dict(
+        MULTI30K_RAW,
+        PAIRS="de-en",
+        OOD_TEST="",
+        WORK_DIR=root / "work",
+        INITS=" ".join(INITS),
+        SEEDS=" ".join(map(str, SEEDS)),
+    )
     pair = root / "work" / "de-en"
-    return SimpleNamespace(proc=start_recipe(IWSLT, env, root, root), env=env, root=root,
-                           pair=pair, runs=pair / "runs")
+    return SimpleNamespace(
+        proc=start_recipe(IWSLT, env, root, root), env=env, root=root, pair=pair, runs=pair / "runs"
+    )
 
 
 def start_template(root):
@@ -90,12 +97,16 @@ def start_template(root):
     script = root / "fr_en" / "run.sh"
     text = script.read_text(encoding="utf-8")
     for name, value in (("SRC", "fr"), ("TGT", "en"), ("RAW_DIR", MULTI30K)):
-        text, n = re.subn(rf"^{name}=\$\{{{name}-[^}}]*\}}", f"{name}=${{{name}-{value}}}",
-                          text, flags=re.M)
+        text, n = re.subn(
+            rf"^{name}=\$\{{{name}-[^}}]*\}}", f"{name}=${{{name}-{value}}}", text, flags=re.M
+        )
         assert n == 1, name
     added = ""
-    for name, value in (("RAW_VALID", "val"), ("RAW_TEST", "test_2016_flickr"),
-                        ("OOD_TEST", MULTI30K / "test_2017_flickr")):
+    for name, value in (
+        ("RAW_VALID", "val"),
+        ("RAW_TEST", "test_2016_flickr"),
+        ("OOD_TEST", MULTI30K / "test_2017_flickr"),
+    ):
         assert not re.search(rf"^{name}=", text, flags=re.M), name
         added += f"{name}=${{{name}-{value}}}\n"
     text, n = re.subn(r"^(RAW_DIR=.*\n)", lambda m: m[1] + added, text, flags=re.M)
@@ -104,8 +115,9 @@ def start_template(root):
     # The copy lives outside the repository: it is told where lib.sh is.
     env = {"RECIPES_DIR": RECIPES, "SEEDS": "1", "INITS": "unigram"}
     pair = root / "work" / "fr_en" / "fr-en"
-    return SimpleNamespace(proc=start_recipe(script, env, root, root), root=root,
-                           pair=pair, runs=pair / "runs")
+    return SimpleNamespace(
+        proc=start_recipe(script, env, root, root), root=root, pair=pair, runs=pair / "runs"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -167,12 +179,18 @@ def test_iwslt_runs_with_the_papers_settings(iwslt):
         log = (iwslt.runs / init / "seed1" / "train.log").read_text(encoding="utf-8")
         config = next(line for line in log.splitlines() if "'optimization':" in line)
         for setting in (
-            f"natbias_init='{init}'", "'adam_betas': '(0.9, 0.997)'",
-            ", dropout=0.1,", "'label_smoothing': 0.1",
-            "'_name': 'label_smoothed_cross_entropy'", "'eval_bleu': True",
-            "'eval_bleu_remove_bpe': 'sentencepiece'", "'best_checkpoint_metric': 'bleu'",
-            "'maximize_best_checkpoint_metric': True", "'patience': 10",
-            "share_all_embeddings=True", "'seed': 1",
+            f"natbias_init='{init}'",
+            "'adam_betas': '(0.9, 0.997)'",
+            ", dropout=0.1,",
+            "'label_smoothing': 0.1",
+            "'_name': 'label_smoothed_cross_entropy'",
+            "'eval_bleu': True",
+            "'eval_bleu_remove_bpe': 'sentencepiece'",
+            "'best_checkpoint_metric': 'bleu'",
+            "'maximize_best_checkpoint_metric': True",
+            "'patience': 10",
+            "share_all_embeddings=True",
+            "'seed': 1",
         ):
             assert setting in config, setting
         assert re.search(r"'eval_bleu_args': '\{\"beam\": 5", config)
@@ -190,7 +208,9 @@ def test_iwslt_table_has_every_init_with_signatures(iwslt):
             score = json.loads((run / f"test.{metric}.json").read_text(encoding="utf-8"))["score"]
             assert cell == f"{score:.2f}", (init, metric, cells)
     text = results.read_text(encoding="utf-8")
-    assert re.search(r"BLEU signature: `nrefs:1\|case:mixed\|eff:no\|tok:13a\|smooth:exp\|version:2", text)
+    assert re.search(
+        r"BLEU signature: `nrefs:1\|case:mixed\|eff:no\|tok:13a\|smooth:exp\|version:2", text
+    )
     assert re.search(r"chrF signature: `nrefs:1\|case:mixed\|eff:yes\|nc:6\|nw:0", text)
     assert "| unigram |" in iwslt.output  # the table is printed at the end too
 
@@ -211,9 +231,27 @@ def test_table_averages_seeds_with_their_standard_error(iwslt, tmp_path):
             (run / f"test.{metric}.json").write_text(json.dumps(result), encoding="utf-8")
     (tmp_path / "runs" / "unigram" / "seed3").mkdir()  # started, not scored
     output = tmp_path / "results.md"
-    subprocess.run([sys.executable, RECIPES / "natbias_tools.py", "table", "--runs",
-                    tmp_path / "runs", "--output", output, "--title", "t", "--beam", "5",
-                    "--lenpen", "1", "--order", "unigram"], check=True, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            RECIPES / "natbias_tools.py",
+            "table",
+            "--runs",
+            tmp_path / "runs",
+            "--output",
+            output,
+            "--title",
+            "t",
+            "--beam",
+            "5",
+            "--lenpen",
+            "1",
+            "--order",
+            "unigram",
+        ],
+        check=True,
+        capture_output=True,
+    )
     assert table_rows(output)["unigram"] == ["2", "30.50 ± 0.50", "51.25 ± 1.25"]
 
 
@@ -231,8 +269,9 @@ def test_rerun_skips_finished_steps(iwslt):
 
 
 def test_changed_data_settings_are_refused(iwslt):
-    result = run_recipe(IWSLT, dict(iwslt.env, STEPS="prepare", TRAIN_LINES="2000"),
-                        cwd=iwslt.root, check=False)
+    result = run_recipe(
+        IWSLT, dict(iwslt.env, STEPS="prepare", TRAIN_LINES="2000"), cwd=iwslt.root, check=False
+    )
     assert result.returncode != 0
     assert "was made with other settings" in result.stderr
 
@@ -244,10 +283,20 @@ def test_stopped_run_resumes_from_checkpoint_last(iwslt):
     for name in ("checkpoint_last.pt", "train.log"):
         shutil.copy(iwslt.runs / "unigram" / "seed1" / name, run / name)
     first = (run / "train.log").read_text(encoding="utf-8")
-    result = run_recipe(IWSLT, dict(iwslt.env, STEPS="train", INITS="unigram", SEEDS="1",
-                                RUNS_NAME="runs-resume", MAX_UPDATE="31"), cwd=iwslt.root)
+    result = run_recipe(
+        IWSLT,
+        dict(
+            iwslt.env,
+            STEPS="train",
+            INITS="unigram",
+            SEEDS="1",
+            RUNS_NAME="runs-resume",
+            MAX_UPDATE="31",
+        ),
+        cwd=iwslt.root,
+    )
     assert "resuming de-en unigram seed 1" in result.stderr
-    resumed = (run / "train.log").read_text(encoding="utf-8")[len(first):]
+    resumed = (run / "train.log").read_text(encoding="utf-8")[len(first) :]
     assert re.search(r"Loaded checkpoint .*checkpoint_last\.pt \(epoch 1 @ 30 updates\)", resumed)
     assert "num_updates 31" in resumed and "done training" in resumed
     assert "tokens counted" not in resumed  # the bias comes from the checkpoint
@@ -257,9 +306,21 @@ def test_stopped_run_resumes_from_checkpoint_last(iwslt):
 def test_two_cpu_processes_train_one_model(iwslt):
     """CPU_WORKERS=2: two fairseq-train ranks joined over gloo through the
     recipe's launcher, each taking half of the epoch's batches."""
-    result = run_recipe(IWSLT, dict(iwslt.env, STEPS="train", CPU_WORKERS="2", INITS="unigram",
-                                SEEDS="1", RUNS_NAME="runs-gloo", MAX_UPDATE="4",
-                                LOG_INTERVAL="2", TOKENS_PER_UPDATE="2000"), cwd=iwslt.root)
+    result = run_recipe(
+        IWSLT,
+        dict(
+            iwslt.env,
+            STEPS="train",
+            CPU_WORKERS="2",
+            INITS="unigram",
+            SEEDS="1",
+            RUNS_NAME="runs-gloo",
+            MAX_UPDATE="4",
+            LOG_INTERVAL="2",
+            TOKENS_PER_UPDATE="2000",
+        ),
+        cwd=iwslt.root,
+    )
     assert "on 2 CPU worker(s), update-freq 1" in result.stderr
     run = iwslt.pair / "runs-gloo" / "unigram" / "seed1"
     rank0 = (run / "train.log").read_text(encoding="utf-8")
@@ -267,7 +328,9 @@ def test_two_cpu_processes_train_one_model(iwslt):
     assert "'distributed_world_size': 2" in rank0
     assert "training on 2 devices" in rank0
     assert "distributed init (rank 0)" in rank0 and "gloo" in rank0
-    assert "distributed init (rank 1)" in rank1 and re.search(r"initialized host \S+ as rank 1", rank1)
+    assert "distributed init (rank 1)" in rank1 and re.search(
+        r"initialized host \S+ as rank 1", rank1
+    )
     assert "done training" in rank0 and (run / "checkpoint_last.pt").exists()
     # Same data and tokens per batch as the one-process smoke runs: fairseq
     # shards the epoch's batches over the ranks, so each gets half of them.
@@ -290,16 +353,23 @@ def test_template_trains_a_new_pair(template):
     assert "natbias_init=" in (run / "train.log").read_text(encoding="utf-8")
     rows = table_rows(template.pair / "results.md")
     assert set(rows) == {"unigram"}
-    header = next(l for l in (template.pair / "results.md").read_text(encoding="utf-8").splitlines()
-                  if l.startswith("| init"))
+    header = next(
+        line
+        for line in (template.pair / "results.md").read_text(encoding="utf-8").splitlines()
+        if line.startswith("| init")
+    )
     assert "ood BLEU" in header and "ood chrF" in header
     for cells in rows.values():
         assert cells[0] == "1" and all(re.fullmatch(r"\d+\.\d\d", c) for c in cells[1:5]), cells
 
 
 def test_template_needs_its_pair_and_data(tmp_path):
-    result = run_recipe(RECIPES / "template" / "run.sh",
-                        {"SRC": "", "TGT": "", "RAW_DIR": ""}, cwd=tmp_path, check=False)
+    result = run_recipe(
+        RECIPES / "template" / "run.sh",
+        {"SRC": "", "TGT": "", "RAW_DIR": ""},
+        cwd=tmp_path,
+        check=False,
+    )
     assert result.returncode != 0
     assert "set SRC, TGT and RAW_DIR" in result.stderr
 
@@ -312,26 +382,36 @@ def lib(snippet, tmp_path, env=None):
     defaults.sh not in the environment); returns stdout."""
     result = subprocess.run(
         ["bash", "-c", f"set -euo pipefail; source {RECIPES / 'lib.sh'}\n{snippet}"],
-        cwd=tmp_path, env=dict(os.environ, **(env or {})),
-        capture_output=True, text=True, timeout=120,
+        cwd=tmp_path,
+        env=dict(os.environ, **(env or {})),
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert result.returncode == 0, result.stderr
     return result.stdout
 
 
-@pytest.mark.parametrize("ngpus, nnodes, cpu_workers, max_tokens, given, expected", [
-    (1, 1, 1, 4096, "", 8),     # 1 GPU: accumulate 8 steps to 32768 tokens
-    (4, 1, 1, 4096, "", 2),
-    (8, 2, 1, 4096, "", 1),     # 16 GPUs do it in one step
-    (8, 1, 1, 2048, "", 2),
-    (0, 1, 2, 4096, "", 4),     # 2 CPU workers
-    (1, 1, 1, 4096, "3", 3),    # UPDATE_FREQ given: kept
-])
-def test_update_freq_keeps_tokens_per_update(tmp_path, ngpus, nnodes, cpu_workers,
-                                             max_tokens, given, expected):
-    out = lib(f"NGPUS={ngpus} NNODES={nnodes} CPU_WORKERS={cpu_workers} "
-              f"MAX_TOKENS={max_tokens} TOKENS_PER_UPDATE=32768 UPDATE_FREQ={given}; "
-              "update_freq", tmp_path)
+@pytest.mark.parametrize(
+    "ngpus, nnodes, cpu_workers, max_tokens, given, expected",
+    [
+        (1, 1, 1, 4096, "", 8),  # 1 GPU: accumulate 8 steps to 32768 tokens
+        (4, 1, 1, 4096, "", 2),
+        (8, 2, 1, 4096, "", 1),  # 16 GPUs do it in one step
+        (8, 1, 1, 2048, "", 2),
+        (0, 1, 2, 4096, "", 4),  # 2 CPU workers
+        (1, 1, 1, 4096, "3", 3),  # UPDATE_FREQ given: kept
+    ],
+)
+def test_update_freq_keeps_tokens_per_update(
+    tmp_path, ngpus, nnodes, cpu_workers, max_tokens, given, expected
+):
+    out = lib(
+        f"NGPUS={ngpus} NNODES={nnodes} CPU_WORKERS={cpu_workers} "
+        f"MAX_TOKENS={max_tokens} TOKENS_PER_UPDATE=32768 UPDATE_FREQ={given}; "
+        "update_freq",
+        tmp_path,
+    )
     assert out.strip() == str(expected)
 
 
@@ -342,26 +422,43 @@ def test_gpu_launcher_is_torchrun(tmp_path):
     fake.mkdir()
     (fake / "torchrun").write_text('#!/bin/sh\necho "$@"\n')
     (fake / "torchrun").chmod(0o755)
-    lib("NGPUS=4 NNODES=2 NODE_RANK=1 MASTER_ADDR=10.0.0.1 MASTER_PORT=29511 CPU_WORKERS=1; "
-        "launch train.log --max-tokens 4096", tmp_path,
-        env={"PATH": os.pathsep.join([str(fake), str(BIN), os.environ["PATH"]])})
+    lib(
+        "NGPUS=4 NNODES=2 NODE_RANK=1 MASTER_ADDR=10.0.0.1 MASTER_PORT=29511 CPU_WORKERS=1; "
+        "launch train.log --max-tokens 4096",
+        tmp_path,
+        env={"PATH": os.pathsep.join([str(fake), str(BIN), os.environ["PATH"]])},
+    )
     assert not (tmp_path / "train.log").exists()  # node 1 writes its own log
     args = (tmp_path / "train.node1.log").read_text().split()
-    assert args[:10] == ["--nproc_per_node", "4", "--nnodes", "2", "--node_rank", "1",
-                         "--master_addr", "10.0.0.1", "--master_port", "29511"]
+    assert args[:10] == [
+        "--nproc_per_node",
+        "4",
+        "--nnodes",
+        "2",
+        "--node_rank",
+        "1",
+        "--master_addr",
+        "10.0.0.1",
+        "--master_port",
+        "29511",
+    ]
     assert args[10].endswith("fairseq-train")
     assert args[11:] == ["--max-tokens", "4096", "--distributed-world-size", "8"]
 
 
 def test_grid_order_and_job_array_task(tmp_path):
     (tmp_path / "external.counts").write_text("x 1\n")
-    out = lib('DIR=$PWD INITS="unigram zero none" SEEDS="1 2" UNIGRAM_REG_WEIGHT=0.1 '
-              'UNIGRAM_REG_INITS=none GRID_TASK=; grid_runs; echo; GRID_TASK=7; grid_runs',
-              tmp_path)
+    out = lib(
+        'DIR=$PWD INITS="unigram zero none" SEEDS="1 2" UNIGRAM_REG_WEIGHT=0.1 '
+        "UNIGRAM_REG_INITS=none GRID_TASK=; grid_runs; echo; GRID_TASK=7; grid_runs",
+        tmp_path,
+    )
     full, task = out.split("\n\n")
-    assert full.splitlines() == [f"{name} {seed}" for name in
-                                 ("unigram", "zero", "none", "file", "none-unireg")
-                                 for seed in (1, 2)]
+    assert full.splitlines() == [
+        f"{name} {seed}"
+        for name in ("unigram", "zero", "none", "file", "none-unireg")
+        for seed in (1, 2)
+    ]
     assert task.split() == ["file", "2"]
 
 
@@ -369,9 +466,11 @@ def test_appendix_variants_pass_their_options(tmp_path):
     """A.4 runs get the colleague's criterion and its options, A.7 runs the
     counts file; the others the paper's label-smoothed cross-entropy."""
     show = 'train_args {} 1 run; printf "%s\\n" "${{ARGS[@]}}"; echo ==='
-    out = lib("SRC=de TGT=en DIR=$PWD NGPUS=0 UNIGRAM_REG_WEIGHT=0.3 UNIGRAM_REG_UPDATES=500; "
-              + "; ".join(show.format(name) for name in ("none-unireg", "file", "zero")),
-              tmp_path)
+    out = lib(
+        "SRC=de TGT=en DIR=$PWD NGPUS=0 UNIGRAM_REG_WEIGHT=0.3 UNIGRAM_REG_UPDATES=500; "
+        + "; ".join(show.format(name) for name in ("none-unireg", "file", "zero")),
+        tmp_path,
+    )
     unireg, file, zero = (args.split("\n") for args in out.strip("=\n").split("\n===\n"))
 
     def value(args, option):
@@ -395,9 +494,11 @@ def test_appendix_variants_pass_their_options(tmp_path):
 def test_unigram_label_smoothing_runs_have_their_own_names_and_criterion(tmp_path):
     """UNIGRAM_LS_INITS adds <init>-unigram-ls runs after the paper's grid,
     trained with the unigram-smoothed criterion and the init they name."""
-    out = lib('SRC=de TGT=en DIR=$PWD NGPUS=0 INITS="unigram zero" UNIGRAM_LS_INITS="unigram none"; '
-              'grid_names; echo ===; train_args none-unigram-ls 1 run; printf "%s\\n" "${ARGS[@]}"',
-              tmp_path)
+    out = lib(
+        'SRC=de TGT=en DIR=$PWD NGPUS=0 INITS="unigram zero" UNIGRAM_LS_INITS="unigram none"; '
+        'grid_names; echo ===; train_args none-unigram-ls 1 run; printf "%s\\n" "${ARGS[@]}"',
+        tmp_path,
+    )
     names, args = out.split("===\n")
     assert names.split() == ["unigram", "zero", "unigram-unigram-ls", "none-unigram-ls"]
     args = args.split("\n")
@@ -407,19 +508,39 @@ def test_unigram_label_smoothing_runs_have_their_own_names_and_criterion(tmp_pat
     assert args[args.index("--label-smoothing") + 1] == "0.1"
 
 
-@pytest.mark.parametrize("script", RECIPE_SCRIPTS + [RECIPES / "lib.sh", DEFAULTS,
-                                               RECIPES / "slurm.sbatch"],
-                         ids=lambda p: str(Path(p).relative_to(RECIPES)))
+@pytest.mark.parametrize(
+    "script",
+    RECIPE_SCRIPTS + [RECIPES / "lib.sh", DEFAULTS, RECIPES / "slurm.sbatch"],
+    ids=lambda p: str(Path(p).relative_to(RECIPES)),
+)
 def test_scripts_parse(script):
     subprocess.run(["bash", "-n", str(script)], check=True)
 
 
 def test_every_recipe_lists_every_setting():
     """Each recipe lists, at its top, every variable lib.sh reads from it."""
-    internal = {"NATBIAS_RECIPES", "NATBIAS_REPO", "NATBIAS_USER_VARS", "NATBIAS_RECIPE_FILE",
-                "PATH", "SRC", "TGT", "DIR", "RUNS", "ARGS", "DATASET", "RECIPE_NAME",
-                "PYTHONPATH", "PYTHONWARNINGS", "OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES",
-                "AFROMT_DATA_ID", "AFROMT_REPO_RAW", "BASH_SOURCE", "BASH_REMATCH"}
+    internal = {
+        "NATBIAS_RECIPES",
+        "NATBIAS_REPO",
+        "NATBIAS_USER_VARS",
+        "NATBIAS_RECIPE_FILE",
+        "PATH",
+        "SRC",
+        "TGT",
+        "DIR",
+        "RUNS",
+        "ARGS",
+        "DATASET",
+        "RECIPE_NAME",
+        "PYTHONPATH",
+        "PYTHONWARNINGS",
+        "OMP_NUM_THREADS",
+        "CUDA_VISIBLE_DEVICES",
+        "AFROMT_DATA_ID",
+        "AFROMT_REPO_RAW",
+        "BASH_SOURCE",
+        "BASH_REMATCH",
+    }
     read = set(re.findall(r"\$\{?([A-Z][A-Z0-9_]+)", (RECIPES / "lib.sh").read_text())) - internal
     for script in RECIPE_SCRIPTS:
         listed = recipe_settings(script)
@@ -479,14 +600,26 @@ def test_help_prints_every_setting_as_it_would_be_used(script, tmp_path):
 
 
 def test_help_shows_recipe_values_over_defaults(tmp_path):
-    wmt = printed_settings(run_recipe(RECIPES / "wmt14_de_en" / "run.sh", {"SMOKE": "0"},
-                                      cwd=tmp_path, args=["-h"]).stdout)
-    assert wmt["MAX_UPDATE"] == ("300000", next(c for n, _, c in setting_lines(
-        RECIPES / "wmt14_de_en" / "run.sh") if n == "MAX_UPDATE"))
+    wmt = printed_settings(
+        run_recipe(
+            RECIPES / "wmt14_de_en" / "run.sh", {"SMOKE": "0"}, cwd=tmp_path, args=["-h"]
+        ).stdout
+    )
+    assert wmt["MAX_UPDATE"] == (
+        "300000",
+        next(
+            c for n, _, c in setting_lines(RECIPES / "wmt14_de_en" / "run.sh") if n == "MAX_UPDATE"
+        ),
+    )
     assert wmt["LR"][0] == "7e-4" and wmt["WARMUP"][0] == "4000"
-    template = printed_settings(run_recipe(RECIPES / "template" / "run.sh",
-                                           {"SMOKE": "0", "SRC": "fr", "TGT": "en"},
-                                           cwd=tmp_path, args=["--help"]).stdout)
+    template = printed_settings(
+        run_recipe(
+            RECIPES / "template" / "run.sh",
+            {"SMOKE": "0", "SRC": "fr", "TGT": "en"},
+            cwd=tmp_path,
+            args=["--help"],
+        ).stdout
+    )
     assert template["PAIRS"][0] == "fr-en" and template["WORK_DIR"][0] == "work/fr_en"
     assert template["SPM_VOCAB"][0] == "8000"
 
@@ -498,8 +631,9 @@ def test_help_under_smoke_shows_smoke_values_unless_given(tmp_path):
     smoke = printed_settings(run_recipe(wmt, {}, cwd=tmp_path, args=["--help"]).stdout)
     assert smoke["MAX_UPDATE"][0] == "30" and smoke["SPM_VOCAB"][0] == "1000"
     assert smoke["SAVE_INTERVAL_UPDATES"][0] == "0" and smoke["LR"][0] == "1e-3"
-    given = printed_settings(run_recipe(wmt, {"MAX_UPDATE": "7", "LR": "2e-4"},
-                                        cwd=tmp_path, args=["--help"]).stdout)
+    given = printed_settings(
+        run_recipe(wmt, {"MAX_UPDATE": "7", "LR": "2e-4"}, cwd=tmp_path, args=["--help"]).stdout
+    )
     assert given["MAX_UPDATE"][0] == "7" and given["LR"][0] == "2e-4"
     assert given["SPM_VOCAB"][0] == "1000"
 
@@ -510,8 +644,9 @@ def test_other_arguments_are_refused(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("script", RECIPE_SCRIPTS + [DEFAULTS],
-                         ids=lambda p: str(Path(p).relative_to(RECIPES)))
+@pytest.mark.parametrize(
+    "script", RECIPE_SCRIPTS + [DEFAULTS], ids=lambda p: str(Path(p).relative_to(RECIPES))
+)
 def test_every_setting_is_defined_once(script):
     """A recipe sets only names defaults.sh defines (a typo would be a new,
     unused variable), each once, and only to a value other than the default."""
@@ -522,8 +657,11 @@ def test_every_setting_is_defined_once(script):
         return
     assert set(names) <= set(defaults), sorted(set(names) - set(defaults))
     blanks = TEMPLATE_BLANKS if script.parent.name == "template" else set()
-    same = [name for name, value, _ in setting_lines(script)
-            if unquoted(value) == defaults[name] and name not in blanks]
+    same = [
+        name
+        for name, value, _ in setting_lines(script)
+        if unquoted(value) == defaults[name] and name not in blanks
+    ]
     assert not same, f"{script} repeats the default of {same}"
 
 

@@ -6,11 +6,11 @@ import statistics
 import subprocess
 
 import pytest
+from natbias_testing import BIN, console_script_help
 
 from natbias.errors import NaturalBiasError
-from natbias.tools import report, runs
 from natbias.tools import cli as report_cli
-from natbias_testing import BIN, console_script_help
+from natbias.tools import report, runs
 
 # dataset -> init -> per-seed (test BLEU, test chrF, constant validation BLEU)
 GRID = {
@@ -25,7 +25,9 @@ GRID = {
 def _valid_log(bleu, updates=(1000, 5000, 30000)):
     return "".join(
         f"2026-01-01 10:00:00 | INFO | valid | epoch {i:03d} | valid on 'valid' subset | "
-        f"loss 4.5 | bleu {bleu} | num_updates {u}\n" for i, u in enumerate(updates, start=1))
+        f"loss 4.5 | bleu {bleu} | num_updates {u}\n"
+        for i, u in enumerate(updates, start=1)
+    )
 
 
 def _write_grid(root):
@@ -35,8 +37,9 @@ def _write_grid(root):
                 run = root / dataset / init / f"seed{seed}"
                 run.mkdir(parents=True)
                 (run / "train.log").write_text(_valid_log(valid))
-                (run / "test.bleu.json").write_text(json.dumps(
-                    {"name": "BLEU", "score": bleu, "signature": "nrefs:1|tok:13a"}))
+                (run / "test.bleu.json").write_text(
+                    json.dumps({"name": "BLEU", "score": bleu, "signature": "nrefs:1|tok:13a"})
+                )
                 (run / "test.chrf.json").write_text(f"{chrf}\n")  # sacrebleu -b output
     return root
 
@@ -57,8 +60,11 @@ def test_means_and_standard_errors_per_dataset_and_init(grid):
     assert list(groups) == [("iwslt", "zero"), ("iwslt", "unigram"), ("wmt", "unigram")]
     for (dataset, init), group in groups.items():
         seeds = GRID[dataset][init]
-        for index, summary in ((0, group.test["bleu"]), (1, group.test["chrf"]),
-                               (2, group.alc["bleu"])):  # constant curve: ALC = its value
+        for index, summary in (
+            (0, group.test["bleu"]),
+            (1, group.test["chrf"]),
+            (2, group.alc["bleu"]),
+        ):  # constant curve: ALC = its value
             values = [s[index] for s in seeds]
             assert summary.mean == pytest.approx(statistics.mean(values))
             assert summary.stderr == pytest.approx(_stderr(values))
@@ -121,7 +127,9 @@ def test_unusable_grids_are_refused_with_a_reason(tmp_path):
     (tmp_path / "d" / "unigram" / "seed1").mkdir(parents=True)
     with pytest.raises(NaturalBiasError, match="no test scores and no validation curves"):
         report.build_report([str(tmp_path)])
-    (tmp_path / "d" / "unigram" / "seed1" / "test.bleu.json").write_text('{"name": "chrF2", "score": 3}')
+    (tmp_path / "d" / "unigram" / "seed1" / "test.bleu.json").write_text(
+        '{"name": "chrF2", "score": 3}'
+    )
     with pytest.raises(NaturalBiasError, match="holds a chrF2 score where bleu"):
         report.build_report([str(tmp_path)])
 

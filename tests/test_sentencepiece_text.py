@@ -6,9 +6,9 @@ import gzip
 
 import pytest
 import sentencepiece
+from natbias_testing import write_multi30k_slice
 
 from natbias.tools import sentencepiece_text
-from natbias_testing import write_multi30k_slice
 
 WORD_BOUNDARY = "\u2581"  # SentencePiece's "▁", a space before the piece
 
@@ -38,8 +38,14 @@ def test_joint_model_reserves_only_unk_by_default(joint):
 
 def test_keep_sentencepiece_specials(joint, tmp_path):
     """The recipes' models keep SentencePiece's own <s> (1) and </s> (2)."""
-    sentencepiece_text.train([joint / "train.en"], tmp_path / "kept", 300,
-                             keep_sentencepiece_specials=True, threads=1, max_sentences=500)
+    sentencepiece_text.train(
+        [joint / "train.en"],
+        tmp_path / "kept",
+        300,
+        keep_sentencepiece_specials=True,
+        threads=1,
+        max_sentences=500,
+    )
     processor = sentencepiece_text.load(tmp_path / "kept.model")
     assert (processor.unk_id(), processor.bos_id(), processor.eos_id()) == (0, 1, 2)
 
@@ -49,23 +55,27 @@ def test_encode_lines_is_the_processors_encoding_and_detokenises_back(joint):
     lines = (joint / "val.de").read_text(encoding="utf-8").splitlines()
     encoded = sentencepiece_text.encode_lines(processor, ["  " + line + " \n" for line in lines])
     assert encoded == [" ".join(processor.encode(line, out_type=str)) for line in lines]
-    assert [detokenised(pieces) for pieces in encoded] == [" ".join(l.split()) for l in lines]
+    assert [detokenised(pieces) for pieces in encoded] == [" ".join(line.split()) for line in lines]
 
 
-def test_encode_files_reads_gzip_names_outputs_without_gz_and_loads_once(joint, tmp_path,
-                                                                         monkeypatch):
+def test_encode_files_reads_gzip_names_outputs_without_gz_and_loads_once(
+    joint, tmp_path, monkeypatch
+):
     german = (joint / "val.de").read_text(encoding="utf-8")
     with gzip.open(tmp_path / "val.de.gz", "wt", encoding="utf-8") as f:
         f.write(german)
     loads = []
     real_load = sentencepiece_text.load
     monkeypatch.setattr(sentencepiece_text, "load", lambda m: loads.append(m) or real_load(m))
-    sentencepiece_text.encode_files(joint / "joint.model", [tmp_path / "val.de.gz",
-                                                            joint / "val.en"], tmp_path / "out")
+    sentencepiece_text.encode_files(
+        joint / "joint.model", [tmp_path / "val.de.gz", joint / "val.en"], tmp_path / "out"
+    )
     assert loads == [joint / "joint.model"]
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["val.de", "val.en"]
     processor = real_load(joint / "joint.model")
-    for name, text in (("val.de", german),
-                       ("val.en", (joint / "val.en").read_text(encoding="utf-8"))):
+    for name, text in (
+        ("val.de", german),
+        ("val.en", (joint / "val.en").read_text(encoding="utf-8")),
+    ):
         expected = sentencepiece_text.encode_lines(processor, text.splitlines())
         assert (tmp_path / "out" / name).read_text(encoding="utf-8").splitlines() == expected

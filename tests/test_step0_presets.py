@@ -6,18 +6,21 @@ import math
 
 import pytest
 from fairseq.data import Dictionary
-
 from natbias_testing import benchmark_script
-from test_transformer_natbias import hand_log_unigram
 from test_counts import hand_counts
+from test_transformer_natbias import hand_log_unigram
 
 # The smallest preset of each kind (fewest parameters at equal vocabulary).
 SMALLEST = {"translation": "transformer_natbias_iwslt_de_en", "lm": "transformer_lm_natbias_tiny"}
 KNOWN = {
-    "transformer_natbias": "translation", "transformer_natbias_iwslt_de_en": "translation",
-    "transformer_natbias_wmt_en_de": "translation", "transformer_natbias_afromt": "translation",
-    "transformer_lm_natbias": "lm", "transformer_lm_natbias_gpt": "lm",
-    "transformer_lm_natbias_gpt2_small": "lm", "transformer_lm_natbias_tiny": "lm",
+    "transformer_natbias": "translation",
+    "transformer_natbias_iwslt_de_en": "translation",
+    "transformer_natbias_wmt_en_de": "translation",
+    "transformer_natbias_afromt": "translation",
+    "transformer_lm_natbias": "lm",
+    "transformer_lm_natbias_gpt": "lm",
+    "transformer_lm_natbias_gpt2_small": "lm",
+    "transformer_lm_natbias_tiny": "lm",
 }
 
 
@@ -54,28 +57,34 @@ def check_rows(rows, dictionary, text_dir, train, valid, matrices_untied, embed_
         assert abs(row["difference"]) < 0.3, row
         assert row["within"] is True
     assert untied["parameters"] - tied["parameters"] == (
-        (matrices_untied - 1) * len(dictionary) * embed_dim)
+        (matrices_untied - 1) * len(dictionary) * embed_dim
+    )
 
 
 def test_smallest_translation_preset(script, toy_text, toy_bin_joined, tmp_path):
-    rows = script.measure_preset(SMALLEST["translation"], script.TASKS["translation"],
-                                 toy_bin_joined, tmp_path / "none")
+    rows = script.measure_preset(
+        SMALLEST["translation"], script.TASKS["translation"], toy_bin_joined, tmp_path / "none"
+    )
     dictionary = Dictionary.load(str(toy_bin_joined / "dict.tgt.txt"))
     # Untied: encoder embedding, decoder embedding, output projection (d = 256).
-    check_rows(rows, dictionary, toy_text, "train.tgt", "valid.tgt",
-               matrices_untied=3, embed_dim=256)
+    check_rows(
+        rows, dictionary, toy_text, "train.tgt", "valid.tgt", matrices_untied=3, embed_dim=256
+    )
 
 
 def test_smallest_lm_preset_and_the_cache(script, toy_text, toy_lm_bin, tmp_path):
     heard = {}
     task = script.TASKS["lm"]
-    rows = script.measure_preset(SMALLEST["lm"], task, toy_lm_bin, tmp_path / "none",
-                                 on_row=heard.__setitem__)
+    rows = script.measure_preset(
+        SMALLEST["lm"], task, toy_lm_bin, tmp_path / "none", on_row=heard.__setitem__
+    )
     dictionary = Dictionary.load(str(toy_lm_bin / "dict.txt"))
-    check_rows(rows, dictionary, toy_text, "train.tgt", "valid.tgt",
-               matrices_untied=2, embed_dim=128)
+    check_rows(
+        rows, dictionary, toy_text, "train.tgt", "valid.tgt", matrices_untied=2, embed_dim=128
+    )
     # Rows given back are reused as they are, nothing rebuilt.
     assert sorted(heard) == sorted(f"{SMALLEST['lm']} {request}" for request in ("untied", "tied"))
-    again = script.measure_preset(SMALLEST["lm"], task, toy_lm_bin, tmp_path / "none",
-                                  known=heard, on_row=pytest.fail)
+    again = script.measure_preset(
+        SMALLEST["lm"], task, toy_lm_bin, tmp_path / "none", known=heard, on_row=pytest.fail
+    )
     assert again == rows

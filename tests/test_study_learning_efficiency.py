@@ -8,9 +8,7 @@ runs, summary) and are read here through the script."""
 import json
 
 import numpy as np
-
 import pytest
-
 from natbias_testing import benchmark_script
 
 pytestmark = pytest.mark.training  # runs fairseq-train: the full tier only (make test)
@@ -26,22 +24,29 @@ def study():
 def _write_run(run_dir, curve, bleu_2016, bleu_2017, step0=8.0):
     """A finished --converge run: fairseq's json valid lines, update 0 and scores."""
     run_dir.mkdir(parents=True)
-    (run_dir / "train.log").write_text("".join(
-        f'2026-11-23 16:34:33 | INFO | valid | {{"epoch": 1, "valid_loss": "{nll + 1}", '
-        f'"valid_nll_loss": "{nll}", "valid_num_updates": "{update}"}}\n'
-        for update, nll in curve))
+    (run_dir / "train.log").write_text(
+        "".join(
+            f'2026-11-23 16:34:33 | INFO | valid | {{"epoch": 1, "valid_loss": "{nll + 1}", '
+            f'"valid_nll_loss": "{nll}", "valid_num_updates": "{update}"}}\n'
+            for update, nll in curve
+        )
+    )
     (run_dir / "step0.json").write_text(json.dumps({"nll": step0, "unigram_ce": 8.1}))
-    (run_dir / "test_scores.json").write_text(json.dumps(
-        {"bleu": bleu_2016, "chrf": 50.0, **SIGNATURES}))
-    (run_dir / "test_2017_flickr_scores.json").write_text(json.dumps(
-        {"bleu": bleu_2017, "chrf": 45.0, **SIGNATURES}))
+    (run_dir / "test_scores.json").write_text(
+        json.dumps({"bleu": bleu_2016, "chrf": 50.0, **SIGNATURES})
+    )
+    (run_dir / "test_2017_flickr_scores.json").write_text(
+        json.dumps({"bleu": bleu_2017, "chrf": 45.0, **SIGNATURES})
+    )
     (run_dir / "done").touch()
 
 
 def test_converge_options_drop_bleu_and_pick_the_best_by_nll(study):
     options = study.converge_options(study.Translation.options, "nll_loss")
-    assert not any(option.startswith("--eval-bleu") or option == "--maximize-best-checkpoint-metric"
-                   for option in options)
+    assert not any(
+        option.startswith("--eval-bleu") or option == "--maximize-best-checkpoint-metric"
+        for option in options
+    )
     assert "{" not in " ".join(options)  # --eval-bleu-args' value went with it
     assert options[-2:] == ["--best-checkpoint-metric", "nll_loss"]
     assert "--share-all-embeddings" in options  # the model's options stay
@@ -50,12 +55,16 @@ def test_converge_options_drop_bleu_and_pick_the_best_by_nll(study):
 def test_converged_table_aims_at_stocks_best(study, tmp_path):
     # stock's seeds are best (4.0, 3.8) at updates 1000 and 1500, then worse:
     # the target is their mean, 3.9, and stock's mean best update 1250.
-    stock = {1: [(500, 5.0), (1000, 4.0), (1500, 4.2)],
-             2: [(500, 5.0), (1000, 4.2), (1500, 3.8), (2000, 3.9)]}
+    stock = {
+        1: [(500, 5.0), (1000, 4.0), (1500, 4.2)],
+        2: [(500, 5.0), (1000, 4.2), (1500, 3.8), (2000, 3.9)],
+    }
     # The natbias arm falls through 3.9 between 500 (4.3) and 750 (3.5): at
     # 500 + 250 * (4.3 - 3.9) / (4.3 - 3.5) = 625, in both seeds.
-    natbias = {1: [(500, 4.3), (750, 3.5), (1000, 3.6)],
-               2: [(500, 4.3), (750, 3.5), (1000, 3.4), (1250, 3.45)]}
+    natbias = {
+        1: [(500, 4.3), (750, 3.5), (1000, 3.6)],
+        2: [(500, 4.3), (750, 3.5), (1000, 3.4), (1250, 3.45)],
+    }
     root = tmp_path / "short-converge"
     for seed in (1, 2):
         _write_run(root / "stock" / f"seed{seed}", stock[seed], 20.0 + seed, 18.0 + seed, 13.7)
@@ -76,12 +85,21 @@ def test_converged_table_aims_at_stocks_best(study, tmp_path):
     assert "updates to reach stock's best valid NLL (3.900)" in table
     assert "is scored, beam 5." in table
     # the same rows as a language model's: scored by fairseq-eval-lm, no beam
-    lm_rows = [{**{k: v for k, v in row.items() if not k.startswith(("bleu", "chrf"))},
-                "test_nll": row["best_nll"], "test_ppl": row["best_nll"]} for row in rows]
+    lm_rows = [
+        {
+            **{k: v for k, v in row.items() if not k.startswith(("bleu", "chrf"))},
+            "test_nll": row["best_nll"],
+            "test_ppl": row["best_nll"],
+        }
+        for row in rows
+    ]
     lm_table = study.markdown_converged(lm_rows, target, "t", study.CONVERGE_TEST_SETS)
     assert "is scored, by fairseq-eval-lm on the test set." in lm_table
     assert "beam" not in lm_table
-    assert "| gain/unigram | 2 | 8.000 ± 0.000 (n=2) | 625, 625 | 3.450 ± 0.050 (n=2) | 750, 1000 | 1000, 1250 |" in table
+    assert (
+        "| gain/unigram | 2 | 8.000 ± 0.000 (n=2) | 625, 625 | 3.450 ± 0.050 (n=2) | 750, 1000 | 1000, 1250 |"
+        in table
+    )
     # 625 of stock's 1250: 0.50x; BLEU 24.5 against 21.5 (2016), 21.5 against 19.5 (2017).
     assert "updates to reach stock: 0.50x of stock's 1250 to its best" in table
     assert "test BLEU +3.000" in table and "test_2017_flickr BLEU +2.000" in table
@@ -96,11 +114,13 @@ def test_converged_table_aims_at_stocks_best(study, tmp_path):
     horizons, ratios = study.reach_by_horizon(runs)["gain/unigram"]
     assert horizons == [1000] and ratios.tolist() == [[pytest.approx(0.5625)]] * 2
     assert "| gain/unigram | 0.56 ± 0.00 |" in study.markdown_reach_by_horizon(
-        {"gain/unigram": (horizons, ratios)})
+        {"gain/unigram": (horizons, ratios)}
+    )
     # A seed that never reaches stock at some h is shown seed by seed there.
     partly = np.array([[0.5625, 0.9], [0.5, np.inf]])
     assert "| gain/unigram | 0.53 ± 0.03 | 0.90, never |" in study.markdown_reach_by_horizon(
-        {"gain/unigram": ([1000, 2000], partly)})
+        {"gain/unigram": ([1000, 2000], partly)}
+    )
 
 
 def test_differences_pair_only_the_seeds_both_arms_have(study, tmp_path):
@@ -117,9 +137,14 @@ def test_differences_pair_only_the_seeds_both_arms_have(study, tmp_path):
 
     def best_nll_line(stock_seeds, natbias_seeds):
         runs = study.collect_runs(task, root, arms, [1, 2, 3])
-        runs = {arm: [r for r in records if r["seed"] in
-                      (stock_seeds if arm.name == "stock" else natbias_seeds)]
-                for arm, records in runs.items()}
+        runs = {
+            arm: [
+                r
+                for r in records
+                if r["seed"] in (stock_seeds if arm.name == "stock" else natbias_seeds)
+            ]
+            for arm, records in runs.items()
+        }
         rows, target, _, _ = study.summarise(task, runs, converge=True)
         table = study.markdown_converged(rows, target, "t", study.CONVERGE_TEST_SETS)
         return table.split("best valid NLL ")[-1]
@@ -137,10 +162,16 @@ def test_archived_records_stand_in_for_runs_whose_logs_are_gone(study, tmp_path)
     """Seeds 1 and 2 summarised with an archive, then their run folders
     deleted (a machine lost), seed 3 trained later: the summary over seeds
     1-3 reads 1 and 2 from the archive and equals one over all three logs."""
-    stock = {1: [(500, 5.0), (1000, 4.0)], 2: [(500, 5.2), (1000, 3.8)],
-             3: [(500, 4.9), (1000, 3.9)]}
-    natbias = {1: [(500, 4.3), (1000, 3.7)], 2: [(500, 4.1), (1000, 3.9)],
-               3: [(500, 4.2), (1000, 3.6)]}
+    stock = {
+        1: [(500, 5.0), (1000, 4.0)],
+        2: [(500, 5.2), (1000, 3.8)],
+        3: [(500, 4.9), (1000, 3.9)],
+    }
+    natbias = {
+        1: [(500, 4.3), (1000, 3.7)],
+        2: [(500, 4.1), (1000, 3.9)],
+        3: [(500, 4.2), (1000, 3.6)],
+    }
 
     def write(root, seeds):
         for seed in seeds:
@@ -151,7 +182,10 @@ def test_archived_records_stand_in_for_runs_whose_logs_are_gone(study, tmp_path)
     arms = [study.Arm.parse("stock"), study.Arm.parse("gain/unigram")]
     lost, archive = tmp_path / "lost" / "short-converge", tmp_path / "results" / "runs"
     write(lost, [1, 2])
-    assert [len(r) for r in study.collect_runs(task, lost, arms, [1, 2], archive).values()] == [2, 2]
+    assert [len(r) for r in study.collect_runs(task, lost, arms, [1, 2], archive).values()] == [
+        2,
+        2,
+    ]
     kept = json.loads((archive / "gain-unigram" / "seed2.json").read_text())
     assert kept["nll"] == [8.0, 4.1, 3.9] and kept["scores"]["bleu"] == 25.0
     for arm in arms:
@@ -165,8 +199,10 @@ def test_archived_records_stand_in_for_runs_whose_logs_are_gone(study, tmp_path)
     for root, archived in ((lost, archive), (both, None)):
         runs = study.collect_runs(task, root, arms, [1, 2, 3], archived)
         rows, target, _, _ = study.summarise(task, runs, converge=True)
-        tables.append(study.markdown_converged(rows, target, "t", study.CONVERGE_TEST_SETS, 0)
-                      + study.markdown_reach_by_horizon(study.reach_by_horizon(runs)))
+        tables.append(
+            study.markdown_converged(rows, target, "t", study.CONVERGE_TEST_SETS, 0)
+            + study.markdown_reach_by_horizon(study.reach_by_horizon(runs))
+        )
     assert tables[0] == tables[1]
     # stock's best, (4.0 + 3.8 + 3.9) / 3 = 3.9, crossed by the natbias arm
     # between 500 and 1000 at 500 + 500 * (v500 - 3.9) / (v500 - v1000):
@@ -186,15 +222,22 @@ def test_a_stopped_run_trains_on_to_a_raised_cap_or_a_fixed_budget(study, tmp_pa
     assert not (capped / "done").exists() and not list(capped.glob("*scores.json"))
     kept = capped / "stopped1500"
     assert sorted(p.name for p in kept.iterdir()) == [
-        "done", "test.hyp", "test_2017_flickr_scores.json", "test_scores.json"]
+        "done",
+        "test.hyp",
+        "test_2017_flickr_scores.json",
+        "test_scores.json",
+    ]
     assert json.loads((kept / "test_scores.json").read_text())["bleu"] == 20.0
     assert not study.reopen_to_train_on(capped, 3000, 6, "capped")  # not finished: no-op
 
     stopped = tmp_path / "stopped"
     _write_run(stopped, [(1000, 4.0), (1500, 4.1)], 20.0, 18.0)
     with open(stopped / "train.log", "a") as log:
-        log.write("2026-11-23 19:13:57 | INFO | fairseq_cli.train | " + study.EARLY_STOP
-                  + " for last 6 runs\n")
+        log.write(
+            "2026-11-23 19:13:57 | INFO | fairseq_cli.train | "
+            + study.EARLY_STOP
+            + " for last 6 runs\n"
+        )
     assert not study.reopen_to_train_on(stopped, 3000, 6, "stopped")
     assert (stopped / "done").exists()
     assert study.reopen_to_train_on(stopped, 3000, 0, "stopped")
@@ -209,23 +252,28 @@ def test_a_stopped_run_trains_on_to_a_raised_cap_or_a_fixed_budget(study, tmp_pa
 def _as_fairseq_train_parses(argv):
     from fairseq import options
 
-    from fairseq_natbias.pipeline import this_plugin_as_user_dir
+    from fairseq_natbias.in_process import this_plugin_as_user_dir
 
-    return options.parse_args_and_arch(options.get_training_parser(),
-                                       input_args=this_plugin_as_user_dir(argv))
+    return options.parse_args_and_arch(
+        options.get_training_parser(), input_args=this_plugin_as_user_dir(argv)
+    )
 
 
 def _parsed_training_arguments(study, task, arm, tmp_path):
     from argparse import Namespace
 
     args = Namespace(max_tokens=4096, validate_every=250, schedule="paper", max_update=100)
-    return _as_fairseq_train_parses(study.training_arguments(
-        task, tmp_path, tmp_path / "run", study.Arm.parse(arm), 1, args))
+    return _as_fairseq_train_parses(
+        study.training_arguments(task, tmp_path, tmp_path / "run", study.Arm.parse(arm), 1, args)
+    )
 
 
 def _sizes(parsed):
-    return tuple(getattr(parsed, f"{side}_{what}") for side in ("encoder", "decoder")
-                 for what in ("layers", "embed_dim", "ffn_embed_dim", "attention_heads"))
+    return tuple(
+        getattr(parsed, f"{side}_{what}")
+        for side in ("encoder", "decoder")
+        for what in ("layers", "embed_dim", "ffn_embed_dim", "attention_heads")
+    )
 
 
 def test_iwslt_preset_against_stock_at_the_same_size(study, tmp_path):
@@ -248,24 +296,34 @@ def test_iwslt_preset_against_stock_at_the_same_size(study, tmp_path):
 
 def test_screening_arms_reach_fairseq_train(study, tmp_path):
     """An arm's gain settings as fairseq-train parses them."""
-    parsed = _parsed_training_arguments(study, study.Translation("de-en"), "gain@0.1,50/unigram",
-                                        tmp_path)
+    parsed = _parsed_training_arguments(
+        study, study.Translation("de-en"), "gain@0.1,50/unigram", tmp_path
+    )
     assert (parsed.natbias_weight_init, parsed.natbias_gain_init, parsed.natbias_gain_speed) == (
-        "gain", 0.1, 50.0)
+        "gain",
+        0.1,
+        50.0,
+    )
 
 
-@pytest.mark.parametrize("arm, folder", [
-    ("gain@0.05,20,capped/unigram", "gain_0.05_20_capped-unigram"),
-    ("gain@0.05,100,exp,peak/unigram", "gain_0.05_100_exp_peak-unigram"),
-    ("gain@0.05,20,linear/unigram", "gain_0.05_20_linear-unigram"),
-])
+@pytest.mark.parametrize(
+    "arm, folder",
+    [
+        ("gain@0.05,20,capped/unigram", "gain_0.05_20_capped-unigram"),
+        ("gain@0.05,100,exp,peak/unigram", "gain_0.05_100_exp_peak-unigram"),
+        ("gain@0.05,20,linear/unigram", "gain_0.05_20_linear-unigram"),
+    ],
+)
 def test_a_retired_gain_form_names_records_but_trains_nothing(study, tmp_path, arm, folder):
     """gain@G0,C,FORM[,SCHED]/BIAS (--natbias-gain-form and -schedule, retired
     in 1.0) still names the records of the runs made with it, but no run of
     a form 1.0 lacks starts."""
     assert study.Arm.parse(arm).folder == folder
-    with pytest.raises(SystemExit, match=r"which 1.0 does not have: its records can be "
-                                         r"summarised \(--summarise-only\)"):
+    with pytest.raises(
+        SystemExit,
+        match=r"which 1.0 does not have: its records can be "
+        r"summarised \(--summarise-only\)",
+    ):
         _parsed_training_arguments(study, study.Translation("de-en"), arm, tmp_path)
 
 
@@ -274,10 +332,13 @@ def test_the_abs_capped_form_trains_the_one_gain_under_its_old_name(study, tmp_p
     arm naming it trains that gain, the option left out, its seeds filed
     beside the earlier ones."""
     for arm in ("gain@0.05,20,abs-capped/unigram", "gain@0.05,20,abs-capped,lr/unigram"):
-        assert study.Arm.parse(arm).model_arguments(study.Translation("de-en")) == \
-            study.Arm.parse("gain@0.05,20/unigram").model_arguments(study.Translation("de-en"))
-    assert study.Arm.parse("gain@0.05,20,abs-capped/unigram").folder == \
-        "gain_0.05_20_abs-capped-unigram"
+        assert study.Arm.parse(arm).model_arguments(study.Translation("de-en")) == study.Arm.parse(
+            "gain@0.05,20/unigram"
+        ).model_arguments(study.Translation("de-en"))
+    assert (
+        study.Arm.parse("gain@0.05,20,abs-capped/unigram").folder
+        == "gain_0.05_20_abs-capped-unigram"
+    )
 
 
 def test_the_committed_records_of_retired_forms_are_summarised(study):
@@ -289,9 +350,13 @@ def test_the_committed_records_of_retired_forms_are_summarised(study):
 
     task = study.Translation("de-en", ("test_2017_flickr",))
     names = ("stock", "gain@0.05,20,capped/unigram", "gain@0.05,100,exp,peak/unigram")
-    runs = study.collect_runs(task, REPO / "nowhere", [study.Arm.parse(n) for n in names],
-                              [1, 2, 3], REPO / "research" / "results" / "runs"
-                              / "de-en_n3000_short-converge")
+    runs = study.collect_runs(
+        task,
+        REPO / "nowhere",
+        [study.Arm.parse(n) for n in names],
+        [1, 2, 3],
+        REPO / "research" / "results" / "runs" / "de-en_n3000_short-converge",
+    )
     rows, _, _, _ = study.summarise(task, runs, converge=True)
     by_arm = {row["arm"]: row for row in rows}
     assert set(by_arm) == set(names)
@@ -303,41 +368,65 @@ def test_the_committed_records_of_retired_forms_are_summarised(study):
     assert f"{value:+.3f}" == "-0.066" and "paired over 3 seeds, s.e. 0.010" in spread
 
 
-@pytest.mark.parametrize("arm, init, order, freeze, smoothing", [
-    ("gain/unigram", "unigram", 1, False, 1.0),
-    ("gain/bigram", "unigram", 2, False, 1.0),
-    ("gain/frozen-unigram", "unigram", 1, True, 1.0),
-    ("fairseq/zero", "zero", 1, False, 1.0),
-    ("gain/unigram~2.42", "unigram", 1, False, 2.42),
-])
-def test_bias_of_an_arm_as_fairseq_train_parses_it(study, tmp_path, arm, init, order, freeze,
-                                                   smoothing):
+@pytest.mark.parametrize(
+    "arm, init, order, freeze, smoothing",
+    [
+        ("gain/unigram", "unigram", 1, False, 1.0),
+        ("gain/bigram", "unigram", 2, False, 1.0),
+        ("gain/frozen-unigram", "unigram", 1, True, 1.0),
+        ("fairseq/zero", "zero", 1, False, 1.0),
+        ("gain/unigram~2.42", "unigram", 1, False, 2.42),
+    ],
+)
+def test_bias_of_an_arm_as_fairseq_train_parses_it(
+    study, tmp_path, arm, init, order, freeze, smoothing
+):
     parsed = _parsed_training_arguments(study, study.Translation("de-en"), arm, tmp_path)
-    assert (parsed.natbias_init, parsed.natbias_order, parsed.natbias_freeze,
-            parsed.natbias_smoothing) == (init, order, freeze, smoothing)
+    assert (
+        parsed.natbias_init,
+        parsed.natbias_order,
+        parsed.natbias_freeze,
+        parsed.natbias_smoothing,
+    ) == (init, order, freeze, smoothing)
 
 
-@pytest.mark.parametrize("arm, architecture, criterion, epsilon", [
-    ("stock", "transformer", "label_smoothed_cross_entropy", 0.1),
-    ("stock+unigram-ls", "transformer", "unigram_label_smoothed_cross_entropy", 0.1),
-    ("gain@0.05,20,abs-capped/unigram+unigram-ls", "transformer_natbias",
-     "unigram_label_smoothed_cross_entropy", 0.1),
-    ("gain@0.05,20,abs-capped/unigram+unigram-ls@0.2", "transformer_natbias",
-     "unigram_label_smoothed_cross_entropy", 0.2),
-])
-def test_criterion_of_an_arm_as_fairseq_train_parses_it(study, tmp_path, arm, architecture,
-                                                        criterion, epsilon):
+@pytest.mark.parametrize(
+    "arm, architecture, criterion, epsilon",
+    [
+        ("stock", "transformer", "label_smoothed_cross_entropy", 0.1),
+        ("stock+unigram-ls", "transformer", "unigram_label_smoothed_cross_entropy", 0.1),
+        (
+            "gain@0.05,20,abs-capped/unigram+unigram-ls",
+            "transformer_natbias",
+            "unigram_label_smoothed_cross_entropy",
+            0.1,
+        ),
+        (
+            "gain@0.05,20,abs-capped/unigram+unigram-ls@0.2",
+            "transformer_natbias",
+            "unigram_label_smoothed_cross_entropy",
+            0.2,
+        ),
+    ],
+)
+def test_criterion_of_an_arm_as_fairseq_train_parses_it(
+    study, tmp_path, arm, architecture, criterion, epsilon
+):
     """ARM+unigram-ls replaces the task's criterion, its epsilon kept (0.1)
     unless the arm names its own (@EPS)."""
     parsed = _parsed_training_arguments(study, study.Translation("de-en"), arm, tmp_path)
     assert (parsed.arch, parsed.criterion, parsed.label_smoothing) == (
-        architecture, criterion, epsilon)
+        architecture,
+        criterion,
+        epsilon,
+    )
     if "gain@" in arm:
         assert (parsed.natbias_weight_init, parsed.natbias_gain_init) == ("gain", 0.05)
 
 
-@pytest.mark.parametrize("arm", ["stock+uniform-ls", "stock+unigram-ls@2", "stock+unigram-ls@",
-                                 "stock+unigram-ls@0.0"])
+@pytest.mark.parametrize(
+    "arm", ["stock+uniform-ls", "stock+unigram-ls@2", "stock+unigram-ls@", "stock+unigram-ls@0.0"]
+)
 def test_an_unknown_criterion_suffix_is_refused(study, arm):
     with pytest.raises(SystemExit, match="after \\+ give one of unigram-ls, optionally @EPS"):
         study.Arm.parse(arm)
@@ -346,9 +435,13 @@ def test_an_unknown_criterion_suffix_is_refused(study, arm):
 def test_zoomed_panel_keeps_the_line_from_its_first_update(study):
     import numpy as np
 
-    line = {"label": "stock", "x": np.array([0, 1000, 2000, 3000]),
-            "mean": np.array([13.0, 4.0, 3.0, 2.5]), "low": np.array([12.0, 3.9, 2.9, 2.4]),
-            "high": np.array([14.0, 4.1, 3.1, 2.6])}
+    line = {
+        "label": "stock",
+        "x": np.array([0, 1000, 2000, 3000]),
+        "mean": np.array([13.0, 4.0, 3.0, 2.5]),
+        "low": np.array([12.0, 3.9, 2.9, 2.4]),
+        "high": np.array([14.0, 4.1, 3.1, 2.6]),
+    }
     zoomed = study.from_update(line, 2000)
     assert zoomed["label"] == "stock"
     assert zoomed["x"].tolist() == [2000, 3000] and zoomed["mean"].tolist() == [3.0, 2.5]
@@ -359,10 +452,14 @@ def test_timing_arguments_train_n_updates_without_validation_or_checkpoints(stud
     from argparse import Namespace
 
     task = study.Translation("de-en")
-    args = Namespace(max_tokens=1500, validate_every=50, schedule="short", max_update=1000,
-                     time_updates=40)
-    parsed = _as_fairseq_train_parses(study.timing_arguments(
-        task, tmp_path, tmp_path / "run", study.Arm.parse("gain/unigram"), args))
+    args = Namespace(
+        max_tokens=1500, validate_every=50, schedule="short", max_update=1000, time_updates=40
+    )
+    parsed = _as_fairseq_train_parses(
+        study.timing_arguments(
+            task, tmp_path, tmp_path / "run", study.Arm.parse("gain/unigram"), args
+        )
+    )
     assert (parsed.max_update, parsed.log_interval) == (40, 10)
     assert parsed.disable_validation and parsed.no_save
     assert args.max_update == 1000  # the study's own settings are left as they were
@@ -373,7 +470,11 @@ def test_vocabulary_scales_with_the_square_root_of_the_pairs(study):
     2,573 -> 2,500; 10,000 -> 4,698 -> 4,500; 29,000 -> 8,000; more than
     Multi30k has is held at 8,000."""
     assert [study.vocabulary_for(n) for n in (3000, 10000, 29000, 100000)] == [
-        2500, 4500, 8000, 8000]
+        2500,
+        4500,
+        8000,
+        8000,
+    ]
 
 
 def test_first_pairs_keeps_both_sides_aligned_and_links_the_rest(study, tmp_path):
@@ -401,10 +502,14 @@ def _small_corpus_training(study, task, tmp_path):
     """fairseq-train's parse of the study's command for ``task`` at --train-pairs 3000."""
     from argparse import Namespace
 
-    args = Namespace(max_tokens=1500, validate_every=100, schedule="short", max_update=2000,
-                     train_pairs=3000)
-    return _as_fairseq_train_parses(study.training_arguments(
-        task, tmp_path, tmp_path / "run", study.Arm.parse("stock"), 1, args))
+    args = Namespace(
+        max_tokens=1500, validate_every=100, schedule="short", max_update=2000, train_pairs=3000
+    )
+    return _as_fairseq_train_parses(
+        study.training_arguments(
+            task, tmp_path, tmp_path / "run", study.Arm.parse("stock"), 1, args
+        )
+    )
 
 
 def test_a_small_corpus_validates_on_the_update_grid_alone(study, tmp_path):
@@ -443,8 +548,13 @@ def test_the_command_line_runs_as_users_run_it():
     from natbias_testing import REPO
 
     script = REPO / "research" / "study_learning_efficiency.py"
-    shown = subprocess.run([sys.executable, str(script.relative_to(REPO)), "--help"], cwd=REPO,
-                           capture_output=True, text=True, check=True).stdout
+    shown = subprocess.run(
+        [sys.executable, str(script.relative_to(REPO)), "--help"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert shown.startswith("usage: study_learning_efficiency.py")
     assert "The paper's learning-efficiency claim, measured on real data" in shown
     assert "--summarise-only" in shown and "--train-pairs N" in shown
@@ -453,11 +563,16 @@ def test_the_command_line_runs_as_users_run_it():
 def test_each_of_the_studys_files_is_at_most_500_lines():
     from natbias_testing import REPO
 
-    files = [REPO / "research" / "study_learning_efficiency.py",
-             *sorted((REPO / "research" / "study").glob("*.py"))]
+    files = [
+        REPO / "research" / "study_learning_efficiency.py",
+        *sorted((REPO / "research" / "study").glob("*.py")),
+    ]
     assert len(files) >= 4
-    assert {path.name: len(path.read_text(encoding="utf-8").splitlines()) for path in files
-            if len(path.read_text(encoding="utf-8").splitlines()) > 500} == {}
+    assert {
+        path.name: len(path.read_text(encoding="utf-8").splitlines())
+        for path in files
+        if len(path.read_text(encoding="utf-8").splitlines()) > 500
+    } == {}
 
 
 def test_the_zoomed_panel_starts_at_a_quarter_of_a_short_budget(study):
@@ -482,8 +597,9 @@ def test_the_cuda_device_drops_cpu_from_training_and_scoring(study, tmp_path, mo
         assert not _parsed_training_arguments(study, task, "gain/unigram", tmp_path).cpu
 
     generated = []
-    monkeypatch.setattr(pipeline, "evaluate",
-                        lambda *args, **kwargs: generated.append(kwargs["cpu"]))
+    monkeypatch.setattr(
+        pipeline, "evaluate", lambda *args, **kwargs: generated.append(kwargs["cpu"])
+    )
     translation = study.Translation("de-en", ("test_2017_flickr",))
     translation.evaluate(tmp_path, tmp_path, tmp_path, "cpu run")
     translation.device = "cuda"

@@ -5,10 +5,10 @@ independent computation (fairseq-eval-lm, sacreBLEU, distinct-n recounted)."""
 import re
 
 import pytest
+from natbias_testing import fairseq, train, train_lm
 
 from natbias.tools import distinct
 from natbias.tools.quality import quality
-from natbias_testing import fairseq, train, train_lm
 
 pytestmark = pytest.mark.training  # runs fairseq-train: the full tier only (make test)
 
@@ -23,32 +23,75 @@ def lm_checkpoint(toy_lm_bin, tmp_path_factory):
 @pytest.fixture(scope="module")
 def swept(lm_checkpoint, toy_lm_bin, tmp_path_factory):
     out = tmp_path_factory.mktemp("sweep_lm")
-    result = fairseq("natbias-lm-sweep", toy_lm_bin, lm_checkpoint, "--lambdas", "0", "1",
-                     "--prompt-tokens", "2", "--max-continuation", "8", "--out-dir", out)
+    result = fairseq(
+        "natbias-lm-sweep",
+        toy_lm_bin,
+        lm_checkpoint,
+        "--lambdas",
+        "0",
+        "1",
+        "--prompt-tokens",
+        "2",
+        "--max-continuation",
+        "8",
+        "--out-dir",
+        out,
+    )
     rows = {}
     for line in (out / "sweep_lm.tsv").read_text().splitlines()[1:]:
         values = line.split("\t")
-        rows[float(values[0])] = dict(zip(
-            ("lambda", "tau", "ref_nll", "chrF", "BLEU", "D1", "D2", "D3", "D4", "D",
-             "sentences", "mean_length"), values))
+        rows[float(values[0])] = dict(
+            zip(
+                (
+                    "lambda",
+                    "tau",
+                    "ref_nll",
+                    "chrF",
+                    "BLEU",
+                    "D1",
+                    "D2",
+                    "D3",
+                    "D4",
+                    "D",
+                    "sentences",
+                    "mean_length",
+                ),
+                values,
+            )
+        )
     return out, rows, result
 
 
 def eval_lm_bits(data, checkpoint, *overrides):
     """fairseq-eval-lm's loss (base 2) with one sentence per sample."""
-    result = fairseq("fairseq-eval-lm", data, "--user-dir", "fairseq_natbias", "--path",
-                     checkpoint, "--cpu", "--gen-subset", "test", "--sample-break-mode", "eos",
-                     "--max-tokens", "1024", *overrides)
+    result = fairseq(
+        "fairseq-eval-lm",
+        data,
+        "--user-dir",
+        "fairseq_natbias",
+        "--path",
+        checkpoint,
+        "--cpu",
+        "--gen-subset",
+        "test",
+        "--sample-break-mode",
+        "eos",
+        "--max-tokens",
+        "1024",
+        *overrides,
+    )
     return float(re.search(r"Loss \(base 2\): ([\d.]+)", result.stderr + result.stdout)[1])
 
 
 def test_reference_nll_is_what_fairseq_eval_lm_reports(swept, toy_lm_bin, lm_checkpoint):
     _, rows, _ = swept
     assert float(rows[1.0]["ref_nll"]) == pytest.approx(
-        eval_lm_bits(toy_lm_bin, lm_checkpoint), abs=1e-3)
+        eval_lm_bits(toy_lm_bin, lm_checkpoint), abs=1e-3
+    )
     assert float(rows[0.0]["ref_nll"]) == pytest.approx(
-        eval_lm_bits(toy_lm_bin, lm_checkpoint, "--model-overrides",
-                     "{'natbias_bias_scale': 0.0}"), abs=1e-3)
+        eval_lm_bits(toy_lm_bin, lm_checkpoint, "--model-overrides", "{'natbias_bias_scale': 0.0}"),
+        abs=1e-3,
+    )
 
 
 def test_diversity_and_chrf_recomputed_from_the_continuations(swept):
@@ -61,7 +104,8 @@ def test_diversity_and_chrf_recomputed_from_the_continuations(swept):
         scores = distinct.text_diversity(continuations)
         assert float(rows[lam]["D"]) == pytest.approx(scores["D"], abs=1e-4)
         assert float(rows[lam]["chrF"]) == pytest.approx(
-            quality(continuations, [t[2] for t in triples])["chrF"], abs=0.01)
+            quality(continuations, [t[2] for t in triples])["chrF"], abs=0.01
+        )
         assert all(len(t[0].split()) == 2 for t in triples)  # the prompt: 2 tokens
 
 
@@ -76,26 +120,50 @@ def test_outputs_and_signatures(swept):
 def test_sampling_is_seeded(lm_checkpoint, toy_lm_bin, tmp_path):
     texts = []
     for name in ("a", "b"):
-        fairseq("natbias-lm-sweep", toy_lm_bin, lm_checkpoint, "--lambdas", "1",
-                "--prompt-tokens", "2", "--max-continuation", "5", "--out-dir", tmp_path / name)
+        fairseq(
+            "natbias-lm-sweep",
+            toy_lm_bin,
+            lm_checkpoint,
+            "--lambdas",
+            "1",
+            "--prompt-tokens",
+            "2",
+            "--max-continuation",
+            "5",
+            "--out-dir",
+            tmp_path / name,
+        )
         texts.append((tmp_path / name / "continuations.sample.lambda1.tau0.txt").read_text())
     assert texts[0] == texts[1]
 
 
 def test_a_translation_checkpoint_is_refused_in_one_line(toy_bin, toy_lm_bin, tmp_path):
     train(toy_bin, tmp_path / "mt", max_update=1)
-    result = fairseq("natbias-lm-sweep", toy_lm_bin, tmp_path / "mt/checkpoint_last.pt",
-                     "--out-dir", tmp_path / "out", check=False)
+    result = fairseq(
+        "natbias-lm-sweep",
+        toy_lm_bin,
+        tmp_path / "mt/checkpoint_last.pt",
+        "--out-dir",
+        tmp_path / "out",
+        check=False,
+    )
     assert result.returncode != 0 and "Traceback" not in result.stderr
     assert result.stderr.strip().splitlines()[-1].startswith("natbias-lm-sweep: error:")
 
 
 def test_missing_files_are_named(lm_checkpoint, toy_bin, tmp_path):
-    missing = fairseq("natbias-lm-sweep", toy_bin, tmp_path / "nope.pt", "--out-dir",
-                      tmp_path / "out", check=False)
+    missing = fairseq(
+        "natbias-lm-sweep",
+        toy_bin,
+        tmp_path / "nope.pt",
+        "--out-dir",
+        tmp_path / "out",
+        check=False,
+    )
     assert "nope.pt: no such checkpoint" in missing.stderr
-    no_dict = fairseq("natbias-lm-sweep", toy_bin, lm_checkpoint, "--out-dir",
-                      tmp_path / "out", check=False)
+    no_dict = fairseq(
+        "natbias-lm-sweep", toy_bin, lm_checkpoint, "--out-dir", tmp_path / "out", check=False
+    )
     assert "has no dict.txt" in no_dict.stderr and "Traceback" not in no_dict.stderr
 
 
@@ -108,8 +176,22 @@ def test_beam_search_continuations(lm_checkpoint, toy_lm_bin, tmp_path):
         (data / name).write_bytes((toy_lm_bin / name).read_bytes())
     outputs = []
     for run in ("a", "b"):
-        fairseq("natbias-lm-sweep", data, lm_checkpoint, "--lambdas", "0.5", "--decoding", "beam",
-                "--beam", "3", "--prompt-tokens", "2", "--max-continuation", "6",
-                "--out-dir", tmp_path / run)
+        fairseq(
+            "natbias-lm-sweep",
+            data,
+            lm_checkpoint,
+            "--lambdas",
+            "0.5",
+            "--decoding",
+            "beam",
+            "--beam",
+            "3",
+            "--prompt-tokens",
+            "2",
+            "--max-continuation",
+            "6",
+            "--out-dir",
+            tmp_path / run,
+        )
         outputs.append((tmp_path / run / "continuations.beam.lambda0.5.tau0.txt").read_text())
     assert outputs[0] == outputs[1] and outputs[0].strip()

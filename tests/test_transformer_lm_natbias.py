@@ -6,18 +6,17 @@ Python sampling work, with one-line errors for what cannot work."""
 
 import json
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 from fairseq.data import Dictionary
-
-from types import SimpleNamespace
+from natbias_testing import TINY_LM, fairseq, log_records, train_lm
+from test_counts import hand_counts
 
 from fairseq_natbias import numpy_compat, training_data
 from fairseq_natbias.cli.step0 import build_from_training_args, validation_divergence
-from natbias_testing import TINY_LM, fairseq, log_records, train_lm
-from test_counts import hand_counts
 
 pytestmark = pytest.mark.training  # runs fairseq-train: the full tier only (make test)
 
@@ -26,8 +25,21 @@ LM_TASK = ["--task", "language_modeling", "--tokens-per-sample", "32"]
 
 def build_lm(data, *options, arch="transformer_lm_natbias"):
     """The model fairseq-train would build, without training it."""
-    argv = [str(data), "--user-dir", "fairseq_natbias", "--arch", arch, *TINY_LM, *LM_TASK,
-            "--cpu", "--seed", "1", "--save-dir", "/nonexistent/ckpt", *map(str, options)]
+    argv = [
+        str(data),
+        "--user-dir",
+        "fairseq_natbias",
+        "--arch",
+        arch,
+        *TINY_LM,
+        *LM_TASK,
+        "--cpu",
+        "--seed",
+        "1",
+        "--save-dir",
+        "/nonexistent/ckpt",
+        *map(str, options),
+    ]
     return build_from_training_args(argv)
 
 
@@ -39,8 +51,7 @@ def targets_the_task_yields(task, split="train"):
     counts = np.zeros(len(task.target_dictionary), dtype=np.int64)
     for i in range(len(dataset)):
         target = dataset[i]["target"].numpy()
-        counts += np.bincount(target[target != task.target_dictionary.pad()],
-                              minlength=len(counts))
+        counts += np.bincount(target[target != task.target_dictionary.pad()], minlength=len(counts))
     return counts
 
 
@@ -49,13 +60,17 @@ def log_unigram_of(counts, alpha=1.0):
     return np.log((counts + alpha) / (counts.sum() + alpha * len(counts)))
 
 
-@pytest.mark.parametrize("options", [
-    [],
-    ["--share-decoder-input-output-embed"],
-    ["--add-bos-token", "--sample-break-mode", "eos"],
-    ["--add-bos-token"],  # blocks of 32 tokens across sentences
-    ["--output-dictionary-size", "20"],
-], ids=["untied", "tied", "bos-eos-blocks", "bos-none-blocks", "output-dictionary-20"])
+@pytest.mark.parametrize(
+    "options",
+    [
+        [],
+        ["--share-decoder-input-output-embed"],
+        ["--add-bos-token", "--sample-break-mode", "eos"],
+        ["--add-bos-token"],  # blocks of 32 tokens across sentences
+        ["--output-dictionary-size", "20"],
+    ],
+    ids=["untied", "tied", "bos-eos-blocks", "bos-none-blocks", "output-dictionary-20"],
+)
 def test_bias_is_log_unigram_of_the_tasks_targets(toy_lm_bin, options):
     _, task, model = build_lm(toy_lm_bin, *options)
     expected = targets_the_task_yields(task)
@@ -69,9 +84,11 @@ def test_counts_are_the_hand_count_of_the_text(toy_text, toy_lm_bin):
     --sample-break-mode eos adds one <s> per sentence."""
     dictionary = Dictionary.load(str(toy_lm_bin / "dict.txt"))
     hand = hand_counts(toy_text / "train.tgt", dictionary)
+
     def count(**cfg):
-        return training_data.count_lm_targets(str(toy_lm_bin), "train", dictionary,
-                                              SimpleNamespace(tokens_per_sample=32, **cfg))
+        return training_data.count_lm_targets(
+            str(toy_lm_bin), "train", dictionary, SimpleNamespace(tokens_per_sample=32, **cfg)
+        )
 
     counts = count()
     np.testing.assert_array_equal(counts, hand)
@@ -82,8 +99,9 @@ def test_counts_are_the_hand_count_of_the_text(toy_text, toy_lm_bin):
     assert folded[dictionary.unk()] == hand[dictionary.unk()] + hand[20:].sum()
 
 
-@pytest.mark.parametrize("tying", [[], ["--share-decoder-input-output-embed"]],
-                         ids=["untied", "tied"])
+@pytest.mark.parametrize(
+    "tying", [[], ["--share-decoder-input-output-embed"]], ids=["untied", "tied"]
+)
 def test_default_lm_starts_at_the_unigram(multi30k_lm_bin, multi30k_text, tying):
     """Fig. 1 at update 0 for a language model on real text (Multi30k English,
     SentencePiece): validation NLL within 0.3 bits of the unigram's
@@ -119,7 +137,9 @@ def test_lm_trains_logs_and_resumes_without_recounting(lm_run):
     assert "target unigram:" in first and "target unigram:" not in second
     assert "@ 2 updates" in second
     inner = log_records(second, "train_inner")
-    assert {"kl_unigram", "kl_uniform", "bias_kl", "bias_norm", "gain", "weight_norm"} <= set(inner[-1])
+    assert {"kl_unigram", "kl_uniform", "bias_kl", "bias_norm", "gain", "weight_norm"} <= set(
+        inner[-1]
+    )
     final = torch.load(save_dir / "checkpoint_last.pt", map_location="cpu")["model"]
     key = "decoder.output_projection.bias"
     assert not torch.equal(final[key], after_two[key])  # kept training the loaded bias
@@ -131,15 +151,36 @@ def test_eval_lm_and_validate_need_no_training_split(lm_run, toy_lm_bin, fresh_c
     data = fresh_copy(toy_lm_bin)
     for path in data.glob("train.*"):
         path.unlink()
-    evaluated = fairseq("fairseq-eval-lm", data, "--user-dir", "fairseq_natbias",
-                        "--path", save_dir / "checkpoint_last.pt", "--cpu",
-                        "--max-tokens", "1024", "--tokens-per-sample", "32")
+    evaluated = fairseq(
+        "fairseq-eval-lm",
+        data,
+        "--user-dir",
+        "fairseq_natbias",
+        "--path",
+        save_dir / "checkpoint_last.pt",
+        "--cpu",
+        "--max-tokens",
+        "1024",
+        "--tokens-per-sample",
+        "32",
+    )
     assert "Perplexity" in evaluated.stderr + evaluated.stdout
     assert "target unigram:" not in evaluated.stderr + evaluated.stdout
-    validated = fairseq("fairseq-validate", data, "--task", "language_modeling",
-                        "--user-dir", "fairseq_natbias", "--path",
-                        save_dir / "checkpoint_last.pt", "--cpu", "--max-tokens", "1024",
-                        "--tokens-per-sample", "32")
+    validated = fairseq(
+        "fairseq-validate",
+        data,
+        "--task",
+        "language_modeling",
+        "--user-dir",
+        "fairseq_natbias",
+        "--path",
+        save_dir / "checkpoint_last.pt",
+        "--cpu",
+        "--max-tokens",
+        "1024",
+        "--tokens-per-sample",
+        "32",
+    )
     values = log_records(validated.stdout + validated.stderr, "valid")[-1]
     assert values["kl_unigram"] >= 0 and values["kl_uniform"] > 0 and "bias_kl" in values
 
@@ -154,12 +195,14 @@ def test_python_sampling_with_the_bias_scaled(lm_run, toy_lm_bin, fresh_copy):
         path.unlink()
     save_dir = lm_run[0]
     hub = TransformerLanguageModelNatbias.from_pretrained(
-        str(save_dir), "checkpoint_last.pt", data_name_or_path=str(data))
+        str(save_dir), "checkpoint_last.pt", data_name_or_path=str(data)
+    )
     torch.manual_seed(1)
     sampled = hub.sample("t0 t1", sampling=True, sampling_topk=5, max_len_b=8)
     assert sampled.startswith("t0 t1") and len(sampled.split()) > 2
     scaled = TransformerLanguageModelNatbias.from_pretrained(
-        str(save_dir), "checkpoint_last.pt", data_name_or_path=str(data), natbias_bias_scale=0.0)
+        str(save_dir), "checkpoint_last.pt", data_name_or_path=str(data), natbias_bias_scale=0.0
+    )
     tokens = hub.encode("t0 t1 t2").unsqueeze(0)
     with torch.no_grad():
         plain_model, scaled_model = hub.models[0], scaled.models[0]  # in eval mode
@@ -170,11 +213,14 @@ def test_python_sampling_with_the_bias_scaled(lm_run, toy_lm_bin, fresh_copy):
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("options, message", [
-    (["--adaptive-softmax-cutoff", "10,20"], "adaptive-softmax-cutoff"),
-    (["--adaptive-input", "--adaptive-input-cutoff", "10,20"], "--adaptive-input"),
-    (["--natbias-init", "file"], "needs --natbias-counts"),
-])
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (["--adaptive-softmax-cutoff", "10,20"], "adaptive-softmax-cutoff"),
+        (["--adaptive-input", "--adaptive-input-cutoff", "10,20"], "--adaptive-input"),
+        (["--natbias-init", "file"], "needs --natbias-counts"),
+    ],
+)
 def test_lm_bad_options_fail_with_one_line(toy_lm_bin, tmp_path, options, message):
     result = train_lm(toy_lm_bin, tmp_path / "ckpt", *options, check=False)
     assert result.returncode != 0
@@ -194,8 +240,14 @@ def test_lm_without_training_split_names_the_file(toy_lm_bin, fresh_copy, tmp_pa
 def test_stock_lm_path_works_with_the_plugin_under_numpy_2(toy_lm_bin, tmp_path):
     """fairseq 0.12 calls numpy.compat.long (--sample-break-mode eos), which
     numpy 2 removed; with --user-dir fairseq_natbias stock transformer_lm trains."""
-    result = train_lm(toy_lm_bin, tmp_path / "ckpt", "--sample-break-mode", "eos",
-                      arch="transformer_lm", max_update=1)
+    result = train_lm(
+        toy_lm_bin,
+        tmp_path / "ckpt",
+        "--sample-break-mode",
+        "eos",
+        arch="transformer_lm",
+        max_update=1,
+    )
     assert "done training" in result.stderr + result.stdout
 
 
@@ -210,14 +262,24 @@ def test_numpy_shim_only_adds_what_is_missing(monkeypatch):
 
 def test_lm_presets_mirror_fairseq(toy_lm_bin):
     """transformer_lm_natbias_gpt has transformer_lm_gpt's sizes (built, not trained)."""
-    argv = [str(toy_lm_bin), "--user-dir", "fairseq_natbias", *LM_TASK, "--cpu",
-            "--save-dir", "/nonexistent/ckpt"]
+    argv = [
+        str(toy_lm_bin),
+        "--user-dir",
+        "fairseq_natbias",
+        *LM_TASK,
+        "--cpu",
+        "--save-dir",
+        "/nonexistent/ckpt",
+    ]
     cfg, _, natbias = build_from_training_args([*argv, "--arch", "transformer_lm_natbias_gpt"])
     _, _, stock = build_from_training_args([*argv, "--arch", "transformer_lm_gpt"])
     stock_shapes = {k: v.shape for k, v in stock.state_dict().items()}
     natbias_shapes = {k: v.shape for k, v in natbias.state_dict().items()}
-    extra = {"decoder.output_projection.bias", "decoder.output_projection.gain_param",
-             "target_log_unigram"}
+    extra = {
+        "decoder.output_projection.bias",
+        "decoder.output_projection.gain_param",
+        "target_log_unigram",
+    }
     assert set(natbias_shapes) - set(stock_shapes) == extra
     assert all(natbias_shapes[k] == shape for k, shape in stock_shapes.items())
     assert cfg.model.activation_fn == "gelu" and cfg.model.decoder_layers == 12
@@ -228,10 +290,23 @@ def test_stock_transformer_lm_is_the_same_network_given_its_dims_and_norm(toy_lm
     512-wide input/output embeddings whatever --decoder-embed-dim says); ours
     applies it. With the three options explicit, only the bias and gain differ
     (docs/language_models.md), as the study and the overhead benchmark rely on."""
-    argv = [str(toy_lm_bin), "--user-dir", "fairseq_natbias", *LM_TASK, "--cpu", *TINY_LM,
-            "--save-dir", "/nonexistent/ckpt"]
-    explicit = ["--decoder-input-dim", "64", "--decoder-output-dim", "64",
-                "--decoder-normalize-before"]
+    argv = [
+        str(toy_lm_bin),
+        "--user-dir",
+        "fairseq_natbias",
+        *LM_TASK,
+        "--cpu",
+        *TINY_LM,
+        "--save-dir",
+        "/nonexistent/ckpt",
+    ]
+    explicit = [
+        "--decoder-input-dim",
+        "64",
+        "--decoder-output-dim",
+        "64",
+        "--decoder-normalize-before",
+    ]
 
     def shapes(arch, *options):
         model = build_from_training_args([*argv, "--arch", arch, *options])[2]
@@ -244,8 +319,11 @@ def test_stock_transformer_lm_is_the_same_network_given_its_dims_and_norm(toy_lm
     assert "decoder.layer_norm.weight" not in stock_implicit
     assert stock_implicit["decoder.embed_tokens.weight"][1] == 512
     stock = shapes("transformer_lm", *explicit)
-    extra = {"decoder.output_projection.bias", "decoder.output_projection.gain_param",
-             "target_log_unigram"}
+    extra = {
+        "decoder.output_projection.bias",
+        "decoder.output_projection.gain_param",
+        "target_log_unigram",
+    }
     assert set(natbias) - set(stock) == extra and set(stock) <= set(natbias)
     assert all(natbias[k] == shape for k, shape in stock.items())
 
@@ -256,20 +334,46 @@ def test_analysis_tools_work_on_a_language_model(lm_run, toy_lm_bin, tmp_path):
     import csv
 
     save_dir = lm_run[0]
-    step0 = fairseq("natbias-step0", toy_lm_bin, "--user-dir", "fairseq_natbias",
-                    "--arch", "transformer_lm_natbias", *TINY_LM, *LM_TASK, "--cpu",
-                    "--save-dir", tmp_path / "fresh")
+    step0 = fairseq(
+        "natbias-step0",
+        toy_lm_bin,
+        "--user-dir",
+        "fairseq_natbias",
+        "--arch",
+        "transformer_lm_natbias",
+        *TINY_LM,
+        *LM_TASK,
+        "--cpu",
+        "--save-dir",
+        tmp_path / "fresh",
+    )
     values = json.loads(step0.stdout.strip().splitlines()[-1])
     assert abs(values["nll"] - values["unigram_ce"]) < 0.3
-    fairseq("natbias-frequency", toy_lm_bin, "--model", f"unigram={save_dir / 'checkpoint_last.pt'}",
-            "--out-dir", tmp_path / "fig4")
+    fairseq(
+        "natbias-frequency",
+        toy_lm_bin,
+        "--model",
+        f"unigram={save_dir / 'checkpoint_last.pt'}",
+        "--out-dir",
+        tmp_path / "fig4",
+    )
     with open(tmp_path / "fig4/frequency_tokens.csv") as table:
         rows = list(csv.DictReader(table))
-    assert rows and any(abs(float(r["avg_logprob_full"]) - float(r["avg_logprob_without_bias"])) > 0.1
-                        for r in rows)
+    assert rows and any(
+        abs(float(r["avg_logprob_full"]) - float(r["avg_logprob_without_bias"])) > 0.1 for r in rows
+    )
     assert (tmp_path / "fig4/frequency.png").stat().st_size > 5000
-    fairseq("natbias-dynamics", "--log", f"unigram={save_dir / 'train.log'}",
-            "--metrics", "kl_unigram", "gain", "valid_loss", "--out-dir", tmp_path / "dyn")
+    fairseq(
+        "natbias-dynamics",
+        "--log",
+        f"unigram={save_dir / 'train.log'}",
+        "--metrics",
+        "kl_unigram",
+        "gain",
+        "valid_loss",
+        "--out-dir",
+        tmp_path / "dyn",
+    )
     assert (tmp_path / "dyn/gain.png").exists() and (tmp_path / "dyn/valid_loss.png").exists()
     alc = fairseq("natbias-alc", save_dir / "train.log", "--metric", "loss")
     assert "ALC" in alc.stdout or "alc" in alc.stdout.lower()

@@ -8,13 +8,12 @@ import numpy as np
 import pytest
 import torch
 from fairseq.data import Dictionary
-
-from natbias.counts import write_counts_file
-
-from fairseq_natbias.training_data import symbols
-from fairseq_natbias.cli.step0 import build_from_training_args
 from natbias_testing import TINY_MODEL, fairseq, train
 from test_counts import hand_counts
+
+from fairseq_natbias.cli.step0 import build_from_training_args
+from fairseq_natbias.training_data import symbols
+from natbias.counts import write_counts_file
 
 pytestmark = pytest.mark.training  # runs fairseq-train: the full tier only (make test)
 
@@ -26,9 +25,20 @@ def hand_log_unigram(text_path, dictionary, alpha=1.0):
 
 def build(data, *options):
     """The model fairseq-train would build, without training it."""
-    argv = [str(data), "--user-dir", "fairseq_natbias", "--arch", "transformer_natbias",
-            *TINY_MODEL, "--cpu", "--seed", "1", "--save-dir", "/nonexistent/ckpt",
-            *map(str, options)]
+    argv = [
+        str(data),
+        "--user-dir",
+        "fairseq_natbias",
+        "--arch",
+        "transformer_natbias",
+        *TINY_MODEL,
+        "--cpu",
+        "--seed",
+        "1",
+        "--save-dir",
+        "/nonexistent/ckpt",
+        *map(str, options),
+    ]
     return build_from_training_args(argv)
 
 
@@ -69,28 +79,43 @@ def test_baselines_and_file_bias(toy_bin, toy_text, tmp_path):
     counts = np.arange(len(dictionary)) % 5  # an "external corpus"
     counts_file = tmp_path / "external.counts"
     write_counts_file(str(counts_file), symbols(dictionary), counts)
-    _, _, from_file = build(toy_bin, "--natbias-init", "file", "--natbias-counts",
-                            counts_file, "--natbias-smoothing", "0.5", "--natbias-freeze")
+    _, _, from_file = build(
+        toy_bin,
+        "--natbias-init",
+        "file",
+        "--natbias-counts",
+        counts_file,
+        "--natbias-smoothing",
+        "0.5",
+        "--natbias-freeze",
+    )
     expected = np.log((counts + 0.5) / (counts.sum() + 0.5 * len(counts)))
     bias = from_file.decoder.output_projection.bias
     np.testing.assert_allclose(bias.detach().double().numpy(), expected, atol=1e-5)
     assert not bias.requires_grad
 
 
-@pytest.mark.parametrize("weight_init, added", [
-    (None, {"decoder.output_projection.gain_param"}),  # the default: gain
-    ("fairseq", set()),
-])
+@pytest.mark.parametrize(
+    "weight_init, added",
+    [
+        (None, {"decoder.output_projection.gain_param"}),  # the default: gain
+        ("fairseq", set()),
+    ],
+)
 def test_default_is_stock_fairseq_plus_a_bias_and_gain(toy_bin, weight_init, added):
     """The default weight init leaves every fairseq parameter as the stock
     transformer draws it (same seed): the model differs in the bias and the
     scalar gain alone (``fairseq``: in the bias alone)."""
-    stock = build_from_training_args([str(toy_bin), "--arch", "transformer", *TINY_MODEL,
-                                      "--cpu", "--seed", "1"])[2].state_dict()
+    stock = build_from_training_args(
+        [str(toy_bin), "--arch", "transformer", *TINY_MODEL, "--cpu", "--seed", "1"]
+    )[2].state_dict()
     options = [] if weight_init is None else ["--natbias-weight-init", weight_init]
     natbias = build(toy_bin, *options)[2].state_dict()
-    assert set(natbias) - set(stock) == {"decoder.output_projection.bias",
-                                         "target_log_unigram", *added}
+    assert set(natbias) - set(stock) == {
+        "decoder.output_projection.bias",
+        "target_log_unigram",
+        *added,
+    }
     for key, value in stock.items():
         assert torch.equal(natbias[key], value), key
     assert torch.equal(natbias["decoder.output_projection.bias"], natbias["target_log_unigram"])
@@ -115,9 +140,21 @@ def test_zero_and_no_bias_train_and_generate(toy_bin, tmp_path):
         train(toy_bin, save_dir, "--natbias-init", init, max_update=3)
         bias = checkpoint_bias(save_dir / "checkpoint_last.pt")
         assert (bias is None) == (init == "none")
-        result = fairseq("fairseq-generate", toy_bin, "--user-dir", "fairseq_natbias",
-                         "--path", save_dir / "checkpoint_last.pt", "--beam", "5",
-                         "--cpu", "--max-len-b", "10", "--required-batch-size-multiple", "1")
+        result = fairseq(
+            "fairseq-generate",
+            toy_bin,
+            "--user-dir",
+            "fairseq_natbias",
+            "--path",
+            save_dir / "checkpoint_last.pt",
+            "--beam",
+            "5",
+            "--cpu",
+            "--max-len-b",
+            "10",
+            "--required-batch-size-multiple",
+            "1",
+        )
         assert count_translated(result) == 20
 
 
@@ -135,8 +172,9 @@ def test_resume_keeps_trained_bias_without_recounting(toy_bin, tmp_path):
     assert not torch.equal(final, after_three)  # it kept training the loaded bias
     # fairseq's own resume is not bit-exact (the stock transformer differs by
     # ~1.6e-3 after 3+3 vs 6 updates here), hence the tolerance.
-    torch.testing.assert_close(final, checkpoint_bias(straight / "checkpoint_last.pt"),
-                               atol=5e-3, rtol=0)
+    torch.testing.assert_close(
+        final, checkpoint_bias(straight / "checkpoint_last.pt"), atol=5e-3, rtol=0
+    )
 
 
 def test_generation_needs_no_training_split(toy_bin, fresh_copy, tmp_path):
@@ -144,9 +182,21 @@ def test_generation_needs_no_training_split(toy_bin, fresh_copy, tmp_path):
     train(data, tmp_path / "ckpt", max_update=2)
     for path in data.glob("train.*"):
         path.unlink()
-    result = fairseq("fairseq-generate", data, "--user-dir", "fairseq_natbias",
-                     "--path", tmp_path / "ckpt/checkpoint_last.pt", "--cpu",
-                     "--beam", "2", "--max-len-b", "5", "--required-batch-size-multiple", "1")
+    result = fairseq(
+        "fairseq-generate",
+        data,
+        "--user-dir",
+        "fairseq_natbias",
+        "--path",
+        tmp_path / "ckpt/checkpoint_last.pt",
+        "--cpu",
+        "--beam",
+        "2",
+        "--max-len-b",
+        "5",
+        "--required-batch-size-multiple",
+        "1",
+    )
     assert "target unigram:" not in result.stderr + result.stdout
     assert count_translated(result) == 20
 
@@ -154,14 +204,34 @@ def test_generation_needs_no_training_split(toy_bin, fresh_copy, tmp_path):
 def test_checkpoint_trained_with_eval_bleu_loads(toy_bin, tmp_path):
     """--eval-bleu leaves numpy arrays in the checkpoint's metrics state; torch's
     weights-only loading must still accept it (see checkpoint_loading.py)."""
-    train(toy_bin, tmp_path / "ckpt", "--eval-bleu", "--eval-bleu-args", '{"max_len_b": 3}',
-          "--best-checkpoint-metric", "bleu", "--maximize-best-checkpoint-metric",
-          max_update=1)
+    train(
+        toy_bin,
+        tmp_path / "ckpt",
+        "--eval-bleu",
+        "--eval-bleu-args",
+        '{"max_len_b": 3}',
+        "--best-checkpoint-metric",
+        "bleu",
+        "--maximize-best-checkpoint-metric",
+        max_update=1,
+    )
     state = torch.load(tmp_path / "ckpt/checkpoint_last.pt", map_location="cpu")
     assert "decoder.output_projection.bias" in state["model"]
-    result = fairseq("fairseq-generate", toy_bin, "--user-dir", "fairseq_natbias",
-                     "--path", tmp_path / "ckpt/checkpoint_last.pt", "--cpu", "--beam", "2",
-                     "--max-len-b", "3", "--required-batch-size-multiple", "1")
+    result = fairseq(
+        "fairseq-generate",
+        toy_bin,
+        "--user-dir",
+        "fairseq_natbias",
+        "--path",
+        tmp_path / "ckpt/checkpoint_last.pt",
+        "--cpu",
+        "--beam",
+        "2",
+        "--max-len-b",
+        "3",
+        "--required-batch-size-multiple",
+        "1",
+    )
     assert count_translated(result) == 20
 
 
@@ -172,13 +242,16 @@ def test_user_dir_works_from_another_directory(toy_bin, tmp_path):
     assert (tmp_path / "ckpt/checkpoint_last.pt").exists()
 
 
-@pytest.mark.parametrize("options, message", [
-    (["--adaptive-softmax-cutoff", "10,20"], "adaptive-softmax-cutoff"),
-    (["--quant-noise-scalar", "0.1"], "--quant-noise-scalar"),
-    (["--natbias-init", "file"], "needs --natbias-counts"),
-    (["--natbias-smoothing", "-1"], "natbias-smoothing must be"),
-    (["--natbias-init", "file", "--natbias-counts", "/no/such.counts"], "no such file"),
-])
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (["--adaptive-softmax-cutoff", "10,20"], "adaptive-softmax-cutoff"),
+        (["--quant-noise-scalar", "0.1"], "--quant-noise-scalar"),
+        (["--natbias-init", "file"], "needs --natbias-counts"),
+        (["--natbias-smoothing", "-1"], "natbias-smoothing must be"),
+        (["--natbias-init", "file", "--natbias-counts", "/no/such.counts"], "no such file"),
+    ],
+)
 def test_bad_options_fail_with_a_clear_message(toy_bin, tmp_path, options, message):
     result = train(toy_bin, tmp_path / "ckpt", *options, check=False)
     assert result.returncode != 0
@@ -198,8 +271,16 @@ def test_missing_training_split_names_the_path(toy_bin, fresh_copy, tmp_path):
 def test_counts_file_for_another_dictionary_is_refused(toy_bin, tmp_path):
     source_dictionary = Dictionary.load(str(toy_bin / "dict.src.txt"))
     counts_file = tmp_path / "src.counts"
-    write_counts_file(str(counts_file), symbols(source_dictionary),
-                              np.ones(len(source_dictionary), dtype=int))
-    result = train(toy_bin, tmp_path / "ckpt", "--natbias-init", "file",
-                   "--natbias-counts", counts_file, check=False)
+    write_counts_file(
+        str(counts_file), symbols(source_dictionary), np.ones(len(source_dictionary), dtype=int)
+    )
+    result = train(
+        toy_bin,
+        tmp_path / "ckpt",
+        "--natbias-init",
+        "file",
+        "--natbias-counts",
+        counts_file,
+        check=False,
+    )
     assert "does not match the vocabulary" in result.stderr

@@ -7,13 +7,11 @@ bias is this objective's context-free optimum is checked on its gradient;
 training goes through the real fairseq-train (translation and LM).
 """
 
-import logging
 import math
 
 import pytest
 import torch
 from fairseq.criterions.label_smoothed_cross_entropy import LabelSmoothedCrossEntropyCriterion
-
 from natbias_testing import build_in_process, first_sentences, log_records, train, train_lm
 
 pytestmark = pytest.mark.training  # runs fairseq-train: the full tier only (make test)
@@ -93,7 +91,8 @@ def test_eps_zero_is_fairseqs_cross_entropy_and_counts_nothing(tmp_path, toy_bin
     model.eval()
     ours = criterion(model, sample)
     stock = LabelSmoothedCrossEntropyCriterion(task, sentence_avg=False, label_smoothing=0.0)(
-        model, sample)
+        model, sample
+    )
     assert ours[0].item() == pytest.approx(stock[0].item(), rel=1e-6)
     assert ours[2]["nll_loss"].item() == pytest.approx(stock[2]["nll_loss"].item(), rel=1e-6)
     assert not criterion._prior  # omega was never taken
@@ -148,13 +147,15 @@ def test_omega_is_the_models_prior_or_the_counted_unigram(tmp_path, toy_bin, toy
     task, model, criterion = built(tmp_path / "stock", toy_bin, arch="transformer")
     model.eval()
     criterion(model, first_sentences(task, "valid"))
-    torch.testing.assert_close(criterion._prior[torch.device("cpu")].double().log(),
-                               toy_log_unigram, atol=1e-6, rtol=0)
+    torch.testing.assert_close(
+        criterion._prior[torch.device("cpu")].double().log(), toy_log_unigram, atol=1e-6, rtol=0
+    )
 
 
-@pytest.mark.parametrize("options, problem", [
-    (["--label-smoothing", "1"], "--label-smoothing must be in [0, 1), got 1.0"),
-])
+@pytest.mark.parametrize(
+    "options, problem",
+    [(["--label-smoothing", "1"], "--label-smoothing must be in [0, 1), got 1.0")],
+)
 def test_bad_options_are_refused_with_the_fix(tmp_path, toy_bin, options, problem):
     with pytest.raises(ValueError) as error:
         built(tmp_path, toy_bin, *options)
@@ -180,12 +181,15 @@ def test_fairseq_train_translation_and_language_model(tmp_path, toy_bin, toy_lm_
     """Through fairseq-train: finite losses, the smoothed loss beside the NLL,
     in training and validation; the LM task counts its next-token targets
     (no warning that they differ from the LM's bias)."""
-    out = train(toy_bin, tmp_path / "mt", "--no-save", *ULS, "--log-format", "simple",
-                max_update=3).stdout
+    out = train(
+        toy_bin, tmp_path / "mt", "--no-save", *ULS, "--log-format", "simple", max_update=3
+    ).stdout
     for tag in ("train_inner", "valid"):
         records = log_records(out, tag)
-        assert records and all(math.isfinite(r["loss"]) and math.isfinite(r["nll_loss"])
-                               and r["loss"] != r["nll_loss"] for r in records)
+        assert records and all(
+            math.isfinite(r["loss"]) and math.isfinite(r["nll_loss"]) and r["loss"] != r["nll_loss"]
+            for r in records
+        )
     result = train_lm(toy_lm_bin, tmp_path / "lm", *ULS, "--no-save", max_update=2)
     records = log_records(result.stdout, "train_inner")
     assert len(records) == 2 and all(r["loss"] != r["nll_loss"] for r in records)

@@ -11,20 +11,13 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from fairseq.criterions.label_smoothed_cross_entropy import (
-    LabelSmoothedCrossEntropyCriterion,
-)
+from fairseq.criterions.label_smoothed_cross_entropy import LabelSmoothedCrossEntropyCriterion
 from fairseq.data import Dictionary
 from fairseq.logging import metrics
+from natbias_testing import build_in_process, first_sentences, log_records, train
 
 from fairseq_natbias.unigram_regularized_cross_entropy import (
     UnigramRegularizedCrossEntropyCriterion,
-)
-from natbias_testing import (
-    build_in_process,
-    first_sentences,
-    log_records,
-    train,
 )
 
 pytestmark = pytest.mark.training  # runs fairseq-train: the full tier only (make test)
@@ -35,8 +28,17 @@ REG = ["--criterion", "unigram_regularized_cross_entropy"]
 def regularised(tmp_path, data, weight, updates, *extra, arch="transformer_natbias"):
     """Task, model (dropout 0) and criterion with lambda=weight, N=updates."""
     return build_in_process(
-        data, tmp_path / "ckpt", *REG, "--unigram-reg-weight", weight,
-        "--unigram-reg-updates", updates, "--dropout", "0", *extra, arch=arch,
+        data,
+        tmp_path / "ckpt",
+        *REG,
+        "--unigram-reg-weight",
+        weight,
+        "--unigram-reg-updates",
+        updates,
+        "--dropout",
+        "0",
+        *extra,
+        arch=arch,
     )
 
 
@@ -57,7 +59,9 @@ def unigram_cross_entropy_term(model, sample, log_omega, pad):
 
 
 @pytest.mark.parametrize("arch", ["transformer_natbias", "transformer"])
-def test_active_term_is_lambda_times_unigram_cross_entropy(tmp_path, toy_bin, toy_log_unigram, arch):
+def test_active_term_is_lambda_times_unigram_cross_entropy(
+    tmp_path, toy_bin, toy_log_unigram, arch
+):
     """loss - label_smoothed_cross_entropy = lambda sum_t sum_v omega(v) log p_theta(v|y_<t),
     i.e. -lambda KL(omega || p_theta) without its constant lambda H(omega)."""
     weight = 0.3
@@ -66,7 +70,9 @@ def test_active_term_is_lambda_times_unigram_cross_entropy(tmp_path, toy_bin, to
     model.train()
     loss, _, log = criterion(model, sample)
     baseline, _, _ = standard(task)(model, sample)
-    expected = weight * unigram_cross_entropy_term(model, sample, toy_log_unigram, task.target_dictionary.pad())
+    expected = weight * unigram_cross_entropy_term(
+        model, sample, toy_log_unigram, task.target_dictionary.pad()
+    )
     assert expected < 0
     assert (loss - baseline).item() == pytest.approx(expected.item(), rel=1e-5)
     assert log["unigram_reg"].item() == pytest.approx(expected.item(), rel=1e-5)
@@ -80,7 +86,9 @@ def test_unreduced_loss_adds_the_term_token_by_token(tmp_path, toy_bin, toy_log_
     sample = first_sentences(task, n=6)
     model.train()
     per_token, _ = criterion.compute_loss(model, model(**sample["net_input"]), sample, reduce=False)
-    baseline, _ = standard(task).compute_loss(model, model(**sample["net_input"]), sample, reduce=False)
+    baseline, _ = standard(task).compute_loss(
+        model, model(**sample["net_input"]), sample, reduce=False
+    )
     logits = model(**sample["net_input"])[0].double()
     term = weight * (torch.log_softmax(logits, -1) @ toy_log_unigram.exp())
     term = term * sample["target"].ne(task.target_dictionary.pad())
@@ -92,14 +100,16 @@ def test_unreduced_loss_adds_the_term_token_by_token(tmp_path, toy_bin, toy_log_
 @pytest.mark.parametrize(
     "weight, updates, done, training",
     [
-        (0.0, 5, 0, True),   # lambda = 0
-        (0.3, 0, 0, True),   # N = 0
-        (0.3, 5, 5, True),   # the N updates are done
+        (0.0, 5, 0, True),  # lambda = 0
+        (0.3, 0, 0, True),  # N = 0
+        (0.3, 5, 5, True),  # the N updates are done
         (0.3, 5, 0, False),  # validation reports the standard objective
     ],
     ids=["lambda0", "N0", "after-N", "validation"],
 )
-def test_equals_label_smoothed_cross_entropy_when_off(tmp_path, toy_bin, weight, updates, done, training):
+def test_equals_label_smoothed_cross_entropy_when_off(
+    tmp_path, toy_bin, weight, updates, done, training
+):
     task, model, criterion = regularised(tmp_path, toy_bin, weight, updates)
     criterion.set_num_updates(done)
     sample = first_sentences(task)
@@ -175,17 +185,42 @@ CLAMP_FIX = "inf for no bound"
     [
         ([], "--unigram-reg-weight is not set", OPTIONS_FIX),
         (["--unigram-reg-weight", "0.1"], "--unigram-reg-updates is not set", OPTIONS_FIX),
-        (["--unigram-reg-weight", "-0.1", "--unigram-reg-updates", "5"],
-         "--unigram-reg-weight must be a finite number >= 0, got -0.1", OPTIONS_FIX),
-        (["--unigram-reg-weight", "nan", "--unigram-reg-updates", "5"],
-         "--unigram-reg-weight must be a finite number >= 0, got nan", OPTIONS_FIX),
-        (["--unigram-reg-weight", "0.1", "--unigram-reg-updates", "-1"],
-         "--unigram-reg-updates must be an integer >= 0, got -1", OPTIONS_FIX),
-        (["--unigram-reg-weight", "0.1", "--unigram-reg-updates", "5", "--unigram-reg-clamp", "0"],
-         "--unigram-reg-clamp must be > 0", CLAMP_FIX),
+        (
+            ["--unigram-reg-weight", "-0.1", "--unigram-reg-updates", "5"],
+            "--unigram-reg-weight must be a finite number >= 0, got -0.1",
+            OPTIONS_FIX,
+        ),
+        (
+            ["--unigram-reg-weight", "nan", "--unigram-reg-updates", "5"],
+            "--unigram-reg-weight must be a finite number >= 0, got nan",
+            OPTIONS_FIX,
+        ),
+        (
+            ["--unigram-reg-weight", "0.1", "--unigram-reg-updates", "-1"],
+            "--unigram-reg-updates must be an integer >= 0, got -1",
+            OPTIONS_FIX,
+        ),
+        (
+            [
+                "--unigram-reg-weight",
+                "0.1",
+                "--unigram-reg-updates",
+                "5",
+                "--unigram-reg-clamp",
+                "0",
+            ],
+            "--unigram-reg-clamp must be > 0",
+            CLAMP_FIX,
+        ),
     ],
-    ids=["no-weight", "no-updates", "negative-weight", "nan-weight", "negative-updates",
-         "zero-clamp"],
+    ids=[
+        "no-weight",
+        "no-updates",
+        "negative-weight",
+        "nan-weight",
+        "negative-updates",
+        "zero-clamp",
+    ],
 )
 def test_bad_options_are_refused_with_the_fix(tmp_path, toy_bin, options, problem, fix):
     with pytest.raises(ValueError) as error:
@@ -196,8 +231,15 @@ def test_bad_options_are_refused_with_the_fix(tmp_path, toy_bin, options, proble
 def test_missing_target_split_names_path_and_fix(tmp_path, toy_bin, fresh_copy):
     data = fresh_copy(toy_bin)
     task, model, criterion = build_in_process(
-        data, tmp_path / "ckpt", *REG, "--unigram-reg-weight", "0.1", "--unigram-reg-updates", "5",
-        arch="transformer")  # a model without the natural bias: the criterion counts
+        data,
+        tmp_path / "ckpt",
+        *REG,
+        "--unigram-reg-weight",
+        "0.1",
+        "--unigram-reg-updates",
+        "5",
+        arch="transformer",
+    )  # a model without the natural bias: the criterion counts
     for path in data.glob("train.src-tgt.tgt.*"):
         path.unlink()
     with pytest.raises(SystemExit) as error:  # one line from fairseq-train
@@ -207,15 +249,23 @@ def test_missing_target_split_names_path_and_fix(tmp_path, toy_bin, fresh_copy):
     assert "fairseq-preprocess --trainpref" in text and "--unigram-reg-updates 0" in text
 
 
-@pytest.mark.parametrize("updates, training", [(0, True), (5, False)],
-                         ids=["N0-training", "validation-only"])
-def test_no_training_data_needed_when_the_term_cannot_be_on(tmp_path, toy_bin, fresh_copy,
-                                                           updates, training):
+@pytest.mark.parametrize(
+    "updates, training", [(0, True), (5, False)], ids=["N0-training", "validation-only"]
+)
+def test_no_training_data_needed_when_the_term_cannot_be_on(
+    tmp_path, toy_bin, fresh_copy, updates, training
+):
     """N = 0 never counts; nor does validation (fairseq-validate: no begin_epoch,
     the model in eval mode)."""
     data = fresh_copy(toy_bin)
     task, model, criterion = build_in_process(
-        data, tmp_path / "ckpt", *REG, "--unigram-reg-weight", "0.1", "--unigram-reg-updates", updates,
+        data,
+        tmp_path / "ckpt",
+        *REG,
+        "--unigram-reg-weight",
+        "0.1",
+        "--unigram-reg-updates",
+        updates,
     )
     for path in data.glob("train.src-tgt.tgt.*"):
         path.unlink()
@@ -292,9 +342,20 @@ def test_stock_transformer_and_the_bound_in_the_log(tmp_path, toy_bin):
     cross-entropy, the warning is in the log from update 1 and each token
     contributes exactly -lambda * B (B = clamp * ln|V| nats)."""
     clamp = 0.01
-    out = train(toy_bin, tmp_path, "--no-save", *REG, "--unigram-reg-weight", WEIGHT,
-                "--unigram-reg-updates", 1, "--unigram-reg-clamp", clamp,
-                arch="transformer", max_update=2).stdout
+    out = train(
+        toy_bin,
+        tmp_path,
+        "--no-save",
+        *REG,
+        "--unigram-reg-weight",
+        WEIGHT,
+        "--unigram-reg-updates",
+        1,
+        "--unigram-reg-clamp",
+        clamp,
+        arch="transformer",
+        max_update=2,
+    ).stdout
     lines = by_update(out)
     vocab = len(Dictionary.load(str(toy_bin / "dict.tgt.txt")))
     assert lines[1]["unigram_reg"] == pytest.approx(-WEIGHT * clamp * math.log2(vocab), abs=5.1e-4)
@@ -311,8 +372,19 @@ def test_language_model_counts_its_next_token_targets(toy_lm_bin, tmp_path):
     term is logged."""
     from natbias_testing import train_lm
 
-    result = train_lm(toy_lm_bin, tmp_path / "lm", *REG, "--label-smoothing", "0.1", "--unigram-reg-weight", "0.1",
-                      "--unigram-reg-updates", "2", "--no-save", max_update=2)
+    result = train_lm(
+        toy_lm_bin,
+        tmp_path / "lm",
+        *REG,
+        "--label-smoothing",
+        "0.1",
+        "--unigram-reg-weight",
+        "0.1",
+        "--unigram-reg-updates",
+        "2",
+        "--no-save",
+        max_update=2,
+    )
     log = result.stdout + result.stderr
     records = log_records(log, "train_inner")
     assert [r["unigram_reg"] < 0 for r in records] == [True, True]

@@ -47,11 +47,17 @@ def train_tokenizer(texts, vocab_size, folder):
     folder = Path(folder)
     if not (folder / "tokenizer.json").exists():
         model = SentencePieceUnigramTokenizer()
-        model.train_from_iterator(texts, vocab_size=vocab_size, special_tokens=SPECIALS,
-                                  unk_token="<unk>", show_progress=False)
+        model.train_from_iterator(
+            texts,
+            vocab_size=vocab_size,
+            special_tokens=SPECIALS,
+            unk_token="<unk>",
+            show_progress=False,
+        )
         model.post_processor = TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 1)])
-        tokenizer = PreTrainedTokenizerFast(tokenizer_object=model, pad_token="<pad>",
-                                            eos_token="</s>", unk_token="<unk>")
+        tokenizer = PreTrainedTokenizerFast(
+            tokenizer_object=model, pad_token="<pad>", eos_token="</s>", unk_token="<unk>"
+        )
         tokenizer.save_pretrained(folder)
     return PreTrainedTokenizerFast.from_pretrained(folder)
 
@@ -114,8 +120,10 @@ class ValidationCallback(TrainerCallback):
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         # A resumed run forgets validations after its checkpoint: they are redone.
         keep = [i for i, u in enumerate(self.record["updates"]) if u <= state.global_step]
-        self.record.update(updates=[self.record["updates"][i] for i in keep],
-                           nll=[self.record["nll"][i] for i in keep])
+        self.record.update(
+            updates=[self.record["updates"][i] for i in keep],
+            nll=[self.record["nll"][i] for i in keep],
+        )
         if not self.record["updates"]:
             self.validate(model, 0)
 
@@ -138,8 +146,7 @@ class ValidationCallback(TrainerCallback):
             self.tokenizer.save_pretrained(self.best_dir)
             self.record.data.update(best_update=update, best_nll=round(nll, 4))
         self.record.save()
-        say(f"update {update}: validation NLL {nll:.3f} bits"
-            + (" (best)" if nll < best else ""))
+        say(f"update {update}: validation NLL {nll:.3f} bits" + (" (best)" if nll < best else ""))
 
     def since_best(self):
         updates = self.record["updates"]

@@ -25,22 +25,31 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # before transformers is imported
 
 import torch  # noqa: E402
-from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments  # noqa: E402
-
 from common import (  # noqa: E402
-    Record, ValidationCallback, last_checkpoint, read_split, say, train_tokenizer,
+    Record,
+    ValidationCallback,
+    last_checkpoint,
+    read_split,
+    say,
+    train_tokenizer,
     validation_nll,
 )
+from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments  # noqa: E402
+
 from natbias.hf import (  # noqa: E402
-    BiasStatisticsCallback, UnigramLabelSmoothingLoss, add_natural_bias, count_targets,
+    BiasStatisticsCallback,
+    UnigramLabelSmoothingLoss,
+    add_natural_bias,
+    count_targets,
     from_pretrained,
 )
 from natbias.prior import cross_entropy_bits, log_unigram  # noqa: E402
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--data", required=True, help="raw text: SPLIT.LANG[.gz] files")
     parser.add_argument("--lang", default="en")
     parser.add_argument("--work", default="work/examples/huggingface-lm")
@@ -66,14 +75,17 @@ def parse_args(argv=None):
 
 def arm_name(args):
     return ("natbias" if args.bias == "natural" else "stock") + (
-        "+unigram-ls" if args.label_smoothing == "unigram" else "")
+        "+unigram-ls" if args.label_smoothing == "unigram" else ""
+    )
 
 
 def blocks(tokenizer, lines, size):
     """The sentences as one stream (each ending in </s>) cut into blocks."""
     stream = [i for ids in tokenizer(lines)["input_ids"] for i in ids]
-    return [{"input_ids": stream[i:i + size], "labels": stream[i:i + size]}
-            for i in range(0, len(stream) - size + 1, size)]
+    return [
+        {"input_ids": stream[i : i + size], "labels": stream[i : i + size]}
+        for i in range(0, len(stream) - size + 1, size)
+    ]
 
 
 def collate(examples):
@@ -98,41 +110,87 @@ def main(argv=None):
     record = Record(run, {**vars(args), "arm": arm_name(args)})
     if record.get("unigram_nll") is None:  # the prior's cross-entropy on validation targets
         prior = log_unigram(count_targets([e["labels"] for e in train], vocab, causal=True))
-        record.update(unigram_nll=round(cross_entropy_bits(
-            prior, count_targets([e["labels"] for e in valid], vocab, causal=True)), 4))
+        record.update(
+            unigram_nll=round(
+                cross_entropy_bits(
+                    prior, count_targets([e["labels"] for e in valid], vocab, causal=True)
+                ),
+                4,
+            )
+        )
     torch.manual_seed(args.seed)
-    model = GPT2LMHeadModel(GPT2Config(
-        vocab_size=vocab, n_embd=args.dim, n_layer=args.layers, n_head=args.heads,
-        n_inner=args.ffn, n_positions=args.block, bos_token_id=tokenizer.eos_token_id,
-        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id))
+    model = GPT2LMHeadModel(
+        GPT2Config(
+            vocab_size=vocab,
+            n_embd=args.dim,
+            n_layer=args.layers,
+            n_head=args.heads,
+            n_inner=args.ffn,
+            n_positions=args.block,
+            bos_token_id=tokenizer.eos_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+        )
+    )
     if args.bias == "natural":
         model = add_natural_bias(model, [e["labels"] for e in train])
     loss = None
     if args.label_smoothing == "unigram":
-        loss = (UnigramLabelSmoothingLoss.from_model(model) if args.bias == "natural" else
-                UnigramLabelSmoothingLoss.from_counts(
-                    count_targets([e["labels"] for e in train], vocab, causal=True), model))
-    valid_batches = [collate(valid[i:i + 64]) for i in range(0, len(valid), 64)]
-    callbacks = [ValidationCallback(record, valid_batches, args.eval_every, args.patience, run,
-                                    tokenizer, causal=True)]
+        loss = (
+            UnigramLabelSmoothingLoss.from_model(model)
+            if args.bias == "natural"
+            else UnigramLabelSmoothingLoss.from_counts(
+                count_targets([e["labels"] for e in train], vocab, causal=True), model
+            )
+        )
+    valid_batches = [collate(valid[i : i + 64]) for i in range(0, len(valid), 64)]
+    callbacks = [
+        ValidationCallback(
+            record, valid_batches, args.eval_every, args.patience, run, tokenizer, causal=True
+        )
+    ]
     if args.bias == "natural":
         callbacks.append(BiasStatisticsCallback(probe=valid_batches[0]))
     training = TrainingArguments(
-        output_dir=str(run / "checkpoints"), max_steps=args.max_steps, seed=args.seed,
-        per_device_train_batch_size=args.batch_size, learning_rate=args.lr,
-        lr_scheduler_type="inverse_sqrt", warmup_steps=args.warmup, adam_beta2=0.997,
-        weight_decay=0.0, max_grad_norm=0.0, save_strategy="steps", save_steps=args.eval_every,
-        save_total_limit=1, logging_steps=args.eval_every, eval_strategy="no", report_to=[],
-        disable_tqdm=True, use_cpu=True, dataloader_num_workers=0)
-    trainer = Trainer(model=model, args=training, train_dataset=train, data_collator=collate,
-                      compute_loss_func=loss, callbacks=callbacks)
+        output_dir=str(run / "checkpoints"),
+        max_steps=args.max_steps,
+        seed=args.seed,
+        per_device_train_batch_size=args.batch_size,
+        learning_rate=args.lr,
+        lr_scheduler_type="inverse_sqrt",
+        warmup_steps=args.warmup,
+        adam_beta2=0.997,
+        weight_decay=0.0,
+        max_grad_norm=0.0,
+        save_strategy="steps",
+        save_steps=args.eval_every,
+        save_total_limit=1,
+        logging_steps=args.eval_every,
+        eval_strategy="no",
+        report_to=[],
+        disable_tqdm=True,
+        use_cpu=True,
+        dataloader_num_workers=0,
+    )
+    trainer = Trainer(
+        model=model,
+        args=training,
+        train_dataset=train,
+        data_collator=collate,
+        compute_loss_func=loss,
+        callbacks=callbacks,
+    )
     trainer.train(resume_from_checkpoint=last_checkpoint(run / "checkpoints"))
-    best = (from_pretrained(run / "best") if args.bias == "natural"
-            else GPT2LMHeadModel.from_pretrained(run / "best"))
-    test_nll = validation_nll(best, [collate(test[i:i + 64]) for i in range(0, len(test), 64)],
-                              causal=True)
-    record.update(scores={"test": {"nll": round(test_nll, 4), "ppl": round(2 ** test_nll, 2)}})
-    say(f"test: {test_nll:.3f} bits a token, perplexity {2 ** test_nll:.2f}")
+    best = (
+        from_pretrained(run / "best")
+        if args.bias == "natural"
+        else GPT2LMHeadModel.from_pretrained(run / "best")
+    )
+    test_nll = validation_nll(
+        best, [collate(test[i : i + 64]) for i in range(0, len(test), 64)], causal=True
+    )
+    record.update(scores={"test": {"nll": round(test_nll, 4), "ppl": round(2**test_nll, 2)}})
+    say(f"test: {test_nll:.3f} bits a token, perplexity {2**test_nll:.2f}")
     (run / "done").write_text(json.dumps(record.get("scores")) + "\n")
     assert math.isfinite(test_nll)
 

@@ -30,7 +30,7 @@ def load_runs(work):
     runs = {}
     for path in sorted(Path(work).glob("runs/*/seed*/record.json")):
         if (path.parent / "done").exists():
-            seed = int(path.parent.name[len("seed"):])
+            seed = int(path.parent.name[len("seed") :])
             runs.setdefault(path.parent.parent.name, {})[seed] = json.loads(path.read_text())
     return runs
 
@@ -56,12 +56,15 @@ def summary(runs):
     rows = []
     for arm in sorted(runs, key=lambda a: (a != STOCK, a)):
         records = runs[arm]
-        row = {"arm": arm, "seeds": sorted(records),
-               "unigram": mean_stderr([r["unigram_nll"] for r in records.values()]),
-               "step0": mean_stderr([r["nll"][0] for r in records.values()]),
-               "last": mean_stderr([r["nll"][-1] for r in records.values()]),
-               "best": mean_stderr([r["best_nll"] for r in records.values()]),
-               "best_update": mean_stderr([r["best_update"] for r in records.values()])}
+        row = {
+            "arm": arm,
+            "seeds": sorted(records),
+            "unigram": mean_stderr([r["unigram_nll"] for r in records.values()]),
+            "step0": mean_stderr([r["nll"][0] for r in records.values()]),
+            "last": mean_stderr([r["nll"][-1] for r in records.values()]),
+            "best": mean_stderr([r["best_nll"] for r in records.values()]),
+            "best_update": mean_stderr([r["best_update"] for r in records.values()]),
+        }
         paired = [r["best_nll"] - stock[s]["best_nll"] for s, r in records.items() if s in stock]
         row["best_vs_stock"] = mean_stderr(paired) if arm != STOCK else None
         if target is not None:
@@ -74,30 +77,49 @@ def summary(runs):
                     row["scores"][f"{test_set} {key}"] = value
                 else:
                     row["scores"][f"{test_set} {key}"] = mean_stderr(
-                        [r["scores"][test_set][key] for r in records.values()])
+                        [r["scores"][test_set][key] for r in records.values()]
+                    )
         rows.append(row)
     return rows, target
 
 
 def markdown(rows, target, title):
     numbers = [k for k in rows[0]["scores"] if not k.endswith("signature")] if rows else []
-    head = (["arm", "seeds", "prior's NLL", "NLL at 0", "NLL at the end", "best NLL (update)",
-             "best − stock", "reach of stock's end"] + numbers)
-    lines = [f"### {title}", "", "| " + " | ".join(head) + " |",
-             "|" + "---|" * len(head)]
+    head = [
+        "arm",
+        "seeds",
+        "prior's NLL",
+        "NLL at 0",
+        "NLL at the end",
+        "best NLL (update)",
+        "best − stock",
+        "reach of stock's end",
+    ] + numbers
+    lines = [f"### {title}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in rows:
-        cells = [row["arm"], ",".join(map(str, row["seeds"])), row["unigram"].format(3, False),
-                 row["step0"].format(3, False), row["last"].format(3, False),
-                 f"{row['best'].format(3, False)} ({row['best_update'].mean:.0f})",
-                 "" if row["best_vs_stock"] is None else row["best_vs_stock"].signed(3),
-                 "never" if row.get("reach") is None else f"{row['reach'].format(2, False)}×"]
+        cells = [
+            row["arm"],
+            ",".join(map(str, row["seeds"])),
+            row["unigram"].format(3, False),
+            row["step0"].format(3, False),
+            row["last"].format(3, False),
+            f"{row['best'].format(3, False)} ({row['best_update'].mean:.0f})",
+            "" if row["best_vs_stock"] is None else row["best_vs_stock"].signed(3),
+            "never" if row.get("reach") is None else f"{row['reach'].format(2, False)}×",
+        ]
         cells += [row["scores"][key].format(2, False) for key in numbers]
         lines.append("| " + " | ".join(cells) + " |")
-    signatures = sorted({v for row in rows for k, v in row["scores"].items()
-                         if k.endswith("signature")})
-    lines += ["", "NLL in bits per target token (validation); mean ± standard error over "
-              f"seeds; reach: updates to stock's mean NLL at its last update ({target:.3f}), as "
-              "a fraction of those updates." if target else ""]
+    signatures = sorted(
+        {v for row in rows for k, v in row["scores"].items() if k.endswith("signature")}
+    )
+    lines += [
+        "",
+        "NLL in bits per target token (validation); mean ± standard error over "
+        f"seeds; reach: updates to stock's mean NLL at its last update ({target:.3f}), as "
+        "a fraction of those updates."
+        if target
+        else "",
+    ]
     lines += [f"sacreBLEU: {s}" for s in signatures]
     return "\n".join(lines) + "\n"
 
@@ -117,8 +139,13 @@ def plot(runs, path, title):
         line = ax.plot(updates[1:], values.mean(0)[1:], label=f"{arm} ({len(curves)})")[0]
         if len(curves) > 1:
             spread = values.std(0, ddof=1)[1:] / math.sqrt(len(curves))
-            ax.fill_between(updates[1:], values.mean(0)[1:] - spread,
-                            values.mean(0)[1:] + spread, color=line.get_color(), alpha=0.25)
+            ax.fill_between(
+                updates[1:],
+                values.mean(0)[1:] - spread,
+                values.mean(0)[1:] + spread,
+                color=line.get_color(),
+                alpha=0.25,
+            )
     ax.set_xscale("log")
     ax.set_xlabel("training updates")
     ax.set_ylabel("validation NLL (bits per token)")
@@ -130,11 +157,15 @@ def plot(runs, path, title):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("works", nargs="+", metavar="WORK")
-    parser.add_argument("--out", help="write the tables here too, and a plot beside each WORK's "
-                                      "name (OUT without .md, _WORKNAME_valid_nll.png)")
+    parser.add_argument(
+        "--out",
+        help="write the tables here too, and a plot beside each WORK's "
+        "name (OUT without .md, _WORKNAME_valid_nll.png)",
+    )
     args = parser.parse_args(argv)
     tables = []
     for work in args.works:

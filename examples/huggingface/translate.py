@@ -24,6 +24,7 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # before transformers is imported
 
 import torch  # noqa: E402
+from common import Record, ValidationCallback, last_checkpoint, read_split, say, train_tokenizer  # noqa: E402
 from transformers import (  # noqa: E402
     DataCollatorForSeq2Seq,
     MarianConfig,
@@ -32,11 +33,11 @@ from transformers import (  # noqa: E402
     Seq2SeqTrainingArguments,
 )
 
-from common import (  # noqa: E402
-    Record, ValidationCallback, last_checkpoint, read_split, say, train_tokenizer,
-)
 from natbias.hf import (  # noqa: E402
-    BiasStatisticsCallback, UnigramLabelSmoothingLoss, add_natural_bias, count_targets,
+    BiasStatisticsCallback,
+    UnigramLabelSmoothingLoss,
+    add_natural_bias,
+    count_targets,
     from_pretrained,
 )
 from natbias.prior import cross_entropy_bits, log_unigram  # noqa: E402
@@ -44,24 +45,42 @@ from natbias.tools.quality import quality  # noqa: E402
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", required=True, help="raw parallel text: train, val(id), test "
-                        "files as SPLIT.LANG[.gz] (Multi30k's names or train/valid/test)")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--data",
+        required=True,
+        help="raw parallel text: train, val(id), test "
+        "files as SPLIT.LANG[.gz] (Multi30k's names or train/valid/test)",
+    )
     parser.add_argument("--src", default="de")
     parser.add_argument("--tgt", default="en")
     parser.add_argument("--work", default="work/examples/huggingface")
     parser.add_argument("--train-pairs", type=int, default=0, help="first N pairs only (0: all)")
-    parser.add_argument("--eval-lines", type=int, default=0,
-                        help="first N validation and test pairs only (0: all)")
-    parser.add_argument("--test-sets", nargs="*", default=["test"],
-                        help="test splits to score (e.g. test test_2017_flickr)")
+    parser.add_argument(
+        "--eval-lines", type=int, default=0, help="first N validation and test pairs only (0: all)"
+    )
+    parser.add_argument(
+        "--test-sets",
+        nargs="*",
+        default=["test"],
+        help="test splits to score (e.g. test test_2017_flickr)",
+    )
     parser.add_argument("--vocab", type=int, default=8000, help="tokenizer vocabulary size")
-    parser.add_argument("--bias", choices=("none", "natural"), default="natural",
-                        help="natural: natbias.hf.add_natural_bias; none: transformers' stock")
-    parser.add_argument("--label-smoothing", choices=("uniform", "unigram"), default="uniform",
-                        help="uniform: transformers' label_smoothing_factor 0.1; unigram: "
-                             "natbias.hf.UnigramLabelSmoothingLoss, epsilon 0.1")
+    parser.add_argument(
+        "--bias",
+        choices=("none", "natural"),
+        default="natural",
+        help="natural: natbias.hf.add_natural_bias; none: transformers' stock",
+    )
+    parser.add_argument(
+        "--label-smoothing",
+        choices=("uniform", "unigram"),
+        default="uniform",
+        help="uniform: transformers' label_smoothing_factor 0.1; unigram: "
+        "natbias.hf.UnigramLabelSmoothingLoss, epsilon 0.1",
+    )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--layers", type=int, default=2, help="encoder and decoder layers")
     parser.add_argument("--dim", type=int, default=128)
@@ -94,14 +113,27 @@ def tokenised(tokenizer, data, split, args, limit):
 def marian_config(tokenizer, args):
     """The study's size (2+2 layers, d 128, FFN 256, 4 heads; ReLU and scaled
     embeddings as fairseq's transformer), one vocabulary tied everywhere."""
-    ids = dict(pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-               decoder_start_token_id=tokenizer.pad_token_id,
-               forced_eos_token_id=tokenizer.eos_token_id)
-    return MarianConfig(vocab_size=len(tokenizer), d_model=args.dim, encoder_layers=args.layers,
-                        decoder_layers=args.layers, encoder_attention_heads=args.heads,
-                        decoder_attention_heads=args.heads, encoder_ffn_dim=args.ffn,
-                        decoder_ffn_dim=args.ffn, max_position_embeddings=256,
-                        activation_function="relu", scale_embedding=True, dropout=0.1, **ids)
+    ids = dict(
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        decoder_start_token_id=tokenizer.pad_token_id,
+        forced_eos_token_id=tokenizer.eos_token_id,
+    )
+    return MarianConfig(
+        vocab_size=len(tokenizer),
+        d_model=args.dim,
+        encoder_layers=args.layers,
+        decoder_layers=args.layers,
+        encoder_attention_heads=args.heads,
+        decoder_attention_heads=args.heads,
+        encoder_ffn_dim=args.ffn,
+        decoder_ffn_dim=args.ffn,
+        max_position_embeddings=256,
+        activation_function="relu",
+        scale_embedding=True,
+        dropout=0.1,
+        **ids,
+    )
 
 
 def build_model(tokenizer, train, args):
@@ -119,34 +151,65 @@ def train_run(args, run, tokenizer, train, valid):
     if record.get("unigram_nll") is None:  # what a model predicting the prior scores
         vocab = len(tokenizer)
         prior = log_unigram(count_targets([e["labels"] for e in train], vocab))
-        record.update(unigram_nll=round(cross_entropy_bits(
-            prior, count_targets([e["labels"] for e in valid], vocab)), 4))
-    valid_batches = [collator(valid[i:i + 128]) for i in range(0, len(valid), 128)]
+        record.update(
+            unigram_nll=round(
+                cross_entropy_bits(prior, count_targets([e["labels"] for e in valid], vocab)), 4
+            )
+        )
+    valid_batches = [collator(valid[i : i + 128]) for i in range(0, len(valid), 128)]
     training = Seq2SeqTrainingArguments(
-        output_dir=str(run / "checkpoints"), max_steps=args.max_steps, seed=args.seed,
-        per_device_train_batch_size=args.batch_size, learning_rate=args.lr,
-        lr_scheduler_type="inverse_sqrt", warmup_steps=args.warmup,
-        adam_beta1=0.9, adam_beta2=0.997, weight_decay=0.0, max_grad_norm=0.0,
-        train_sampling_strategy="group_by_length", save_strategy="steps",
-        save_steps=args.eval_every, save_total_limit=1, logging_steps=args.eval_every,
-        eval_strategy="no", report_to=[], disable_tqdm=True, use_cpu=True,
+        output_dir=str(run / "checkpoints"),
+        max_steps=args.max_steps,
+        seed=args.seed,
+        per_device_train_batch_size=args.batch_size,
+        learning_rate=args.lr,
+        lr_scheduler_type="inverse_sqrt",
+        warmup_steps=args.warmup,
+        adam_beta1=0.9,
+        adam_beta2=0.997,
+        weight_decay=0.0,
+        max_grad_norm=0.0,
+        train_sampling_strategy="group_by_length",
+        save_strategy="steps",
+        save_steps=args.eval_every,
+        save_total_limit=1,
+        logging_steps=args.eval_every,
+        eval_strategy="no",
+        report_to=[],
+        disable_tqdm=True,
+        use_cpu=True,
         dataloader_num_workers=0,
-        label_smoothing_factor=0.1 if args.label_smoothing == "uniform" else 0.0)
+        label_smoothing_factor=0.1 if args.label_smoothing == "uniform" else 0.0,
+    )
     loss = None
     if args.label_smoothing == "unigram":
-        loss = (UnigramLabelSmoothingLoss.from_model(model) if args.bias == "natural" else
-                UnigramLabelSmoothingLoss.from_counts(
-                    count_targets([e["labels"] for e in train], len(tokenizer)), model))
-    callbacks = [ValidationCallback(record, valid_batches, args.eval_every, args.patience, run,
-                                    tokenizer)]
+        loss = (
+            UnigramLabelSmoothingLoss.from_model(model)
+            if args.bias == "natural"
+            else UnigramLabelSmoothingLoss.from_counts(
+                count_targets([e["labels"] for e in train], len(tokenizer)), model
+            )
+        )
+    callbacks = [
+        ValidationCallback(record, valid_batches, args.eval_every, args.patience, run, tokenizer)
+    ]
     if args.bias == "natural":
         callbacks.append(BiasStatisticsCallback(probe=valid_batches[0]))
-    trainer = Seq2SeqTrainer(model=model, args=training, train_dataset=train,
-                             data_collator=collator, processing_class=tokenizer,
-                             compute_loss_func=loss, callbacks=callbacks)
+    trainer = Seq2SeqTrainer(
+        model=model,
+        args=training,
+        train_dataset=train,
+        data_collator=collator,
+        processing_class=tokenizer,
+        compute_loss_func=loss,
+        callbacks=callbacks,
+    )
     trainer.train(resume_from_checkpoint=last_checkpoint(run / "checkpoints"))
-    record.update(log_history=[entry for entry in trainer.state.log_history
-                               if "bias_kl" in entry or "loss" in entry])
+    record.update(
+        log_history=[
+            entry for entry in trainer.state.log_history if "bias_kl" in entry or "loss" in entry
+        ]
+    )
     return record
 
 
@@ -158,18 +221,25 @@ def translate(model, tokenizer, sources, beam, batch_size=64):
     order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
     output = [None] * len(sources)
     for start in range(0, len(order), batch_size):
-        batch = order[start:start + batch_size]
+        batch = order[start : start + batch_size]
         inputs = tokenizer([sources[i] for i in batch], return_tensors="pt", padding=True)
-        generated = model.generate(**inputs, num_beams=beam, max_new_tokens=int(
-            inputs["input_ids"].shape[1] * 1.2) + 10, length_penalty=1.0)
+        generated = model.generate(
+            **inputs,
+            num_beams=beam,
+            max_new_tokens=int(inputs["input_ids"].shape[1] * 1.2) + 10,
+            length_penalty=1.0,
+        )
         for i, text in zip(batch, tokenizer.batch_decode(generated, skip_special_tokens=True)):
             output[i] = text.strip()
     return output
 
 
 def score(args, run, tokenizer, record):
-    model = from_pretrained(run / "best") if args.bias == "natural" else \
-        MarianMTModel.from_pretrained(run / "best")
+    model = (
+        from_pretrained(run / "best")
+        if args.bias == "natural"
+        else MarianMTModel.from_pretrained(run / "best")
+    )
     scores = {}
     for test_set in args.test_sets:
         sources = read_split(args.data, test_set, args.src, args.eval_lines)
@@ -177,8 +247,10 @@ def score(args, run, tokenizer, record):
         hypotheses = translate(model, tokenizer, sources, args.beam)
         (run / f"{test_set}.hyp").write_text("\n".join(hypotheses) + "\n", encoding="utf-8")
         scores[test_set] = quality(hypotheses, references)
-        say(f"{test_set}: BLEU {scores[test_set]['BLEU']:.2f}, chrF "
-            f"{scores[test_set]['chrF']:.2f} ({scores[test_set]['bleu_signature']})")
+        say(
+            f"{test_set}: BLEU {scores[test_set]['BLEU']:.2f}, chrF "
+            f"{scores[test_set]['chrF']:.2f} ({scores[test_set]['bleu_signature']})"
+        )
     record.update(scores=scores)
 
 
@@ -192,12 +264,15 @@ def main(argv=None):
         return
     run.mkdir(parents=True, exist_ok=True)
     texts = read_split(args.data, "train", args.src, args.train_pairs) + read_split(
-        args.data, "train", args.tgt, args.train_pairs)
+        args.data, "train", args.tgt, args.train_pairs
+    )
     tokenizer = train_tokenizer(texts, args.vocab, work / "tokenizer")
     train, _, _ = tokenised(tokenizer, args.data, "train", args, args.train_pairs)
     valid, _, _ = tokenised(tokenizer, args.data, "valid", args, args.eval_lines)
-    say(f"{run}: {len(train)} training pairs, vocabulary {len(tokenizer)}, "
-        f"{args.max_steps} updates at most")
+    say(
+        f"{run}: {len(train)} training pairs, vocabulary {len(tokenizer)}, "
+        f"{args.max_steps} updates at most"
+    )
     record = train_run(args, run, tokenizer, train, valid)
     score(args, run, tokenizer, record)
     (run / "done").write_text(json.dumps(record.get("scores")) + "\n")

@@ -32,20 +32,35 @@ LEGEND = """log p(y) = context + frequency + normaliser   (eq. 4, exact; natural
 
 def parse_args(argv=None):
     work = os.environ.get("WORK", "work/examples/translation")
-    parser = argparse.ArgumentParser(prog="decompose.py", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--checkpoint", default=f"{work}/runs/unigram/checkpoint_best.pt",
-                        help="transformer_natbias or transformer_lm_natbias checkpoint "
-                             "(default: %(default)s)")
-    parser.add_argument("--data-bin", default=f"{work}/data-bin",
-                        help="the model's fairseq data directory, for its dictionaries "
-                             "(default: %(default)s)")
-    parser.add_argument("--spm-model", default=f"{work}/spm.model",
-                        help="SentencePiece model of the training text (default: %(default)s)")
-    parser.add_argument("--sentence", default=DEFAULT_SENTENCE,
-                        help="source sentence to translate (language model: the text to score)")
-    parser.add_argument("--reference", help="decompose this target text (teacher-forced) "
-                                            "instead of the model's own translation")
+    parser = argparse.ArgumentParser(
+        prog="decompose.py",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--checkpoint",
+        default=f"{work}/runs/unigram/checkpoint_best.pt",
+        help="transformer_natbias or transformer_lm_natbias checkpoint (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--data-bin",
+        default=f"{work}/data-bin",
+        help="the model's fairseq data directory, for its dictionaries (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--spm-model",
+        default=f"{work}/spm.model",
+        help="SentencePiece model of the training text (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--sentence",
+        default=DEFAULT_SENTENCE,
+        help="source sentence to translate (language model: the text to score)",
+    )
+    parser.add_argument(
+        "--reference",
+        help="decompose this target text (teacher-forced) instead of the model's own translation",
+    )
     parser.add_argument("--beam", type=int, default=5, help="beam size (default: %(default)s)")
     parser.add_argument("--cpu", action="store_true", help="stay on the CPU even with a GPU")
     return parser.parse_args(argv)
@@ -66,8 +81,9 @@ def run(args):
     if is_translation:
         source = hub.encode(args.sentence)
         if args.reference:
-            target = hub.tgt_dict.encode_line(hub.apply_bpe(hub.tokenize(args.reference)),
-                                            add_if_not_exist=False).long()
+            target = hub.tgt_dict.encode_line(
+                hub.apply_bpe(hub.tokenize(args.reference)), add_if_not_exist=False
+            ).long()
             label, beam_scores = "reference (teacher-forced)", None
         else:
             best = hub.generate(source, beam=args.beam)[0]
@@ -85,19 +101,25 @@ def run(args):
     print()
     print(result.format_table())
     print()
-    print(f"largest |log p - (context + frequency + normaliser)|: "
-          f"{float(result.residual().abs().max()):.1e}")
+    print(
+        f"largest |log p - (context + frequency + normaliser)|: "
+        f"{float(result.residual().abs().max()):.1e}"
+    )
     if beam_scores is not None:
-        print(f"beam search's own log p of the translation: {float(beam_scores.sum()):.4f} "
-              f"(teacher-forced above: {float(result.log_p.double().sum()):.4f})")
+        print(
+            f"beam search's own log p of the translation: {float(beam_scores.sum()):.4f} "
+            f"(teacher-forced above: {float(result.log_p.double().sum()):.4f})"
+        )
     return result
 
 
 def describe(hub):
     model_cfg = hub.cfg.model
     gain = getattr(hub.models[0].decoder.output_projection, "gain", None)
-    parts = [getattr(model_cfg, "arch", "?"),
-             f"--natbias-init {getattr(model_cfg, 'natbias_init', '?')}"]
+    parts = [
+        getattr(model_cfg, "arch", "?"),
+        f"--natbias-init {getattr(model_cfg, 'natbias_init', '?')}",
+    ]
     if gain is not None:
         parts.append(f"gain g = {float(gain()):.4f}")
     return ", ".join(parts)
@@ -108,9 +130,11 @@ def main(argv=None):
     # Checked before fairseq is imported (seconds). A missing default path
     # means the translation example has not run (with this WORK).
     if not os.path.exists(args.checkpoint):
-        hint = ("run examples/translation/run.sh first (same WORK), or give --checkpoint"
-                if args.checkpoint == parse_args([]).checkpoint
-                else "train a model first or give the path of one")
+        hint = (
+            "run examples/translation/run.sh first (same WORK), or give --checkpoint"
+            if args.checkpoint == parse_args([]).checkpoint
+            else "train a model first or give the path of one"
+        )
         sys.exit(f"decompose.py: error: {args.checkpoint}: no such checkpoint; {hint}")
     warnings.filterwarnings("ignore")  # hydra's and torch's deprecation notices inside fairseq
     from natbias.errors import NaturalBiasError

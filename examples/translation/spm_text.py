@@ -19,8 +19,11 @@ import sys
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="spm_text.py", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="spm_text.py",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     trainer = commands.add_parser("train", help="train one model on the files")
     trainer.add_argument("--model-prefix", required=True)
@@ -31,8 +34,11 @@ def main(argv=None):
     encoder.add_argument("--output-dir", required=True)
     encoder.add_argument("files", nargs="+")
     args = parser.parse_args(argv)
-    missing = [path for path in args.files + ([args.model] if args.command == "encode" else [])
-               if not os.path.isfile(path)]
+    missing = [
+        path
+        for path in args.files + ([args.model] if args.command == "encode" else [])
+        if not os.path.isfile(path)
+    ]
     if missing:
         sys.exit(f"spm_text.py: error: no such file: {missing[0]}")
     # The package's one SentencePiece trainer and encoder, which the demo and

@@ -22,10 +22,14 @@ from fairseq_natbias.checkpoint_loading import load_hub
 from fairseq_natbias.natural_bias import check_natbias_checkpoint  # re-exported for users
 from natbias.errors import NaturalBiasError
 
-NO_BIAS_NOTE = ("the model has no output bias (--natbias-init none): all of "
-                "log p(y) is context; the frequency and normaliser terms are 0")
-BIGRAM_NOTE = ("--natbias-order 2: the context term includes the bigram residual "
-               "beta*D[previous token] (the frequency term is the unigram bias b alone)")
+NO_BIAS_NOTE = (
+    "the model has no output bias (--natbias-init none): all of "
+    "log p(y) is context; the frequency and normaliser terms are 0"
+)
+BIGRAM_NOTE = (
+    "--natbias-order 2: the context term includes the bigram residual "
+    "beta*D[previous token] (the frequency term is the unigram bias b alone)"
+)
 COLUMNS = ("log_p", "context", "frequency", "normaliser")
 
 
@@ -38,8 +42,9 @@ class Terms(NamedTuple):
     normaliser: torch.Tensor
 
 
-def decompose_logits(logits: torch.Tensor, bias: Optional[torch.Tensor],
-                     target: torch.Tensor) -> Terms:
+def decompose_logits(
+    logits: torch.Tensor, bias: Optional[torch.Tensor], target: torch.Tensor
+) -> Terms:
     """The four terms for logits ``(..., V)`` = ``g W phi + b``, the bias
     ``(V,)`` (None: no bias) and target ids ``(...)``, in float32."""
     logits = logits.float()
@@ -54,7 +59,7 @@ def decompose_logits(logits: torch.Tensor, bias: Optional[torch.Tensor],
         return Terms(at_target(log_p_full), at_target(log_p_full), zeros, zeros.clone())
     bias = bias.detach().float().to(logits.device)
     log_p_context = torch.log_softmax(logits - bias, dim=-1)  # log softmax(g W phi)
-    log_p_bias = torch.log_softmax(bias, dim=-1)               # log softmax(b)
+    log_p_bias = torch.log_softmax(bias, dim=-1)  # log softmax(b)
     # -log sum_v p_Wphi(v) p_b(v), in log space (no underflow for rare v).
     normaliser = -torch.logsumexp(log_p_context + log_p_bias, dim=-1)
     frequency = log_p_bias[target]
@@ -83,8 +88,10 @@ class Decomposition:
         """A fixed-width table: one row per token, then their sums."""
         lines = [f"{'t':>3}  {'token':<{symbol_width}}" + "".join(f"{c:>12}" for c in COLUMNS)]
         for t, symbol in enumerate(self.symbols):
-            lines.append(f"{t + 1:>3}  {symbol[:symbol_width]:<{symbol_width}}"
-                         + "".join(f"{float(getattr(self, c)[t]):>12.4f}" for c in COLUMNS))
+            lines.append(
+                f"{t + 1:>3}  {symbol[:symbol_width]:<{symbol_width}}"
+                + "".join(f"{float(getattr(self, c)[t]):>12.4f}" for c in COLUMNS)
+            )
         sums = [float(getattr(self, c).double().sum()) for c in COLUMNS]
         lines.append(f"{'':>3}  {'sum':<{symbol_width}}" + "".join(f"{s:>12.4f}" for s in sums))
         if self.note:
@@ -101,7 +108,8 @@ def decompose(model, target: torch.Tensor, source: Optional[torch.Tensor] = None
     if getattr(decoder, "output_projection", None) is None:
         raise NaturalBiasError(
             f"{type(model).__name__} has no decoder.output_projection (an adaptive "
-            "softmax?): decompose a transformer_natbias or transformer_lm_natbias model")
+            "softmax?): decompose a transformer_natbias or transformer_lm_natbias model"
+        )
     target, net_input = _teacher_forcing(model, decoder, target, source)
     was_training = model.training
     model.eval()
@@ -115,12 +123,18 @@ def decompose(model, target: torch.Tensor, source: Optional[torch.Tensor] = None
     gain = decoder.output_projection.gain()
     dictionary = decoder.dictionary
     return Decomposition(
-        tokens=target.cpu(), symbols=[dictionary[int(i)] for i in target],
+        tokens=target.cpu(),
+        symbols=[dictionary[int(i)] for i in target],
         **{name: value.cpu() for name, value in terms._asdict().items()},
-        gain=None if gain is None else float(gain.detach()), has_bias=bias is not None,
-        note=(NO_BIAS_NOTE if bias is None
-              else BIGRAM_NOTE if getattr(decoder, "bigram_residual", None) is not None
-              else None),
+        gain=None if gain is None else float(gain.detach()),
+        has_bias=bias is not None,
+        note=(
+            NO_BIAS_NOTE
+            if bias is None
+            else BIGRAM_NOTE
+            if getattr(decoder, "bigram_residual", None) is not None
+            else None
+        ),
     )
 
 
@@ -133,32 +147,36 @@ def _teacher_forcing(model, decoder, target, source):
     if target.dim() != 1 or target.numel() == 0:
         raise NaturalBiasError("target: give one sentence as a non-empty 1-D tensor of token ids")
     if int(target.max()) >= vocab or int(target.min()) < 0:
-        raise NaturalBiasError(f"target holds token id {int(target.max())}, the model's "
-                            f"vocabulary has {vocab}: encode it with the model's dictionary")
+        raise NaturalBiasError(
+            f"target holds token id {int(target.max())}, the model's "
+            f"vocabulary has {vocab}: encode it with the model's dictionary"
+        )
     eos = decoder.dictionary.eos()
     shifted = torch.cat([target.new_tensor([eos]), target[:-1]]).unsqueeze(0)
     if isinstance(model, FairseqEncoderDecoderModel):
         if source is None:
-            raise NaturalBiasError("a translation model needs the source sentence too "
-                                "(source=hub.encode(text))")
+            raise NaturalBiasError(
+                "a translation model needs the source sentence too (source=hub.encode(text))"
+            )
         source = torch.as_tensor(source, dtype=torch.long, device=device).view(1, -1)
         lengths = torch.tensor([source.shape[1]], device=device)
-        return target, {"src_tokens": source, "src_lengths": lengths,
-                        "prev_output_tokens": shifted}
+        return target, {"src_tokens": source, "src_lengths": lengths, "prev_output_tokens": shifted}
     if source is not None:
         raise NaturalBiasError("a language model has no source: give the target alone")
     return target, {"src_tokens": shifted}
 
 
-def load_model(checkpoint: str, data: str, sentencepiece_model: Optional[str] = None,
-               **overrides):
+def load_model(checkpoint: str, data: str, sentencepiece_model: Optional[str] = None, **overrides):
     """fairseq's hub interface for a fairseq_natbias checkpoint with its data
     directory and, for text in and out, its SentencePiece model."""
     _, model_class = check_natbias_checkpoint(checkpoint)
     if sentencepiece_model is not None:
         if not os.path.isfile(sentencepiece_model):
-            raise NaturalBiasError(f"{sentencepiece_model}: no such SentencePiece model; give "
-                                "the .model file the training text was encoded with")
-        overrides.update(bpe="sentencepiece",
-                         sentencepiece_model=os.path.abspath(sentencepiece_model))
+            raise NaturalBiasError(
+                f"{sentencepiece_model}: no such SentencePiece model; give "
+                "the .model file the training text was encoded with"
+            )
+        overrides.update(
+            bpe="sentencepiece", sentencepiece_model=os.path.abspath(sentencepiece_model)
+        )
     return load_hub(model_class, checkpoint, data, **overrides)

@@ -51,8 +51,7 @@ class TokenScores:
         """``(x, avg full, avg without bias)`` over the types in the split."""
         keep = self.present
         n = self.occurrences[keep]
-        return (self.log_unigram[keep], self.sum_full[keep] / n,
-                self.sum_without_bias[keep] / n)
+        return (self.log_unigram[keep], self.sum_full[keep] / n, self.sum_without_bias[keep] / n)
 
 
 def load_checkpoint(path: str, data: str, split: str, use_cuda: bool):
@@ -65,8 +64,9 @@ def load_checkpoint(path: str, data: str, split: str, use_cuda: bool):
     task = tasks.setup_task(cfg.task)
     # the embedding tables must have one row per entry of the data's dictionaries
     for key, dictionary, side in (
-            ("encoder.embed_tokens.weight", task.source_dictionary, "source"),
-            ("decoder.embed_tokens.weight", task.target_dictionary, "target")):
+        ("encoder.embed_tokens.weight", task.source_dictionary, "source"),
+        ("decoder.embed_tokens.weight", task.target_dictionary, "target"),
+    ):
         if key in state["model"] and dictionary is not None:
             rows = state["model"][key].shape[0]
             if rows != len(dictionary):
@@ -77,7 +77,8 @@ def load_checkpoint(path: str, data: str, split: str, use_cuda: bool):
                     "trained on (its dict.*.txt files)."
                 )
     models, cfg, task = checkpoint_utils.load_model_ensemble_and_task(
-        [path], arg_overrides={"data": data}, task=task, state=state)
+        [path], arg_overrides={"data": data}, task=task, state=state
+    )
     model = models[0].eval()
     if use_cuda:
         model.cuda()
@@ -85,7 +86,9 @@ def load_checkpoint(path: str, data: str, split: str, use_cuda: bool):
     # Checked before fairseq opens it: numpy cannot memory-map an empty .bin,
     # and fairseq's half-built dataset then fails again in its __del__.
     first_dir = str(data).split(":")[0]
-    bins = glob.glob(os.path.join(first_dir, f"{split}.bin")) + glob.glob(os.path.join(first_dir, f"{split}.*.bin"))
+    bins = glob.glob(os.path.join(first_dir, f"{split}.bin")) + glob.glob(
+        os.path.join(first_dir, f"{split}.*.bin")
+    )
     if any(os.path.getsize(b) == 0 for b in bins):
         raise NaturalBiasError(f"the {split} split of {data} is empty: nothing to score")
     try:
@@ -114,12 +117,16 @@ def training_log_unigram(model, task, cfg) -> tuple[np.ndarray, str]:
         counts = None
     if counts is not None:
         log_u = log_unigram(counts, alpha).double().numpy()
-        gap = 0.0 if buffer is None else float(np.max(np.abs(buffer.double().cpu().numpy() - log_u)))
+        gap = (
+            0.0 if buffer is None else float(np.max(np.abs(buffer.double().cpu().numpy() - log_u)))
+        )
         if gap > 1e-4:
             logger.warning(
                 "the model's target_log_unigram differs from the unigram counted in the "
                 "data directory (max |difference| %.3g): the checkpoint was trained on "
-                "other data or with another dictionary", gap)
+                "other data or with another dictionary",
+                gap,
+            )
         return log_u, f"counted in the {train_split} split of {data} (add-{alpha:g})"
     if buffer is not None:
         return buffer.double().cpu().numpy(), "the model's target_log_unigram buffer"
@@ -130,22 +137,34 @@ def training_log_unigram(model, task, cfg) -> tuple[np.ndarray, str]:
     )
 
 
-def score_reference_tokens(model, task, split, max_tokens=4096, use_cuda=False,
-                           progress: Optional[Callable[[str], None]] = None):
+def score_reference_tokens(
+    model,
+    task,
+    split,
+    max_tokens=4096,
+    use_cuda=False,
+    progress: Optional[Callable[[str], None]] = None,
+):
     """Occurrences and summed log-probabilities (full, bias dropped) per target type."""
     from fairseq import utils
 
     dataset = task.dataset(split)
     if len(dataset) == 0:
-        raise NaturalBiasError(f"the {split} split of {training_data.task_config(task).data} is empty: nothing to score")
+        raise NaturalBiasError(
+            f"the {split} split of {training_data.task_config(task).data} is empty: nothing to score"
+        )
     vocab = len(task.target_dictionary)
     totals = [torch.zeros(vocab, dtype=torch.float64) for _ in range(3)]
     # every sentence once: no batch dropped for its size (fairseq issue #5036),
     # none longer than the model takes
     batches = task.get_batch_iterator(
-        dataset=dataset, max_tokens=max_tokens,
+        dataset=dataset,
+        max_tokens=max_tokens,
         max_positions=utils.resolve_max_positions(task.max_positions(), model.max_positions()),
-        ignore_invalid_inputs=True, required_batch_size_multiple=1, seed=1, num_workers=0,
+        ignore_invalid_inputs=True,
+        required_batch_size_multiple=1,
+        seed=1,
+        num_workers=0,
     ).next_epoch_itr(shuffle=False)
     done = 0
     with torch.no_grad():
@@ -197,20 +216,27 @@ def _score_batch(model, sample, vocab):
     return occurrences, summed(full), summed(without)
 
 
-def score_checkpoint(label, path, data, split="test", max_tokens=4096, use_cuda=False,
-                     progress=None) -> TokenScores:
+def score_checkpoint(
+    label, path, data, split="test", max_tokens=4096, use_cuda=False, progress=None
+) -> TokenScores:
     model, task, cfg = load_checkpoint(path, data, split, use_cuda)
     log_u, source = training_log_unigram(model, task, cfg)
     occurrences, sum_full, sum_without, sentences = score_reference_tokens(
-        model, task, split, max_tokens, use_cuda, progress)
+        model, task, split, max_tokens, use_cuda, progress
+    )
     dictionary = task.target_dictionary
     if label is None:
         label = getattr(cfg.model, "natbias_init", None) or os.path.basename(path)
     return TokenScores(
-        label=label, symbols=[dictionary[i] for i in range(len(dictionary))],
-        log_unigram=log_u, unigram_source=source, occurrences=occurrences,
-        sum_full=sum_full, sum_without_bias=sum_without,
-        has_bias=output_bias(model) is not None, sentences=sentences,
+        label=label,
+        symbols=[dictionary[i] for i in range(len(dictionary))],
+        log_unigram=log_u,
+        unigram_source=source,
+        occurrences=occurrences,
+        sum_full=sum_full,
+        sum_without_bias=sum_without,
+        has_bias=output_bias(model) is not None,
+        sentences=sentences,
     )
 
 
@@ -237,14 +263,20 @@ def bin_averages(scores: TokenScores, edges: np.ndarray) -> list[dict]:
         members = index == b
         if not members.any():
             continue
-        rows.append({
-            "model": scores.label, "bin": b, "bin_low": edges[b], "bin_high": edges[b + 1],
-            "bin_center": (edges[b] + edges[b + 1]) / 2, "token_types": int(members.sum()),
-            "occurrences": int(occurrences[members].sum()),
-            "mean_log_unigram": float(x[members].mean()),
-            "mean_logprob_full": float(full[members].mean()),
-            "mean_logprob_without_bias": float(without[members].mean()),
-        })
+        rows.append(
+            {
+                "model": scores.label,
+                "bin": b,
+                "bin_low": edges[b],
+                "bin_high": edges[b + 1],
+                "bin_center": (edges[b] + edges[b + 1]) / 2,
+                "token_types": int(members.sum()),
+                "occurrences": int(occurrences[members].sum()),
+                "mean_log_unigram": float(x[members].mean()),
+                "mean_logprob_full": float(full[members].mean()),
+                "mean_logprob_without_bias": float(without[members].mean()),
+            }
+        )
     return rows
 
 
@@ -255,9 +287,15 @@ class FrequencyAnalysis:
     bins: dict[str, list[dict]]
 
 
-def analyse(checkpoints: Sequence[tuple[Optional[str], str]], data: str, split: str = "test",
-            n_bins: int = DEFAULT_BINS, max_tokens: int = 4096, use_cuda: bool = False,
-            progress=None) -> FrequencyAnalysis:
+def analyse(
+    checkpoints: Sequence[tuple[Optional[str], str]],
+    data: str,
+    split: str = "test",
+    n_bins: int = DEFAULT_BINS,
+    max_tokens: int = 4096,
+    use_cuda: bool = False,
+    progress=None,
+) -> FrequencyAnalysis:
     """``checkpoints``: ``(label, path)`` pairs, one column of Fig. 4 each; a
     None label becomes the model's ``--natbias-init``."""
     if not checkpoints:
@@ -269,17 +307,34 @@ def analyse(checkpoints: Sequence[tuple[Optional[str], str]], data: str, split: 
         scores.append(score_checkpoint(label, path, data, split, max_tokens, use_cuda, progress))
     labels = [s.label for s in scores]
     if len(set(labels)) != len(labels):
-        raise NaturalBiasError(f"two models share a label ({', '.join(labels)}): "
-                            "name them with LABEL=CHECKPOINT")
+        raise NaturalBiasError(
+            f"two models share a label ({', '.join(labels)}): name them with LABEL=CHECKPOINT"
+        )
     edges = equal_width_edges([s.averages()[0] for s in scores], n_bins)
     return FrequencyAnalysis(scores, edges, {s.label: bin_averages(s, edges) for s in scores})
 
 
-BIN_COLUMNS = ("model", "bin", "bin_low", "bin_high", "bin_center", "token_types",
-               "occurrences", "mean_log_unigram", "mean_logprob_full",
-               "mean_logprob_without_bias")
-TOKEN_COLUMNS = ("model", "token_id", "symbol", "log_unigram", "occurrences",
-                 "avg_logprob_full", "avg_logprob_without_bias")
+BIN_COLUMNS = (
+    "model",
+    "bin",
+    "bin_low",
+    "bin_high",
+    "bin_center",
+    "token_types",
+    "occurrences",
+    "mean_log_unigram",
+    "mean_logprob_full",
+    "mean_logprob_without_bias",
+)
+TOKEN_COLUMNS = (
+    "model",
+    "token_id",
+    "symbol",
+    "log_unigram",
+    "occurrences",
+    "avg_logprob_full",
+    "avg_logprob_without_bias",
+)
 
 
 def write_outputs(analysis: FrequencyAnalysis, out_dir: str) -> list[str]:
@@ -300,14 +355,26 @@ def write_outputs(analysis: FrequencyAnalysis, out_dir: str) -> list[str]:
         for s in analysis.scores:
             for token in np.flatnonzero(s.present):
                 n = s.occurrences[token]
-                writer.writerow((s.label, int(token), s.symbols[token],
-                                 f"{s.log_unigram[token]:.6f}", int(n),
-                                 f"{s.sum_full[token] / n:.6f}",
-                                 f"{s.sum_without_bias[token] / n:.6f}"))
-    columns = [{"label": s.label,
-                "x": [r["bin_center"] for r in analysis.bins[s.label]],
-                "full": [r["mean_logprob_full"] for r in analysis.bins[s.label]],
-                "without_bias": [r["mean_logprob_without_bias"] for r in analysis.bins[s.label]],
-                "note": None if s.has_bias else NO_BIAS_NOTE} for s in analysis.scores]
+                writer.writerow(
+                    (
+                        s.label,
+                        int(token),
+                        s.symbols[token],
+                        f"{s.log_unigram[token]:.6f}",
+                        int(n),
+                        f"{s.sum_full[token] / n:.6f}",
+                        f"{s.sum_without_bias[token] / n:.6f}",
+                    )
+                )
+    columns = [
+        {
+            "label": s.label,
+            "x": [r["bin_center"] for r in analysis.bins[s.label]],
+            "full": [r["mean_logprob_full"] for r in analysis.bins[s.label]],
+            "without_bias": [r["mean_logprob_without_bias"] for r in analysis.bins[s.label]],
+            "note": None if s.has_bias else NO_BIAS_NOTE,
+        }
+        for s in analysis.scores
+    ]
     plot_path = plots.frequency_panels(columns, os.path.join(out_dir, "frequency.png"))
     return [bins_path, tokens_path, plot_path]

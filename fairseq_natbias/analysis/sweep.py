@@ -67,18 +67,31 @@ def settings(lambdas: Sequence[float], taus: Sequence[float]) -> list[Setting]:
     return [Setting(float(lam), float(tau)) for lam in lambdas for tau in taus]
 
 
-def generate_command(data: str, checkpoint: str, setting: Setting,
-                     generate_args: Sequence[str] = ()) -> list[str]:
+def generate_command(
+    data: str, checkpoint: str, setting: Setting, generate_args: Sequence[str] = ()
+) -> list[str]:
     if any(arg.startswith("--model-overrides") for arg in generate_args):
         raise NaturalBiasError("the sweep sets --model-overrides itself; leave it out")
     if any(arg.startswith("--user-dir") for arg in generate_args):
         raise NaturalBiasError("the sweep passes --user-dir itself; leave it out")
     # fairseq 0.12 drops a last batch that is not a multiple of this (fairseq issue #5036)
-    batching = [] if any(a.startswith("--required-batch-size-multiple") for a in generate_args) \
+    batching = (
+        []
+        if any(a.startswith("--required-batch-size-multiple") for a in generate_args)
         else ["--required-batch-size-multiple", "1"]
-    return [*pipeline.tool("fairseq-generate"), data, "--path", checkpoint,
-            "--user-dir", plugin_dir(), "--model-overrides", setting.overrides(),
-            *batching, *generate_args]
+    )
+    return [
+        *pipeline.tool("fairseq-generate"),
+        data,
+        "--path",
+        checkpoint,
+        "--user-dir",
+        plugin_dir(),
+        "--model-overrides",
+        setting.overrides(),
+        *batching,
+        *generate_args,
+    ]
 
 
 def split_sentences(data: str, split: str) -> Optional[int]:
@@ -102,8 +115,10 @@ def run_generate(command: list[str], output_path: str) -> None:
         result = subprocess.run(command, stdout=out, stderr=subprocess.PIPE, text=True, env=env)
     if result.returncode != 0:
         if "Weights only load failed" in result.stderr:
-            raise NaturalBiasError("fairseq-generate could not load the checkpoint: "
-                                + checkpoint_loading.WEIGHTS_ONLY_HINT)
+            raise NaturalBiasError(
+                "fairseq-generate could not load the checkpoint: "
+                + checkpoint_loading.WEIGHTS_ONLY_HINT
+            )
         tail = "\n    ".join(result.stderr.strip().splitlines()[-STDERR_TAIL_LINES:])
         raise NaturalBiasError(
             f"fairseq-generate failed (exit {result.returncode}):\n    {tail}\n"
@@ -114,10 +129,11 @@ def run_generate(command: list[str], output_path: str) -> None:
 def score_output(path: str, tokenize: str = "13a") -> dict:
     """BLEU and chrF (sacreBLEU, with signatures) and distinct-n of one output."""
     sentences = read_generate_output(path)
-    hypotheses = [s.detokenized if s.detokenized is not None else s.hypothesis
-                  for s in sentences]
-    scores = {"sentences": len(sentences),
-              "mean_length": sum(len(h.split()) for h in hypotheses) / len(hypotheses)}
+    hypotheses = [s.detokenized if s.detokenized is not None else s.hypothesis for s in sentences]
+    scores = {
+        "sentences": len(sentences),
+        "mean_length": sum(len(h.split()) for h in hypotheses) / len(hypotheses),
+    }
     scores.update(distinct.text_diversity(hypotheses, tokenize))
     references = [s.reference for s in sentences]
     if all(r is not None for r in references):
@@ -125,8 +141,15 @@ def score_output(path: str, tokenize: str = "13a") -> dict:
     return scores
 
 
-def sweep(data: str, checkpoint: str, grid: Sequence[Setting], out_dir: str,
-          generate_args: Sequence[str] = (), tokenize: str = "13a", progress=None) -> list[dict]:
+def sweep(
+    data: str,
+    checkpoint: str,
+    grid: Sequence[Setting],
+    out_dir: str,
+    generate_args: Sequence[str] = (),
+    tokenize: str = "13a",
+    progress=None,
+) -> list[dict]:
     """One fairseq-generate run per setting, its output in
     ``generate.lambda<l>.tau<t>.txt``, and one row of scores each."""
     checkpoint_loading.require_file(checkpoint)
@@ -140,18 +163,27 @@ def sweep(data: str, checkpoint: str, grid: Sequence[Setting], out_dir: str,
         output = os.path.join(out_dir, f"generate.{setting.name}.txt")
         started = time.time()
         if progress:
-            progress(f"[{i}/{len(grid)}] lambda={setting.lam:g} tau={setting.tau:g}: fairseq-generate")
+            progress(
+                f"[{i}/{len(grid)}] lambda={setting.lam:g} tau={setting.tau:g}: fairseq-generate"
+            )
         run_generate(generate_command(data, checkpoint, setting, generate_args), output)
-        row = {"lambda": setting.lam, "tau": setting.tau, "output": output,
-               "expected_sentences": expected}
+        row = {
+            "lambda": setting.lam,
+            "tau": setting.tau,
+            "output": output,
+            "expected_sentences": expected,
+        }
         row.update(score_output(output, tokenize))
         rows.append(row)
         if expected is not None and row["sentences"] != expected and progress:
             progress(f"warning: {MISSING_NOTE.format(row['sentences'], expected, split)}")
         if progress:
-            brief = (f"BLEU {row['BLEU']:.2f} chrF {row['chrF']:.2f} " if "BLEU" in row else "")
-            progress(f"[{i}/{len(grid)}] done in {time.time() - started:.0f}s: "
-                     + brief + f"D {row['D']:.3f}")
+            brief = f"BLEU {row['BLEU']:.2f} chrF {row['chrF']:.2f} " if "BLEU" in row else ""
+            progress(
+                f"[{i}/{len(grid)}] done in {time.time() - started:.0f}s: "
+                + brief
+                + f"D {row['D']:.3f}"
+            )
     return rows
 
 
@@ -182,25 +214,35 @@ def write_tables(rows: list[dict], out_dir: str, name: str, columns, notes, metr
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     lines += ["| " + " | ".join(line) + " |" for line in cells] + ["", *notes]
     for key, label in (("bleu_signature", "BLEU"), ("chrf_signature", "chrF")):
-        lines += [f"\nsacreBLEU {label} signature: `{s}`"
-                  for s in sorted({row[key] for row in rows if key in row})]
+        lines += [
+            f"\nsacreBLEU {label} signature: `{s}`"
+            for s in sorted({row[key] for row in rows if key in row})
+        ]
     paths = []
     for suffix, text in ((".tsv", tsv), (".md", "\n".join(lines) + "\n")):
         paths.append(os.path.join(out_dir, name + suffix))
         Path(paths[-1]).write_text(text, encoding="utf-8")
-    axes = (("lambda", "tau") if len({r["lambda"] for r in rows}) >= len({r["tau"] for r in rows})
-            else ("tau", "lambda"))
+    axes = (
+        ("lambda", "tau")
+        if len({r["lambda"] for r in rows}) >= len({r["tau"] for r in rows})
+        else ("tau", "lambda")
+    )
     paths.append(plots.sweep_panels(rows, *axes, metrics, os.path.join(out_dir, name + ".png")))
     return paths
 
 
 def write_sweep(rows: list[dict], out_dir: str) -> list[str]:
-    notes = ["lambda: output-bias scale; tau: logit adjustment (logits W phi + "
-             "lambda b - tau log p_unigram). D_n: distinct n-grams / n-grams over "
-             "all hypotheses; D: mean of D_1..D_4."]
-    notes += [f"\nlambda={row['lambda']:g} tau={row['tau']:g}: "
-              + MISSING_NOTE.format(row["sentences"], row["expected_sentences"], "the split")
-              for row in rows if row.get("expected_sentences") not in (None, row["sentences"])]
+    notes = [
+        "lambda: output-bias scale; tau: logit adjustment (logits W phi + "
+        "lambda b - tau log p_unigram). D_n: distinct n-grams / n-grams over "
+        "all hypotheses; D: mean of D_1..D_4."
+    ]
+    notes += [
+        f"\nlambda={row['lambda']:g} tau={row['tau']:g}: "
+        + MISSING_NOTE.format(row["sentences"], row["expected_sentences"], "the split")
+        for row in rows
+        if row.get("expected_sentences") not in (None, row["sentences"])
+    ]
     metrics = [("D", "diversity D (mean distinct-1..4)")]
     if all("BLEU" in row for row in rows):
         metrics = [("BLEU", "BLEU"), ("chrF", "chrF")] + metrics

@@ -23,8 +23,20 @@ from natbias.tools.quality import quality
 
 LN2 = math.log(2.0)
 DECODINGS = ("sample", "beam")
-COLUMNS = ("lambda", "tau", "ref_nll", "chrF", "BLEU", "D1", "D2", "D3", "D4", "D",
-           "sentences", "mean_length")
+COLUMNS = (
+    "lambda",
+    "tau",
+    "ref_nll",
+    "chrF",
+    "BLEU",
+    "D1",
+    "D2",
+    "D3",
+    "D4",
+    "D",
+    "sentences",
+    "mean_length",
+)
 
 
 def load(checkpoint: str, data: str, setting: Setting):
@@ -37,13 +49,19 @@ def load(checkpoint: str, data: str, setting: Setting):
     if ARCH_MODEL_REGISTRY.get(arch) is not TransformerLanguageModelNatbias:
         raise NaturalBiasError(
             f"{checkpoint} was trained with --arch {arch}, not a transformer_lm_natbias "
-            "language model; for a translation model use natbias-sweep")
+            "language model; for a translation model use natbias-sweep"
+        )
     if not os.path.isfile(os.path.join(data, "dict.txt")):
         raise NaturalBiasError(
             f"{data} has no dict.txt: give the language model's data directory "
-            "(fairseq-preprocess --only-source output)")
-    return checkpoint_loading.load_hub(TransformerLanguageModelNatbias, checkpoint, data,
-                                       **{BIAS_SCALE: setting.lam, LOGIT_ADJUSTMENT: setting.tau})
+            "(fairseq-preprocess --only-source output)"
+        )
+    return checkpoint_loading.load_hub(
+        TransformerLanguageModelNatbias,
+        checkpoint,
+        data,
+        **{BIAS_SCALE: setting.lam, LOGIT_ADJUSTMENT: setting.tau},
+    )
 
 
 def split_sentences(data: str, split: str, dictionary) -> list[torch.Tensor]:
@@ -71,7 +89,7 @@ def reference_nll_bits(hub, sentences: Sequence[torch.Tensor], batch_size: int =
     total, tokens = 0.0, 0
     with torch.no_grad():
         for start in range(0, len(sentences), batch_size):
-            batch = sentences[start:start + batch_size]
+            batch = sentences[start : start + batch_size]
             sources = [torch.cat([s.new([eos]), s[:-1]]) for s in batch]
             source = data_utils.collate_tokens(sources, pad)
             target = data_utils.collate_tokens(batch, pad)
@@ -83,37 +101,70 @@ def reference_nll_bits(hub, sentences: Sequence[torch.Tensor], batch_size: int =
     return total / tokens / LN2
 
 
-def continue_prompts(hub, sentences, prompt_tokens: int, decoding: str, max_continuation: int,
-                     beam: int = 5, topk: int = -1, topp: float = -1.0, seed: int = 1,
-                     batch_size: int = 64):
+def continue_prompts(
+    hub,
+    sentences,
+    prompt_tokens: int,
+    decoding: str,
+    max_continuation: int,
+    beam: int = 5,
+    topk: int = -1,
+    topp: float = -1.0,
+    seed: int = 1,
+    batch_size: int = 64,
+):
     """``(prompt, continuation, reference)`` per sentence longer than the prompt."""
     dictionary = hub.task.source_dictionary
-    post_process = "sentencepiece" if any("\u2581" in dictionary[i] for i in range(
-        dictionary.nspecial, min(len(dictionary), dictionary.nspecial + 50))) else None
+    post_process = (
+        "sentencepiece"
+        if any(
+            "\u2581" in dictionary[i]
+            for i in range(dictionary.nspecial, min(len(dictionary), dictionary.nspecial + 50))
+        )
+        else None
+    )
     kept = [s for s in sentences if len(s) - 1 > prompt_tokens]
     prompts = [torch.cat([s[:prompt_tokens], s.new([dictionary.eos()])]) for s in kept]
-    options = ({"sampling": True, "sampling_topk": topk, "sampling_topp": topp, "beam": 1}
-               if decoding == "sample" else {"beam": beam})
+    options = (
+        {"sampling": True, "sampling_topk": topk, "sampling_topp": topp, "beam": 1}
+        if decoding == "sample"
+        else {"beam": beam}
+    )
     torch.manual_seed(seed)
     results = []
     for start in range(0, len(prompts), batch_size):
-        batch = prompts[start:start + batch_size]
-        hypotheses = hub.generate(batch, max_len_a=0, max_len_b=prompt_tokens + max_continuation,
-                                  **options)
-        for sentence, hypos in zip(kept[start:start + batch_size], hypotheses):
+        batch = prompts[start : start + batch_size]
+        hypotheses = hub.generate(
+            batch, max_len_a=0, max_len_b=prompt_tokens + max_continuation, **options
+        )
+        for sentence, hypos in zip(kept[start : start + batch_size], hypotheses):
             generated = hypos[0]["tokens"]
-            results.append((
-                dictionary.string(sentence[:prompt_tokens], post_process),
-                dictionary.string(generated[prompt_tokens:], post_process),
-                dictionary.string(sentence[prompt_tokens:], post_process),
-            ))
+            results.append(
+                (
+                    dictionary.string(sentence[:prompt_tokens], post_process),
+                    dictionary.string(generated[prompt_tokens:], post_process),
+                    dictionary.string(sentence[prompt_tokens:], post_process),
+                )
+            )
     return results
 
 
-def sweep_lm(data: str, checkpoint: str, grid: Sequence[Setting], out_dir: str,
-             split: str = "test", prompt_tokens: int = 3, decoding: str = "sample",
-             max_continuation: int = 30, beam: int = 5, topk: int = -1, topp: float = -1.0,
-             seed: int = 1, tokenize: str = "13a", progress=None) -> list[dict]:
+def sweep_lm(
+    data: str,
+    checkpoint: str,
+    grid: Sequence[Setting],
+    out_dir: str,
+    split: str = "test",
+    prompt_tokens: int = 3,
+    decoding: str = "sample",
+    max_continuation: int = 30,
+    beam: int = 5,
+    topk: int = -1,
+    topp: float = -1.0,
+    seed: int = 1,
+    tokenize: str = "13a",
+    progress=None,
+) -> list[dict]:
     if decoding not in DECODINGS:
         raise NaturalBiasError(f"--decoding {decoding!r}: choose {' or '.join(DECODINGS)}")
     if prompt_tokens < 1:
@@ -124,33 +175,46 @@ def sweep_lm(data: str, checkpoint: str, grid: Sequence[Setting], out_dir: str,
         started = time.time()
         hub = load(checkpoint, data, setting)
         sentences = split_sentences(data, split, hub.task.source_dictionary)
-        triples = continue_prompts(hub, sentences, prompt_tokens, decoding, max_continuation,
-                                   beam, topk, topp, seed)
+        triples = continue_prompts(
+            hub, sentences, prompt_tokens, decoding, max_continuation, beam, topk, topp, seed
+        )
         path = os.path.join(out_dir, f"continuations.{decoding}.{setting.name}.txt")
         with open(path, "w", encoding="utf-8") as out:
             out.writelines("\t".join(t) + "\n" for t in triples)
         continuations = [t[1] for t in triples]
-        row = {"lambda": setting.lam, "tau": setting.tau, "decoding": decoding,
-               "ref_nll": reference_nll_bits(hub, sentences), "sentences": len(triples),
-               "mean_length": sum(len(c.split()) for c in continuations) / len(triples),
-               "output": path}
+        row = {
+            "lambda": setting.lam,
+            "tau": setting.tau,
+            "decoding": decoding,
+            "ref_nll": reference_nll_bits(hub, sentences),
+            "sentences": len(triples),
+            "mean_length": sum(len(c.split()) for c in continuations) / len(triples),
+            "output": path,
+        }
         row.update(quality(continuations, [t[2] for t in triples]))
         row.update(distinct.text_diversity(continuations, tokenize))
         rows.append(row)
         if progress:
-            progress(f"[{i}/{len(grid)}] lambda={setting.lam:g} tau={setting.tau:g} "
-                     f"({decoding}): ref NLL {row['ref_nll']:.3f} bits, chrF "
-                     f"{row['chrF']:.2f}, D {row['D']:.3f} ({time.time() - started:.0f}s)")
+            progress(
+                f"[{i}/{len(grid)}] lambda={setting.lam:g} tau={setting.tau:g} "
+                f"({decoding}): ref NLL {row['ref_nll']:.3f} bits, chrF "
+                f"{row['chrF']:.2f}, D {row['D']:.3f} ({time.time() - started:.0f}s)"
+            )
     return rows
 
 
 def write_sweep_lm(rows: list[dict], out_dir: str, name: str = "sweep_lm") -> list[str]:
     decodings = sorted({row["decoding"] for row in rows})
-    notes = [f"Decoding: {', '.join(decodings)}. lambda: output-bias scale; tau: logit "
-             "adjustment (logits g W phi + lambda b - tau log p_unigram). ref_nll: bits "
-             "per reference token under the controlled model. chrF/BLEU: continuations "
-             "against the references' own continuations. D_n: distinct n-grams / "
-             "n-grams over all continuations; D: mean of D_1..D_4."]
-    metrics = [("ref_nll", "reference NLL (bits/token)"), ("chrF", "chrF of continuations"),
-               ("D", "diversity D (mean distinct-1..4)")]
+    notes = [
+        f"Decoding: {', '.join(decodings)}. lambda: output-bias scale; tau: logit "
+        "adjustment (logits g W phi + lambda b - tau log p_unigram). ref_nll: bits "
+        "per reference token under the controlled model. chrF/BLEU: continuations "
+        "against the references' own continuations. D_n: distinct n-grams / "
+        "n-grams over all continuations; D: mean of D_1..D_4."
+    ]
+    metrics = [
+        ("ref_nll", "reference NLL (bits/token)"),
+        ("chrF", "chrF of continuations"),
+        ("D", "diversity D (mean distinct-1..4)"),
+    ]
     return write_tables(rows, out_dir, name, COLUMNS, notes, metrics)

@@ -27,18 +27,35 @@ def build_parser():
     from natbias.tools.cli import parser_for
 
     parser = parser_for(PROG, __doc__)
-    parser.add_argument("--inputs", required=True, nargs="+", metavar="PATH",
-                        help="checkpoint files; or one folder with --num-*-checkpoints")
-    parser.add_argument("--output", required=True, metavar="FILE",
-                        help="where the averaged checkpoint is written")
+    parser.add_argument(
+        "--inputs",
+        required=True,
+        nargs="+",
+        metavar="PATH",
+        help="checkpoint files; or one folder with --num-*-checkpoints",
+    )
+    parser.add_argument(
+        "--output", required=True, metavar="FILE", help="where the averaged checkpoint is written"
+    )
     count = parser.add_mutually_exclusive_group()
-    count.add_argument("--num-epoch-checkpoints", type=int, metavar="N",
-                       help="average the last N checkpoint<epoch>.pt of the folder --inputs")
-    count.add_argument("--num-update-checkpoints", type=int, metavar="N",
-                       help="average the last N checkpoint_<epoch>_<update>.pt of the "
-                            "folder --inputs")
-    parser.add_argument("--checkpoint-upper-bound", type=int, metavar="K",
-                        help="with --num-*-checkpoints: only epochs (updates) up to K")
+    count.add_argument(
+        "--num-epoch-checkpoints",
+        type=int,
+        metavar="N",
+        help="average the last N checkpoint<epoch>.pt of the folder --inputs",
+    )
+    count.add_argument(
+        "--num-update-checkpoints",
+        type=int,
+        metavar="N",
+        help="average the last N checkpoint_<epoch>_<update>.pt of the folder --inputs",
+    )
+    parser.add_argument(
+        "--checkpoint-upper-bound",
+        type=int,
+        metavar="K",
+        help="with --num-*-checkpoints: only epochs (updates) up to K",
+    )
     return parser
 
 
@@ -47,9 +64,11 @@ def last_checkpoints(folder, n, by_update, upper_bound=None):
     pattern = re.compile(r"checkpoint_\d+_(\d+)\.pt" if by_update else r"checkpoint(\d+)\.pt")
     kind = "checkpoint_<epoch>_<update>.pt" if by_update else "checkpoint<epoch>.pt"
     if not os.path.isdir(folder):
-        raise AverageError(f"{folder} is not a folder: with --num-"
-                           f"{'update' if by_update else 'epoch'}-checkpoints give "
-                           "--inputs the save dir holding the checkpoints")
+        raise AverageError(
+            f"{folder} is not a folder: with --num-"
+            f"{'update' if by_update else 'epoch'}-checkpoints give "
+            "--inputs the save dir holding the checkpoints"
+        )
     found = []
     for name in os.listdir(folder):
         match = pattern.fullmatch(name)
@@ -59,25 +78,31 @@ def last_checkpoints(folder, n, by_update, upper_bound=None):
         raise AverageError(
             f"{folder} holds {len(found)} {kind} files{' up to ' + str(upper_bound) if upper_bound is not None else ''}, "
             f"fewer than the {n} asked for: ask for fewer, or train with "
-            f"{'--save-interval-updates' if by_update else 'epoch checkpoints (no --no-epoch-checkpoints)'}")
+            f"{'--save-interval-updates' if by_update else 'epoch checkpoints (no --no-epoch-checkpoints)'}"
+        )
     return [os.path.join(folder, name) for _, name in sorted(found, reverse=True)[:n]]
 
 
 def input_paths(args):
     if args.checkpoint_upper_bound is not None and not (
-            args.num_epoch_checkpoints or args.num_update_checkpoints):
-        raise AverageError("--checkpoint-upper-bound needs --num-epoch-checkpoints or "
-                           "--num-update-checkpoints")
+        args.num_epoch_checkpoints or args.num_update_checkpoints
+    ):
+        raise AverageError(
+            "--checkpoint-upper-bound needs --num-epoch-checkpoints or --num-update-checkpoints"
+        )
     count = args.num_update_checkpoints or args.num_epoch_checkpoints
     if count:
         if len(args.inputs) != 1:
             raise AverageError("with --num-*-checkpoints give --inputs one folder (the save dir)")
-        return last_checkpoints(args.inputs[0], count, bool(args.num_update_checkpoints),
-                                args.checkpoint_upper_bound)
+        return last_checkpoints(
+            args.inputs[0], count, bool(args.num_update_checkpoints), args.checkpoint_upper_bound
+        )
     for path in args.inputs:
         if os.path.isdir(path):
-            raise AverageError(f"{path} is a folder: give checkpoint files, or the folder "
-                               "with --num-epoch-checkpoints N / --num-update-checkpoints N")
+            raise AverageError(
+                f"{path} is a folder: give checkpoint files, or the folder "
+                "with --num-epoch-checkpoints N / --num-update-checkpoints N"
+            )
     if len(args.inputs) < 2:
         raise AverageError("one checkpoint is nothing to average: give two or more")
     return list(args.inputs)
@@ -94,8 +119,10 @@ def settings(path):
     except NaturalBiasError as error:  # missing, or no checkpoint: one line naming the fix
         raise AverageError(str(error)) from None
     if saved is None:
-        raise AverageError(f"{path} holds no training configuration: give checkpoint_*.pt "
-                           "files written by fairseq-train")
+        raise AverageError(
+            f"{path} holds no training configuration: give checkpoint_*.pt "
+            "files written by fairseq-train"
+        )
     natbias = options_text(saved, STRUCTURAL) if getattr(saved, "natbias_init", None) else ""
     return getattr(saved, "arch", None), natbias
 
@@ -107,35 +134,44 @@ def check_same_settings(paths):
         if arch != first_arch:
             raise AverageError(
                 f"{paths[0]} is --arch {first_arch}, {path} is --arch {arch}: average only "
-                "checkpoints of one model (e.g. of one training run)")
+                "checkpoints of one model (e.g. of one training run)"
+            )
         if natbias != first_natbias:
             raise AverageError(
                 f"{paths[0]} was trained with {first_natbias or 'no natural bias'}, {path} with "
                 f"{natbias or 'no natural bias'}: averaging them mixes biases that mean different "
-                "things; average checkpoints of one run (or of runs with the same --natbias-* options)")
+                "things; average checkpoints of one run (or of runs with the same --natbias-* options)"
+            )
 
 
 def check_same_parameters(first, path, params, first_path):
     """Same vocabularies (rows of the token embeddings), parameter names and shapes."""
+
     def vocabularies(state):
-        return ", ".join(f"{name.split('.')[0]} {tuple(tensor.shape)[0]}"
-                         for name, tensor in sorted(state.items())
-                         if name.endswith("embed_tokens.weight"))
+        return ", ".join(
+            f"{name.split('.')[0]} {tuple(tensor.shape)[0]}"
+            for name, tensor in sorted(state.items())
+            if name.endswith("embed_tokens.weight")
+        )
 
     if vocabularies(params) != vocabularies(first):
         raise AverageError(
             f"{first_path} and {path} have different vocabularies ({vocabularies(first)} "
             f"against {vocabularies(params)} entries): average only checkpoints trained on one "
-            "dictionary (one data-bin)")
+            "dictionary (one data-bin)"
+        )
     if params.keys() != first.keys():
         missing = sorted(set(first) ^ set(params))[:3]
-        raise AverageError(f"{first_path} and {path} hold different parameters "
-                           f"({', '.join(missing)} ...): average only checkpoints of one model")
+        raise AverageError(
+            f"{first_path} and {path} hold different parameters "
+            f"({', '.join(missing)} ...): average only checkpoints of one model"
+        )
     for name, tensor in params.items():
         if tensor.shape != first[name].shape:
             raise AverageError(
                 f"{first_path} and {path} differ in the shape of {name} ({tuple(first[name].shape)} "
-                f"and {tuple(tensor.shape)}): average only checkpoints of one model")
+                f"and {tuple(tensor.shape)}): average only checkpoints of one model"
+            )
 
 
 def load(path):
@@ -164,10 +200,13 @@ def average(paths):
             elif not torch.equal(tensor, first[name]):
                 raise AverageError(
                     f"{name} ({tensor.dtype}) differs between {paths[0]} and {path} and "
-                    "cannot be averaged: average only checkpoints of one model")
+                    "cannot be averaged: average only checkpoints of one model"
+                )
         del params  # one input's weights in memory at a time, besides the sums
-    state["model"] = {name: (sums[name] / len(paths)).to(first[name].dtype) if name in sums
-                      else first[name] for name in first}
+    state["model"] = {
+        name: (sums[name] / len(paths)).to(first[name].dtype) if name in sums else first[name]
+        for name in first
+    }
     return state
 
 

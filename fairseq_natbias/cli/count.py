@@ -38,14 +38,17 @@ def load_dictionary(path):
     from fairseq.data import Dictionary
 
     if not os.path.isfile(path):
-        raise NaturalBiasError(f"--dict {path}: no such file; give the target "
-                                   "dictionary, dict.TGT.txt of the fairseq data directory")
+        raise NaturalBiasError(
+            f"--dict {path}: no such file; give the target "
+            "dictionary, dict.TGT.txt of the fairseq data directory"
+        )
     try:
         return Dictionary.load(path)
     except Exception as error:  # fairseq: ValueError for a bad line, Exception for bad bytes
         raise NaturalBiasError(
             f"--dict {path} is not a fairseq dictionary ({str(error).splitlines()[0]}); "
-            "give dict.TGT.txt of the fairseq data directory") from None
+            "give dict.TGT.txt of the fairseq data directory"
+        ) from None
 
 
 def count_text_files(paths, dictionary):
@@ -53,12 +56,14 @@ def count_text_files(paths, dictionary):
     for path in paths:
         try:
             with open_text(path) as lines:
-                counts = counts + count_text(lines, dictionary.index, dictionary.eos(),
-                                             len(dictionary))
+                counts = counts + count_text(
+                    lines, dictionary.index, dictionary.eos(), len(dictionary)
+                )
         except UnicodeDecodeError as error:
             raise NaturalBiasError(
                 f"--text {path} is not UTF-8 text (byte {error.start}); give tokenised "
-                "text, one sentence a line") from None
+                "text, one sentence a line"
+            ) from None
     return counts
 
 
@@ -69,7 +74,8 @@ def check_target_dictionary(dictionary, args):
     if os.path.isfile(own) and load_dictionary(own).symbols != dictionary.symbols:
         raise NaturalBiasError(
             f"--dict {args.dict} is not the target dictionary of {args.data} "
-            f"({own} holds other symbols); give --dict {own}")
+            f"({own} holds other symbols); give --dict {own}"
+        )
 
 
 def main(argv=None):
@@ -82,13 +88,16 @@ def main(argv=None):
             if not (args.source_lang and args.target_lang):
                 raise NaturalBiasError("--data needs --source-lang and --target-lang")
             check_target_dictionary(dictionary, args)
-            counts = count_translation_targets(args.data, args.split, args.source_lang,
-                                               args.target_lang, len(dictionary))
+            counts = count_translation_targets(
+                args.data, args.split, args.source_lang, args.target_lang, len(dictionary)
+            )
     except (NaturalBiasError, OSError) as error:
         sys.exit(f"natbias-count: error: {error}")
     write_counts_file(args.output, symbols(dictionary), counts)
-    print(f"natbias-count: {int(counts.sum())} tokens over {len(dictionary)} "
-          f"symbols written to {args.output}")
+    print(
+        f"natbias-count: {int(counts.sum())} tokens over {len(dictionary)} "
+        f"symbols written to {args.output}"
+    )
 
 
 if __name__ == "__main__":

@@ -48,14 +48,21 @@ def train(data_bin, run_dir, init, max_update):
     if (run_dir / "done").exists():
         say(f"train [{init}]: finished before, skipped")
         return
-    say(f"train [{init}]: {max_update} updates on the CPU "
-        f"(resumes from {run_dir}/checkpoint_last.pt if present)")
-    progress = pipeline.on_validation("nll_loss", lambda record: say(
-        f"train [{init}]: update {record.num_updates}/{max_update} "
-        f"valid NLL {record.values['nll_loss']} bits"))
+    say(
+        f"train [{init}]: {max_update} updates on the CPU "
+        f"(resumes from {run_dir}/checkpoint_last.pt if present)"
+    )
+    progress = pipeline.on_validation(
+        "nll_loss",
+        lambda record: say(
+            f"train [{init}]: update {record.num_updates}/{max_update} "
+            f"valid NLL {record.values['nll_loss']} bits"
+        ),
+    )
     options = [*ARMS[init], *pipeline.MODEL, *pipeline.TRAINING]
-    pipeline.train(pipeline.train_command(data_bin, run_dir, options, max_update), run_dir,
-                   progress)
+    pipeline.train(
+        pipeline.train_command(data_bin, run_dir, options, max_update), run_dir, progress
+    )
 
 
 def report(work, results):
@@ -63,40 +70,61 @@ def report(work, results):
     arms = list(results)
     curves = {init: pipeline.validation_curve(work / init) for init in arms}
     updates = sorted(set().union(*curves.values()))
-    lines = ["## Validation NLL (bits/token) over updates", "",
-             "| update | " + " | ".join(arms) + " |", "|---|" + "---|" * len(arms)]
+    lines = [
+        "## Validation NLL (bits/token) over updates",
+        "",
+        "| update | " + " | ".join(arms) + " |",
+        "|---|" + "---|" * len(arms),
+    ]
     for update in updates:
         cells = [f"{curves[i][update]:.3f}" if update in curves[i] else "" for i in arms]
         lines.append(f"| {update} | " + " | ".join(cells) + " |")
-    lines += ["", "## Test (best checkpoint, beam 5)", "", "| run | BLEU | chrF |",
-              "|---|---|---|"]
+    lines += ["", "## Test (best checkpoint, beam 5)", "", "| run | BLEU | chrF |", "|---|---|---|"]
     for init in arms:
         lines.append(f"| {init} | {results[init]['bleu']} | {results[init]['chrf']} |")
     first = results[arms[0]]
-    lines += ["", "; ".join(f"{arm}: {ARM_NOTES[arm]}" for arm in arms) + ".",
-              "", f"BLEU signature: `{first['bleu_signature']}`",
-              f"chrF signature: `{first['chrf_signature']}`"]
+    lines += [
+        "",
+        "; ".join(f"{arm}: {ARM_NOTES[arm]}" for arm in arms) + ".",
+        "",
+        f"BLEU signature: `{first['bleu_signature']}`",
+        f"chrF signature: `{first['chrf_signature']}`",
+    ]
     table = "\n".join(lines) + "\n"
     (work / "report.md").write_text(table)
     panel = []
     for init, curve in curves.items():
         y = [curve[u] for u in sorted(curve)]
         panel.append({"label": init, "x": sorted(curve), "mean": y, "low": y, "high": y})
-    plots.curve_panels({"Multi30k De-En (demo)": panel}, "validation NLL (bits/token)",
-                       str(work / "valid_nll.png"), logx=False)
+    plots.curve_panels(
+        {"Multi30k De-En (demo)": panel},
+        "validation NLL (bits/token)",
+        str(work / "valid_nll.png"),
+        logx=False,
+    )
     return table
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="natbias-demo", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="natbias-demo",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--data", help="folder of raw parallel text (see above)")
-    parser.add_argument("--output", default="demo_output", help="work folder (default: %(default)s)")
+    parser.add_argument(
+        "--output", default="demo_output", help="work folder (default: %(default)s)"
+    )
     parser.add_argument("--max-update", type=int, default=250)
     parser.add_argument("--vocab-size", type=int, default=8000)
-    parser.add_argument("--arms", nargs="+", choices=list(ARMS), default=list(ARMS),
-                        help="the runs to train and compare (default: all three; "
-                             "e.g. --arms unigram stock for a quicker demo)")
+    parser.add_argument(
+        "--arms",
+        nargs="+",
+        choices=list(ARMS),
+        default=list(ARMS),
+        help="the runs to train and compare (default: all three; "
+        "e.g. --arms unigram stock for a quicker demo)",
+    )
     args = parser.parse_args(argv)
     arms = [arm for arm in ARMS if arm in args.arms]  # the table's order, each once
     work = Path(args.output).resolve()
@@ -109,8 +137,10 @@ def main(argv=None):
         train(data_bin, work / init, init, args.max_update)
         results[init] = pipeline.evaluate(data_bin, work, work / init, init)
     print("\n" + report(work, results))
-    say(f"done in {time.time() - started:.0f} s; outputs in {work}: report.md, "
-        f"valid_nll.png, {{{','.join(arms)}}}/train.log, checkpoints, test.hyp")
+    say(
+        f"done in {time.time() - started:.0f} s; outputs in {work}: report.md, "
+        f"valid_nll.png, {{{','.join(arms)}}}/train.log, checkpoints, test.hyp"
+    )
 
 
 if __name__ == "__main__":

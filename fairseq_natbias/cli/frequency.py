@@ -24,16 +24,27 @@ PROG = "natbias-frequency"
 def build_parser():
     parser = parser_for(PROG, __doc__)
     parser.add_argument("data", help="fairseq data directory the models were trained on")
-    parser.add_argument("--model", action="append", required=True, metavar="[LABEL=]CHECKPOINT",
-                        help="a checkpoint, optionally labelled (repeat: one column each; "
-                             "default label: the model's --natbias-init)")
+    parser.add_argument(
+        "--model",
+        action="append",
+        required=True,
+        metavar="[LABEL=]CHECKPOINT",
+        help="a checkpoint, optionally labelled (repeat: one column each; "
+        "default label: the model's --natbias-init)",
+    )
     parser.add_argument("--gen-subset", default="test", help="split to score (default: test)")
-    parser.add_argument("--bins", type=int, default=frequency.DEFAULT_BINS,
-                        help=f"equal-length intervals of log-unigram (default {frequency.DEFAULT_BINS})")
+    parser.add_argument(
+        "--bins",
+        type=int,
+        default=frequency.DEFAULT_BINS,
+        help=f"equal-length intervals of log-unigram (default {frequency.DEFAULT_BINS})",
+    )
     parser.add_argument("--max-tokens", type=int, default=4096, help="tokens per batch")
     parser.add_argument("--cpu", action="store_true", help="score on the CPU even if CUDA is there")
-    parser.add_argument("--user-dir", help="another fairseq plugin the checkpoint needs "
-                                           "(this package is loaded already)")
+    parser.add_argument(
+        "--user-dir",
+        help="another fairseq plugin the checkpoint needs (this package is loaded already)",
+    )
     parser.add_argument("--out-dir", required=True, help="directory for the CSVs and frequency.png")
     return parser
 
@@ -46,24 +57,38 @@ def run(args):
 
         from fairseq import utils
 
-        from fairseq_natbias.pipeline import this_copy
+        from fairseq_natbias.in_process import this_copy
 
         try:
             utils.import_user_module(Namespace(user_dir=this_copy(args.user_dir)))
         except ImportError as error:
             raise NaturalBiasError(f"--user-dir {args.user_dir}: {error}") from error
     use_cuda = torch.cuda.is_available() and not args.cpu
-    checkpoints = [(label, path) if sep else (None, spec)
-                   for spec in args.model for label, sep, path in [spec.partition("=")]]
-    analysis = frequency.analyse(checkpoints, args.data, args.gen_subset, args.bins,
-                                 args.max_tokens, use_cuda, progress=progress_on_stderr(PROG))
+    checkpoints = [
+        (label, path) if sep else (None, spec)
+        for spec in args.model
+        for label, sep, path in [spec.partition("=")]
+    ]
+    analysis = frequency.analyse(
+        checkpoints,
+        args.data,
+        args.gen_subset,
+        args.bins,
+        args.max_tokens,
+        use_cuda,
+        progress=progress_on_stderr(PROG),
+    )
     for scores in analysis.scores:
-        print(f"{scores.label}: {scores.sentences} sentences, "
-              f"{int(scores.occurrences.sum())} reference tokens of "
-              f"{int(scores.present.sum())} types; unigram {scores.unigram_source}")
+        print(
+            f"{scores.label}: {scores.sentences} sentences, "
+            f"{int(scores.occurrences.sum())} reference tokens of "
+            f"{int(scores.present.sum())} types; unigram {scores.unigram_source}"
+        )
         if not scores.has_bias:
-            print(f"{scores.label}: the model has no output bias, so the bias-dropped "
-                  "row equals the full model")
+            print(
+                f"{scores.label}: the model has no output bias, so the bias-dropped "
+                "row equals the full model"
+            )
     print_written(frequency.write_outputs(analysis, args.out_dir))
     return analysis
 

@@ -14,7 +14,7 @@ does, and reports on the validation split, in bits per target token:
 import json
 import sys
 
-from fairseq_natbias.pipeline import build_from_training_args, validation_divergence
+from fairseq_natbias.in_process import build_from_training_args, validation_divergence
 
 
 def main(argv=None):

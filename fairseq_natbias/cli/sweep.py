@@ -39,11 +39,18 @@ def run(args):
     grid = sweep.settings(args.lambdas, args.taus)
     # read first: a file that is no checkpoint is refused in one line
     if not has_output_bias(args.checkpoint) and any(s.lam != 1 for s in grid):
-        print(f"{PROG}: note: {args.checkpoint} has no output bias, so lambda changes "
-              "nothing; only tau does", file=sys.stderr)
+        print(
+            f"{PROG}: note: {args.checkpoint} has no output bias, so lambda changes "
+            "nothing; only tau does",
+            file=sys.stderr,
+        )
     rows = sweep.sweep(
-        args.data, args.checkpoint, grid, args.out_dir,
-        ["--gen-subset", args.gen_subset, *args.generate_args], args.tokenize,
+        args.data,
+        args.checkpoint,
+        grid,
+        args.out_dir,
+        ["--gen-subset", args.gen_subset, *args.generate_args],
+        args.tokenize,
         progress=cli.progress_on_stderr(PROG),
     )
     paths = sweep.write_sweep(rows, args.out_dir)

@@ -18,6 +18,13 @@ from natbias.hf.natural_bias import add_natural_bias, count_targets, from_pretra
 
 register()
 
-__all__ = ["BiasScaleLogitsProcessor", "BiasStatisticsCallback", "NATURAL_BIAS_CLASSES",
-           "NaturalBiasModel", "UnigramLabelSmoothingLoss", "add_natural_bias", "count_targets",
-           "from_pretrained"]
+__all__ = [
+    "BiasScaleLogitsProcessor",
+    "BiasStatisticsCallback",
+    "NATURAL_BIAS_CLASSES",
+    "NaturalBiasModel",
+    "UnigramLabelSmoothingLoss",
+    "add_natural_bias",
+    "count_targets",
+    "from_pretrained",
+]

@@ -36,8 +36,9 @@ class BiasStatisticsCallback(TrainerCallback):
 def statistics(model, probe: Optional[dict] = None) -> dict:
     """The statistics of a natural-bias model, rounded as the Trainer logs them."""
     head = model.get_output_embeddings()
-    stats = bias_statistics(model.output_bias(), model.natbias_log_prior, head.weight,
-                            model.output_gain())
+    stats = bias_statistics(
+        model.output_bias(), model.natbias_log_prior, head.weight, model.output_gain()
+    )
     if probe is not None:
         stats.update(probe_divergences(model, probe))
     return {key: round(value, 4) for key, value in stats.items()}
@@ -56,9 +57,12 @@ def probe_divergences(model, batch: dict) -> dict:
         if not getattr(model.config, "is_encoder_decoder", False):
             logits, labels = logits[:, :-1], labels[:, 1:]
         kl_unigram, kl_uniform, tokens = divergence_sums(
-            torch.log_softmax(logits.float(), -1), labels.ne(IGNORE_INDEX), model.natbias_log_prior)
+            torch.log_softmax(logits.float(), -1), labels.ne(IGNORE_INDEX), model.natbias_log_prior
+        )
     finally:
         model.train(training)
     tokens = max(tokens.item(), 1.0)
-    return {"kl_unigram": kl_unigram.item() / tokens / LN2,
-            "kl_uniform": kl_uniform.item() / tokens / LN2}
+    return {
+        "kl_unigram": kl_unigram.item() / tokens / LN2,
+        "kl_uniform": kl_uniform.item() / tokens / LN2,
+    }

@@ -9,7 +9,8 @@ Reduced as transformers' own ``label_smoothing_factor`` is: the mean over
 the batch's target tokens (labels other than -100).
 """
 
-from typing import Optional, Sequence
+from collections.abc import Sequence
+from typing import Optional
 
 import torch
 
@@ -35,19 +36,27 @@ class UnigramLabelSmoothingLoss:
         """omega: the prior of a model given the natural bias (``add_natural_bias``)."""
         log_prior = getattr(model, "natbias_log_prior", None)
         if log_prior is None:
-            raise NaturalBiasError(f"{type(model).__name__} has no natural bias: give the "
-                                   "training targets' counts with from_counts")
+            raise NaturalBiasError(
+                f"{type(model).__name__} has no natural bias: give the "
+                "training targets' counts with from_counts"
+            )
         return cls(log_prior, epsilon, _is_causal(model))
 
     @classmethod
-    def from_counts(cls, counts: Sequence[int], model, epsilon: float = 0.1,
-                    smoothing: float = DEFAULT_SMOOTHING) -> "UnigramLabelSmoothingLoss":
+    def from_counts(
+        cls,
+        counts: Sequence[int],
+        model,
+        epsilon: float = 0.1,
+        smoothing: float = DEFAULT_SMOOTHING,
+    ) -> "UnigramLabelSmoothingLoss":
         """omega counted (``natbias.hf.count_targets``) for a model without the
         natural bias, smoothed as the bias would be."""
         return cls(log_unigram(counts, smoothing), epsilon, _is_causal(model))
 
-    def __call__(self, outputs, labels: torch.Tensor,
-                 num_items_in_batch: Optional[int] = None) -> torch.Tensor:
+    def __call__(
+        self, outputs, labels: torch.Tensor, num_items_in_batch: Optional[int] = None
+    ) -> torch.Tensor:
         logits = outputs["logits"] if isinstance(outputs, dict) else outputs[0]
         if self.causal:
             logits, labels = logits[..., :-1, :], labels[..., 1:]

@@ -49,13 +49,17 @@ def natural_bias_settings(config) -> dict:
     """The natural-bias settings a configuration records, checked."""
     settings = getattr(config, SETTINGS, None)
     if not isinstance(settings, dict):
-        raise NaturalBiasError(f"{type(config).__name__} records no '{SETTINGS}' settings: give "
-                               "a model the natural bias with natbias.hf.add_natural_bias")
+        raise NaturalBiasError(
+            f"{type(config).__name__} records no '{SETTINGS}' settings: give "
+            "a model the natural bias with natbias.hf.add_natural_bias"
+        )
     version = settings.get("format_version")
     if not isinstance(version, int) or version > FORMAT_VERSION:
-        raise NaturalBiasError(f"this model's natural bias has format version {version!r}; "
-                               f"natbias {__version__} reads version {FORMAT_VERSION}: upgrade "
-                               "natbias to load it")
+        raise NaturalBiasError(
+            f"this model's natural bias has format version {version!r}; "
+            f"natbias {__version__} reads version {FORMAT_VERSION}: upgrade "
+            "natbias to load it"
+        )
     return settings
 
 
@@ -76,9 +80,14 @@ class NaturalBiasModel:
             bias = self.final_logits_bias.detach().to(torch.float32)
             del self.final_logits_bias
             self.final_logits_bias = nn.Parameter(bias)
-        self.set_output_embeddings(NaturalBiasProjection(
-            head.weight, None if self.bias_in_final_logits else torch.zeros(vocab_size),
-            settings.get("gain_init"), settings.get("gain_speed")))
+        self.set_output_embeddings(
+            NaturalBiasProjection(
+                head.weight,
+                None if self.bias_in_final_logits else torch.zeros(vocab_size),
+                settings.get("gain_init"),
+                settings.get("gain_speed"),
+            )
+        )
         # log p of the training targets: for the statistics, the criterion and λ·b.
         self.register_buffer("natbias_log_prior", torch.zeros(vocab_size, dtype=torch.float32))
 
@@ -129,8 +138,7 @@ class NaturalBiasLlamaForCausalLM(NaturalBiasModel, LlamaForCausalLM):
 # transformers class -> its natural-bias class, and which Auto class loads it.
 NATURAL_BIAS_CLASSES = {
     MarianMTModel: (NaturalBiasMarianMTModel, AutoModelForSeq2SeqLM),
-    BartForConditionalGeneration: (NaturalBiasBartForConditionalGeneration,
-                                   AutoModelForSeq2SeqLM),
+    BartForConditionalGeneration: (NaturalBiasBartForConditionalGeneration, AutoModelForSeq2SeqLM),
     GPT2LMHeadModel: (NaturalBiasGPT2LMHeadModel, AutoModelForCausalLM),
     LlamaForCausalLM: (NaturalBiasLlamaForCausalLM, AutoModelForCausalLM),
 }

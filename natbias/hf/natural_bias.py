@@ -14,7 +14,8 @@ layer alone) plus b, counted and smoothed as the fairseq plugin does
 (:mod:`natbias.projection`).
 """
 
-from typing import Iterable, Optional, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Optional
 
 import numpy as np
 import torch
@@ -24,7 +25,11 @@ from natbias import FORMAT_VERSION, __version__
 from natbias.counts import check_counts, count_ids, read_counts_file
 from natbias.errors import NaturalBiasError
 from natbias.hf.models import (
-    NATURAL_BIAS_CLASSES, SETTINGS, NaturalBiasModel, natural_bias_class, natural_bias_settings,
+    NATURAL_BIAS_CLASSES,
+    SETTINGS,
+    NaturalBiasModel,
+    natural_bias_class,
+    natural_bias_settings,
 )
 from natbias.prior import DEFAULT_SMOOTHING, log_unigram
 from natbias.projection import DEFAULT_GAIN_INIT, DEFAULT_GAIN_SPEED, check_gain
@@ -40,8 +45,10 @@ def count_targets(targets, vocab_size: int, causal: bool = False) -> np.ndarray:
     if names is not None:
         column = "labels" if "labels" in names else "input_ids"
         if column not in names:
-            raise NaturalBiasError(f"the dataset has no 'labels' or 'input_ids' column "
-                                   f"(it has {names}): tokenise it first")
+            raise NaturalBiasError(
+                f"the dataset has no 'labels' or 'input_ids' column "
+                f"(it has {names}): tokenise it first"
+            )
     sequences = _sequences(targets, column)
     if causal:
         sequences = (sequence[1:] for sequence in sequences)
@@ -56,12 +63,18 @@ def _sequences(targets, column):
         yield from batch[column]
 
 
-def add_natural_bias(model, targets: Optional[Iterable[Sequence[int]]] = None, *,
-                     counts: Optional[Sequence[int]] = None,
-                     counts_file: Optional[str] = None, vocabulary=None,
-                     smoothing: float = DEFAULT_SMOOTHING, gain: bool = True,
-                     gain_init: float = DEFAULT_GAIN_INIT,
-                     gain_speed: float = DEFAULT_GAIN_SPEED) -> NaturalBiasModel:
+def add_natural_bias(
+    model,
+    targets: Optional[Iterable[Sequence[int]]] = None,
+    *,
+    counts: Optional[Sequence[int]] = None,
+    counts_file: Optional[str] = None,
+    vocabulary=None,
+    smoothing: float = DEFAULT_SMOOTHING,
+    gain: bool = True,
+    gain_init: float = DEFAULT_GAIN_INIT,
+    gain_speed: float = DEFAULT_GAIN_SPEED,
+) -> NaturalBiasModel:
     """``model`` with the natural bias: a new model of its natural-bias class
     (:data:`natbias.hf.models.NATURAL_BIAS_CLASSES`) holding its parameters.
 
@@ -72,16 +85,19 @@ def add_natural_bias(model, targets: Optional[Iterable[Sequence[int]]] = None, *
     it is (g = 1) instead of starting it at ``gain_init``."""
     natbias_class = natural_bias_class(model)
     vocab_size = model.get_output_embeddings().weight.shape[0]
-    counts = _prior_counts(model, natbias_class, vocab_size, targets, counts, counts_file,
-                           vocabulary)
+    counts = _prior_counts(
+        model, natbias_class, vocab_size, targets, counts, counts_file, vocabulary
+    )
     log_prior = log_unigram(counts, smoothing)
     if gain:
         check_gain(gain_init, gain_speed)
     config = model.config.to_dict()
     config.pop("model_type", None)
     config[SETTINGS] = {
-        "format_version": FORMAT_VERSION, "written_by": f"natbias {__version__}",
-        "smoothing": float(smoothing), "prior_tokens": int(counts.sum()),
+        "format_version": FORMAT_VERSION,
+        "written_by": f"natbias {__version__}",
+        "smoothing": float(smoothing),
+        "prior_tokens": int(counts.sum()),
         "gain_init": float(gain_init) if gain else None,
         "gain_speed": float(gain_speed) if gain else None,
     }
@@ -90,9 +106,11 @@ def add_natural_bias(model, targets: Optional[Iterable[Sequence[int]]] = None, *
     missing, unexpected = natbias_model.load_state_dict(model.state_dict(), strict=False)
     new_keys = {"natbias_log_prior", "lm_head.gain_param", "lm_head.bias"}
     if unexpected or set(missing) - new_keys:
-        raise NaturalBiasError(f"{type(model).__name__}'s parameters do not fit its natural-bias "
-                               f"class: missing {sorted(set(missing) - new_keys)}, unexpected "
-                               f"{sorted(unexpected)}")
+        raise NaturalBiasError(
+            f"{type(model).__name__}'s parameters do not fit its natural-bias "
+            f"class: missing {sorted(set(missing) - new_keys)}, unexpected "
+            f"{sorted(unexpected)}"
+        )
     with torch.no_grad():
         natbias_model.output_bias().copy_(log_prior)
         natbias_model.natbias_log_prior.copy_(log_prior)
@@ -103,25 +121,34 @@ def add_natural_bias(model, targets: Optional[Iterable[Sequence[int]]] = None, *
 
 
 def _prior_counts(model, natbias_class, vocab_size, targets, counts, counts_file, vocabulary):
-    given = [name for name, value in (("targets", targets), ("counts", counts),
-                                      ("counts_file", counts_file)) if value is not None]
+    given = [
+        name
+        for name, value in (("targets", targets), ("counts", counts), ("counts_file", counts_file))
+        if value is not None
+    ]
     if len(given) != 1:
-        raise NaturalBiasError("give the prior as exactly one of targets (a tokenised dataset or "
-                               "token-id lists), counts or counts_file; got "
-                               f"{', '.join(given) or 'none'}")
+        raise NaturalBiasError(
+            "give the prior as exactly one of targets (a tokenised dataset or "
+            "token-id lists), counts or counts_file; got "
+            f"{', '.join(given) or 'none'}"
+        )
     if targets is not None:
         causal = not getattr(model.config, "is_encoder_decoder", False)
         return count_targets(targets, vocab_size, causal)
     if counts_file is not None:
         if vocabulary is None:
-            raise NaturalBiasError("a counts file needs vocabulary= (the tokenizer) to map its "
-                                   "symbols to the model's ids")
+            raise NaturalBiasError(
+                "a counts file needs vocabulary= (the tokenizer) to map its "
+                "symbols to the model's ids"
+            )
         symbols = vocabulary.convert_ids_to_tokens(list(range(vocab_size)))
         return read_counts_file(counts_file, symbols)
     counts = np.asarray(counts, dtype=np.int64)
     if counts.shape != (vocab_size,):
-        raise NaturalBiasError(f"{counts.shape[0] if counts.ndim else 0} counts for an output "
-                               f"layer of {vocab_size}: give one count per vocabulary entry")
+        raise NaturalBiasError(
+            f"{counts.shape[0] if counts.ndim else 0} counts for an output "
+            f"layer of {vocab_size}: give one count per vocabulary entry"
+        )
     return check_counts(counts, "the counts")
 
 

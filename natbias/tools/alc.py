@@ -87,7 +87,9 @@ def log_path(path: str) -> str:
 
 
 def alc_of_log(
-    path: str, metric: str = "bleu", max_updates: Optional[float] = PAPER_MAX_UPDATES,
+    path: str,
+    metric: str = "bleu",
+    max_updates: Optional[float] = PAPER_MAX_UPDATES,
     subset: str = fairseq_logs.VALID,
 ) -> AlcResult:
     """ALC of the validation ``metric`` (any key of fairseq's validation lines) in one log."""
@@ -102,5 +104,7 @@ def alc_of_log(
 
 def format_alc(result: AlcResult) -> str:
     note = "" if result.covers_max_updates else " (run stops before the limit)"
-    return (f"{result.alc:.4f}  over updates {int(result.first_update)}-"
-            f"{int(result.last_update)}, {result.points} points{note}")
+    return (
+        f"{result.alc:.4f}  over updates {int(result.first_update)}-"
+        f"{int(result.last_update)}, {result.points} points{note}"
+    )

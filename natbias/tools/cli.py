@@ -19,24 +19,40 @@ def parser_for(prog: str, doc: str) -> argparse.ArgumentParser:
 
 
 def add_tokenize_argument(parser, what: str = "word splitting") -> None:
-    parser.add_argument("--tokenize", choices=distinct.TOKENIZERS, default="13a",
-                        help=f"{what} (default: sacreBLEU's 13a)")
+    parser.add_argument(
+        "--tokenize",
+        choices=distinct.TOKENIZERS,
+        default="13a",
+        help=f"{what} (default: sacreBLEU's 13a)",
+    )
 
 
 def add_grid_arguments(parser, default_lambdas) -> None:
     """``--lambdas`` (output-bias scales) and ``--taus`` (logit adjustments) of the sweeps."""
     shown = " ".join(f"{value:g}" for value in default_lambdas)
-    parser.add_argument("--lambdas", type=float, nargs="+", default=list(default_lambdas),
-                        metavar="L", help=f"output-bias scales in [0, 1] (default: {shown})")
-    parser.add_argument("--taus", type=float, nargs="+", default=[0.0], metavar="T",
-                        help="logit adjustments (default: 0)")
+    parser.add_argument(
+        "--lambdas",
+        type=float,
+        nargs="+",
+        default=list(default_lambdas),
+        metavar="L",
+        help=f"output-bias scales in [0, 1] (default: {shown})",
+    )
+    parser.add_argument(
+        "--taus",
+        type=float,
+        nargs="+",
+        default=[0.0],
+        metavar="T",
+        help="logit adjustments (default: 0)",
+    )
 
 
 def split_passthrough(argv):
     """``(own arguments, arguments after "--")``."""
     if "--" in argv:
         index = argv.index("--")
-        return argv[:index], argv[index + 1:]
+        return argv[:index], argv[index + 1 :]
     return argv, []
 
 
@@ -81,10 +97,18 @@ directory holding train.log. Validation BLEU needs fairseq-train --eval-bleu.
 def alc_parser():
     parser = parser_for("natbias-alc", ALC_DOC)
     parser.add_argument("logs", nargs="+", metavar="LOG", help="train logs or run directories")
-    parser.add_argument("--metric", default="bleu",
-                        help="key of fairseq's validation lines: bleu (default), chrf, loss, ...")
-    parser.add_argument("--max-updates", type=int, default=alc.PAPER_MAX_UPDATES, metavar="K",
-                        help="first K updates (default 20000, the paper's); 0: the whole curve")
+    parser.add_argument(
+        "--metric",
+        default="bleu",
+        help="key of fairseq's validation lines: bleu (default), chrf, loss, ...",
+    )
+    parser.add_argument(
+        "--max-updates",
+        type=int,
+        default=alc.PAPER_MAX_UPDATES,
+        metavar="K",
+        help="first K updates (default 20000, the paper's); 0: the whole curve",
+    )
     parser.add_argument("--subset", default="valid", help="validation subset (default: valid)")
     return parser
 
@@ -97,8 +121,7 @@ def run_alc(args):
         results.append(result.alc)
         print(f"{path}\t{alc.format_alc(result)}")
     summary = mean_stderr(results)
-    print(f"ALC of valid {args.metric}, first {limit or 'all'} updates: "
-          f"{summary.format(4)}")
+    print(f"ALC of valid {args.metric}, first {limit or 'all'} updates: {summary.format(4)}")
     return summary
 
 
@@ -123,16 +146,21 @@ test_chrf.png, alc_bleu.png, alc_chrf.png (those that have numbers).
 def report_parser():
     parser = parser_for("natbias-report", REPORT_DOC)
     parser.add_argument("runs", nargs="+", metavar="[NAME=]RUNS", help="run-grid root(s)")
-    parser.add_argument("--max-updates", type=int, default=alc.PAPER_MAX_UPDATES, metavar="K",
-                        help="ALC over the first K updates (default 20000); 0: all")
+    parser.add_argument(
+        "--max-updates",
+        type=int,
+        default=alc.PAPER_MAX_UPDATES,
+        metavar="K",
+        help="ALC over the first K updates (default 20000); 0: all",
+    )
     parser.add_argument("--out-dir", required=True, help="directory for report.md and plots")
     return parser
 
 
 def run_report(args):
     result = report.build_report(
-        args.runs, args.max_updates or None,
-        progress=progress_on_stderr("natbias-report"))
+        args.runs, args.max_updates or None, progress=progress_on_stderr("natbias-report")
+    )
     paths = report.write_report(result, args.out_dir)
     print_written(paths, report.markdown(result))
     return result
@@ -160,10 +188,19 @@ SINGLE_LOGS_DATASET = "runs"
 def dynamics_parser():
     parser = parser_for("natbias-dynamics", DYNAMICS_DOC)
     parser.add_argument("runs", nargs="*", metavar="[NAME=]RUNS", help="run-grid root(s)")
-    parser.add_argument("--log", action="append", default=[], metavar="INIT=LOG",
-                        help="a single fairseq-train log of a run with this init")
-    parser.add_argument("--metrics", nargs="+", default=list(dynamics.DEFAULT_METRICS),
-                        help="default: " + " ".join(dynamics.DEFAULT_METRICS))
+    parser.add_argument(
+        "--log",
+        action="append",
+        default=[],
+        metavar="INIT=LOG",
+        help="a single fairseq-train log of a run with this init",
+    )
+    parser.add_argument(
+        "--metrics",
+        nargs="+",
+        default=list(dynamics.DEFAULT_METRICS),
+        help="default: " + " ".join(dynamics.DEFAULT_METRICS),
+    )
     parser.add_argument("--linear-x", action="store_true", help="linear instead of log-scale x")
     parser.add_argument("--out-dir", required=True, help="directory for the plots")
     return parser
@@ -214,8 +251,11 @@ def read_texts(path):
     lines = read_text_lines(path, "fairseq-generate's output or a plain text file")
     generated = parse_generate_output(lines)
     if generated:
-        return [s.detokenized if s.detokenized is not None else s.hypothesis
-                for _, s in sorted(generated.items()) if s.hypothesis is not None]
+        return [
+            s.detokenized if s.detokenized is not None else s.hypothesis
+            for _, s in sorted(generated.items())
+            if s.hypothesis is not None
+        ]
     return lines
 
 

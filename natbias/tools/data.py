@@ -40,7 +40,9 @@ def say(message):
 
 def expected_files(langs=LANGS) -> str:
     names = ",".join(SPLIT_FILES.values())
-    return f"{{{names}}}.{{{','.join(langs)}}}[.gz] (or train/valid/test instead of Multi30k's names)"
+    return (
+        f"{{{names}}}.{{{','.join(langs)}}}[.gz] (or train/valid/test instead of Multi30k's names)"
+    )
 
 
 def raw_file(folder, split, lang):
@@ -73,24 +75,35 @@ def check_folder(folder, langs=LANGS, name="--data"):
     """DataError naming ``name`` and the fix unless ``folder`` holds every expected file."""
     folder = Path(folder)
     if folder.is_file():
-        raise DataError(f"{name}={folder} is a file, not a folder: give the folder that "
-                        f"holds {expected_files(langs)}")
+        raise DataError(
+            f"{name}={folder} is a file, not a folder: give the folder that "
+            f"holds {expected_files(langs)}"
+        )
     if not folder.is_dir():
-        raise DataError(f"{name}={folder}: no such folder; give a folder holding "
-                        f"{expected_files(langs)}")
-    missing = [f"{SPLIT_FILES[s]}.{lang}" for s in SPLIT_FILES for lang in langs
-               if not raw_file(folder, s, lang)]
+        raise DataError(
+            f"{name}={folder}: no such folder; give a folder holding {expected_files(langs)}"
+        )
+    missing = [
+        f"{SPLIT_FILES[s]}.{lang}"
+        for s in SPLIT_FILES
+        for lang in langs
+        if not raw_file(folder, s, lang)
+    ]
     if missing:
-        raise DataError(f"{name}={folder} has no {', '.join(missing)}[.gz]: give a folder "
-                        f"holding {expected_files(langs)}")
+        raise DataError(
+            f"{name}={folder} has no {', '.join(missing)}[.gz]: give a folder "
+            f"holding {expected_files(langs)}"
+        )
 
 
 def find_raw_data(given, cache, langs=LANGS, say=say):
     """The folder of raw text to use (see above); downloads go into ``cache``."""
     langs = tuple(langs)
     local = os.environ.get("NATBIAS_MULTI30K")
-    for folder, name, found in ((given, "--data", "parallel text from {}"),
-                                (local, "NATBIAS_MULTI30K", "Multi30k from {} (NATBIAS_MULTI30K)")):
+    for folder, name, found in (
+        (given, "--data", "parallel text from {}"),
+        (local, "NATBIAS_MULTI30K", "Multi30k from {} (NATBIAS_MULTI30K)"),
+    ):
         if folder:
             check_folder(folder, langs, name)
             say("data: " + found.format(folder))
@@ -101,8 +114,10 @@ def find_raw_data(given, cache, langs=LANGS, say=say):
     downloaded = Path(cache) / "download"
     if download_multi30k(downloaded, langs, say):
         return downloaded
-    say("data: NO real data found or downloadable; using a small SYNTHETIC corpus "
-        "(BLEU on it means nothing about language)")
+    say(
+        "data: NO real data found or downloadable; using a small SYNTHETIC corpus "
+        "(BLEU on it means nothing about language)"
+    )
     return synthetic_corpus(Path(cache) / "synthetic", langs)
 
 
@@ -148,15 +163,22 @@ def synthetic_corpus(target, langs=LANGS):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m natbias.tools.data",
-                                     description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m natbias.tools.data",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("cache", help="where a download or the synthetic corpus goes")
     parser.add_argument("--data", help="a folder of raw text to check and use as it is")
-    parser.add_argument("--langs", nargs="+", default=list(LANGS),
-                        help="languages needed, as in the file names (default: de en)")
-    parser.add_argument("--prog", help="the program named in an error line "
-                                       "(default: this module's)")
+    parser.add_argument(
+        "--langs",
+        nargs="+",
+        default=list(LANGS),
+        help="languages needed, as in the file names (default: de en)",
+    )
+    parser.add_argument(
+        "--prog", help="the program named in an error line (default: this module's)"
+    )
     args = parser.parse_args(argv)
     try:
         folder = find_raw_data(args.data, args.cache, args.langs)

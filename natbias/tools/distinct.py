@@ -50,8 +50,9 @@ def diversity(token_lists: Sequence[Sequence[str]], max_n: int = MAX_N) -> dict[
     return scores
 
 
-def text_diversity(texts: Sequence[str], tokenizer: str = "13a",
-                   max_n: int = MAX_N) -> dict[str, float]:
+def text_diversity(
+    texts: Sequence[str], tokenizer: str = "13a", max_n: int = MAX_N
+) -> dict[str, float]:
     if not texts:
         raise NaturalBiasError("no texts to measure the diversity of")
     return diversity([tokenize(text, tokenizer) for text in texts], max_n)

@@ -71,17 +71,20 @@ def collect(grid: Sequence[runs.Run], metrics: Sequence[str]) -> Dynamics:
     for metric in metrics:
         tag, key = fairseq_logs.split_metric(metric)
         for (dataset, init), members in groups.items():
-            per_seed = [fairseq_logs.series(records[r.log], tag, key)
-                        for r in members if r.log in records]
+            per_seed = [
+                fairseq_logs.series(records[r.log], tag, key) for r in members if r.log in records
+            ]
             per_seed = [s for s in per_seed if len(s[0])]
             if not per_seed:
                 notes.append(f"{dataset}/{init}: no {metric} in the logs" + _why(metric, init))
                 continue
             curves.setdefault(metric, {}).setdefault(dataset, []).append(
-                aggregate_seeds(init, per_seed))
+                aggregate_seeds(init, per_seed)
+            )
     if not curves:
-        raise NaturalBiasError("none of " + ", ".join(metrics) + " is in any log:\n  "
-                            + "\n  ".join(notes))
+        raise NaturalBiasError(
+            "none of " + ", ".join(metrics) + " is in any log:\n  " + "\n  ".join(notes)
+        )
     return Dynamics(curves, notes)
 
 
@@ -110,7 +113,12 @@ def write_dynamics(dynamics: Dynamics, out_dir: str, logx: bool = True) -> list[
     Path(written[0]).write_text(curves_tsv(dynamics), encoding="utf-8")
     for metric, by_dataset in dynamics.curves.items():
         panels = {dataset: [vars(c) for c in curves] for dataset, curves in by_dataset.items()}
-        written.append(plots.curve_panels(
-            panels, LABELS.get(metric, metric), os.path.join(out_dir, f"{metric}.png"),
-            logx=logx))
+        written.append(
+            plots.curve_panels(
+                panels,
+                LABELS.get(metric, metric),
+                os.path.join(out_dir, f"{metric}.png"),
+                logx=logx,
+            )
+        )
     return written

@@ -30,11 +30,15 @@ VALID = "valid"
 
 _PREFIXES = (
     # fairseq-train: "2023-01-01 10:00:00 | INFO | valid | ..."
-    re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:,\d+)? \| [A-Z]+ \| "
-               r"(?P<tag>\S+) \| (?P<message>.*)$"),
+    re.compile(
+        r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:,\d+)? \| [A-Z]+ \| "
+        r"(?P<tag>\S+) \| (?P<message>.*)$"
+    ),
     # fairseq-hydra-train: "[2023-01-01 10:00:00,123][valid][INFO] - ..."
-    re.compile(r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:,\d+)?\]\[(?P<tag>[^\]]+)\]"
-               r"\[[A-Z]+\] - (?P<message>.*)$"),
+    re.compile(
+        r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:,\d+)?\]\[(?P<tag>[^\]]+)\]"
+        r"\[[A-Z]+\] - (?P<message>.*)$"
+    ),
 )
 _INNER = re.compile(r"^epoch (?P<epoch>\d+):\s+\d+ / \d+\s*(?P<stats>.*)$")
 _INNER_STAT = re.compile(r"(\w+)=([^,\s]+)")
@@ -82,8 +86,9 @@ def parse_line(line: str) -> Optional[LogRecord]:
     if inner:
         if tag not in (None, TRAIN_INNER):
             return None
-        return LogRecord(TRAIN_INNER, int(inner["epoch"]),
-                         _numbers(_INNER_STAT.findall(inner["stats"])))
+        return LogRecord(
+            TRAIN_INNER, int(inner["epoch"]), _numbers(_INNER_STAT.findall(inner["stats"]))
+        )
     if " | " in message:
         return _parse_pipes(message, tag)
     return None
@@ -101,7 +106,7 @@ def _parse_json(message: str, tag: Optional[str]) -> Optional[LogRecord]:
     if tag is None:
         return None
     prefix = tag + "_"
-    pairs = [(k[len(prefix):] if k.startswith(prefix) else k, v) for k, v in stats.items()]
+    pairs = [(k[len(prefix) :] if k.startswith(prefix) else k, v) for k, v in stats.items()]
     try:
         epoch = int(epoch)
     except (TypeError, ValueError):
@@ -145,8 +150,11 @@ def _numbers(pairs) -> dict[str, float]:
 def series(records: list[LogRecord], tag: str, key: str) -> tuple[np.ndarray, np.ndarray]:
     """``(updates, values)`` of ``key`` in the records tagged ``tag``, sorted by
     update; for an update logged twice (a resumed run) the last line wins."""
-    by_update = {r.num_updates: r.values[key] for r in records
-                 if r.tag == tag and key in r.values and r.num_updates is not None}
+    by_update = {
+        r.num_updates: r.values[key]
+        for r in records
+        if r.tag == tag and key in r.values and r.num_updates is not None
+    }
     updates = np.array(sorted(by_update), dtype=np.float64)
     values = np.array([by_update[int(u)] for u in updates], dtype=np.float64)
     return updates, values
@@ -159,7 +167,7 @@ def available_keys(records: list[LogRecord], tag: str) -> list[str]:
 def split_metric(name: str) -> tuple[str, str]:
     """``valid_bleu`` -> (``valid``, ``bleu``); ``kl_unigram`` -> (``train_inner``, ``kl_unigram``)."""
     if name.startswith(VALID + "_"):
-        return VALID, name[len(VALID) + 1:]
+        return VALID, name[len(VALID) + 1 :]
     return TRAIN_INNER, name
 
 

@@ -51,7 +51,9 @@ def read_text_lines(path: str, what: str) -> list[str]:
         with open(path, encoding="utf-8") as f:
             return f.read().splitlines()
     except UnicodeDecodeError as error:
-        raise NaturalBiasError(f"{path} is not UTF-8 text (byte {error.start}); give {what}") from None
+        raise NaturalBiasError(
+            f"{path} is not UTF-8 text (byte {error.start}); give {what}"
+        ) from None
 
 
 def read_generate_output(path: str) -> list[GeneratedSentence]:

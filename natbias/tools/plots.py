@@ -29,8 +29,13 @@ def _grid(items, path: str, rows: int = 1, cols: Optional[int] = None, sharey=Fa
     if not items:
         raise NaturalBiasError(f"nothing to plot for {path}")
     cols = cols or len(items)
-    return plt.subplots(rows, cols, figsize=(PANEL_SIZE[0] * cols, PANEL_SIZE[1] * rows),
-                        squeeze=False, sharey=sharey)
+    return plt.subplots(
+        rows,
+        cols,
+        figsize=(PANEL_SIZE[0] * cols, PANEL_SIZE[1] * rows),
+        squeeze=False,
+        sharey=sharey,
+    )
 
 
 def save(fig, path: str, title: Optional[str] = None) -> str:
@@ -56,8 +61,11 @@ def _label_colors(labels) -> dict:
 
 
 def errorbar_panels(
-    panels: dict[str, list[tuple[str, float, float]]], ylabel: str, path: str,
-    min_span: Optional[float] = None, title: Optional[str] = None,
+    panels: dict[str, list[tuple[str, float, float]]],
+    ylabel: str,
+    path: str,
+    min_span: Optional[float] = None,
+    title: Optional[str] = None,
 ) -> str:
     """``panels[dataset] = [(init, mean, stderr), ...]``: a point with a standard-error
     bar per init; with ``min_span`` every y-axis spans at least that much (Fig. 2)."""
@@ -93,9 +101,15 @@ PANEL_TITLE_WIDTH = 40
 
 
 def curve_panels(
-    panels: dict[str, list[dict]], ylabel: str, path: str, logx: bool = True,
-    title: Optional[str] = None, ylim: Optional[tuple[float, float]] = None,
-    xlabel: str = "training updates", zero_line: bool = False, legend_loc: str = "best",
+    panels: dict[str, list[dict]],
+    ylabel: str,
+    path: str,
+    logx: bool = True,
+    title: Optional[str] = None,
+    ylim: Optional[tuple[float, float]] = None,
+    xlabel: str = "training updates",
+    zero_line: bool = False,
+    legend_loc: str = "best",
 ) -> str:
     """``panels[dataset] = [{"label", "x", "mean", "low", "high"[, "mark": (x, y)]}, ...]``:
     one line per init, low..high shaded, a dot at ``mark``; ``ylim`` shared by
@@ -106,8 +120,9 @@ def curve_panels(
         for curve in curves:
             color = colors[curve["label"]]
             ax.plot(curve["x"], curve["mean"], label=curve["label"], color=color)
-            ax.fill_between(curve["x"], curve["low"], curve["high"],
-                            color=color, alpha=0.25, linewidth=0)
+            ax.fill_between(
+                curve["x"], curve["low"], curve["high"], color=color, alpha=0.25, linewidth=0
+            )
             if "mark" in curve:
                 mark_x, mark_y = curve["mark"]
                 ax.plot([mark_x], [mark_y], "o", color=color)
@@ -144,7 +159,7 @@ def frequency_panels(columns: list[dict], path: str) -> str:
 
 
 def sweep_panels(
-    rows: list[dict], x_key: str, line_key: str, metrics: Sequence[tuple[str, str]], path: str,
+    rows: list[dict], x_key: str, line_key: str, metrics: Sequence[tuple[str, str]], path: str
 ) -> str:
     """One panel per ``(metric key, label)``; x = ``x_key``, one line per ``line_key``."""
     fig, axes = _grid(rows, path, cols=len(metrics))
@@ -152,8 +167,13 @@ def sweep_panels(
     for ax, (key, label) in zip(axes[0], metrics):
         for i, value in enumerate(line_values):
             points = sorted((r[x_key], r[key]) for r in rows if r[line_key] == value)
-            ax.plot([p[0] for p in points], [p[1] for p in points], "o-",
-                    color=_color(i), label=f"{_greek(line_key)} = {value:g}")
+            ax.plot(
+                [p[0] for p in points],
+                [p[1] for p in points],
+                "o-",
+                color=_color(i),
+                label=f"{_greek(line_key)} = {value:g}",
+            )
         ax.set_xlabel(_greek(x_key))
         ax.set_ylabel(label)
         if len(line_values) > 1:

@@ -14,7 +14,8 @@ def check_pairs(hypotheses: list[str], references: list[str]) -> None:
     if len(hypotheses) != len(references):
         raise NaturalBiasError(
             f"{len(hypotheses)} hypotheses but {len(references)} references: each "
-            "hypothesis needs the reference of the same sentence (was an output cut short?)")
+            "hypothesis needs the reference of the same sentence (was an output cut short?)"
+        )
     if not hypotheses:
         raise NaturalBiasError("no sentences to score: the hypotheses and references are empty")
 

@@ -47,8 +47,13 @@ class Report:
         return [p for summary in self.runs for p in summary.problems]
 
     def signatures(self, metric: str) -> list[str]:
-        return sorted({s.test[metric].signature for s in self.runs
-                       if s.test.get(metric) and s.test[metric].signature})
+        return sorted(
+            {
+                s.test[metric].signature
+                for s in self.runs
+                if s.test.get(metric) and s.test[metric].signature
+            }
+        )
 
 
 def summarise_run(run: runs.Run, max_updates: Optional[int]) -> RunSummary:
@@ -83,14 +88,14 @@ def summarise_group(dataset: str, init: str, members: Sequence[RunSummary]) -> G
         values = (getter(m) for m in members)
         return mean_stderr([v for v in values if v is not None and math.isfinite(v)])
 
-    test = {m: collect(lambda s, m=m: s.test[m].value if s.test.get(m) else None)
-            for m in METRICS}
+    test = {m: collect(lambda s, m=m: s.test[m].value if s.test.get(m) else None) for m in METRICS}
     curve = {m: collect(lambda s, m=m: s.alc.get(m)) for m in METRICS}
     return GroupSummary(dataset, init, [m.run.seed for m in members], test, curve)
 
 
-def build_report(roots: Sequence[str], max_updates: Optional[int] = alc.PAPER_MAX_UPDATES,
-                 progress=None) -> Report:
+def build_report(
+    roots: Sequence[str], max_updates: Optional[int] = alc.PAPER_MAX_UPDATES, progress=None
+) -> Report:
     all_runs = runs.discover_runs(roots)
     summaries = []
     for i, run in enumerate(all_runs, start=1):
@@ -112,17 +117,33 @@ def build_report(roots: Sequence[str], max_updates: Optional[int] = alc.PAPER_MA
 
 def markdown(report: Report) -> str:
     limit = report.max_updates or "all"
-    header = ["dataset", "init", "seeds", "test BLEU", "test chrF",
-              f"ALC BLEU (first {limit} updates)", f"ALC chrF (first {limit} updates)"]
+    header = [
+        "dataset",
+        "init",
+        "seeds",
+        "test BLEU",
+        "test chrF",
+        f"ALC BLEU (first {limit} updates)",
+        f"ALC chrF (first {limit} updates)",
+    ]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for g in report.groups:
-        cells = [g.dataset, g.init, str(len(g.seeds)), g.test["bleu"].format(2),
-                 g.test["chrf"].format(2), g.alc["bleu"].format(2), g.alc["chrf"].format(2)]
+        cells = [
+            g.dataset,
+            g.init,
+            str(len(g.seeds)),
+            g.test["bleu"].format(2),
+            g.test["chrf"].format(2),
+            g.alc["bleu"].format(2),
+            g.alc["chrf"].format(2),
+        ]
         lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
-    lines.append("Mean ± standard error over seeds (n = seeds with that number). "
-                 "ALC: area under the validation curve by the composite trapezoidal "
-                 "rule, divided by the span of updates covered.")
+    lines.append(
+        "Mean ± standard error over seeds (n = seeds with that number). "
+        "ALC: area under the validation curve by the composite trapezoidal "
+        "rule, divided by the span of updates covered."
+    )
     for metric in METRICS:
         for signature in report.signatures(metric):
             lines.append(f"\nsacreBLEU {METRIC_LABELS[metric]} signature: `{signature}`")
@@ -163,6 +184,9 @@ def write_report(report: Report, out_dir: str) -> list[str]:
                 panels.setdefault(g.dataset, []).append((g.init, value.mean, value.stderr))
         if panels:
             span = MIN_SPAN if kind == "test" else None
-            written.append(plots.errorbar_panels(
-                panels, ylabel, os.path.join(out_dir, name), min_span=span, title=title))
+            written.append(
+                plots.errorbar_panels(
+                    panels, ylabel, os.path.join(out_dir, name), min_span=span, title=title
+                )
+            )
     return written

@@ -74,8 +74,9 @@ def _runs_under(root, name=None):
         dataset_dir = os.path.relpath(os.path.dirname(init_dir), root)
         if dataset_dir.startswith(".."):
             continue  # the root itself is a seed or init directory
-        dataset = (root_name if dataset_dir == "."
-                   else f"{name}/{dataset_dir}" if name else dataset_dir)
+        dataset = (
+            root_name if dataset_dir == "." else f"{name}/{dataset_dir}" if name else dataset_dir
+        )
         yield Run(dataset, os.path.basename(init_dir), int(match["seed"]), directory)
 
 
@@ -113,7 +114,9 @@ def _score_from_json(data, metric, path) -> Score:
     if isinstance(data, (int, float)) and not isinstance(data, bool):
         return Score(float(data), None)
     if isinstance(data, list):
-        matching = [e for e in data if isinstance(e, dict) and _metric_of(e.get("name", "")) == metric]
+        matching = [
+            e for e in data if isinstance(e, dict) and _metric_of(e.get("name", "")) == metric
+        ]
         if len(matching) != 1:
             raise NaturalBiasError(f"{path}: expected one {metric} entry, found {len(matching)}")
         data = matching[0]

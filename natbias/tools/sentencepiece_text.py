@@ -8,17 +8,28 @@ from pathlib import Path
 from natbias.tools.data import open_text
 
 
-def train(files, model_prefix, vocab_size, keep_sentencepiece_specials=False, threads=None,
-          max_sentences=None, log_level=2):
+def train(
+    files,
+    model_prefix,
+    vocab_size,
+    keep_sentencepiece_specials=False,
+    threads=None,
+    max_sentences=None,
+    log_level=2,
+):
     """Train ``<model_prefix>.model`` on ``files``. fairseq's dictionary adds its
     own <s>, </s> and <pad>, so only <unk> is reserved unless
     ``keep_sentencepiece_specials``; ``max_sentences`` samples that many lines."""
     import sentencepiece
 
     options = dict(
-        input=",".join(map(str, files)), model_prefix=str(model_prefix),
-        vocab_size=vocab_size, model_type="unigram", character_coverage=1.0,
-        hard_vocab_limit=False, minloglevel=log_level,
+        input=",".join(map(str, files)),
+        model_prefix=str(model_prefix),
+        vocab_size=vocab_size,
+        model_type="unigram",
+        character_coverage=1.0,
+        hard_vocab_limit=False,
+        minloglevel=log_level,
     )
     if not keep_sentencepiece_specials:
         options.update(bos_id=-1, eos_id=-1, pad_id=-1, unk_id=0)

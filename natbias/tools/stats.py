@@ -17,8 +17,9 @@ class MeanStderr:
             return missing
         if self.n == 1 or not math.isfinite(self.stderr):
             return f"{self.mean:.{digits}f}" + (" (n=1)" if count else "")
-        return (f"{self.mean:.{digits}f} ± {self.stderr:.{digits}f}"
-                + (f" (n={self.n})" if count else ""))
+        return f"{self.mean:.{digits}f} ± {self.stderr:.{digits}f}" + (
+            f" (n={self.n})" if count else ""
+        )
 
     def signed(self, digits: int = 2) -> str:
         """``+m ± s`` (``+m`` for one value): a difference shows its sign."""

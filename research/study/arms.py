@@ -27,18 +27,31 @@ REFERENCE_ARM = "stock"
 # would otherwise run to fairseq's default limit of 200 tokens. The best
 # checkpoint is the one with the best validation BLEU, as in the paper's
 # early stopping (sec. 4.1).
-EVAL_BLEU = ["--eval-bleu", "--eval-bleu-args", '{"beam": 1, "max_len_a": 1.2, "max_len_b": 10}',
-             "--eval-bleu-remove-bpe", "sentencepiece",
-             "--best-checkpoint-metric", "bleu", "--maximize-best-checkpoint-metric"]
+EVAL_BLEU = [
+    "--eval-bleu",
+    "--eval-bleu-args",
+    '{"beam": 1, "max_len_a": 1.2, "max_len_b": 10}',
+    "--eval-bleu-remove-bpe",
+    "sentencepiece",
+    "--best-checkpoint-metric",
+    "bleu",
+    "--maximize-best-checkpoint-metric",
+]
 
 
 # --preset: this package's architecture at one of the paper's sizes, and
 # those sizes spelt out, for stock fairseq's ``transformer`` to match
 # (tests/test_study_learning_efficiency.py checks they are the preset's).
-PRESETS = {"iwslt": ("transformer_natbias_iwslt_de_en", (
-    "--encoder-layers 6 --decoder-layers 6 --encoder-embed-dim 256 --decoder-embed-dim 256 "
-    "--encoder-ffn-embed-dim 256 --decoder-ffn-embed-dim 256 "
-    "--encoder-attention-heads 4 --decoder-attention-heads 4").split())}
+PRESETS = {
+    "iwslt": (
+        "transformer_natbias_iwslt_de_en",
+        (
+            "--encoder-layers 6 --decoder-layers 6 --encoder-embed-dim 256 --decoder-embed-dim 256 "
+            "--encoder-ffn-embed-dim 256 --decoder-ffn-embed-dim 256 "
+            "--encoder-attention-heads 4 --decoder-attention-heads 4"
+        ).split(),
+    )
+}
 TYING_OPTIONS = ("--share-all-embeddings", "--share-decoder-input-output-embed")
 # --converge scores the best checkpoint on both Multi30k test sets (the first
 # is the data-bin's own test split).
@@ -74,8 +87,9 @@ def first_pairs(raw, folder, langs, pairs):
                 target = folder / f"{name}.{lang}.gz"  # written gzipped, whatever the source
                 lines = read_lines(source)
                 if len(lines) < pairs:
-                    raise SystemExit(f"study: --train-pairs {pairs}: {source} has only "
-                                     f"{len(lines)} lines")
+                    raise SystemExit(
+                        f"study: --train-pairs {pairs}: {source} has only {len(lines)} lines"
+                    )
                 if not target.exists():
                     with gzip.open(target, "wt", encoding="utf-8") as out:
                         out.write("\n".join(lines[:pairs]) + "\n")
@@ -140,8 +154,9 @@ class Translation:
         cpu = self.device == "cpu"
         pipeline.evaluate(data_bin, work, run_dir, name, target=self.langs[1], cpu=cpu)
         for test_set in self.extra_test_sets:
-            pipeline.evaluate(data_bin, work, run_dir, name, target=self.langs[1],
-                              test_set=test_set, cpu=cpu)
+            pipeline.evaluate(
+                data_bin, work, run_dir, name, target=self.langs[1], test_set=test_set, cpu=cpu
+            )
 
     def test_scores(self, run_dir):
         scores = json.loads((run_dir / "test_scores.json").read_text())
@@ -151,8 +166,10 @@ class Translation:
         return scores
 
     def finished(self, run_dir):
-        return all((run_dir / name).exists() for name in
-                   ["test_scores.json", *(f"{t}_scores.json" for t in self.extra_test_sets)])
+        return all(
+            (run_dir / name).exists()
+            for name in ["test_scores.json", *(f"{t}_scores.json" for t in self.extra_test_sets)]
+        )
 
 
 class LanguageModel:
@@ -167,11 +184,22 @@ class LanguageModel:
     # output embeddings, post-norm) whatever --decoder-embed-dim says, while
     # transformer_lm_natbias applies base_lm_architecture as fairseq meant
     # (dims follow the embedding, pre-norm). Explicit, both build one network.
-    options = ["--decoder-layers", "2", "--decoder-embed-dim", "128",
-               "--decoder-input-dim", "128", "--decoder-output-dim", "128",
-               "--decoder-normalize-before",
-               "--decoder-ffn-embed-dim", "256", "--decoder-attention-heads", "4",
-               "--share-decoder-input-output-embed"]
+    options = [
+        "--decoder-layers",
+        "2",
+        "--decoder-embed-dim",
+        "128",
+        "--decoder-input-dim",
+        "128",
+        "--decoder-output-dim",
+        "128",
+        "--decoder-normalize-before",
+        "--decoder-ffn-embed-dim",
+        "256",
+        "--decoder-attention-heads",
+        "4",
+        "--share-decoder-input-output-embed",
+    ]
 
     def __init__(self, lang):
         self.lang = lang
@@ -185,9 +213,18 @@ class LanguageModel:
         training = on_device(pipeline.TRAINING, self.device)
         for option in ("--criterion", "--label-smoothing"):
             index = training.index(option)
-            del training[index:index + 2]
-        return [*training, "--task", "language_modeling", "--tokens-per-sample", "64",
-                "--sample-break-mode", "none", "--criterion", "cross_entropy"]
+            del training[index : index + 2]
+        return [
+            *training,
+            "--task",
+            "language_modeling",
+            "--tokens-per-sample",
+            "64",
+            "--sample-break-mode",
+            "none",
+            "--criterion",
+            "cross_entropy",
+        ]
 
     def evaluate(self, data_bin, work, run_dir, name):
         """Test NLL (bits) and perplexity of the best checkpoint, fairseq-eval-lm."""
@@ -195,11 +232,25 @@ class LanguageModel:
         if scores_path.exists():
             return
         say(f"eval-lm [{name}]: test split")
-        output = pipeline.run([*pipeline.tool("fairseq-eval-lm"), str(data_bin), "--user-dir",
-                               "fairseq_natbias", "--path", str(run_dir / "checkpoint_best.pt"),
-                               "--gen-subset", "test", *on_device(["--cpu"], self.device),
-                               "--max-tokens", "4096",
-                               "--tokens-per-sample", "64", "--num-workers", "0"])
+        output = pipeline.run(
+            [
+                *pipeline.tool("fairseq-eval-lm"),
+                str(data_bin),
+                "--user-dir",
+                "fairseq_natbias",
+                "--path",
+                str(run_dir / "checkpoint_best.pt"),
+                "--gen-subset",
+                "test",
+                *on_device(["--cpu"], self.device),
+                "--max-tokens",
+                "4096",
+                "--tokens-per-sample",
+                "64",
+                "--num-workers",
+                "0",
+            ]
+        )
         match = re.search(r"Loss \(base 2\): ([\d.]+), Perplexity: ([\d.]+)", output)
         if not match:
             raise SystemExit(f"study: no loss in fairseq-eval-lm's output:\n{output[-2000:]}")
@@ -247,17 +298,25 @@ class Arm:
         if plus:
             criterion, at, epsilon = criterion.partition("@")
             if criterion not in CRITERIA or (at and not re.fullmatch(r"0?\.\d*[1-9]\d*", epsilon)):
-                raise SystemExit(f"study: bad arm {text!r}: after + give one of "
-                                 f"{', '.join(CRITERIA)}, optionally @EPS (0 < EPS < 1)")
-            return dataclasses.replace(cls.parse(base), name=text, criterion=criterion,
-                                       epsilon=epsilon or None)
+                raise SystemExit(
+                    f"study: bad arm {text!r}: after + give one of "
+                    f"{', '.join(CRITERIA)}, optionally @EPS (0 < EPS < 1)"
+                )
+            return dataclasses.replace(
+                cls.parse(base), name=text, criterion=criterion, epsilon=epsilon or None
+            )
         if text == REFERENCE_ARM:
             return cls(text)
-        match = re.fullmatch(r"(\w+)(?:@([\d.e-]+),([\d.e-]+)(?:,([a-z-]+(?:,[a-z]+)?))?)?"
-                             r"/(unigram|zero|none|bigram|frozen-unigram)(?:~([\d.]+))?", text)
+        match = re.fullmatch(
+            r"(\w+)(?:@([\d.e-]+),([\d.e-]+)(?:,([a-z-]+(?:,[a-z]+)?))?)?"
+            r"/(unigram|zero|none|bigram|frozen-unigram)(?:~([\d.]+))?",
+            text,
+        )
         if not match:
-            raise SystemExit(f"study: bad arm {text!r}: give stock, WINIT/BIAS or "
-                             "gain@G0,C/BIAS, BIAS optionally ending in ~ALPHA")
+            raise SystemExit(
+                f"study: bad arm {text!r}: give stock, WINIT/BIAS or "
+                "gain@G0,C/BIAS, BIAS optionally ending in ~ALPHA"
+            )
         weight_init, gain_init, gain_speed, form, bias, smoothing = match.groups()
         return cls(text, weight_init, bias, gain_init, gain_speed, form, smoothing)
 
@@ -277,22 +336,33 @@ class Arm:
         if self.weight_init is None:  # stock, with or without a criterion of its own
             return ["--arch", task.stock_arch]
         if self.form and self.form not in CURRENT_FORMS:
-            raise SystemExit(f"study: arm {self.name!r} names runs of the gain form "
-                             f"{self.form!r}, which 1.0 does not have: its records can be "
-                             "summarised (--summarise-only), not trained; 1.0's gain (abs-capped) "
-                             "is gain@G0,C/BIAS")
+            raise SystemExit(
+                f"study: arm {self.name!r} names runs of the gain form "
+                f"{self.form!r}, which 1.0 does not have: its records can be "
+                "summarised (--summarise-only), not trained; 1.0's gain (abs-capped) "
+                "is gain@G0,C/BIAS"
+            )
         # BIAS "bigram": the unigram bias plus the bigram residual (--natbias-order 2);
         # "frozen-unigram": the unigram bias held fixed for the whole run (--natbias-freeze).
-        options = ["--arch", task.natbias_arch,
-                   "--natbias-init", self.bias if self.bias in BIAS_INITS else "unigram",
-                   "--natbias-weight-init", self.weight_init]
+        options = [
+            "--arch",
+            task.natbias_arch,
+            "--natbias-init",
+            self.bias if self.bias in BIAS_INITS else "unigram",
+            "--natbias-weight-init",
+            self.weight_init,
+        ]
         if self.bias == "bigram":
             options += ["--natbias-order", "2"]
         if self.bias == "frozen-unigram":
             options += ["--natbias-freeze"]
         if self.gain_init:
-            options += ["--natbias-gain-init", self.gain_init,
-                        "--natbias-gain-speed", self.gain_speed]
+            options += [
+                "--natbias-gain-init",
+                self.gain_init,
+                "--natbias-gain-speed",
+                self.gain_speed,
+            ]
         if self.smoothing:
             options += ["--natbias-smoothing", self.smoothing]
         return options

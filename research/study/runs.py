@@ -23,10 +23,13 @@ from .arms import EPOCHS_NEVER, REFERENCE_ARM, SCHEDULES
 
 def training_arguments(task, data_bin, run_dir, arm, seed, args):
     training = task.training()
-    overrides = {"--seed": seed, "--max-tokens": args.max_tokens,
-                 "--validate-interval-updates": args.validate_every,
-                 "--save-interval-updates": args.validate_every,
-                 **SCHEDULES[args.schedule]}
+    overrides = {
+        "--seed": seed,
+        "--max-tokens": args.max_tokens,
+        "--validate-interval-updates": args.validate_every,
+        "--save-interval-updates": args.validate_every,
+        **SCHEDULES[args.schedule],
+    }
     if getattr(args, "train_pairs", None):
         # A small corpus's epoch is a few dozen updates: validate and save on
         # the update grid alone, not also at every epoch's end (fairseq's rule).
@@ -36,10 +39,12 @@ def training_arguments(task, data_bin, run_dir, arm, seed, args):
             training[training.index(option) + 1] = str(value)
         else:
             training += [option, str(value)]
-    return pipeline.train_command(data_bin, run_dir,
-                                  [*arm.model_arguments(task), *task.options, *training,
-                                   *arm.criterion_arguments()],
-                                  args.max_update)
+    return pipeline.train_command(
+        data_bin,
+        run_dir,
+        [*arm.model_arguments(task), *task.options, *training, *arm.criterion_arguments()],
+        args.max_update,
+    )
 
 
 # fairseq-train's line when --patience stops a run (fairseq_cli/train.py).
@@ -61,8 +66,11 @@ def reopen_to_train_on(run_dir, max_update, patience, name):
     stopped_early = EARLY_STOP in text
     if stopped_early and patience > 0:
         return False
-    updates = [r.num_updates for r in fairseq_logs.parse_lines(text.splitlines())
-               if r.num_updates is not None]
+    updates = [
+        r.num_updates
+        for r in fairseq_logs.parse_lines(text.splitlines())
+        if r.num_updates is not None
+    ]
     last = max(updates, default=0)
     if last >= max_update:
         return False
@@ -71,8 +79,10 @@ def reopen_to_train_on(run_dir, max_update, patience, name):
     for path in [run_dir / "done", *run_dir.glob("*scores.json"), *run_dir.glob("*.hyp")]:
         path.replace(kept / path.name)
     why = "its patience (now 0: a fixed budget)" if stopped_early else "its cap"
-    say(f"{name}: stopped by {why} at update {last}: training on to {max_update} (its "
-        f"scores at {last} kept in {kept})")
+    say(
+        f"{name}: stopped by {why} at update {last}: training on to {max_update} (its "
+        f"scores at {last} kept in {kept})"
+    )
     return True
 
 
@@ -92,9 +102,11 @@ def train_and_score(task, data_bin, work, run_dir, arm, seed, args):
 
         def progress(record):
             bleu = record.values.get("bleu")
-            say(f"{name}: update {record.num_updates}/{args.max_update} valid NLL "
+            say(
+                f"{name}: update {record.num_updates}/{args.max_update} valid NLL "
                 f"{record.values[task.loss_key]:.3f}"
-                + (f" BLEU {bleu:.2f}" if bleu is not None else ""))
+                + (f" BLEU {bleu:.2f}" if bleu is not None else "")
+            )
 
         pipeline.train(arguments, run_dir, pipeline.on_validation(task.loss_key, progress))
         say(f"{name}: trained in {time.time() - started:.0f} s")
@@ -129,12 +141,24 @@ def train_all(task, data_bin, work, study_dir, arms, seeds, args):
     finished runs are skipped (:func:`train_and_score`)."""
     # Seed by seed, the reference arm first in each: a study cut short
     # still compares the arms (the others' "updates to reach" need stock).
-    plan = sorted(((arm, seed) for seed in seeds for arm in arms),
-                  key=lambda job: (job[1], job[0].name != REFERENCE_ARM))
+    plan = sorted(
+        ((arm, seed) for seed in seeds for arm in arms),
+        key=lambda job: (job[1], job[0].name != REFERENCE_ARM),
+    )
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        for job in [pool.submit(train_and_score, task, data_bin, work,
-                                study_dir / arm.folder / f"seed{seed}", arm, seed, args)
-                    for arm, seed in plan]:
+        for job in [
+            pool.submit(
+                train_and_score,
+                task,
+                data_bin,
+                work,
+                study_dir / arm.folder / f"seed{seed}",
+                arm,
+                seed,
+                args,
+            )
+            for arm, seed in plan
+        ]:
             job.result()
 
 
@@ -150,10 +174,13 @@ def run_record(task, run_dir, with_bleu_curve=False):
     earlier runs' logs: a machine lost its /tmp mid-study once (issue 19)."""
     loss = task.loss_key
     updates, nll = curve(run_dir, loss, loss)
-    record = {"updates": updates.tolist(), "nll": nll.tolist(),
-              "scores": task.test_scores(run_dir),
-              "step0": json.loads((run_dir / "step0.json").read_text()),
-              "gain": last_gain(run_dir)}
+    record = {
+        "updates": updates.tolist(),
+        "nll": nll.tolist(),
+        "scores": task.test_scores(run_dir),
+        "step0": json.loads((run_dir / "step0.json").read_text()),
+        "gain": last_gain(run_dir),
+    }
     if with_bleu_curve:
         bleu_updates, bleu = curve(run_dir, "bleu", loss)
         record.update(bleu_updates=bleu_updates.tolist(), bleu=bleu.tolist())
@@ -208,11 +235,15 @@ def time_updates(task, data_bin, arms, args):
         with tempfile.TemporaryDirectory() as run_dir:
             arguments = timing_arguments(task, data_bin, Path(run_dir), arm, args)
             output = pipeline.run([*pipeline.tool("fairseq-train"), *arguments])
-        inner = [r for r in fairseq_logs.parse_lines(output.splitlines())
-                 if r.tag == fairseq_logs.TRAIN_INNER and "ups" in r.values]
+        inner = [
+            r
+            for r in fairseq_logs.parse_lines(output.splitlines())
+            if r.tag == fairseq_logs.TRAIN_INNER and "ups" in r.values
+        ]
         if not inner:
-            raise SystemExit(f"study: no train_inner line in fairseq-train's output:\n"
-                             f"{output[-2000:]}")
+            raise SystemExit(
+                f"study: no train_inner line in fairseq-train's output:\n{output[-2000:]}"
+            )
         rates[arm.name] = float(inner[-1].values["ups"])
     stock = rates.get(REFERENCE_ARM)
     for name, ups in rates.items():

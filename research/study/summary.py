@@ -39,8 +39,9 @@ def zoom_start(lines):
 def from_update(line, first):
     """A plotted line (see :func:`summarise`) from update ``first`` on."""
     keep = np.asarray(line["x"]) >= first
-    return {key: (np.asarray(value)[keep] if key != "label" else value)
-            for key, value in line.items()}
+    return {
+        key: (np.asarray(value)[keep] if key != "label" else value) for key, value in line.items()
+    }
 
 
 def band_of(values):
@@ -62,11 +63,9 @@ def summarise(task, runs, converge=False):
     finished runs (``{arm: [record, ...]}``, :func:`collect_runs`). The
     target of "updates to reach" is stock's validation NLL at its last
     update, or, with ``converge``, at its best."""
-    reference = next((records for arm, records in runs.items()
-                      if arm.name == REFERENCE_ARM), None)
+    reference = next((records for arm, records in runs.items() if arm.name == REFERENCE_ARM), None)
     pick = np.min if converge else (lambda values: values[-1])
-    target = (float(np.mean([pick(nll_curve(r)[1]) for r in reference]))
-              if reference else None)
+    target = float(np.mean([pick(nll_curve(r)[1]) for r in reference])) if reference else None
     with_bleu_curves = task.name == "translation" and not converge
     rows, nll_lines, bleu_lines = [], [], []
     for arm, records in runs.items():
@@ -77,26 +76,35 @@ def summarise(task, runs, converge=False):
         gains = [r["gain"] for r in records if r["gain"] is not None]
         compared = compared_values(nll, bleu, scores, task, converge)
         row = {
-            "arm": arm.name, "n": len(records),
+            "arm": arm.name,
+            "n": len(records),
             "step0": mean_stderr([v[0] for _, v in nll]),
-            "unigram_ce": (mean_stderr([s["unigram_ce"] for s in step0])
-                           if all("unigram_ce" in s for s in step0) else None),
-            "reach": ([updates_to_reach(u, v, target) for u, v in nll]
-                      if target is not None else []),
+            "unigram_ce": (
+                mean_stderr([s["unigram_ce"] for s in step0])
+                if all("unigram_ce" in s for s in step0)
+                else None
+            ),
+            "reach": (
+                [updates_to_reach(u, v, target) for u, v in nll] if target is not None else []
+            ),
             "final_update": int(nll[0][0][-1]),
             "final_nll": mean_stderr([v[-1] for _, v in nll]),
             "gain": mean_stderr(gains) if gains else None,
         }
         if converge:
-            row.update({
-                "best_update": [int(u[np.argmin(v)]) for u, v in nll],
-                "last_update": [int(u[-1]) for u, _ in nll],
-            })
+            row.update(
+                {
+                    "best_update": [int(u[np.argmin(v)]) for u, v in nll],
+                    "last_update": [int(u[-1]) for u, _ in nll],
+                }
+            )
         if task.name == "translation":
-            row.update({
-                "chrf": mean_stderr([s["chrf"] for s in scores]),
-                "signatures": (scores[0]["bleu_signature"], scores[0]["chrf_signature"]),
-            })
+            row.update(
+                {
+                    "chrf": mean_stderr([s["chrf"] for s in scores]),
+                    "signatures": (scores[0]["bleu_signature"], scores[0]["chrf_signature"]),
+                }
+            )
             for test_set in task.extra_test_sets:
                 row[f"chrf_{test_set}"] = mean_stderr([s[f"chrf_{test_set}"] for s in scores])
         else:
@@ -111,8 +119,9 @@ def summarise(task, runs, converge=False):
             if not curves:
                 continue
             grid, mean, se = band(curves)
-            lines.append({"label": arm.name, "x": grid, "mean": mean,
-                          "low": mean - se, "high": mean + se})
+            lines.append(
+                {"label": arm.name, "x": grid, "mean": mean, "low": mean - se, "high": mean + se}
+            )
     return rows, target, nll_lines, bleu_lines
 
 
@@ -135,14 +144,20 @@ def compared_values(nll, bleu, scores, task, converge):
 
 
 def markdown(rows, target, title):
-    reach_head = (f"updates to reach stock's valid NLL at its last update "
-                  f"({target:.3f}), per seed" if target is not None else "updates to reach stock")
+    reach_head = (
+        f"updates to reach stock's valid NLL at its last update ({target:.3f}), per seed"
+        if target is not None
+        else "updates to reach stock"
+    )
     translation = bool(rows) and "bleu" in rows[0]
     columns = ["arm", "n", "valid NLL at update 0", "ALC of valid NLL"]
     columns += ["ALC of valid BLEU (greedy)"] if translation else []
     columns += [reach_head, "valid NLL at the end"]
-    columns += (["valid BLEU at the end (greedy)", "test BLEU", "test chrF"] if translation
-                else ["test NLL (eval-lm)", "test perplexity"])
+    columns += (
+        ["valid BLEU at the end (greedy)", "test BLEU", "test chrF"]
+        if translation
+        else ["test NLL (eval-lm)", "test perplexity"]
+    )
     columns += ["gain g at the end"]
     out = [f"### {title}", "", "| " + " | ".join(columns) + " |", "|---" * len(columns) + "|"]
     for row in rows:
@@ -150,8 +165,11 @@ def markdown(rows, target, title):
         cells = [row["arm"], str(row["n"]), row["step0"].format(3), row["alc"].format(3)]
         cells += [row["alc_bleu"].format(2)] if translation else []
         cells += [reach, row["final_nll"].format(3)]
-        cells += ([row["final_bleu"].format(2), row["bleu"].format(2), row["chrf"].format(2)]
-                  if translation else [row["test_nll"].format(3), row["test_ppl"].format(2)])
+        cells += (
+            [row["final_bleu"].format(2), row["bleu"].format(2), row["chrf"].format(2)]
+            if translation
+            else [row["test_nll"].format(3), row["test_ppl"].format(2)]
+        )
         cells += [row["gain"].format(2) if row["gain"] else ""]
         out.append("| " + " | ".join(cells) + " |")
     ce = [row["unigram_ce"] for row in rows if row["unigram_ce"]]
@@ -160,8 +178,9 @@ def markdown(rows, target, title):
     if rows:
         out += [f"Updates per run: {rows[0]['final_update']}. Mean ± standard error over seeds."]
     if translation:
-        out += [f"test BLEU signature: `{rows[0]['signatures'][0]}`; "
-                f"chrF: `{rows[0]['signatures'][1]}`"]
+        out += [
+            f"test BLEU signature: `{rows[0]['signatures'][0]}`; chrF: `{rows[0]['signatures'][1]}`"
+        ]
     return "\n".join(out + comparisons(rows)) + "\n"
 
 
@@ -174,8 +193,9 @@ def reach_by_horizon(runs):
     as a fraction of h, one value per seed; ``{arm name: (horizons,
     ratios[seed][horizon])}``. Shows whether the head start lasts. ``runs``
     as for :func:`summarise`."""
-    stock = [nll_curve(r) for arm, records in runs.items()
-             if arm.name == REFERENCE_ARM for r in records]
+    stock = [
+        nll_curve(r) for arm, records in runs.items() if arm.name == REFERENCE_ARM for r in records
+    ]
     horizons = [h for h in HORIZONS if stock and h <= min(u[-1] for u, _ in stock)]
     if not horizons:  # no stock run, or stock's runs shorter than the first horizon
         return {}
@@ -185,8 +205,10 @@ def reach_by_horizon(runs):
         if arm.name == REFERENCE_ARM:
             continue
         curves = [nll_curve(r) for r in records]
-        ratios = [[updates_to_reach(updates, values, target) / h
-                   for h, target in zip(horizons, targets)] for updates, values in curves]
+        ratios = [
+            [updates_to_reach(updates, values, target) / h for h, target in zip(horizons, targets)]
+            for updates, values in curves
+        ]
         found[arm.name] = (horizons, np.array(ratios))
     return found
 
@@ -195,13 +217,16 @@ def markdown_reach_by_horizon(found):
     if not found:
         return ""
     horizons = next(iter(found.values()))[0]
-    out = ["", "Updates to reach stock's validation NLL at update h, as a fraction of h "
-           "(mean over seeds; 1 = no head start):", "",
-           "| arm | " + " | ".join(f"h = {h}" for h in horizons) + " |",
-           "|---" * (len(horizons) + 1) + "|"]
+    out = [
+        "",
+        "Updates to reach stock's validation NLL at update h, as a fraction of h "
+        "(mean over seeds; 1 = no head start):",
+        "",
+        "| arm | " + " | ".join(f"h = {h}" for h in horizons) + " |",
+        "|---" * (len(horizons) + 1) + "|",
+    ]
     for name, (_, ratios) in found.items():
-        out.append(f"| {name} | " + " | ".join(horizon_cell(column) for column in ratios.T)
-                   + " |")
+        out.append(f"| {name} | " + " | ".join(horizon_cell(column) for column in ratios.T) + " |")
     return "\n".join(out) + "\n"
 
 
@@ -211,8 +236,13 @@ def reach_line(name, horizons, ratios):
     reached = np.isfinite(ratios).all(0)
     ratios = ratios[:, reached]
     mean, error = ratios.mean(0), band_of(ratios)
-    return {"label": name, "x": [h for h, ok in zip(horizons, reached) if ok],
-            "mean": mean, "low": mean - error, "high": mean + error}
+    return {
+        "label": name,
+        "x": [h for h, ok in zip(horizons, reached) if ok],
+        "mean": mean,
+        "low": mean - error,
+        "high": mean + error,
+    }
 
 
 def horizon_cell(ratios):
@@ -226,20 +256,39 @@ def horizon_cell(ratios):
 def markdown_converged(rows, target, title, test_sets, patience=6):
     """The table of a --converge study: best validation NLL, when each run got
     there and stopped, and test scores of the best checkpoint on each test set."""
-    reach_head = (f"updates to reach stock's best valid NLL ({target:.3f}), per seed"
-                  if target is not None else "updates to reach stock's best")
+    reach_head = (
+        f"updates to reach stock's best valid NLL ({target:.3f}), per seed"
+        if target is not None
+        else "updates to reach stock's best"
+    )
     translation = bool(rows) and "bleu" in rows[0]
-    columns = ["arm", "n", "valid NLL at update 0", reach_head, "best valid NLL",
-               "update of the best, per seed", "last update (stopped), per seed"]
-    columns += ([f"{name} {metric}" for name in test_sets for metric in ("BLEU", "chrF")]
-                if translation else ["test NLL (eval-lm)", "test perplexity"])
+    columns = [
+        "arm",
+        "n",
+        "valid NLL at update 0",
+        reach_head,
+        "best valid NLL",
+        "update of the best, per seed",
+        "last update (stopped), per seed",
+    ]
+    columns += (
+        [f"{name} {metric}" for name in test_sets for metric in ("BLEU", "chrF")]
+        if translation
+        else ["test NLL (eval-lm)", "test perplexity"]
+    )
     columns += ["gain g at the end"]
     out = [f"### {title}", "", "| " + " | ".join(columns) + " |", "|---" * len(columns) + "|"]
     for row in rows:
         reach = ", ".join("never" if r == float("inf") else f"{r:.0f}" for r in row["reach"])
-        cells = [row["arm"], str(row["n"]), row["step0"].format(3), reach,
-                 row["best_nll"].format(3), ", ".join(map(str, row["best_update"])),
-                 ", ".join(map(str, row["last_update"]))]
+        cells = [
+            row["arm"],
+            str(row["n"]),
+            row["step0"].format(3),
+            reach,
+            row["best_nll"].format(3),
+            ", ".join(map(str, row["best_update"])),
+            ", ".join(map(str, row["last_update"])),
+        ]
         if translation:
             for index, _ in enumerate(test_sets):
                 suffix = "" if index == 0 else f"_{test_sets[index]}"
@@ -251,16 +300,20 @@ def markdown_converged(rows, target, title, test_sets, patience=6):
     ce = [row["unigram_ce"] for row in rows if row["unigram_ce"]]
     if ce:
         out += ["", f"Unigram cross-entropy of the validation targets: {ce[0].mean:.3f} bits."]
-    stop = (f"Each run stopped when its validation NLL had not improved for {patience} "
-            "validations (fairseq's --patience) or at the update cap" if patience > 0 else
-            "Each run trained for the same budget of updates (no --patience; a run that "
-            "an earlier patience had stopped was resumed to it)")
+    stop = (
+        f"Each run stopped when its validation NLL had not improved for {patience} "
+        "validations (fairseq's --patience) or at the update cap"
+        if patience > 0
+        else "Each run trained for the same budget of updates (no --patience; a run that "
+        "an earlier patience had stopped was resumed to it)"
+    )
     scored = "beam 5" if translation else "by fairseq-eval-lm on the test set"
-    out += [f"{stop}; its best checkpoint (lowest validation NLL) is scored, {scored}. "
-            "Mean ± standard error over seeds."]
+    out += [
+        f"{stop}; its best checkpoint (lowest validation NLL) is scored, {scored}. "
+        "Mean ± standard error over seeds."
+    ]
     if translation:
-        out += [f"BLEU signature: `{rows[0]['signatures'][0]}`; "
-                f"chrF: `{rows[0]['signatures'][1]}`"]
+        out += [f"BLEU signature: `{rows[0]['signatures'][0]}`; chrF: `{rows[0]['signatures'][1]}`"]
     reference = next((row for row in rows if row["arm"] == REFERENCE_ARM), None)
     stock_best = float(np.mean(reference["best_update"])) if reference else None
     return "\n".join(out + comparisons(rows, stock_best)) + "\n"
@@ -269,9 +322,14 @@ def markdown_converged(rows, target, title, test_sets, patience=6):
 # Pairs of arms compared in the text under the table: the bias under one weight
 # init, the default and the paper's model (the bias on fairseq's weights)
 # against stock fairseq, and the default against the paper's model.
-COMPARED = (("gain/unigram", "gain/zero"), ("fairseq/unigram", "fairseq/zero"),
-            ("gain/unigram", "stock"), ("gain/zero", "stock"),
-            ("fairseq/unigram", "stock"), ("gain/unigram", "fairseq/unigram"))
+COMPARED = (
+    ("gain/unigram", "gain/zero"),
+    ("fairseq/unigram", "fairseq/zero"),
+    ("gain/unigram", "stock"),
+    ("gain/zero", "stock"),
+    ("fairseq/unigram", "stock"),
+    ("gain/unigram", "fairseq/unigram"),
+)
 
 
 def difference(a, b, key):
@@ -293,9 +351,12 @@ def difference(a, b, key):
         seed = common[0]
         return seeds_a[seed] - seeds_b[seed], f" (seed {seed} only: no s.e.)"
     x, y = a[key], b[key]
-    se = math.sqrt(x.stderr ** 2 + y.stderr ** 2)  # nan with a single seed
-    spread = (f" (s.e. {se:.3f}, {(x.mean - y.mean) / se:.1f} s.e.)"
-              if math.isfinite(se) and se > 0 else " (one seed: no s.e.)")
+    se = math.sqrt(x.stderr**2 + y.stderr**2)  # nan with a single seed
+    spread = (
+        f" (s.e. {se:.3f}, {(x.mean - y.mean) / se:.1f} s.e.)"
+        if math.isfinite(se) and se > 0
+        else " (one seed: no s.e.)"
+    )
     return x.mean - y.mean, spread
 
 
@@ -306,11 +367,17 @@ def comparisons(rows, reference_updates=None):
     ``reference_updates`` (a --converge study), to stock's mean update of its
     best validation NLL."""
     by_arm = {row["arm"]: row for row in rows}
-    test_sets = sorted(key[len("bleu_"):] for key in (rows[0] if rows else {})
-                       if key.startswith("bleu_"))
-    keys = (("alc_bleu", "ALC of valid BLEU"), ("bleu", "test BLEU"),
-            *((f"bleu_{t}", f"{t} BLEU") for t in test_sets), ("test_ppl", "test ppl"),
-            ("alc", "ALC of valid NLL"), ("best_nll", "best valid NLL"))
+    test_sets = sorted(
+        key[len("bleu_") :] for key in (rows[0] if rows else {}) if key.startswith("bleu_")
+    )
+    keys = (
+        ("alc_bleu", "ALC of valid BLEU"),
+        ("bleu", "test BLEU"),
+        *((f"bleu_{t}", f"{t} BLEU") for t in test_sets),
+        ("test_ppl", "test ppl"),
+        ("alc", "ALC of valid NLL"),
+        ("best_nll", "best valid NLL"),
+    )
     lines = []
     for a, b in COMPARED:
         if a not in by_arm or b not in by_arm:
@@ -324,10 +391,15 @@ def comparisons(rows, reference_updates=None):
         reach = [r for r in by_arm[a]["reach"] if math.isfinite(r)]
         if reach and by_arm[a]["reach"]:
             span = reference_updates or by_arm[a]["final_update"]
-            of = (f"stock's {span:.0f} to its best" if reference_updates
-                  else f"{by_arm[a]['final_update']}")
-            parts.append(f"updates to reach stock: {np.mean(reach) / span:.2f}x of {of}"
-                         + ("" if len(reach) == len(by_arm[a]["reach"]) else " (some never)"))
+            of = (
+                f"stock's {span:.0f} to its best"
+                if reference_updates
+                else f"{by_arm[a]['final_update']}"
+            )
+            parts.append(
+                f"updates to reach stock: {np.mean(reach) / span:.2f}x of {of}"
+                + ("" if len(reach) == len(by_arm[a]["reach"]) else " (some never)")
+            )
         lines.append(f"- {a} − {b}: " + "; ".join(parts))
     return ["", "Differences:"] + lines if lines else []
 
@@ -340,29 +412,42 @@ def write_table_and_plots(task, runs, title, study_dir, converge=False, patience
     rows, target, nll_lines, bleu_lines = summarise(task, runs, converge)
     if not rows:
         raise SystemExit("study: no finished run yet")
-    table = (markdown_converged(rows, target, title, CONVERGE_TEST_SETS, patience)
-             if converge
-             else markdown(rows, target, title))
-    outputs = {"md": study_dir / "study.md", "nll": study_dir / "study_valid_nll.png",
-               "bleu": study_dir / "study_valid_bleu.png"}
+    table = (
+        markdown_converged(rows, target, title, CONVERGE_TEST_SETS, patience)
+        if converge
+        else markdown(rows, target, title)
+    )
+    outputs = {
+        "md": study_dir / "study.md",
+        "nll": study_dir / "study_valid_nll.png",
+        "bleu": study_dir / "study_valid_bleu.png",
+    }
     if converge:
         found = reach_by_horizon(runs)
         table += markdown_reach_by_horizon(found)
         if found:
             outputs["reach"] = study_dir / "study_reach_by_horizon.png"
-            plots.curve_panels({title: [reach_line(name, horizons, ratios)
-                                        for name, (horizons, ratios) in found.items()]},
-                "updates to reach stock at h / h", str(outputs["reach"]), logx=True)
+            plots.curve_panels(
+                {
+                    title: [
+                        reach_line(name, horizons, ratios)
+                        for name, (horizons, ratios) in found.items()
+                    ]
+                },
+                "updates to reach stock at h / h",
+                str(outputs["reach"]),
+                logx=True,
+            )
     outputs["md"].write_text(table)
     nll_panels = {title: nll_lines}
     if converge:  # the end of a long run, where the arms differ by hundredths
         zoom = zoom_start(nll_lines)
         nll_panels[f"from update {zoom:,}"] = [from_update(line, zoom) for line in nll_lines]
-    plots.curve_panels(nll_panels, "validation NLL (bits/token)", str(outputs["nll"]),
-                       logx=False)
+    plots.curve_panels(nll_panels, "validation NLL (bits/token)", str(outputs["nll"]), logx=False)
     if bleu_lines:
-        plots.curve_panels({title: bleu_lines}, "validation BLEU (greedy)",
-                           str(outputs["bleu"]), logx=False)
+        plots.curve_panels(
+            {title: bleu_lines}, "validation BLEU (greedy)", str(outputs["bleu"]), logx=False
+        )
     else:
         del outputs["bleu"]
     return table, outputs

@@ -1,0 +1,84 @@
+"""The task and model fairseq-train would build, built here in this process
+(natbias-step0, the tests and the research scripts use it), and what
+natbias-step0 measures on a fresh model: validation NLL, the unigram's
+cross-entropy and KL(p || unigram), in bits per target token."""
+
+import math
+import os
+import sys
+
+LN2 = math.log(2.0)
+
+
+def build_from_training_args(argv):
+    """Task and model exactly as ``fairseq-train ARGV`` would build them."""
+    from fairseq import options, tasks, utils
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+    argv = this_plugin_as_user_dir(argv)
+    saved_argv, sys.argv = sys.argv, [sys.argv[0], *argv]  # fairseq reads --user-dir there too
+    try:
+        parser = options.get_training_parser()
+        args = options.parse_args_and_arch(parser, input_args=argv)
+    finally:
+        sys.argv = saved_argv
+    cfg = convert_namespace_to_omegaconf(args)
+    utils.import_user_module(cfg.common)
+    utils.set_torch_seed(cfg.common.seed)
+    task = tasks.setup_task(cfg.task)
+    model = task.build_model(cfg.model)
+    return cfg, task, model
+
+
+def this_plugin_as_user_dir(argv):
+    """``argv`` with its ``--user-dir`` passed through :func:`this_copy`."""
+    argv = list(argv)
+    for i, arg in enumerate(argv[:-1]):
+        if arg == "--user-dir":
+            argv[i + 1] = this_copy(argv[i + 1])
+    return argv
+
+
+def this_copy(user_dir):
+    """A ``--user-dir .../fairseq_natbias`` pointed at this very copy of the
+    package, already imported (fairseq refuses another copy as "not globally
+    unique"); any other plugin unchanged."""
+    from fairseq_natbias import plugin_dir
+
+    if os.path.basename(os.path.normpath(user_dir)) == "fairseq_natbias":
+        return plugin_dir()
+    return user_dir
+
+
+def validation_divergence(task, model, split="valid", max_tokens=4000):
+    """Token-weighted NLL, unigram cross-entropy and KL(model || unigram), in bits
+    (what natbias-step0 prints for a freshly built model)."""
+    import torch
+
+    task.load_dataset(split, combine=False, epoch=1)
+    iterator = task.get_batch_iterator(
+        task.dataset(split), max_tokens=max_tokens, ignore_invalid_inputs=True
+    ).next_epoch_itr(shuffle=False)
+    log_unigram = getattr(model, "target_log_unigram", None)
+    pad = task.target_dictionary.pad()
+    totals = {"nll": 0.0, "unigram_ce": 0.0, "kl_unigram": 0.0}
+    tokens = 0
+    model.eval()
+    with torch.no_grad():
+        for sample in iterator:
+            log_p = model.get_normalized_probs(model(**sample["net_input"]), log_probs=True).float()
+            target = sample["target"]
+            mask = target.ne(pad)
+            totals["nll"] -= log_p.gather(-1, target.unsqueeze(-1)).squeeze(-1)[mask].sum().item()
+            tokens += int(mask.sum())
+            if log_unigram is not None:
+                totals["unigram_ce"] -= log_unigram[target[mask]].sum().item()
+                kl = (log_p.exp() * (log_p - log_unigram)).sum(-1)
+                totals["kl_unigram"] += kl[mask].sum().item()
+    if tokens == 0:
+        raise SystemExit(f"natbias-step0: the {split} split has no target tokens")
+    result = {key: value / tokens / LN2 for key, value in totals.items()}
+    result["tokens"] = tokens
+    if log_unigram is None:
+        del result["unigram_ce"], result["kl_unigram"]
+    return result
