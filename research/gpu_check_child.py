@@ -89,8 +89,9 @@ def without_implied_tpu(parse, argv):
 
 
 def main():
-    import fairseq.options
-    import fairseq_cli.train  # first: it sets up fairseq's log format
+    # fairseq_cli.train first: its import sets up fairseq's log format.
+    import fairseq_cli.train  # isort: skip
+    import fairseq.options  # isort: skip
     import torch
 
     argv = json.loads(sys.argv[1])
