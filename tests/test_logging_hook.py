@@ -7,6 +7,7 @@ with a hand computation; end-to-end tests read fairseq-train's own log lines.
 
 import math
 import os
+import re
 import socket
 import subprocess
 import weakref
@@ -496,3 +497,19 @@ def test_fresh_zero_bias_logs_kl_of_uniform_to_unigram(same_updates_runs, toy_lo
     first = lines(same_updates_runs["whole"])[0]
     assert first["bias_norm"] == 0.0  # update 1 ran at lr 0: the fresh model
     assert first["bias_kl"] == pytest.approx(expected, abs=5.1e-5) and expected > 0.5
+
+
+def test_an_epoch_without_statistics_prints_none_of_them(tmp_path, toy_bin):
+    """The toy corpus is 2 updates an epoch: with statistics every 4th update
+    the second epoch has them (update 4) and the third (5, 6) has none. Its
+    summary leaves them out instead of printing ``kl_unigram None``."""
+    result = train(
+        toy_bin, tmp_path / "ckpt", "--natbias-stats-interval", "4", "--no-save", max_update=6
+    )
+    log = result.stdout + result.stderr
+    epochs = {int(m[1]): m[0] for m in re.finditer(r"\| train \| epoch (\d+) \|.*", log)}
+    assert sorted(epochs) == [1, 2, 3]
+    logged = [line for line in log.splitlines() if "| train |" in line or "| train_inner |" in line]
+    assert logged and not [line for line in logged if "None" in line]
+    assert "kl_unigram" in epochs[2] and "bias_kl" in epochs[2]
+    assert "kl_unigram" not in epochs[3] and "bias_kl" not in epochs[3]
