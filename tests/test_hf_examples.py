@@ -1,0 +1,137 @@
+"""examples/huggingface on a slice of Multi30k with tiny settings: translate.py
+(stock and the natural bias), language_model.py and report.py, as a user runs
+them (subprocesses), a finished run skipped when run again."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+from natbias_testing import REPO, write_multi30k_slice
+
+pytest.importorskip("transformers")
+pytestmark = pytest.mark.training  # trains (transformers): the full tier only (make test)
+
+EXAMPLE = REPO / "examples" / "huggingface"
+TINY = [
+    "--vocab",
+    "300",
+    "--layers",
+    "1",
+    "--dim",
+    "16",
+    "--ffn",
+    "32",
+    "--heads",
+    "2",
+    "--max-steps",
+    "6",
+    "--eval-every",
+    "3",
+    "--batch-size",
+    "16",
+    "--warmup",
+    "2",
+]
+
+
+def run(script, *args):
+    done = subprocess.run(
+        [sys.executable, str(EXAMPLE / script), *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    return done.stdout + done.stderr
+
+
+@pytest.fixture(scope="module")
+def translations(tmp_path_factory):
+    data = write_multi30k_slice(
+        tmp_path_factory.mktemp("slice"), {"train": 400, "val": 20, "test_2016_flickr": 12}
+    )
+    work = tmp_path_factory.mktemp("hf")
+    for bias in ("none", "natural"):
+        run("translate.py", "--data", data, "--work", work, "--bias", bias, *TINY)
+    return data, work
+
+
+def test_each_arm_records_its_curve_and_scores(translations):
+    _, work = translations
+    records = {
+        arm: json.loads((work / "runs" / arm / "seed1" / "record.json").read_text())
+        for arm in ("stock", "natbias")
+    }
+    for record in records.values():
+        assert record["updates"] == [0, 3, 6]
+        assert record["best_nll"] == min(record["nll"])
+        assert record["scores"]["test"]["bleu_signature"].startswith("nrefs:1|case:mixed")
+        assert 0 <= record["scores"]["test"]["BLEU"] <= 100
+    # Update 0: the natural bias predicts the prior (the unigram's cross-entropy),
+    # transformers' stock model about the uniform (log2 of the vocabulary).
+    natbias, stock = records["natbias"], records["stock"]
+    assert abs(natbias["nll"][0] - natbias["unigram_nll"]) < 0.05
+    assert stock["nll"][0] > natbias["nll"][0] + 1.0
+    assert (work / "runs/natbias/seed1/best/config.json").exists()
+    log_keys = set().union(*natbias["log_history"])
+    assert {"bias_kl", "gain", "kl_unigram"} <= log_keys
+
+
+def test_a_finished_run_is_skipped(translations):
+    data, work = translations
+    again = run("translate.py", "--data", data, "--work", work, "--bias", "natural", *TINY)
+    assert "done before, skipped" in again
+
+
+def test_the_report_compares_the_arms_with_stock(translations, tmp_path):
+    _, work = translations
+    out = tmp_path / "report.md"
+    printed = run("report.py", work, "--out", out)
+    assert printed.strip() == out.read_text().strip()
+    rows = [
+        line
+        for line in printed.splitlines()
+        if line.startswith("| natbias") or line.startswith("| stock")
+    ]
+    assert len(rows) == 2 and rows[0].startswith("| stock")
+    assert "sacreBLEU: nrefs:1" in printed
+    assert (tmp_path / f"report_{work.name}_valid_nll.png").stat().st_size > 5000
+
+
+def test_the_language_model_example(translations, tmp_path):
+    data, _ = translations
+    output = run(
+        "language_model.py",
+        "--data",
+        data,
+        "--lang",
+        "en",
+        "--work",
+        tmp_path,
+        "--vocab",
+        "300",
+        "--layers",
+        "1",
+        "--dim",
+        "16",
+        "--ffn",
+        "32",
+        "--heads",
+        "2",
+        "--block",
+        "16",
+        "--batch-size",
+        "4",
+        "--max-steps",
+        "4",
+        "--eval-every",
+        "2",
+    )
+    record = json.loads((tmp_path / "runs/natbias/seed1/record.json").read_text())
+    assert abs(record["nll"][0] - record["unigram_nll"]) < 0.05
+    assert record["scores"]["test"]["ppl"] == pytest.approx(
+        2 ** record["scores"]["test"]["nll"], rel=1e-3
+    )
+    assert "perplexity" in output
