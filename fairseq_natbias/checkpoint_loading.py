@@ -138,7 +138,7 @@ def load_hub(model_class, checkpoint: str, data: str, **overrides):
     """fairseq's hub interface (``from_pretrained``) of ``checkpoint`` with the
     data directory holding its dictionaries, in eval mode; ``overrides`` go to
     ``from_pretrained`` (the model's settings, a BPE). A data directory it
-    cannot use is a CheckpointError too (an AnalysisError, as before)."""
+    cannot use is a CheckpointError too."""
     if not os.path.isdir(data):
         raise CheckpointError(
             f"{data}: no such data directory; give the fairseq-preprocess "

@@ -414,7 +414,7 @@ def first_sentences(task, split="train", n=24):
 
 def reference_log_unigram(text_path, dictionary, alpha=1.0):
     """Log add-alpha unigram of a tokenised text, counted here in float64
-    independently of fairseq_natbias.unigram: every word as the dictionary maps
+    independently of natbias.counts: every word as the dictionary maps
     it, plus one EOS per line (what fairseq-preprocess binarises)."""
     import math
     from collections import Counter

@@ -1,4 +1,4 @@
-"""fairseq_natbias/data_fetch.py in process: the data `make demo` and the
+"""natbias/tools/data.py in process: the data `make demo` and the
 examples find, in its order (a folder given, NATBIAS_MULTI30K, ../shared,
 a download, a synthetic corpus), a mirror standing in for Multi30k's address
 (file://), and bad folders refused in one line naming the fix. The examples'

@@ -7,7 +7,7 @@ traceback. The translation example's work folder is shared by the examples
 built on it (python_api, external_bias, frequency_analysis).
 
 Without DATA the examples find their data as `make demo` does
-(fairseq_natbias/data_fetch.py): tested here without Multi30k, from a copy of
+(natbias/tools/data.py): tested here without Multi30k, from a copy of
 examples/ with no ../shared beside it and no network (a file:// address
 stands in for Multi30k's; the synthetic fallback when it fails)."""
 

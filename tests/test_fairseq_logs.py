@@ -1,4 +1,4 @@
-"""fairseq_natbias.analysis.fairseq_logs: fairseq-train logs in both formats."""
+"""natbias.tools.fairseq_logs: fairseq-train logs in both formats."""
 
 import pytest
 from natbias_testing import train

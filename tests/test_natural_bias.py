@@ -2,7 +2,7 @@
 weight init (``gain``) at update 0 and after one update, the same initial
 parameters whatever the bias, the gradient norm fairseq clips, and telling a
 natbias checkpoint from others. Checkpoints (earlier versions', resuming,
-fine-tuning): test_checkpoint_settings.py."""
+fine-tuning): test_checkpoints.py."""
 
 import argparse
 import math
@@ -88,9 +88,9 @@ def test_biases_share_every_initial_parameter_but_the_bias(toy_bin, weight_init)
 
 
 # The retired forms and schedule (capped, linear, exp; peak) cannot train from
-# scratch: their steps are tested in tests/test_output_projection.py, and
+# scratch: their steps are tested in tests/test_projection.py, and
 # checkpoints that hold them load, resume and generate
-# (tests/test_checkpoint_settings.py).
+# (tests/test_checkpoints.py).
 def test_one_update_moves_the_gain_by_speed_times_lr(toy_bin, tmp_path):
     """Through the real fairseq-train and fairseq's Adam, constant lr: after
     update 1 the logged gain is 0.05 +- speed * lr (the cap and 0 are far):
