@@ -4,7 +4,7 @@ transformers' stock training: the model of examples/huggingface/translate.py
 both arms with transformers' label_smoothing_factor 0.1, through the real
 Seq2SeqTrainer (no validation, no saving). The arms alternate, round after
 round, so that a change in the machine's speed meets both alike; each
-round's ratio is natbias / stock, and the median over rounds is reported.
+round's ratio is arm / stock, and the median over rounds is reported.
 
     .venv/bin/python research/bench_hf_cost.py --rounds 5 --updates 60 \\
         --out research/results/hf_cost_per_update.md
@@ -26,9 +26,12 @@ import translate  # noqa: E402  (the example's data, tokenizer and model)
 from transformers import DataCollatorForSeq2Seq, Seq2SeqTrainer, Seq2SeqTrainingArguments  # noqa: E402
 
 
-def seconds_per_update(bias, args, tokenizer, train, out):
+def seconds_per_update(arm, args, tokenizer, train, out):
+    bias = "none" if arm == "stock" else "natural"
     options = translate.parse_args(["--data", args.multi30k, "--bias", bias, "--seed", "1"])
     model = translate.build_model(tokenizer, train, options)
+    if arm == "natbias-frozen-bias":  # what the bias's own gradient costs
+        model.final_logits_bias.requires_grad_(False)
     collator = DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100)
     training = Seq2SeqTrainingArguments(
         output_dir=str(out),
@@ -71,6 +74,14 @@ def main():
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--updates", type=int, default=60)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument(
+        "--arms",
+        nargs="+",
+        default=["natbias"],
+        choices=["natbias", "natbias-frozen-bias"],
+        help="timed against stock (natbias-frozen-bias: the bias held fixed, "
+        "to see what its gradient costs)",
+    )
     parser.add_argument("--out", help="also write the table here")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -83,27 +94,34 @@ def main():
         work / "tokenizer",
     )
     train, _, _ = translate.tokenised(tokenizer, args.multi30k, "train", options, 0)
-    times = {"none": [], "natural": []}
+    arms = ["stock", *args.arms]
+    times = {arm: [] for arm in arms}
     for round_ in range(args.rounds):
-        order = ("none", "natural") if round_ % 2 == 0 else ("natural", "none")
-        for bias in order:
-            times[bias].append(seconds_per_update(bias, args, tokenizer, train, work / "out"))
+        for arm in arms if round_ % 2 == 0 else arms[::-1]:
+            times[arm].append(seconds_per_update(arm, args, tokenizer, train, work / "out"))
         print(
-            f"round {round_ + 1}: stock {times['none'][-1]:.4f} s, natural bias "
-            f"{times['natural'][-1]:.4f} s an update",
+            f"round {round_ + 1}: " + ", ".join(f"{a} {times[a][-1]:.4f} s" for a in arms),
             flush=True,
         )
-    ratios = [n / s for n, s in zip(times["natural"], times["none"])]
+    rows = [
+        "| arm | seconds per update (median of rounds) | ratio to stock (median of rounds) |",
+        "|---|---|---|",
+        f"| stock | {statistics.median(times['stock']):.4f} | 1 |",
+    ]
+    for arm in args.arms:
+        ratios = [t / s for t, s in zip(times[arm], times["stock"])]
+        listed = ", ".join(f"{r:.3f}" for r in ratios)
+        rows.append(
+            f"| {arm} | {statistics.median(times[arm]):.4f} | "
+            f"{statistics.median(ratios):.3f}× (rounds: {listed}) |"
+        )
     table = "\n".join(
         [
-            "| arm | seconds per update (median of rounds) | ratio to stock (median of rounds) |",
-            "|---|---|---|",
-            f"| transformers' stock | {statistics.median(times['none']):.4f} | 1 |",
-            f"| natural bias | {statistics.median(times['natural']):.4f} | "
-            f"{statistics.median(ratios):.3f}× (rounds: {', '.join(f'{r:.3f}' for r in ratios)}) |",
+            *rows,
             "",
-            f"{args.rounds} alternated rounds of {args.updates} updates, {args.threads} thread(s), "
-            f"torch {torch.__version__}; command: {' '.join(sys.argv)}",
+            f"{args.rounds} alternated rounds of {args.updates} updates, "
+            f"{args.threads} thread(s), torch {torch.__version__}; command: "
+            f"{' '.join(sys.argv)}",
         ]
     )
     print(table)
