@@ -29,6 +29,23 @@ def say(message):
     print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
+def add_run_arguments(parser, layers_help=None):
+    """The model size and schedule both examples take: the fairseq study's
+    (2 layers, d 128, FFN 256, 4 heads; lr 1e-3, inverse square root after
+    100 updates of warm-up), one seed and one run at a time."""
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--layers", type=int, default=2, help=layers_help)
+    parser.add_argument("--dim", type=int, default=128)
+    parser.add_argument("--ffn", type=int, default=256)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--warmup", type=int, default=100)
+    parser.add_argument("--max-steps", type=int, default=1000)
+    parser.add_argument("--eval-every", type=int, default=50)
+    parser.add_argument("--patience", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=1)
+
+
 def read_split(folder, split, lang, limit=0):
     """The stripped lines of ``split`` (train, valid, test or a file stem such
     as test_2017_flickr) in ``lang``, found as the demo finds them; the first

@@ -28,6 +28,7 @@ import torch  # noqa: E402
 from common import (  # noqa: E402
     Record,
     ValidationCallback,
+    add_run_arguments,
     last_checkpoint,
     read_split,
     say,
@@ -57,19 +58,9 @@ def parse_args(argv=None):
     parser.add_argument("--vocab", type=int, default=8000)
     parser.add_argument("--bias", choices=("none", "natural"), default="natural")
     parser.add_argument("--label-smoothing", choices=("none", "unigram"), default="none")
-    parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--layers", type=int, default=2)
-    parser.add_argument("--dim", type=int, default=128)
-    parser.add_argument("--ffn", type=int, default=256)
-    parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--block", type=int, default=64, help="tokens per block")
     parser.add_argument("--batch-size", type=int, default=24, help="blocks per update")
-    parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--warmup", type=int, default=100)
-    parser.add_argument("--max-steps", type=int, default=1000)
-    parser.add_argument("--eval-every", type=int, default=50)
-    parser.add_argument("--patience", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=1)
+    add_run_arguments(parser)
     return parser.parse_args(argv)
 
 

@@ -24,7 +24,15 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # before transformers is imported
 
 import torch  # noqa: E402
-from common import Record, ValidationCallback, last_checkpoint, read_split, say, train_tokenizer  # noqa: E402
+from common import (  # noqa: E402
+    Record,
+    ValidationCallback,
+    add_run_arguments,
+    last_checkpoint,
+    read_split,
+    say,
+    train_tokenizer,
+)
 from transformers import (  # noqa: E402
     DataCollatorForSeq2Seq,
     MarianConfig,
@@ -81,19 +89,9 @@ def parse_args(argv=None):
         help="uniform: transformers' label_smoothing_factor 0.1; unigram: "
         "natbias.hf.UnigramLabelSmoothingLoss, epsilon 0.1",
     )
-    parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--layers", type=int, default=2, help="encoder and decoder layers")
-    parser.add_argument("--dim", type=int, default=128)
-    parser.add_argument("--ffn", type=int, default=256)
-    parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--batch-size", type=int, default=80, help="sentence pairs per update")
-    parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--warmup", type=int, default=100)
-    parser.add_argument("--max-steps", type=int, default=1000)
-    parser.add_argument("--eval-every", type=int, default=50)
-    parser.add_argument("--patience", type=int, default=0)
     parser.add_argument("--beam", type=int, default=5)
-    parser.add_argument("--threads", type=int, default=1)
+    add_run_arguments(parser, "encoder and decoder layers")
     return parser.parse_args(argv)
 
 
