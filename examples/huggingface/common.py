@@ -19,6 +19,8 @@ from tokenizers import SentencePieceUnigramTokenizer
 from tokenizers.processors import TemplateProcessing
 from transformers import PreTrainedTokenizerFast, TrainerCallback
 
+from natbias.hf import count_targets
+from natbias.prior import cross_entropy_bits, log_unigram
 from natbias.tools.data import raw_file, read_lines
 
 LN2 = math.log(2.0)
@@ -98,6 +100,16 @@ def validation_nll(model, batches, causal=False):
         tokens += mask.sum().item()
     model.train(training)
     return total / tokens / LN2
+
+
+def record_prior_nll(record, train, valid, vocab, causal=False):
+    """The prior's cross-entropy on the validation targets (bits), once per run:
+    what a model that predicts the smoothed training unigram scores."""
+    if record.get("unigram_nll") is None:
+        targets = [
+            count_targets([e["labels"] for e in split], vocab, causal) for split in (train, valid)
+        ]
+        record.update(unigram_nll=round(cross_entropy_bits(log_unigram(targets[0]), targets[1]), 4))
 
 
 class Record:

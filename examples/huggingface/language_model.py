@@ -31,6 +31,7 @@ from common import (  # noqa: E402
     add_run_arguments,
     last_checkpoint,
     read_split,
+    record_prior_nll,
     say,
     train_tokenizer,
     validation_nll,
@@ -44,7 +45,6 @@ from natbias.hf import (  # noqa: E402
     count_targets,
     from_pretrained,
 )
-from natbias.prior import cross_entropy_bits, log_unigram  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -99,16 +99,7 @@ def main(argv=None):
     test = blocks(tokenizer, read_split(args.data, "test", args.lang), args.block)
     vocab = len(tokenizer)
     record = Record(run, {**vars(args), "arm": arm_name(args)})
-    if record.get("unigram_nll") is None:  # the prior's cross-entropy on validation targets
-        prior = log_unigram(count_targets([e["labels"] for e in train], vocab, causal=True))
-        record.update(
-            unigram_nll=round(
-                cross_entropy_bits(
-                    prior, count_targets([e["labels"] for e in valid], vocab, causal=True)
-                ),
-                4,
-            )
-        )
+    record_prior_nll(record, train, valid, vocab, causal=True)
     torch.manual_seed(args.seed)
     model = GPT2LMHeadModel(
         GPT2Config(

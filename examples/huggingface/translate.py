@@ -30,6 +30,7 @@ from common import (  # noqa: E402
     add_run_arguments,
     last_checkpoint,
     read_split,
+    record_prior_nll,
     say,
     train_tokenizer,
 )
@@ -48,7 +49,6 @@ from natbias.hf import (  # noqa: E402
     count_targets,
     from_pretrained,
 )
-from natbias.prior import cross_entropy_bits, log_unigram  # noqa: E402
 from natbias.tools.quality import quality  # noqa: E402
 
 
@@ -146,14 +146,7 @@ def train_run(args, run, tokenizer, train, valid):
     model = build_model(tokenizer, train, args)
     collator = DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100)
     record = Record(run, {**vars(args), "arm": arm_name(args)})
-    if record.get("unigram_nll") is None:  # what a model predicting the prior scores
-        vocab = len(tokenizer)
-        prior = log_unigram(count_targets([e["labels"] for e in train], vocab))
-        record.update(
-            unigram_nll=round(
-                cross_entropy_bits(prior, count_targets([e["labels"] for e in valid], vocab)), 4
-            )
-        )
+    record_prior_nll(record, train, valid, len(tokenizer))
     valid_batches = [collator(valid[i : i + 128]) for i in range(0, len(valid), 128)]
     training = Seq2SeqTrainingArguments(
         output_dir=str(run / "checkpoints"),
