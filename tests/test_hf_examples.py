@@ -3,11 +3,12 @@
 them (subprocesses), a finished run skipped when run again."""
 
 import json
+import os
 import subprocess
 import sys
 
 import pytest
-from natbias_testing import REPO, write_multi30k_slice
+from natbias_testing import BIN, REPO, write_multi30k_slice
 
 pytest.importorskip("transformers")
 pytestmark = pytest.mark.training  # trains (transformers): the full tier only (make test)
@@ -95,7 +96,16 @@ def test_the_report_compares_the_arms_with_stock(translations, tmp_path):
         for line in printed.splitlines()
         if line.startswith("| natbias") or line.startswith("| stock")
     ]
-    assert len(rows) == 2 and rows[0].startswith("| stock")
+    assert len(rows) == 3 and rows[0].startswith("| stock") and rows[1].startswith("| natbias |")
+    # The paired row: natbias against stock, seed 1, best NLL and BLEU differences.
+    record = {
+        arm: json.loads((work / "runs" / arm / "seed1" / "record.json").read_text())
+        for arm in ("stock", "natbias")
+    }
+    best = round(record["natbias"]["best_nll"] - record["stock"]["best_nll"], 3) + 0.0
+    bleu = record["natbias"]["scores"]["test"]["BLEU"] - record["stock"]["scores"]["test"]["BLEU"]
+    bleu = round(bleu, 2) + 0.0  # + 0.0: "+0.00", not "-0.00", as the report prints it
+    assert rows[2].startswith(f"| natbias | stock | 1 | {best:+.3f} | {bleu:+.2f} |")
     assert "sacreBLEU: nrefs:1" in printed
     assert (tmp_path / f"report_{work.name}_valid_nll.png").stat().st_size > 5000
 
@@ -135,3 +145,41 @@ def test_the_language_model_example(translations, tmp_path):
         2 ** record["scores"]["test"]["nll"], rel=1e-3
     )
     assert "perplexity" in output
+
+
+def test_run_sh_trains_the_arms_it_is_given_and_reports(translations, tmp_path):
+    data, _ = translations
+    settings = dict(
+        DATA=data,
+        TEST="test_2016_flickr",
+        WORK=tmp_path / "work",
+        ARMS="stock+unigram-ls",
+        VOCAB=300,
+        LAYERS=1,
+        DIM=16,
+        FFN=32,
+        HEADS=2,
+        MAX_STEPS=6,
+        EVAL_EVERY=2,
+        PATIENCE=1,
+        BATCH=16,
+    )
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **{k: str(v) for k, v in settings.items()}}
+    env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"  # the test's python first
+    done = subprocess.run(
+        ["bash", str(EXAMPLE / "run.sh")],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    record = json.loads((tmp_path / "work/runs/stock+unigram-ls/seed1/record.json").read_text())
+    # Each setting reached translate.py (the stopping itself: test_hf_common.py).
+    assert record["settings"]["patience"] == 1 and record["settings"]["max_steps"] == 6
+    assert (
+        record["settings"]["label_smoothing"] == "unigram" and record["settings"]["bias"] == "none"
+    )
+    assert (record["settings"]["dim"], record["settings"]["batch_size"]) == (16, 16)
+    assert "| stock+unigram-ls |" in (tmp_path / "work/report.md").read_text()

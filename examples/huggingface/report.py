@@ -8,9 +8,10 @@ Per arm, over seeds (mean ± standard error): validation NLL at update 0 (and
 the prior's cross-entropy, what a model predicting the unigram scores), at
 the last update, the best and where; the updates each run needs to reach
 stock's mean NLL at its last update, as a fraction of those updates
-(interpolated between validations); the best NLL paired with stock's of the
-same seed; the test scores (BLEU and chrF with sacreBLEU's signature, or NLL
-and perplexity).
+(interpolated between validations); the test scores (BLEU and chrF with
+sacreBLEU's signature, or NLL and perplexity). Then each arm paired by seed
+with stock and with stock + unigram label smoothing: the differences of best
+NLL and of test BLEU.
 """
 
 import argparse
@@ -23,6 +24,8 @@ import numpy as np
 from natbias.tools.stats import mean_stderr
 
 STOCK = "stock"
+# Each arm is paired, seed by seed, with these (the issue's end targets).
+REFERENCES = (STOCK, "stock+unigram-ls")
 
 
 def load_runs(work):
@@ -65,8 +68,6 @@ def summary(runs):
             "best": mean_stderr([r["best_nll"] for r in records.values()]),
             "best_update": mean_stderr([r["best_update"] for r in records.values()]),
         }
-        paired = [r["best_nll"] - stock[s]["best_nll"] for s, r in records.items() if s in stock]
-        row["best_vs_stock"] = mean_stderr(paired) if arm != STOCK else None
         if target is not None:
             ratios = [reach(r, target) / max(last.values()) for r in records.values()]
             row["reach"] = mean_stderr(ratios) if all(map(math.isfinite, ratios)) else None
@@ -83,6 +84,51 @@ def summary(runs):
     return rows, target
 
 
+def paired_differences(runs):
+    """Per arm and reference arm (``REFERENCES``), over the seeds both ran:
+    the difference of best validation NLL and of each test BLEU, mean ±
+    standard error of the per-seed differences."""
+    rows = []
+    for reference in REFERENCES:
+        for arm in sorted(runs):
+            seeds = sorted(set(runs[arm]) & set(runs.get(reference, {})))
+            if arm == reference or not seeds:
+                continue
+            pairs = [(runs[arm][s], runs[reference][s]) for s in seeds]
+            row = {"arm": arm, "reference": reference, "seeds": seeds}
+            row["best"] = mean_stderr([a["best_nll"] - b["best_nll"] for a, b in pairs])
+            for test_set in sorted(pairs[0][0].get("scores", {})):
+                if "BLEU" in pairs[0][0]["scores"][test_set]:
+                    row[f"{test_set} BLEU"] = mean_stderr(
+                        [
+                            a["scores"][test_set]["BLEU"] - b["scores"][test_set]["BLEU"]
+                            for a, b in pairs
+                        ]
+                    )
+            rows.append(row)
+    return rows
+
+
+def differences_markdown(rows):
+    if not rows:
+        return ""
+    keys = [k for k in rows[0] if k.endswith("BLEU")]
+    head = ["arm", "against", "seeds", "best NLL"] + keys
+    lines = ["", "Paired by seed (mean ± standard error of the differences):", ""]
+    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for row in rows:
+        cells = [row["arm"], row["reference"], ",".join(map(str, row["seeds"]))]
+        cells += [row["best"].signed(3)] + [row[k].signed(2) if k in row else "" for k in keys]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def reach_cell(row):
+    if row["arm"] == STOCK:
+        return ""
+    return "never" if row.get("reach") is None else f"{row['reach'].format(2, False)}×"
+
+
 def markdown(rows, target, title):
     numbers = [k for k in rows[0]["scores"] if not k.endswith("signature")] if rows else []
     head = [
@@ -92,7 +138,6 @@ def markdown(rows, target, title):
         "NLL at 0",
         "NLL at the end",
         "best NLL (update)",
-        "best − stock",
         "reach of stock's end",
     ] + numbers
     lines = [f"### {title}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -104,8 +149,7 @@ def markdown(rows, target, title):
             row["step0"].format(3, False),
             row["last"].format(3, False),
             f"{row['best'].format(3, False)} ({row['best_update'].mean:.0f})",
-            "" if row["best_vs_stock"] is None else row["best_vs_stock"].signed(3),
-            "never" if row.get("reach") is None else f"{row['reach'].format(2, False)}×",
+            reach_cell(row),
         ]
         cells += [row["scores"][key].format(2, False) for key in numbers]
         lines.append("| " + " | ".join(cells) + " |")
@@ -174,6 +218,7 @@ def main(argv=None):
             raise SystemExit(f"report.py: error: no finished runs in {work}/runs")
         rows, target = summary(runs)
         tables.append(markdown(rows, target, Path(work).name))
+        tables[-1] += differences_markdown(paired_differences(runs))
         if args.out:
             image = Path(args.out).with_suffix("").as_posix() + f"_{Path(work).name}_valid_nll.png"
             plot(runs, image, Path(work).name)

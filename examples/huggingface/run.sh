@@ -7,6 +7,8 @@
 #   examples/huggingface/run.sh                                  # Multi30k De->En
 #   DATA=~/corpus SRC=fr TGT=en examples/huggingface/run.sh
 #   ARMS="stock natbias" SEEDS="1 2 3" MAX_STEPS=1000 examples/huggingface/run.sh
+#   TRAIN_LINES=3000 VOCAB=2500 MAX_STEPS=6000 EVAL_EVERY=100 PATIENCE=5 \
+#       examples/huggingface/run.sh                              # a small corpus, past the best
 #
 # DATA holds raw text, one sentence a line, the two languages line-aligned:
 # $TRAIN.$SRC, $TRAIN.$TGT, $VALID.*, $TEST.* (.gz allowed); without DATA,
@@ -29,6 +31,7 @@ ARMS=${ARMS-"stock natbias natbias+unigram-ls"}  # also stock+unigram-ls
 SEEDS=${SEEDS-1}                    # one run per arm and seed
 MAX_STEPS=${MAX_STEPS-1000}         # training updates
 EVAL_EVERY=${EVAL_EVERY-50}         # updates between validations
+PATIENCE=${PATIENCE-0}              # stop after N validations without a lower NLL (0: never)
 BATCH=${BATCH-80}                   # sentence pairs per update
 LAYERS=${LAYERS-2}                  # encoder and decoder layers
 DIM=${DIM-128}                      # model width
@@ -52,8 +55,8 @@ for seed in $SEEDS; do
         logged "$WORK/runs/$arm/seed$seed/train.log" python "$HERE/translate.py" \
             --data "$WORK/raw" --src "$SRC" --tgt "$TGT" --work "$WORK" --vocab "$VOCAB" \
             --bias "$bias" --label-smoothing "$smoothing" --seed "$seed" \
-            --max-steps "$MAX_STEPS" --eval-every "$EVAL_EVERY" --batch-size "$BATCH" \
-            --layers "$LAYERS" --dim "$DIM" --ffn "$FFN" --heads "$HEADS"
+            --max-steps "$MAX_STEPS" --eval-every "$EVAL_EVERY" --patience "$PATIENCE" \
+            --batch-size "$BATCH" --layers "$LAYERS" --dim "$DIM" --ffn "$FFN" --heads "$HEADS"
         say "[$arm] seed $seed: $(grep -E '^\[.*\] test' "$WORK/runs/$arm/seed$seed/train.log" | tail -n 1)"
     done
 done
