@@ -7,7 +7,7 @@ Reads WORK/runs/<arm>/seed<k>/record.json (translate.py, language_model.py).
 Per arm, over seeds (mean ± standard error): validation NLL at update 0 (and
 the prior's cross-entropy, what a model predicting the unigram scores), at
 the last update, the best and where; the updates each run needs to reach
-stock's mean NLL at its last update, as a fraction of those updates
+stock's mean best NLL, as a fraction of the updates stock took to its best
 (interpolated between validations); the test scores (BLEU and chrF with
 sacreBLEU's signature, or NLL and perplexity). Then each arm paired by seed
 with stock and with stock + unigram label smoothing: the differences of best
@@ -54,8 +54,9 @@ def reach(record, target):
 def summary(runs):
     """The report's rows, one per arm, stock first."""
     stock = runs.get(STOCK, {})
-    last = {s: r["updates"][-1] for s, r in stock.items()}
-    target = float(np.mean([r["nll"][-1] for r in stock.values()])) if stock else None
+    # Stock's best, not its last: a run stopped past its best ends above it.
+    target = float(np.mean([r["best_nll"] for r in stock.values()])) if stock else None
+    updates = float(np.mean([r["best_update"] for r in stock.values()])) if stock else None
     rows = []
     for arm in sorted(runs, key=lambda a: (a != STOCK, a)):
         records = runs[arm]
@@ -69,7 +70,7 @@ def summary(runs):
             "best_update": mean_stderr([r["best_update"] for r in records.values()]),
         }
         if target is not None:
-            ratios = [reach(r, target) / max(last.values()) for r in records.values()]
+            ratios = [reach(r, target) / updates for r in records.values()]
             row["reach"] = mean_stderr(ratios) if all(map(math.isfinite, ratios)) else None
         row["scores"] = {}
         for test_set in sorted({t for r in records.values() for t in r.get("scores", {})}):
@@ -138,7 +139,7 @@ def markdown(rows, target, title):
         "NLL at 0",
         "NLL at the end",
         "best NLL (update)",
-        "reach of stock's end",
+        "reach of stock's best",
     ] + numbers
     lines = [f"### {title}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in rows:
@@ -159,8 +160,8 @@ def markdown(rows, target, title):
     lines += [
         "",
         "NLL in bits per target token (validation); mean ± standard error over "
-        f"seeds; reach: updates to stock's mean NLL at its last update ({target:.3f}), as "
-        "a fraction of those updates."
+        f"seeds; reach: updates to stock's mean best NLL ({target:.3f}), as a fraction of "
+        "the updates stock took to its best."
         if target
         else "",
     ]
