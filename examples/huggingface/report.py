@@ -90,10 +90,10 @@ def paired_differences(runs):
     the difference of best validation NLL and of each test BLEU, mean ±
     standard error of the per-seed differences."""
     rows = []
-    for reference in REFERENCES:
+    for i, reference in enumerate(REFERENCES):
         for arm in sorted(runs):
             seeds = sorted(set(runs[arm]) & set(runs.get(reference, {})))
-            if arm == reference or not seeds:
+            if arm in REFERENCES[: i + 1] or not seeds:  # each pair of references once
                 continue
             pairs = [(runs[arm][s], runs[reference][s]) for s in seeds]
             row = {"arm": arm, "reference": reference, "seeds": seeds}
