@@ -5,8 +5,13 @@ credits: :mod:`natbias.label_smoothing`.
     loss = UnigramLabelSmoothingLoss.from_model(model, epsilon=0.1)
     trainer = Seq2SeqTrainer(model, args, ..., compute_loss_func=loss)
 
-Reduced as transformers' own ``label_smoothing_factor`` is: the mean over
-the batch's target tokens (labels other than -100).
+Reduced as the Trainer's contract for ``compute_loss_func`` asks: the sum
+over the micro-batch's target tokens (labels other than -100) divided by
+``num_items_in_batch``, the target tokens of the whole update (every
+accumulated micro-batch, on every process where the Trainer gathers them).
+The Trainer then neither divides by the accumulation steps nor averages over
+processes, so 8 x 1, 4 x 2 and 2 processes x 4 train the same model. Called
+alone (``num_items_in_batch`` None) it is the mean over its own tokens.
 """
 
 from collections.abc import Sequence
@@ -62,8 +67,11 @@ class UnigramLabelSmoothingLoss:
             logits, labels = logits[..., :-1, :], labels[..., 1:]
         log_probs = torch.log_softmax(logits.float(), dim=-1)
         loss, _ = unigram_smoothed_loss(log_probs, labels, self.prior, self.epsilon, IGNORE_INDEX)
-        tokens = labels.ne(IGNORE_INDEX).sum().clamp(min=1)
-        return loss.sum() / tokens
+        if num_items_in_batch is None:
+            return loss.sum() / labels.ne(IGNORE_INDEX).sum().clamp(min=1)
+        if torch.is_tensor(num_items_in_batch):
+            num_items_in_batch = num_items_in_batch.to(loss.device)
+        return loss.sum() / num_items_in_batch
 
 
 def _is_causal(model) -> bool:

@@ -1,0 +1,103 @@
+"""Scaling out a transformers run changes nothing but speed: the same 8
+sequences an update, fed as batch 8, as batch 4 with 2 accumulation steps,
+or as 2 torchrun processes (gloo, CPU) of batch 4, give the same logged
+loss, gradients and bias statistics; a checkpoint written by 2 processes
+resumes on 1. The runs themselves: tests/hf_scale_worker.py."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+import hf_scale_worker as worker  # noqa: E402
+from natbias_testing import REPO  # noqa: E402
+
+from natbias.hf import UnigramLabelSmoothingLoss  # noqa: E402
+
+RELATIVE = 1e-5
+
+
+def test_the_loss_is_the_token_sum_over_the_update_when_the_trainer_counts_it():
+    prior = torch.tensor([0.5, 0.3, 0.2])
+    loss = UnigramLabelSmoothingLoss(prior.log(), epsilon=0.1)
+    logits = torch.tensor([[[2.0, 0.0, -1.0], [0.0, 1.0, 0.0], [0.0, 0.0, 0.0]]])
+    labels = torch.tensor([[0, 2, -100]])
+    log_p = torch.log_softmax(logits[0, :2], -1)
+    # Per token (1 - eps)(-log p(y)) + eps * (-sum_v omega(v) log p(v)), by hand:
+    per_token = [0.9 * -log_p[i, y] - 0.1 * (prior * log_p[i]).sum() for i, y in enumerate([0, 2])]
+    total = per_token[0] + per_token[1]
+    # Alone: the mean over its own two target tokens.
+    assert loss({"logits": logits}, labels).item() == pytest.approx(total.item() / 2, rel=1e-6)
+    # In an update of 5 target tokens (other micro-batches, other processes hold 3).
+    for items in (5, torch.tensor(5)):
+        given = loss({"logits": logits}, labels, num_items_in_batch=items)
+        assert given.item() == pytest.approx(total.item() / 5, rel=1e-6)
+
+
+def _losses(history):
+    return [entry["loss"] for entry in history if "loss" in entry]
+
+
+def _close(a, b):
+    return all(x == pytest.approx(y, rel=RELATIVE) for x, y in zip(a, b)) and len(a) == len(b)
+
+
+@pytest.mark.parametrize("natural_bias", [True, False], ids=["natural-bias", "stock"])
+def test_accumulating_gradients_trains_the_model_one_batch_trains(tmp_path, natural_bias):
+    whole, whole_grads = worker.train(tmp_path / "8x1", 8, 1, natural_bias=natural_bias)
+    split, split_grads = worker.train(tmp_path / "4x2", 4, 2, natural_bias=natural_bias)
+    assert len(_losses(whole)) == 4 and _close(_losses(whole), _losses(split))
+    norms = [[entry["grad_norm"] for entry in h if "grad_norm" in entry] for h in (whole, split)]
+    assert _close(*norms)
+    for a, b in zip(whole_grads, split_grads, strict=True):
+        assert ((a - b).norm() / a.norm()).item() < RELATIVE
+    if natural_bias:
+        keys = ("bias_kl", "bias_norm", "weight_norm", "gain")
+        assert [[e[k] for k in keys] for e in whole if "loss" in e] == [
+            [e[k] for k in keys] for e in split if "loss" in e
+        ]
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _torchrun(out, *args):
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=f"{REPO}:{REPO / 'tests'}")
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
+    command += ["--master_addr", "127.0.0.1", "--master_port", str(_free_port())]
+    command += [str(REPO / "tests/hf_scale_worker.py"), "--out", str(out), *args]
+    run = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    return run.stdout + run.stderr
+
+
+@pytest.mark.training
+def test_two_processes_train_as_one_with_accumulation_and_resume_on_one(tmp_path):
+    printed = _torchrun(tmp_path / "2x4", "--batch", "4", "--save-steps", "2")
+    two = json.loads((tmp_path / "2x4/history_rank0.json").read_text())
+    one, one_grads = worker.train(tmp_path / "4x2", 4, 2)
+    assert _close(_losses(two), _losses(one))
+    keys = ("grad_norm", "bias_kl", "bias_norm", "weight_norm", "gain")
+    for a, b in zip([e for e in two if "loss" in e], [e for e in one if "loss" in e], strict=True):
+        assert _close([a[k] for k in keys], [b[k] for k in keys])
+    for a, b in zip(torch.load(tmp_path / "2x4/gradients.pt"), one_grads, strict=True):
+        assert ((a - b).norm() / a.norm()).item() < RELATIVE
+    # The statistics are printed once per log (4 updates and the summary), by rank 0 alone.
+    assert printed.count("'bias_kl'") == 5
+    # Written by 2 processes after update 2, resumed on 1: updates 3 and 4 as uninterrupted.
+    resumed, _ = worker.train(
+        tmp_path / "resumed", 4, 2, resume=str(tmp_path / "2x4/trainer/checkpoint-2")
+    )
+    assert _losses(resumed)[-2:] and _close(_losses(resumed)[-2:], _losses(one)[-2:])
+    assert [e["gain"] for e in resumed if "loss" in e][-2:] == [
+        e["gain"] for e in one if "loss" in e
+    ][-2:]
