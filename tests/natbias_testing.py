@@ -355,7 +355,16 @@ def train_lm(
     )
 
 
-def log_records(text, tag):
+def free_port():
+    """A TCP port on the loopback that no one listens on now (a rendezvous)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def log_records(text, tag="train_inner"):
     """Parse fairseq's simple-format log lines with this tag into dicts."""
     records = []
     for line in text.splitlines():

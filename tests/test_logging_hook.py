@@ -8,7 +8,6 @@ with a hand computation; end-to-end tests read fairseq-train's own log lines.
 import math
 import os
 import re
-import socket
 import subprocess
 import weakref
 
@@ -22,6 +21,7 @@ from natbias_testing import (
     TINY_TRAINING,
     build_in_process,
     first_sentences,
+    free_port,
     log_records,
     train,
 )
@@ -377,15 +377,9 @@ NOT_COMPARED = {"wps", "ups", "wall", "train_wall", "ppl"}  # timing; ppl = 2^nl
 PRINTED = 1.1e-3  # one unit in the third decimal, the coarsest rounding logged
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _two_workers(data, save_dir, batch_size):
     """One fairseq-train process per rank, rendezvous over TCP (gloo, CPU)."""
-    port = _free_port()
+    port = free_port()
     command = [
         str(BIN / "fairseq-train"),
         data,
