@@ -4,8 +4,6 @@ through the real Trainer and generate. No fairseq."""
 
 import collections
 import math
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -207,17 +205,6 @@ def test_a_saved_model_reloads_with_identical_logits_and_beams(name, tmp_path):
             for m in (model, loaded)
         ]
         assert torch.equal(*beams)
-
-
-def test_without_the_import_transformers_refuses_the_model_loudly(tmp_path):
-    torch.manual_seed(0)
-    add_natural_bias(gpt2(), zipf_targets()).save_pretrained(tmp_path)
-    code = (
-        "from transformers import AutoModelForCausalLM\n"
-        f"AutoModelForCausalLM.from_pretrained({str(tmp_path)!r})\n"
-    )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert done.returncode != 0 and "natbias-gpt2" in done.stderr
 
 
 def test_a_model_without_the_natural_bias_is_refused_by_from_pretrained(tmp_path):

@@ -1,6 +1,6 @@
 """The bias statistics (:mod:`natbias.statistics`) in the Trainer's logs and in
 every ``report_to`` integration: ``bias_kl``, ``bias_norm``, ``weight_norm``
-and ``gain`` at every log, and, given a probe batch, ``kl_unigram`` and
+and ``gain`` at every training log (those with the loss), and, given a probe batch, ``kl_unigram`` and
 ``kl_uniform``: the model's mean divergence from the unigram and the uniform
 over the probe's target tokens (the paper's Fig. 1).
 
@@ -43,6 +43,8 @@ class BiasStatisticsCallback(TrainerCallback):
 
     def on_log(self, args, state, control, model=None, logs=None, **kwargs):
         if model is None or logs is None or getattr(model, "natbias_log_prior", None) is None:
+            return
+        if "loss" not in logs:  # an evaluation's, or the run's summary: at the same step
             return
         if not state.is_world_process_zero:
             return
