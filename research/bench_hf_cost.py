@@ -119,7 +119,9 @@ def multi30k_setup(args):
         work / "tokenizer",
     )
     train, _, _ = translate.tokenised(tokenizer, args.multi30k, "train", options, 0)
-    collator = transformers.DataCollatorForSeq2Seq(tokenizer, label_pad_token_id=-100)
+
+    def collator(model):  # decoder inputs from the labels, as the example's
+        return transformers.DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100)
 
     def make(arm):
         bias = "none" if arm == "stock" else "natural"
@@ -142,14 +144,19 @@ def synthetic_setup(family, args):
             natbias.hf.add_natural_bias(model, targets)
         return model
 
-    return make, data, collate, args.batch_size, {}
+    return make, data, lambda model: collate, args.batch_size, {}
+
+
+def freeze_bias(model):
+    bias = model.output_bias()  # final_logits_bias's is a view of the (1, V) parameter
+    (bias if bias._base is None else bias._base).requires_grad_(False)
 
 
 def run_arm(arm, setup, args, profile=False):
     make, data, collator, batch_size, extra = setup
     model = make(arm)
     if arm == "natbias-frozen-bias":  # what the bias's own gradient costs
-        model.output_bias().requires_grad_(False)
+        freeze_bias(model)
     profiler = None
     if profile:  # the updates after the warm-up ones
         schedule = torch.profiler.schedule(
@@ -175,7 +182,11 @@ def run_arm(arm, setup, args, profile=False):
         **extra,
     )
     trainer = Seq2SeqTrainer(
-        model=model, args=training, train_dataset=data, data_collator=collator, callbacks=[clock]
+        model=model,
+        args=training,
+        train_dataset=data,
+        data_collator=collator(model),
+        callbacks=[clock],
     )
     if profile:
         with profiler:
@@ -196,7 +207,7 @@ def paired(setup, args, arms):
     for arm in arms:
         model = make(arm)
         if arm == "natbias-frozen-bias":
-            model.output_bias().requires_grad_(False)
+            freeze_bias(model)
         training = Seq2SeqTrainingArguments(
             output_dir=str(Path(args.work) / "out"),
             learning_rate=1e-3,
@@ -205,13 +216,14 @@ def paired(setup, args, arms):
             disable_tqdm=True,
             **extra,
         )
-        trainer = Seq2SeqTrainer(model=model, args=training, data_collator=collator)
+        trainer = Seq2SeqTrainer(model=model, args=training, data_collator=collator(model))
         trainer.create_optimizer()
         trainer.current_gradient_accumulation_steps = 1  # what train() sets
         model.train()
         trainers[arm] = trainer
+    collate_batch = trainers["stock"].data_collator
     batches = [
-        collator(data[i * batch_size : (i + 1) * batch_size])
+        collate_batch(data[i * batch_size : (i + 1) * batch_size])
         for i in range(args.rounds * args.updates)
     ]
     times = {arm: [] for arm in arms}

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from natbias.errors import NaturalBiasError
-from natbias.hf.logit_map import _one_token
+from natbias.hf.logit_map import one_token_inputs
 from natbias.hf.models import FINAL_LOGITS_BIAS, SETTINGS, NaturalBiasModel
 
 logger = logging.getLogger(__name__)
@@ -146,7 +146,7 @@ def _head_input_and_norm_outputs(model, head):
     training = model.training
     model.eval()
     try:
-        model(**_one_token(model))
+        model(**one_token_inputs(model))
     finally:
         for handle in handles:
             handle.remove()

@@ -9,7 +9,9 @@ f(g W phi + b) ≈ f(b), and softmax(f(b)) is the unigram only if
 
     f(b) = log p + k        (any constant k: softmax does not see it)
 
-so b = f^-1(log p + k). A scale s gives b = log p / s. A soft cap is a
+so b = f^-1(log p + k). A scale s gives b = log p / s. (T5's d^-0.5 on
+the decoder output of a tied head scales phi, not b: its f is the identity;
+its larger W phi at init is the gain's to damp.) A soft cap is a
 bijection onto (-c, c) only: k centres log p, and its span must fit within
 2c (with a margin, where tanh is not flat); else the model is refused.
 
@@ -112,7 +114,7 @@ def logits_for_bias(model, bias: torch.Tensor) -> torch.Tensor:
     model.eval()
     try:
         with torch.no_grad():
-            logits = model(**_one_token(model)).logits
+            logits = model(**one_token_inputs(model)).logits
     except Exception as error:  # noqa: BLE001 -- any failure of the model's forward
         raise NaturalBiasError(
             f"{type(model).__name__} did not run on one token ({type(error).__name__}: "
@@ -124,7 +126,8 @@ def logits_for_bias(model, bias: torch.Tensor) -> torch.Tensor:
     return logits[0, -1].double().cpu()
 
 
-def _one_token(model) -> dict:
+def one_token_inputs(model) -> dict:
+    """The inputs of a forward pass over one token (and one decoder token)."""
     config = model.config
     token = getattr(config, "bos_token_id", None)
     if not isinstance(token, int):
