@@ -1,16 +1,27 @@
-"""A ``TrainerCallback`` that writes the bias statistics (:mod:`natbias.statistics`)
-into the Trainer's logs: ``bias_kl``, ``bias_norm``, ``weight_norm`` and
-``gain`` at every log, and, given a probe batch, ``kl_unigram`` and
+"""The bias statistics (:mod:`natbias.statistics`) in the Trainer's logs and in
+every ``report_to`` integration: ``bias_kl``, ``bias_norm``, ``weight_norm``
+and ``gain`` at every training log (those with the loss), and, given a probe batch, ``kl_unigram`` and
 ``kl_uniform``: the model's mean divergence from the unigram and the uniform
 over the probe's target tokens (the paper's Fig. 1).
 
-    callback = BiasStatisticsCallback(probe=collator([eval_dataset[i] for i in range(64)]))
-    trainer = Seq2SeqTrainer(..., callbacks=[callback])
+    natbias.hf.log_bias_statistics(trainer, probe=collator([eval_dataset[i] for i in range(64)]))
 
-They go into ``trainer.state.log_history`` and what the Trainer prints;
-reporting callbacks placed before this one (``report_to``) log without them.
+Why a callback placed first: the Trainer calls its callbacks' ``on_log`` in
+order, all with the same ``logs`` dict, and builds that order as
+DefaultFlowCallback, the ``report_to`` integrations (TensorBoard, W&B, ...),
+then the ``callbacks=`` given to it. A callback given there adds its keys
+after the integrations have written. :func:`log_bias_statistics` puts it
+ahead of them, so each integration writes the statistics with the loss,
+once per log. Overriding ``Trainer.log`` (transformers' other hook for
+this) would need a subclass of each trainer class a user has (Trainer,
+Seq2SeqTrainer, TRL's); the callback composes with any of them.
+
+Only the main process computes them (``state.is_world_process_zero``), as
+only it reports: b, W and the gain are the same in every process under DDP,
+and the probe's forward runs on the main process's copy of the model.
 """
 
+import warnings
 from typing import Optional
 
 import torch
@@ -21,23 +32,51 @@ from natbias.statistics import LN2, bias_statistics, divergence_sums
 
 
 class BiasStatisticsCallback(TrainerCallback):
+    """Adds the statistics to each log. Given in ``callbacks=``, it comes
+    after the ``report_to`` integrations, which then log without them (it
+    warns once): add it with :func:`log_bias_statistics` instead."""
+
     def __init__(self, probe: Optional[dict] = None):
         self.probe = probe
+        self.before_reporting = False  # placed ahead of the integrations
+        self._warned = False
 
     def on_log(self, args, state, control, model=None, logs=None, **kwargs):
         if model is None or logs is None or getattr(model, "natbias_log_prior", None) is None:
             return
+        if "loss" not in logs:  # an evaluation's, or the run's summary: at the same step
+            return
+        if not state.is_world_process_zero:
+            return
+        if args.report_to and not self.before_reporting and not self._warned:
+            self._warned = True
+            warnings.warn(
+                f"BiasStatisticsCallback runs after the report_to integrations "
+                f"({', '.join(args.report_to)}), which log without the bias statistics: "
+                "add it with natbias.hf.log_bias_statistics(trainer) instead",
+                stacklevel=2,
+            )
         stats = statistics(model, self.probe)
         logs.update(stats)
-        if state.log_history:
+        if state.log_history:  # the Trainer appended a copy of logs before on_log
             state.log_history[-1].update(stats)
 
 
+def log_bias_statistics(trainer, probe: Optional[dict] = None) -> BiasStatisticsCallback:
+    """Adds a :class:`BiasStatisticsCallback` to ``trainer`` ahead of its
+    ``report_to`` integrations, so that they log the statistics too."""
+    callback = BiasStatisticsCallback(probe)
+    callback.before_reporting = True
+    trainer.callback_handler.callbacks.insert(0, callback)
+    return callback
+
+
 def statistics(model, probe: Optional[dict] = None) -> dict:
-    """The statistics of a natural-bias model, rounded as the Trainer logs them."""
+    """The statistics of a natural-bias model, rounded as the Trainer logs
+    them; bias_kl and bias_norm of b as the logits see it."""
     head = model.get_output_embeddings()
     stats = bias_statistics(
-        model.output_bias(), model.natbias_log_prior, head.weight, model.output_gain()
+        model.bias_in_logits(), model.natbias_log_prior, head.weight, model.output_gain()
     )
     if probe is not None:
         stats.update(probe_divergences(model, probe))

@@ -18,9 +18,10 @@ class BiasScaleLogitsProcessor(LogitsProcessor):
     search hands processors log-probabilities and compares them across beams."""
 
     def __init__(self, model, scale: float):
-        bias = getattr(model, "output_bias", None)
+        bias = getattr(model, "bias_in_logits", None)
         if bias is None:
             raise NaturalBiasError(f"{type(model).__name__} has no natural bias to scale")
+        # b as the logits see it (f(b) where the model scales or caps them).
         self.shift = (float(scale) - 1.0) * bias().detach().float()
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:

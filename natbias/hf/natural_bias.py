@@ -1,17 +1,20 @@
-"""One call that gives a transformers model the natural bias, and one that
-loads such a model back.
+"""One call that gives a transformers generator the natural bias, in place,
+and one that loads such a model back.
 
-    model = MarianMTModel(config)                      # transformers' own, fresh
-    model = add_natural_bias(model, train_dataset)     # b = log p of its labels, gain 0.05
+    model = AutoModelForCausalLM.from_config(config)   # transformers' own, fresh
+    add_natural_bias(model, train_dataset)             # now b = log p of its labels, gain 0.05
     ...                                                # Trainer / Seq2SeqTrainer as usual
     model.save_pretrained(path)
-    model = natbias.hf.from_pretrained(path)           # or AutoModelForSeq2SeqLM
+    model = natbias.hf.from_pretrained(path)           # or the Auto classes
 
-The new model holds every parameter of the one given (the same random
-init, so a run with and one without the natural bias differ in the output
-layer alone) plus b, counted and smoothed as the fairseq plugin does
-(:mod:`natbias.counts`, :mod:`natbias.prior`), and the gain g on W phi
-(:mod:`natbias.projection`).
+The model keeps every parameter it had (the same objects: a run with and one
+without the natural bias differ in the output layer alone, and memory grows
+by b and the prior) and gains b, counted and smoothed as the fairseq plugin
+does (:mod:`natbias.counts`, :mod:`natbias.prior`), and the gain g on W phi
+(:mod:`natbias.projection`). Any causal or sequence-to-sequence language
+model whose head is a linear map takes it (:mod:`natbias.hf.models`); one
+that maps the head's output (a scale, a soft cap) gets the b that starts it
+at the unigram all the same (:mod:`natbias.hf.logit_map`).
 """
 
 from collections.abc import Iterable, Sequence
@@ -19,18 +22,23 @@ from typing import Optional
 
 import numpy as np
 import torch
-from transformers import AutoConfig
+from torch import nn
+from transformers import AutoConfig, PreTrainedModel
+from transformers.models.auto.auto_factory import _get_model_class
 
 from natbias import FORMAT_VERSION, __version__
 from natbias.counts import check_counts, count_ids, read_counts_file
 from natbias.errors import NaturalBiasError
+from natbias.hf.logit_map import check_starts_at_prior, initial_bias, measure_logit_map
 from natbias.hf.models import (
-    NATURAL_BIAS_CLASSES,
+    CLASS_PREFIX,
+    FINAL_LOGITS_BIAS,
     SETTINGS,
     NaturalBiasModel,
     natural_bias_class,
     natural_bias_settings,
 )
+from natbias.hf.registry import GENERATOR_AUTO_CLASSES, register
 from natbias.prior import DEFAULT_SMOOTHING, log_unigram
 from natbias.projection import DEFAULT_GAIN_INIT, DEFAULT_GAIN_SPEED, check_gain
 
@@ -75,25 +83,24 @@ def add_natural_bias(
     gain_init: float = DEFAULT_GAIN_INIT,
     gain_speed: float = DEFAULT_GAIN_SPEED,
 ) -> NaturalBiasModel:
-    """``model`` with the natural bias: a new model of its natural-bias class
-    (:data:`natbias.hf.models.NATURAL_BIAS_CLASSES`) holding its parameters.
+    """Gives ``model`` the natural bias in place and returns it, now of its
+    natural-bias class (:func:`natbias.hf.models.natural_bias_class`): every
+    parameter it had is kept, not copied; b, the gain and the prior are added.
 
     The prior comes from exactly one of ``targets`` (a tokenised dataset or
     token-id sequences: :func:`count_targets`), ``counts`` (one per vocabulary
     entry) or ``counts_file`` (written by ``natbias-count``; ``vocabulary``,
     the tokenizer, maps its symbols to ids). ``gain=False`` leaves W phi as
     it is (g = 1) instead of starting it at ``gain_init``."""
-    natbias_class = natural_bias_class(model)
+    name = check_generator(model)
     vocab_size = model.get_output_embeddings().weight.shape[0]
-    counts = _prior_counts(
-        model, natbias_class, vocab_size, targets, counts, counts_file, vocabulary
-    )
+    counts = _prior_counts(model, vocab_size, targets, counts, counts_file, vocabulary)
     log_prior = log_unigram(counts, smoothing)
     if gain:
         check_gain(gain_init, gain_speed)
-    config = model.config.to_dict()
-    config.pop("model_type", None)
-    config[SETTINGS] = {
+    logit_map = measure_logit_map(model, name)
+    bias = initial_bias(log_prior, logit_map, name)
+    settings = {
         "format_version": FORMAT_VERSION,
         "written_by": f"natbias {__version__}",
         "smoothing": float(smoothing),
@@ -101,26 +108,78 @@ def add_natural_bias(
         "gain_init": float(gain_init) if gain else None,
         "gain_speed": float(gain_speed) if gain else None,
     }
-    with torch.random.fork_rng(devices=[]):  # the new model's random init is thrown away
-        natbias_model = natbias_class(natbias_class.config_class(**config))
-    missing, unexpected = natbias_model.load_state_dict(model.state_dict(), strict=False)
-    new_keys = {"natbias_log_prior", "lm_head.gain_param", "lm_head.bias"}
-    if unexpected or set(missing) - new_keys:
+    if logit_map:
+        settings["logit_map"] = logit_map
+    natbias_class = natural_bias_class(type(model))
+    undo = _InPlace(model)
+    try:
+        model.config.__class__ = natbias_class.config_class
+        model.config.architectures = [natbias_class.__name__]
+        setattr(model.config, SETTINGS, settings)
+        model.__class__ = natbias_class
+        model._install_natural_bias(settings, bias)
+        with torch.no_grad():
+            model.natbias_log_prior.copy_(log_prior)
+        check_starts_at_prior(model, log_prior, name)
+    except BaseException:
+        undo()
+        raise
+    register(natbias_class)
+    return model
+
+
+def check_generator(model) -> str:
+    """The class name of a model that can take the natural bias; any other
+    is refused in one line saying why."""
+    name = type(model).__name__
+    if isinstance(model, NaturalBiasModel):
+        raise NaturalBiasError(f"{name} has the natural bias already")
+    if not isinstance(model, PreTrainedModel):
+        raise NaturalBiasError(f"natbias.hf takes a transformers PreTrainedModel, not a {name}")
+    head = model.get_output_embeddings()
+    if head is None:
         raise NaturalBiasError(
-            f"{type(model).__name__}'s parameters do not fit its natural-bias "
-            f"class: missing {sorted(set(missing) - new_keys)}, unexpected "
-            f"{sorted(unexpected)}"
+            f"{name} has no output layer (get_output_embeddings() is None): give "
+            "the natural bias to its language-model class (...ForCausalLM, "
+            "...ForConditionalGeneration)"
         )
-    with torch.no_grad():
-        natbias_model.output_bias().copy_(log_prior)
-        natbias_model.natbias_log_prior.copy_(log_prior)
-    parameter = next(model.parameters())
-    natbias_model.to(parameter.device)
-    natbias_model.train(model.training)
-    return natbias_model
+    if not isinstance(head, nn.Linear) or type(head).forward is not nn.Linear.forward:
+        raise NaturalBiasError(
+            f"{name}'s output layer is a {type(head).__name__}, not a linear map "
+            "W phi: the natural bias is the b of logits W phi + b"
+        )
+    if not model.can_generate():
+        raise NaturalBiasError(
+            f"{name} is not a generator (a causal or sequence-to-sequence language "
+            "model): the natural bias is the unigram of what a generator predicts"
+        )
+    return name
 
 
-def _prior_counts(model, natbias_class, vocab_size, targets, counts, counts_file, vocabulary):
+class _InPlace:
+    """Puts back what add_natural_bias changes, should it fail half-way."""
+
+    def __init__(self, model):
+        self.model, self.model_class = model, type(model)
+        self.config_class, self.config = type(model.config), dict(model.config.__dict__)
+        self.head = model.get_output_embeddings()
+        self.buffers = dict(model._buffers)
+
+    def __call__(self):
+        model = self.model
+        for name in ("natbias_slot", "natbias_logit_map"):
+            model.__dict__.pop(name, None)
+        model.__class__ = self.model_class
+        model.config.__class__ = self.config_class
+        model.config.__dict__.clear()
+        model.config.__dict__.update(self.config)
+        model._parameters.pop(FINAL_LOGITS_BIAS, None)
+        model._buffers.clear()
+        model._buffers.update(self.buffers)
+        model.set_output_embeddings(self.head)
+
+
+def _prior_counts(model, vocab_size, targets, counts, counts_file, vocabulary):
     given = [
         name
         for name, value in (("targets", targets), ("counts", counts), ("counts_file", counts_file))
@@ -158,7 +217,20 @@ def from_pretrained(path: str, **kwargs) -> NaturalBiasModel:
     without the natural bias is refused, naming the fix."""
     config = AutoConfig.from_pretrained(path)
     natural_bias_settings(config)
-    for natbias_class, _ in NATURAL_BIAS_CLASSES.values():
-        if isinstance(config, natbias_class.config_class):
-            return natbias_class.from_pretrained(path, **kwargs)
+    return _saved_class(config, path).from_pretrained(path, **kwargs)
+
+
+def _saved_class(config, path) -> type:
+    """The class the configuration names (``architectures``), else the one
+    the Auto classes map it to."""
+    import transformers
+
+    for name in getattr(config, "architectures", None) or ():
+        stock = getattr(transformers, name[len(CLASS_PREFIX) :], None)
+        if name.startswith(CLASS_PREFIX) and isinstance(stock, type):
+            if issubclass(stock, PreTrainedModel):
+                return natural_bias_class(stock)
+    for auto_class in GENERATOR_AUTO_CLASSES:
+        if type(config) in auto_class._model_mapping:
+            return _get_model_class(config, auto_class._model_mapping)
     raise NaturalBiasError(f"{path}: no natural-bias model class for {type(config).__name__}")

@@ -1,0 +1,77 @@
+"""The natural-bias classes in transformers' Auto classes, made when first
+needed rather than for every architecture at import.
+
+``AutoConfig`` resolves a saved ``model_type`` through ``CONFIG_MAPPING``,
+whose registered entries live in a dict. :func:`install` (run by ``import
+natbias.hf``) gives it a dict that, asked for ``natbias-<type>`` the first
+time, makes the natural-bias configuration of ``<type>`` and the
+natural-bias classes of the models ``AutoModelForCausalLM`` and
+``AutoModelForSeq2SeqLM`` map it to, and registers them as
+``AutoConfig.register`` and ``AutoModel*.register`` do. So a model saved
+with the natural bias loads through the Auto classes in a fresh process,
+and importing natbias.hf imports no architecture it does not use.
+"""
+
+from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM
+from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+from natbias.hf.models import TYPE_PREFIX, natural_bias_class
+
+GENERATOR_AUTO_CLASSES = (AutoModelForCausalLM, AutoModelForSeq2SeqLM)
+
+
+def register(natbias_class: type) -> None:
+    """Registers a natural-bias class's configuration with ``AutoConfig`` and
+    the natural-bias classes of the generators the Auto classes map its
+    stock configuration to (``natbias_class`` among them where it is one)."""
+    config_class = natbias_class.config_class
+    stock_config_class = natbias_class.natbias_stock_class.config_class
+    AutoConfig.register(config_class.model_type, config_class, exist_ok=True)
+    for auto_class in GENERATOR_AUTO_CLASSES:
+        if stock_config_class in auto_class._model_mapping:
+            stock = auto_class._model_mapping[stock_config_class]
+            if isinstance(stock, (list, tuple)):
+                made = tuple(natural_bias_class(model_class) for model_class in stock)
+            else:
+                made = natural_bias_class(stock)
+            auto_class.register(config_class, made, exist_ok=True)
+
+
+def register_model_type(model_type: str) -> bool:
+    """Registers ``natbias-<type>`` for a stock ``<type>`` transformers knows
+    and that has a generator; False for any other name."""
+    if not model_type.startswith(TYPE_PREFIX):
+        return False
+    stock_type = model_type[len(TYPE_PREFIX) :]
+    if stock_type.startswith(TYPE_PREFIX) or stock_type not in CONFIG_MAPPING:
+        return False
+    stock_config_class = CONFIG_MAPPING[stock_type]
+    for auto_class in GENERATOR_AUTO_CLASSES:
+        if stock_config_class in auto_class._model_mapping:
+            stock = auto_class._model_mapping[stock_config_class]
+            stock = stock[0] if isinstance(stock, (list, tuple)) else stock
+            register(natural_bias_class(stock))
+            return True
+    return False
+
+
+class _RegisteredTypes(dict):
+    """``CONFIG_MAPPING``'s registered types, which makes ``natbias-<type>``
+    on its first look-up (``in`` and ``[]``, what transformers asks)."""
+
+    def __contains__(self, model_type) -> bool:
+        if dict.__contains__(self, model_type):
+            return True
+        return isinstance(model_type, str) and register_model_type(model_type)
+
+    def __getitem__(self, model_type):
+        if not dict.__contains__(self, model_type) and isinstance(model_type, str):
+            register_model_type(model_type)
+        return dict.__getitem__(self, model_type)
+
+
+def install() -> None:
+    """Makes ``natbias-<type>`` known to ``AutoConfig`` (a second call does nothing)."""
+    registered = CONFIG_MAPPING._extra_content
+    if not isinstance(registered, _RegisteredTypes):
+        CONFIG_MAPPING._extra_content = _RegisteredTypes(registered)

@@ -1,0 +1,127 @@
+"""Tiny fresh transformers generators of many families, built from
+configurations in code (nothing fetched), for the tests of natbias.hf."""
+
+import collections
+
+import numpy as np
+import torch
+import transformers
+
+V = 40  # vocabulary: 0 pad, 1 EOS, 2 BOS, 3.. words
+DECODER = dict(
+    vocab_size=V,
+    hidden_size=16,
+    intermediate_size=32,
+    num_hidden_layers=1,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    max_position_embeddings=64,
+    bos_token_id=2,
+    eos_token_id=1,
+    pad_token_id=0,
+)
+SEQ2SEQ = dict(
+    vocab_size=V,
+    d_model=16,
+    encoder_layers=1,
+    decoder_layers=1,
+    encoder_attention_heads=2,
+    decoder_attention_heads=2,
+    encoder_ffn_dim=32,
+    decoder_ffn_dim=32,
+    max_position_embeddings=64,
+    pad_token_id=0,
+    eos_token_id=1,
+    bos_token_id=2,
+    decoder_start_token_id=0,
+    forced_eos_token_id=1,
+)
+GPT = dict(
+    vocab_size=V, n_embd=16, n_layer=1, n_head=2, n_positions=64, bos_token_id=2, eos_token_id=1
+)
+
+# family -> (configuration class, model class, settings)
+FAMILIES = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM", DECODER),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", DECODER),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(DECODER, head_dim=8)),
+    "mistral": ("MistralConfig", "MistralForCausalLM", DECODER),
+    "gemma": ("GemmaConfig", "GemmaForCausalLM", dict(DECODER, head_dim=8)),
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", dict(DECODER, head_dim=8)),  # soft-capped
+    "cohere": ("CohereConfig", "CohereForCausalLM", DECODER),  # logits times logit_scale
+    "phi": ("PhiConfig", "PhiForCausalLM", DECODER),  # a bias on the head
+    "gpt_neox": ("GPTNeoXConfig", "GPTNeoXForCausalLM", DECODER),
+    "opt": (
+        "OPTConfig",
+        "OPTForCausalLM",
+        dict(DECODER, ffn_dim=32, word_embed_proj_dim=16, num_key_value_heads=2),
+    ),
+    "gpt2": ("GPT2Config", "GPT2LMHeadModel", GPT),
+    "gptj": ("GPTJConfig", "GPTJForCausalLM", dict(GPT, rotary_dim=4)),
+    "codegen": ("CodeGenConfig", "CodeGenForCausalLM", dict(GPT, rotary_dim=4, n_ctx=64)),
+    "t5": (
+        "T5Config",
+        "T5ForConditionalGeneration",
+        dict(vocab_size=V, d_model=16, d_kv=8, d_ff=32, num_layers=1, num_heads=2)
+        | dict(pad_token_id=0, eos_token_id=1, decoder_start_token_id=0),
+    ),
+    "bart": ("BartConfig", "BartForConditionalGeneration", SEQ2SEQ),
+    "mbart": ("MBartConfig", "MBartForConditionalGeneration", SEQ2SEQ),
+    "marian": ("MarianConfig", "MarianMTModel", SEQ2SEQ),
+    "m2m_100": ("M2M100Config", "M2M100ForConditionalGeneration", SEQ2SEQ),
+    "pegasus": ("PegasusConfig", "PegasusForConditionalGeneration", SEQ2SEQ),
+    "blenderbot": ("BlenderbotConfig", "BlenderbotForConditionalGeneration", SEQ2SEQ),
+}
+# Where the stock class keeps an output bias, b goes (natbias.hf.to_stock exports these).
+SLOTS = {name: "final_logits_bias" for name in ("marian", "bart", "mbart", "pegasus", "blenderbot")}
+SLOTS.update({name: "head" for name in ("phi", "gptj", "codegen")})
+# T5 draws its embeddings (the tied head) from N(0, 1): its W phi starts
+# about 20 times larger than GPT-2's, and the default gain 0.05 leaves a
+# KL of ~2e-3 nats from the unigram at update 0; 0.02 starts it below 1e-3.
+GAIN_INIT = {"t5": 0.02}
+
+
+def build(family, seed=0, **settings):
+    """A fresh stock model of the family (seeded)."""
+    config_class, model_class, defaults = FAMILIES[family]
+    config = getattr(transformers, config_class)(**{**defaults, **settings})
+    torch.manual_seed(seed)
+    return getattr(transformers, model_class)(config)
+
+
+def is_seq2seq(model):
+    return bool(getattr(model.config, "is_encoder_decoder", False))
+
+
+def zipf_targets(n=200, seed=0):
+    """Token-id sequences ending in EOS (1), Zipf-like over ids 3..V-1."""
+    rng = np.random.default_rng(seed)
+    weights = 1.0 / np.arange(1, V - 2)
+    weights /= weights.sum()
+    return [
+        list(rng.choice(np.arange(3, V), size=rng.integers(3, 9), p=weights)) + [1]
+        for _ in range(n)
+    ]
+
+
+def hand_log_prior(sequences, causal, alpha=1.0):
+    """log (c(v) + alpha) / (N + alpha V), counted with a Counter (float64)."""
+    counter = collections.Counter()
+    for sequence in sequences:
+        counter.update(sequence[1:] if causal else sequence)
+    counts = np.array([counter[i] for i in range(V)], dtype=np.float64)
+    return torch.from_numpy(np.log((counts + alpha) / (counts.sum() + alpha * V)))
+
+
+def inputs_for(model, seed=3):
+    generator = torch.Generator().manual_seed(seed)
+    inputs = {"input_ids": torch.randint(3, V, (2, 6), generator=generator)}
+    if is_seq2seq(model):
+        inputs["decoder_input_ids"] = torch.randint(3, V, (2, 5), generator=generator)
+    return inputs
+
+
+def max_kl_from(log_prior, logits):
+    """The largest KL(p || prior) in nats over the positions of ``logits``."""
+    log_p = torch.log_softmax(logits.double(), -1)
+    return (log_p.exp() * (log_p - log_prior.double())).sum(-1).max().item()
