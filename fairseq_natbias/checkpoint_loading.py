@@ -5,13 +5,19 @@ torch's weights-only loading (the default since torch 2.6) refuses fairseq
 0.12's checkpoints, which pickle the configuration as an
 ``argparse.Namespace`` and BLEU statistics as numpy arrays; exactly those
 types are allow-listed on import, which keeps weights-only loading instead of
-switching it off. A file that cannot be used raises :class:`CheckpointError`,
+switching it off. So are the omegaconf containers of the configuration:
+fairseq's multi-rank resume sends rank 0's loaded checkpoint (its
+configuration a ``DictConfig`` by then) to the other ranks through
+``torch.load``, which without them stops every resume on 2 or more ranks.
+A file that cannot be used raises :class:`CheckpointError`,
 naming the fix.
 """
 
 import argparse
 import os
+import typing
 import zipfile
+from collections import defaultdict
 
 import numpy
 import torch
@@ -43,7 +49,22 @@ def _numpy_array_globals():
     return [_reconstruct, numpy.ndarray, numpy.dtype, *dtype_classes]
 
 
-FAIRSEQ_CHECKPOINT_GLOBALS = [argparse.Namespace, *_numpy_array_globals()]
+def _multi_rank_resume_globals():
+    from fairseq.distributed.utils import _TensorPlaceholder  # stands for each tensor sent apart
+    from omegaconf import DictConfig, ListConfig, base, nodes
+
+    value_nodes = [nodes.AnyNode, nodes.StringNode, nodes.IntegerNode, nodes.FloatNode]
+    containers = [DictConfig, ListConfig, base.ContainerMetadata, base.Metadata]
+    # what those containers pickle besides themselves
+    extra = [nodes.BooleanNode, typing.Any, dict, list, int, defaultdict, _TensorPlaceholder]
+    return [*containers, *value_nodes, *extra]
+
+
+FAIRSEQ_CHECKPOINT_GLOBALS = [
+    argparse.Namespace,
+    *_numpy_array_globals(),
+    *_multi_rank_resume_globals(),
+]
 
 if hasattr(torch.serialization, "add_safe_globals"):
     torch.serialization.add_safe_globals(FAIRSEQ_CHECKPOINT_GLOBALS)

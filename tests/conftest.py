@@ -23,6 +23,7 @@ torch.set_num_threads(1)
 # two-minute module alone (xdist's own reordering goes by number of tests).
 LONGEST_FIRST = [
     "test_recipes.py",
+    "test_scale_out.py",
     "test_examples.py",
     "test_gpu_check.py",
     "test_demo.py",
@@ -34,6 +35,8 @@ LONGEST_FIRST = [
     "test_transformer_natbias.py",
     "test_checkpoints.py",
     "test_hf_examples.py",
+    "test_hf_families.py",
+    "test_hf_scale_out.py",
     "test_transformer_lm_natbias.py",
     "test_checkpoint_tools.py",
     "test_sweep_lm.py",

@@ -29,7 +29,7 @@ from transformers import (
     default_data_collator,
 )
 
-from natbias.hf import BiasStatisticsCallback, UnigramLabelSmoothingLoss, add_natural_bias
+from natbias.hf import UnigramLabelSmoothingLoss, add_natural_bias, log_bias_statistics
 
 VOCAB = 48
 SEQUENCES = 16  # two updates an epoch of 8 sequences
@@ -115,15 +115,16 @@ def train(
         ddp_backend="gloo" if int(os.environ.get("WORLD_SIZE", 1)) > 1 else None,
     )
     gradients = RecordGradients()
-    callbacks = [gradients] + ([BiasStatisticsCallback()] if natural_bias else [])
     trainer = Trainer(
         model=net,
         args=args,
         train_dataset=sequences(),
         data_collator=default_data_collator,
         compute_loss_func=loss,
-        callbacks=callbacks,
+        callbacks=[gradients],
     )
+    if natural_bias:
+        log_bias_statistics(trainer)
     trainer.train(resume_from_checkpoint=resume)
     return trainer.state.log_history, gradients.gradients
 
