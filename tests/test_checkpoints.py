@@ -14,6 +14,7 @@ from fairseq import checkpoint_utils
 from natbias_testing import fairseq, train
 
 from fairseq_natbias.checkpoints import saved_model_args
+from natbias import __version__
 from natbias.errors import NaturalBiasError
 
 pytestmark = pytest.mark.training  # runs fairseq-train: the full tier only (make test)
@@ -184,7 +185,7 @@ def test_a_checkpoint_of_a_newer_format_is_refused(toy_bin, tmp_path):
     )
     assert result.returncode != 0
     assert (
-        "records natural-bias format 2; fairseq-natbias 1.0.0 reads format 1: upgrade it"
+        f"records natural-bias format 2; fairseq-natbias {__version__} reads format 1: upgrade it"
         in result.stderr.strip().splitlines()[-1]
     )
 

@@ -35,6 +35,7 @@ PAGES = {
     "checkpoints",
     "half_precision",
     "huggingface",
+    "scaling",
     "results",
     "changelog",
 }
