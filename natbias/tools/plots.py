@@ -1,6 +1,7 @@
 """The analysis tools' figures (matplotlib, Agg backend): each function takes
 computed numbers and writes one PNG."""
 
+import functools
 import logging
 import math
 import os
@@ -8,18 +9,28 @@ import textwrap
 from collections.abc import Sequence
 from typing import Optional
 
-# fairseq's import sets the root logger to DEBUG (a basicConfig in one of its
-# model modules); keep matplotlib's font-cache chatter out of the tools' output.
-if logging.getLogger("matplotlib").level == logging.NOTSET:
-    logging.getLogger("matplotlib").setLevel(logging.WARNING)
+from natbias.errors import NaturalBiasError
 
-import matplotlib  # noqa: E402
-import matplotlib.ticker  # noqa: E402
+PLOTS_EXTRA = "matplotlib draws the figures: pip install 'fairseq-natbias[plots]'"
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
 
-from natbias.errors import NaturalBiasError  # noqa: E402
+@functools.cache
+def pyplot():
+    """matplotlib.pyplot on the Agg backend, imported when a figure is drawn
+    first, so that the tools start (and print their numbers) without it."""
+    # fairseq's import sets the root logger to DEBUG (a basicConfig in one of its
+    # model modules); keep matplotlib's font-cache chatter out of the tools' output.
+    if logging.getLogger("matplotlib").level == logging.NOTSET:
+        logging.getLogger("matplotlib").setLevel(logging.WARNING)
+    try:
+        import matplotlib
+    except ImportError:
+        raise NaturalBiasError(PLOTS_EXTRA) from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
 
 PANEL_SIZE = (4.0, 3.2)
 
@@ -29,7 +40,7 @@ def _grid(items, path: str, rows: int = 1, cols: Optional[int] = None, sharey=Fa
     if not items:
         raise NaturalBiasError(f"nothing to plot for {path}")
     cols = cols or len(items)
-    return plt.subplots(
+    return pyplot().subplots(
         rows,
         cols,
         figsize=(PANEL_SIZE[0] * cols, PANEL_SIZE[1] * rows),
@@ -44,12 +55,12 @@ def save(fig, path: str, title: Optional[str] = None) -> str:
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
-    plt.close(fig)
+    pyplot().close(fig)
     return path
 
 
 def _color(index: int):
-    return plt.get_cmap("tab10")(index % 10)
+    return pyplot().get_cmap("tab10")(index % 10)
 
 
 def _label_colors(labels) -> dict:
@@ -132,7 +143,7 @@ def curve_panels(
             ax.axhline(0.0, color="grey", linewidth=0.8)
         if logx:
             ax.set_xscale("log")
-            ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+            ax.xaxis.set_minor_formatter(pyplot().NullFormatter())
         ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)
         ax.set_title(textwrap.fill(dataset, PANEL_TITLE_WIDTH), fontsize="medium")

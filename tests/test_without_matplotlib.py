@@ -1,0 +1,53 @@
+"""Installed without the [plots] extra: every console script starts (its
+--help) and a figure asked for is refused in one line naming the extra."""
+
+import subprocess
+import sys
+import tomllib
+
+from natbias_testing import REPO
+
+# One process for all scripts (each --help ends in SystemExit(0)), with
+# matplotlib made unimportable by a package of that name that refuses.
+CHECK = """
+import importlib, sys
+failed = []
+for name, target in ENTRY_POINTS:
+    module, function = target.split(":")
+    sys.argv = [name, "--help"]
+    try:
+        getattr(importlib.import_module(module), function)()
+    except SystemExit as stop:
+        if stop.code not in (0, None):
+            failed.append(name)
+from natbias.errors import NaturalBiasError
+from natbias.tools import plots
+try:
+    plots.pyplot()
+except NaturalBiasError as error:
+    print("refused:", error)
+print("failed:", failed)
+"""
+
+
+def test_every_console_script_starts_without_matplotlib(tmp_path):
+    (tmp_path / "matplotlib").mkdir()
+    (tmp_path / "matplotlib/__init__.py").write_text("raise ImportError('hidden by the test')\n")
+    scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
+    assert len(scripts) >= 10
+    code = f"ENTRY_POINTS = {sorted(scripts.items())!r}\n{CHECK}"
+    run = subprocess.run(
+        [sys.executable, "-c", code],
+        env={"PYTHONPATH": f"{tmp_path}:{REPO}", "PATH": "/usr/bin:/bin"},
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "failed: []" in run.stdout, run.stdout[-3000:]
+    assert (
+        "refused: matplotlib draws the figures: pip install 'fairseq-natbias[plots]'" in run.stdout
+    )
+    for name in scripts:  # argparse's usage line, or natbias-step0's own help
+        assert f"usage: {name}" in run.stdout or f"{name}: " in run.stdout, name
