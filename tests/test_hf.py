@@ -11,6 +11,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
+from hf_tiny import zipf_targets  # noqa: E402
 from transformers import (  # noqa: E402
     AutoModelForCausalLM,
     AutoModelForSeq2SeqLM,
@@ -116,17 +117,6 @@ MODELS = {
     "gpt2": (gpt2, AutoModelForCausalLM),
     "llama": (llama, AutoModelForCausalLM),
 }
-
-
-def zipf_targets(n=200, seed=0):
-    """Token-id sequences ending in EOS (1), Zipf-like over ids 3..V-1."""
-    rng = np.random.default_rng(seed)
-    weights = 1.0 / np.arange(1, V - 2)
-    weights /= weights.sum()
-    return [
-        list(rng.choice(np.arange(3, V), size=rng.integers(3, 9), p=weights)) + [1]
-        for _ in range(n)
-    ]
 
 
 def hand_log_prior(sequences, causal, alpha=1.0):
