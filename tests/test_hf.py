@@ -11,20 +11,12 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from hf_tiny import zipf_targets  # noqa: E402
+from hf_tiny import V, build, zipf_targets  # noqa: E402
 from transformers import (  # noqa: E402
     AutoModelForCausalLM,
     AutoModelForSeq2SeqLM,
-    BartConfig,
-    BartForConditionalGeneration,
     DataCollatorForSeq2Seq,
-    GPT2Config,
-    GPT2LMHeadModel,
-    LlamaConfig,
-    LlamaForCausalLM,
     LogitsProcessorList,
-    MarianConfig,
-    MarianMTModel,
     Seq2SeqTrainer,
     Seq2SeqTrainingArguments,
 )
@@ -40,75 +32,22 @@ from natbias.hf import (  # noqa: E402
     from_pretrained,
 )
 
-V = 40
-SMALL = dict(
-    d_model=16,
-    encoder_layers=1,
-    decoder_layers=1,
-    encoder_attention_heads=2,
-    decoder_attention_heads=2,
-    encoder_ffn_dim=32,
-    decoder_ffn_dim=32,
-    max_position_embeddings=64,
-)
 
-
+# test_hf's own variants of hf_tiny's configurations, kept as these tests were written.
 def marian():
-    return MarianMTModel(
-        MarianConfig(
-            vocab_size=V,
-            pad_token_id=0,
-            decoder_start_token_id=0,
-            eos_token_id=1,
-            forced_eos_token_id=1,
-            **SMALL,
-        )
-    )
+    return build("marian")
 
 
 def bart():
-    return BartForConditionalGeneration(
-        BartConfig(
-            vocab_size=V,
-            pad_token_id=0,
-            bos_token_id=2,
-            eos_token_id=1,
-            decoder_start_token_id=1,
-            forced_eos_token_id=1,
-            **SMALL,
-        )
-    )
+    return build("bart", decoder_start_token_id=1)
 
 
 def gpt2():
-    return GPT2LMHeadModel(
-        GPT2Config(
-            vocab_size=V,
-            n_embd=16,
-            n_layer=1,
-            n_head=2,
-            n_positions=64,
-            bos_token_id=2,
-            eos_token_id=1,
-        )
-    )
+    return build("gpt2")
 
 
 def llama():
-    return LlamaForCausalLM(
-        LlamaConfig(
-            vocab_size=V,
-            hidden_size=16,
-            intermediate_size=32,
-            num_hidden_layers=1,
-            num_attention_heads=2,
-            num_key_value_heads=2,
-            max_position_embeddings=64,
-            bos_token_id=2,
-            eos_token_id=1,
-            pad_token_id=0,
-        )
-    )
+    return build("llama", num_key_value_heads=2)
 
 
 MODELS = {
