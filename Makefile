@@ -17,6 +17,12 @@ PYTEST_ARGS ?=
 # (on a lock, on a process starting): `make test` 414 s with 3 workers
 # against 441 s with 2, the same tree on that machine, nothing else running.
 TEST_WORKERS ?= 3
+# Multi30k for the demo, the examples and the tests: this project's machines
+# keep it in ../shared; elsewhere set NATBIAS_MULTI30K (or the demo downloads it).
+SHARED_MULTI30K := $(abspath ../shared/data/multi30k)
+ifneq ($(wildcard $(SHARED_MULTI30K)/train.en.gz),)
+export NATBIAS_MULTI30K ?= $(SHARED_MULTI30K)
+endif
 
 .PHONY: install test test-fast lint demo clean-venv gpu-prep
 
@@ -51,20 +57,21 @@ $(VENV)/.installed: $(VENV)/.deps $(SOURCES)
 	@touch $@
 
 # The full suite: the real fairseq CLIs on tiny models, the transformers
-# extra, the recipes and examples.
+# extra, the recipes and examples (tests/), and the research scripts' own
+# tests (research/tests/).
 test: install
-	$(PY) -m pytest tests -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder $(PYTEST_ARGS)
+	$(PY) -m pytest tests research/tests -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder $(PYTEST_ARGS)
 
-# Everything that needs no fairseq training run (the modules marked `training` skipped).
+# Every test that runs no training loop (those marked `training` left out).
 test-fast: install
-	$(PY) -m pytest tests -m "not training" -n 2 --dist loadscope $(PYTEST_ARGS)
+	$(PY) -m pytest tests research/tests -m "not training" -n 2 --dist loadscope $(PYTEST_ARGS)
 
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
 demo: install
-	$(PY) -m fairseq_natbias.cli.demo $(DEMO_ARGS)
+	$(PY) examples/paper/demo.py $(DEMO_ARGS)
 
 clean-venv:
 	rm -rf $(VENV)

@@ -36,8 +36,8 @@ example_needs() {
 # example_data LANG...: set DATA, the folder of raw text the example reads.
 # DATA given: it must be a folder (the script itself then checks the file
 # names, which TRAIN, VALID, TEST make configurable). DATA empty: the folder
-# `make demo` would use, found by the same code (natbias/tools/data.py):
-# $NATBIAS_MULTI30K, ../shared/data/multi30k, Multi30k downloaded into
+# `make demo` would use, found by the same code (examples/paper/multi30k.py):
+# $NATBIAS_MULTI30K, Multi30k downloaded into
 # DATA_CACHE, or a synthetic corpus there, announced as such.
 example_data() {
     if [[ -n ${DATA-} ]]; then
@@ -45,9 +45,9 @@ example_data() {
         [[ -d $DATA ]] || die "DATA=$DATA: no such folder; set DATA to your raw text (see --help), or leave it empty to use Multi30k"
         return 0
     fi
-    # The module prints the folder on stdout, its progress on stderr, and on
+    # The script prints the folder on stdout, its progress on stderr, and on
     # bad input one error line naming this script.
-    DATA=$(python -m natbias.tools.data --langs "$@" --prog "examples/$EXAMPLE/run.sh" \
+    DATA=$(python "$REPO/examples/paper/multi30k.py" --langs "$@" --prog "examples/$EXAMPLE/run.sh" \
         "$DATA_CACHE") || exit 1
 }
 

@@ -15,6 +15,7 @@ source side, fairseq drops the EOS count from ``dict.txt``, and shipped
 vocabularies may carry dummy counts.
 """
 
+import gzip
 import os
 import re
 import struct
@@ -144,6 +145,11 @@ def count_binarised(prefix: str, vocab_size: int, pairs=None) -> np.ndarray:
 
 
 # --- text and counts files ----------------------------------------------------
+
+
+def open_text(path):
+    """A UTF-8 text file for reading, plain or gzipped (by its .gz name)."""
+    return (gzip.open if str(path).endswith(".gz") else open)(path, "rt", encoding="utf-8")
 
 
 def count_text(

@@ -23,7 +23,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from natbias.tools.data import open_text
+from natbias.counts import open_text
 
 
 def _existing(prefix, lang):

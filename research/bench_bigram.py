@@ -70,6 +70,7 @@ import numpy as np
 # Use this checkout's natbias and fairseq_natbias (the one --user-dir fairseq_natbias names).
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "examples" / "paper"))  # make demo's pipeline
 
 EOS = 2
 FIRST_WORD = 4  # fairseq's dictionary: <s> <pad> </s> <unk>, then words
@@ -481,7 +482,7 @@ class Arm:
     def __init__(self, data_bin, sizes, options, max_tokens, save_dir):
         from fairseq import optim
 
-        from fairseq_natbias import pipeline
+        from fairseq_natbias import in_process
 
         argv = [
             str(data_bin),
@@ -495,7 +496,7 @@ class Arm:
             "--save-dir",
             str(save_dir),
         ]
-        self.cfg, self.task, self.model = pipeline.build_from_training_args(argv)
+        self.cfg, self.task, self.model = in_process.build_from_training_args(argv)
         self.criterion = self.task.build_criterion(self.cfg.criterion)
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = optim.build_optimizer(self.cfg.optimizer, params)
@@ -661,7 +662,7 @@ def measure_cost(args, workdir):
     cases = []
     multi30k = Path(args.multi30k)
     if (multi30k / "train.de.gz").exists():
-        from fairseq_natbias import pipeline
+        import pipeline
 
         data8k = pipeline.prepare(
             multi30k, workdir / "multi30k", vocab_size=8000, langs=("de", "en")

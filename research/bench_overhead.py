@@ -35,8 +35,11 @@ import torch
 # Use this checkout's fairseq_natbias (also the one --user-dir fairseq_natbias names).
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "examples" / "paper"))  # make demo's pipeline
 
-from fairseq_natbias import pipeline  # noqa: E402
+import pipeline  # noqa: E402
+
+from fairseq_natbias import in_process  # noqa: E402
 
 SIZES = (
     "--encoder-layers 2 --decoder-layers 2 --encoder-embed-dim 256 --decoder-embed-dim 256 "
@@ -106,7 +109,7 @@ class Variant:
             "--save-dir",
             str(save_dir),
         ]
-        self.cfg, self.task, self.model = pipeline.build_from_training_args(argv)
+        self.cfg, self.task, self.model = in_process.build_from_training_args(argv)
         self.criterion = self.task.build_criterion(self.cfg.criterion)
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = optim.build_optimizer(self.cfg.optimizer, params)

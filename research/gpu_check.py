@@ -68,12 +68,14 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "examples" / "paper"))  # make demo's pipeline
 sys.path.insert(0, str(HERE))
 
 import gpu_check_report as report  # noqa: E402
+import multi30k as data_fetch  # noqa: E402
+import pipeline  # noqa: E402
 
-from fairseq_natbias import pipeline, plugin_dir  # noqa: E402
-from natbias.tools import data as data_fetch  # noqa: E402
+from fairseq_natbias import plugin_dir  # noqa: E402
 from natbias.tools import fairseq_logs  # noqa: E402
 
 CHILD = HERE / "gpu_check_child.py"
@@ -460,7 +462,7 @@ def parse_args(argv):
     )
     parser.add_argument(
         "--multi30k",
-        default=os.environ.get("NATBIAS_MULTI30K", data_fetch.LOCAL_MULTI30K),
+        default=os.environ.get("NATBIAS_MULTI30K", "../shared/data/multi30k"),
         help="folder of Multi30k's raw files (default: $NATBIAS_MULTI30K, else %(default)s)",
     )
     parser.add_argument("--workdir", default="work/gpu_check")

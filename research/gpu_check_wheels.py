@@ -26,10 +26,11 @@ as a failure.
 
 import re
 import sys
-import tomllib
 import zipfile
 from email.parser import HeaderParser
 from pathlib import Path
+
+import tomllib
 
 REPO = Path(__file__).resolve().parents[1]
 # What the GPU check imports that is not this package: fairseq 0.12's build.
@@ -121,8 +122,10 @@ def wheel_requirements(path):
 
 
 def this_package_requirements(pyproject=REPO / "pyproject.toml"):
-    """pyproject.toml's [project] dependencies (extras left out)."""
-    dependencies = tomllib.loads(Path(pyproject).read_text())["project"]["dependencies"]
+    """pyproject.toml's [project] dependencies with the [fairseq] extra (what the
+    plugin runs on; the other extras left out)."""
+    project = tomllib.loads(Path(pyproject).read_text())["project"]
+    dependencies = project["dependencies"] + project["optional-dependencies"]["fairseq"]
     return [Requirement(text) for text in dependencies]
 
 

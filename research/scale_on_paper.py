@@ -30,7 +30,7 @@ sys.path.insert(0, str(REPO))
 
 from bench_counting import write_synthetic_split  # noqa: E402
 
-from fairseq_natbias.pipeline import build_from_training_args  # noqa: E402
+from fairseq_natbias.in_process import build_from_training_args  # noqa: E402
 
 
 def make_data(folder: Path, vocab: int) -> None:

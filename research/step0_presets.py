@@ -8,8 +8,8 @@ The presets are read from fairseq's architecture registry after importing the
 plugin (every name starting with ``transformer_natbias`` or
 ``transformer_lm_natbias``), so a preset added later is measured without
 editing this script. Each is built as ``fairseq-train`` would build it
-(:func:`fairseq_natbias.pipeline.build_from_training_args`, seed 1, CPU) on
-Multi30k prepared by the package's pipeline (``fairseq_natbias.pipeline``, as
+(:func:`fairseq_natbias.in_process.build_from_training_args`, seed 1, CPU) on
+Multi30k prepared by the package's pipeline (``examples/paper/pipeline.py``, as
 research/study_learning_efficiency.py prepares it):
 
 * translation presets: De-En, joint SentencePiece 8k, one joined dictionary;
@@ -19,7 +19,7 @@ research/study_learning_efficiency.py prepares it):
   preset ties by itself (then that one row).
 
 Measured with natbias-step0's library function
-(:func:`fairseq_natbias.pipeline.validation_divergence`) on the validation
+(:func:`fairseq_natbias.in_process.validation_divergence`) on the validation
 split: the NLL at update 0, the unigram's cross-entropy on the same target
 tokens and the mean KL(model || unigram), in bits per target token; and the
 parameter count. Rows are cached in WORKDIR/step0_presets.json, so a second
@@ -44,11 +44,14 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "examples" / "paper"))  # make demo's pipeline
+
+import pipeline  # noqa: E402
+from multi30k import has_all_files  # noqa: E402
 
 import fairseq_natbias  # noqa: E402,F401  (registers the presets with fairseq)
-from fairseq_natbias import pipeline  # noqa: E402
-from fairseq_natbias.pipeline import validation_divergence  # noqa: E402
-from natbias.tools.data import has_all_files  # noqa: E402
+from fairseq_natbias import in_process  # noqa: E402
+from fairseq_natbias.in_process import validation_divergence  # noqa: E402
 
 PREFIXES = ("transformer_natbias", "transformer_lm_natbias")
 WITHIN_BITS = 0.3  # issue 19's tolerance (and test_natural_bias.py's)
@@ -154,7 +157,7 @@ def tying(model_cfg):
 def measure(arch, task, request, data_bin, save_dir):
     """One row: build, count the parameters, run the validation split at update 0."""
     started = time.time()
-    cfg, fairseq_task, model = pipeline.build_from_training_args(
+    cfg, fairseq_task, model = in_process.build_from_training_args(
         arguments(arch, task, request, data_bin, save_dir)
     )
     shared = tying(cfg.model)

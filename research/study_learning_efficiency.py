@@ -111,11 +111,13 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "examples" / "paper"))  # make demo's pipeline
 sys.path.insert(0, str(REPO / "research"))  # the study package, research/study/
 
 # The study's parts (research/study/__init__.py says which holds what). The
 # names tests/test_study_learning_efficiency.py reads from this script are
 # imported here too, so that it reads the whole study from one place.
+from multi30k import has_all_files  # noqa: E402
 from study.arms import (  # noqa: E402,F401
     CONVERGE_TEST_SETS,
     EPOCHS_NEVER,
@@ -146,8 +148,6 @@ from study.summary import (  # noqa: E402,F401
     summarise,
     write_table_and_plots,
 )
-
-from natbias.tools.data import has_all_files  # noqa: E402
 
 
 def main():

@@ -103,8 +103,9 @@ def benchmark_script(name):
 
 
 def fairseq(tool, *args, cwd=None, check=True, env=None, in_process=True):
-    """Run a real fairseq entry point (fairseq-train, fairseq-generate, ...) or
-    one of this package's console scripts; returns a CompletedProcess.
+    """Run a real fairseq entry point (fairseq-train, fairseq-generate, ...),
+    one of this package's console scripts, or a script of the repository
+    (``examples/paper/frequency.py``); returns a CompletedProcess.
 
     In this process by default: the installed console script's own function
     with sys.argv, the working directory and the environment set as a
@@ -128,7 +129,7 @@ def fairseq(tool, *args, cwd=None, check=True, env=None, in_process=True):
         result = run_in_process(tool, list(map(str, args)), cwd, full_env)
     else:
         result = subprocess.run(
-            [str(BIN / tool), *map(str, args)],
+            [*command_of(tool), *map(str, args)],
             cwd=cwd,
             env=dict(os.environ, **full_env),
             capture_output=True,
@@ -142,10 +143,30 @@ def fairseq(tool, *args, cwd=None, check=True, env=None, in_process=True):
     return result
 
 
+def command_of(tool):
+    """The start of the command line that runs ``tool``: an installed console
+    script, or a repository script (a path ending in .py) run by this Python."""
+    if tool.endswith(".py"):
+        return [sys.executable, str(REPO / tool)]
+    return [str(BIN / tool)]
+
+
+def main_of(tool):
+    """The function ``tool``'s process calls: a console script's entry point,
+    or a repository script's ``main`` (its folder is on pytest's path)."""
+    from importlib import import_module
+    from importlib.metadata import entry_points
+
+    if tool.endswith(".py"):
+        return import_module(Path(tool).stem).main
+    (entry,) = entry_points(group="console_scripts", name=tool)
+    return entry.load()
+
+
 def console_script_help(tool):
-    """``TOOL --help`` of an installed console script of this package, run
-    here (its entry point's function); the text it printed."""
-    assert (BIN / tool).is_file(), f"{tool} is not installed in {BIN}"
+    """``TOOL --help`` of an installed console script of this package (or a
+    repository script), run here (its main function); the text it printed."""
+    assert tool.endswith(".py") or (BIN / tool).is_file(), f"{tool} is not installed in {BIN}"
     result = run_in_process(tool, ["--help"], REPO, {})
     assert result.returncode == 0, result.stderr
     return result.stdout
@@ -195,12 +216,10 @@ def run_in_process(tool, args, cwd, env):
     import logging
     import traceback
     import warnings
-    from importlib.metadata import entry_points
 
     from fairseq_natbias.in_process import this_plugin_as_user_dir
 
-    (entry,) = entry_points(group="console_scripts", name=tool)
-    main = entry.load()
+    main = main_of(tool)
     stdout, stderr = io.StringIO(), io.StringIO()
     capture = logging.StreamHandler(stderr if tool in LOGS_TO_STDERR else stdout)
     capture.setFormatter(logging.Formatter(FAIRSEQ_LOG_FORMAT, "%Y-%m-%d %H:%M:%S"))

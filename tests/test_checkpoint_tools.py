@@ -13,8 +13,6 @@ from natbias_testing import BIN, fairseq, train
 
 import fairseq_natbias  # noqa: F401  (lets torch.load read fairseq's saved config here too)
 
-pytestmark = pytest.mark.training  # runs fairseq-train: the full tier only (make test)
-
 AVERAGE = BIN / "natbias-average-checkpoints"
 GENERATE = (
     "--beam",
@@ -83,6 +81,7 @@ def averaged(unigram_run, tmp_path_factory):
     return output, result
 
 
+@pytest.mark.training
 def test_averaging_two_default_checkpoints_loads_and_generates(unigram_run, averaged, toy_bin):
     output, result = averaged
     newest, older = unigram_run / "checkpoint_1_4.pt", unigram_run / "checkpoint_1_2.pt"
@@ -103,6 +102,7 @@ def test_averaging_two_default_checkpoints_loads_and_generates(unigram_run, aver
     assert sorted(map(int, hypotheses)) == list(range(20))  # every test sentence
 
 
+@pytest.mark.training
 def test_averaging_named_inputs_gives_the_same_checkpoint(unigram_run, averaged, tmp_path):
     named = tmp_path / "named.pt"
     assert (
@@ -119,6 +119,7 @@ def test_averaging_named_inputs_gives_the_same_checkpoint(unigram_run, averaged,
     assert all(torch.equal(one[name], other[name]) for name in one)
 
 
+@pytest.mark.training
 def test_averaging_refuses_different_natbias_inits(unigram_run, zero_run, tmp_path):
     result = average(
         "--inputs",
@@ -133,6 +134,7 @@ def test_averaging_refuses_different_natbias_inits(unigram_run, zero_run, tmp_pa
     assert not (tmp_path / "mixed.pt").exists()
 
 
+@pytest.mark.training
 def test_averaging_refuses_different_vocabularies(unigram_run, toy_bin_joined, tmp_path):
     joined = tmp_path / "joined"
     train(toy_bin_joined, joined, "--max-tokens", "500", max_update=2)
@@ -147,6 +149,7 @@ def test_averaging_refuses_different_vocabularies(unigram_run, toy_bin_joined, t
     assert not (tmp_path / "mixed.pt").exists()
 
 
+@pytest.mark.training
 def test_averaging_refuses_fewer_checkpoints_than_asked(unigram_run, tmp_path):
     result = average(
         "--inputs", unigram_run, "--num-update-checkpoints", "3", "--output", tmp_path / "avg.pt"
@@ -156,6 +159,7 @@ def test_averaging_refuses_fewer_checkpoints_than_asked(unigram_run, tmp_path):
     )
 
 
+@pytest.mark.training
 def test_ensemble_of_a_unigram_and_a_zero_model(unigram_run, zero_run, toy_bin):
     """fairseq-generate --path unigram.pt:zero.pt generates, and really
     averages the two models: scoring the references, each token's ensemble

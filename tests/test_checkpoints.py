@@ -17,8 +17,6 @@ from fairseq_natbias.checkpoints import saved_model_args
 from natbias import __version__
 from natbias.errors import NaturalBiasError
 
-pytestmark = pytest.mark.training  # runs fairseq-train: the full tier only (make test)
-
 FIXTURES = Path(__file__).parent / "fixtures"
 V039 = FIXTURES / "v0.3.9"  # 0.3.9's uncapped linear gain, retired in 1.0
 V080 = FIXTURES / "v0.8.0"  # 0.8.0's defaults, which 1.0 still offers
@@ -132,6 +130,7 @@ def _resume_fixture(fixture, toy_bin, tmp_path, *options):
 
 
 @pytest.mark.parametrize("fixture", LOADABLE, ids=lambda p: p.name)
+@pytest.mark.training
 def test_a_checkpoint_resumes_and_then_records_the_format(toy_bin, tmp_path, fixture):
     _, state = _resume_fixture(fixture, toy_bin, tmp_path)
     assert state["optimizer_history"][-1]["num_updates"] == 6
@@ -139,6 +138,7 @@ def test_a_checkpoint_resumes_and_then_records_the_format(toy_bin, tmp_path, fix
     assert 0 < 20 * state["model"]["decoder.output_projection.gain_param"].item() < 1
 
 
+@pytest.mark.training
 def test_a_retired_checkpoint_is_refused_in_one_line_naming_080(toy_bin, tmp_path):
     """0.3.9's linear gain: generating, loading in Python and resuming all refuse it."""
     path = V039 / "checkpoint_last.pt"
@@ -210,6 +210,7 @@ def unigram_run(toy_bin, tmp_path_factory):
         (["--natbias-gain-speed", "50"], "--natbias-gain-speed 50"),
     ],
 )
+@pytest.mark.training
 def test_resuming_with_other_settings_is_refused(toy_bin, tmp_path, unigram_run, options, asked):
     save_dir = tmp_path / "ckpt"
     save_dir.mkdir()
@@ -224,6 +225,7 @@ def test_resuming_with_other_settings_is_refused(toy_bin, tmp_path, unigram_run,
 
 
 @pytest.mark.parametrize("how", ["continue-once", "restore-file-with-suffix"])
+@pytest.mark.training
 def test_every_way_fairseq_resumes_is_checked(toy_bin, tmp_path, unigram_run, how):
     """fairseq loads --continue-once on a first launch, and a non-default
     --restore-file with the --checkpoint-suffix put before its .pt: a bias
@@ -241,6 +243,7 @@ def test_every_way_fairseq_resumes_is_checked(toy_bin, tmp_path, unigram_run, ho
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.training
 def test_resuming_from_a_file_that_is_no_checkpoint_says_so(toy_bin, tmp_path):
     save_dir = tmp_path / "ckpt"
     save_dir.mkdir()
@@ -259,6 +262,7 @@ def test_saved_model_args_refuses_a_pickle_of_something_else(tmp_path):
         saved_model_args(str(path))
 
 
+@pytest.mark.training
 def test_resuming_with_the_same_settings_given_explicitly_works(toy_bin, tmp_path, unigram_run):
     save_dir = tmp_path / "ckpt"
     save_dir.mkdir()
@@ -275,6 +279,7 @@ def test_resuming_with_the_same_settings_given_explicitly_works(toy_bin, tmp_pat
     assert "@ 1 updates" in result.stdout + result.stderr
 
 
+@pytest.mark.training
 def test_finetuning_keeps_the_checkpoint_bias_and_says_so(toy_bin, tmp_path, unigram_run):
     result = train(
         toy_bin,
@@ -296,6 +301,7 @@ def test_finetuning_keeps_the_checkpoint_bias_and_says_so(toy_bin, tmp_path, uni
     torch.testing.assert_close(bias, trained["decoder.output_projection.bias"], atol=5e-3, rtol=0)
 
 
+@pytest.mark.training
 def test_resumed_run_still_generates_without_training_data(toy_bin, fresh_copy, tmp_path):
     """A checkpoint written after resuming keeps the counted marker: a model
     built from its config loads weights instead of counting."""

@@ -1,8 +1,9 @@
 """The arguments the analysis tools share (natbias/tools/cli.py)."""
 
 import pytest
+import sweep
+import sweep_lm
 
-from fairseq_natbias.cli import sweep, sweep_lm
 from natbias.tools import cli
 
 

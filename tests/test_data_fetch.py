@@ -7,9 +7,8 @@ own runs without data are in test_examples.py (a fresh clone, no network)."""
 import gzip
 import re
 
+import multi30k as data_fetch
 import pytest
-
-from natbias.tools import data as data_fetch
 
 
 @pytest.fixture
@@ -87,7 +86,7 @@ def test_bad_data_folders_are_refused(case, tmp_path, monkeypatch, no_local_mult
 
 
 def test_the_demo_uses_the_same_helper(tmp_path):
-    from fairseq_natbias.cli import demo
+    import demo
 
     (tmp_path / "text").write_text("x\n")
     with pytest.raises(

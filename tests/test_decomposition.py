@@ -6,15 +6,13 @@ features through g W by hand, log_softmax(b), beam search's own scores."""
 
 import math
 
+import decomposition
 import pytest
 import torch
 from natbias_testing import TINY_LM, TINY_MODEL, train, train_lm
 
-from fairseq_natbias.analysis import decomposition
 from fairseq_natbias.in_process import build_from_training_args
 from natbias.errors import NaturalBiasError
-
-pytestmark = pytest.mark.training  # runs fairseq-train: the full tier only (make test)
 
 IDENTITY_TOLERANCE = 1e-5
 # The trained models: (kind, --natbias-init).
@@ -102,6 +100,7 @@ def hand_terms(model, target, source):
 
 
 @pytest.mark.parametrize("model_key", MODELS, ids=MODEL_IDS)
+@pytest.mark.training
 def test_terms_sum_to_log_p_and_match_a_hand_computation(hubs, toy_text, model_key):
     hub = hubs[model_key]
     model = hub.models[0]
@@ -123,6 +122,7 @@ def test_terms_sum_to_log_p_and_match_a_hand_computation(hubs, toy_text, model_k
     [m for m in MODELS if m[1] == "unigram"],
     ids=[i for i in MODEL_IDS if i.endswith("unigram")],
 )
+@pytest.mark.training
 def test_with_a_bias_the_terms_behave_as_eq_4_says(hubs, toy_text, model_key):
     """The frequency term varies by token (b is not uniform); the normaliser
     is >= 0 (sum_v p_Wphi(v) p_b(v) <= 1)."""
@@ -135,6 +135,7 @@ def test_with_a_bias_the_terms_behave_as_eq_4_says(hubs, toy_text, model_key):
 
 
 @pytest.mark.parametrize("kind", ["translation", "language_model"])
+@pytest.mark.training
 def test_without_a_bias_the_context_is_everything(hubs, toy_text, kind):
     hub = hubs[kind, "none"]
     assert hub.models[0].decoder.output_projection.bias is None
@@ -147,6 +148,7 @@ def test_without_a_bias_the_context_is_everything(hubs, toy_text, kind):
     assert "note: the model has no output bias" in result.format_table()
 
 
+@pytest.mark.training
 def test_log_p_is_what_beam_search_scored(hubs, toy_text):
     """A beam-5 translation's positional scores (fairseq's incremental
     decoding, a different code path) are the decomposition's log p."""
@@ -159,6 +161,7 @@ def test_log_p_is_what_beam_search_scored(hubs, toy_text):
         )
 
 
+@pytest.mark.training
 def test_table_rows_are_the_terms(hubs, toy_text):
     hub = hubs["language_model", "unigram"]
     target, _ = sentences(hub, toy_text, "language_model")[1]
@@ -299,6 +302,7 @@ def test_a_file_that_is_not_a_checkpoint_is_named(toy_bin):
         decomposition.load_model(str(toy_bin / "dict.tgt.txt"), str(toy_bin))
 
 
+@pytest.mark.training
 def test_a_checkpoint_of_another_model_is_refused(checkpoints, toy_bin, tmp_path):
     state = torch.load(checkpoints["translation", "none"], map_location="cpu")
     state["cfg"]["model"].arch = "transformer"
@@ -308,6 +312,7 @@ def test_a_checkpoint_of_another_model_is_refused(checkpoints, toy_bin, tmp_path
         decomposition.load_model(str(stock), str(toy_bin))
 
 
+@pytest.mark.training
 def test_wrong_data_directory_is_named(checkpoints, toy_bin, tmp_path):
     with pytest.raises(NaturalBiasError, match="no such data directory"):
         decomposition.load_model(str(checkpoints["translation", "unigram"]), str(tmp_path / "x"))
@@ -315,6 +320,7 @@ def test_wrong_data_directory_is_named(checkpoints, toy_bin, tmp_path):
         decomposition.load_model(str(checkpoints["language_model", "unigram"]), str(toy_bin))
 
 
+@pytest.mark.training
 def test_missing_sentencepiece_model_is_named(checkpoints, toy_bin, tmp_path):
     with pytest.raises(NaturalBiasError, match="no such SentencePiece model"):
         decomposition.load_model(
@@ -324,6 +330,7 @@ def test_missing_sentencepiece_model_is_named(checkpoints, toy_bin, tmp_path):
         )
 
 
+@pytest.mark.training
 def test_inputs_that_do_not_fit_the_model_are_refused(hubs, toy_text):
     translation = hubs["translation", "unigram"]
     target, source = sentences(translation, toy_text, "translation")[0]

@@ -1,13 +1,12 @@
-"""natbias-demo (`make demo`) end to end on a small slice of real text."""
+"""make demo (examples/paper/demo.py) end to end on a small slice of real text."""
 
 import json
 import os
 import subprocess
+import sys
 
 import pytest
-from natbias_testing import BIN, write_multi30k_slice
-
-pytestmark = pytest.mark.training  # runs fairseq-train: the full tier only (make test)
+from natbias_testing import REPO, write_multi30k_slice
 
 SLICE = {"train": 3000, "val": 100, "test_2016_flickr": 50}
 # A few updates are enough for every step to run and write what is checked
@@ -30,7 +29,8 @@ def natbias_demo(data, output, **env):
     # (tests/conftest.py): the pytest workers already use every core.
     return subprocess.run(
         [
-            str(BIN / "natbias-demo"),
+            sys.executable,
+            str(REPO / "examples/paper/demo.py"),
             "--data",
             str(data),
             "--output",
@@ -49,6 +49,7 @@ def natbias_demo(data, output, **env):
     )
 
 
+@pytest.mark.training
 def test_demo_runs_end_to_end_and_skips_finished_steps(multi30k_slice, tmp_path):
     first = natbias_demo(multi30k_slice, tmp_path)
     report = (tmp_path / "report.md").read_text()
@@ -78,7 +79,7 @@ def test_demo_runs_end_to_end_and_skips_finished_steps(multi30k_slice, tmp_path)
 
 
 def test_an_unknown_arm_is_refused_in_one_line(capsys):
-    from fairseq_natbias.cli import demo
+    import demo
 
     with pytest.raises(SystemExit) as stop:
         demo.main(["--arms", "unigram", "uniform"])

@@ -24,8 +24,6 @@ import pytest
 import torch
 from natbias_testing import BIN, MULTI30K, REPO
 
-pytestmark = pytest.mark.training  # runs fairseq-train: the full tier only (make test)
-
 EXAMPLES = REPO / "examples"
 SCRIPTS = {
     "translation": EXAMPLES / "translation/run.sh",
@@ -120,6 +118,7 @@ def translation(multi30k, tmp_path_factory):
 # --- translation --------------------------------------------------------------------------
 
 
+@pytest.mark.training
 def test_translation_trains_both_biases_translates_and_scores(translation):
     from fairseq_natbias.checkpoints import saved_model_args
 
@@ -169,6 +168,7 @@ def sacrebleu_scores(hypotheses, references):
     )
 
 
+@pytest.mark.training
 def test_translation_run_again_skips_every_step(translation):
     result, work, env = translation
     again = succeeded(run_example(["bash", SCRIPTS["translation"]], env))
@@ -179,6 +179,7 @@ def test_translation_run_again_skips_every_step(translation):
     ]
 
 
+@pytest.mark.training
 def test_translation_criterion_default_and_refusal(translation):
     """The default run trains with unigram label smoothing (the checkpoint's
     own config says so); a WORK trained under another criterion is refused
@@ -202,6 +203,7 @@ def test_translation_criterion_default_and_refusal(translation):
     )
 
 
+@pytest.mark.training
 def test_translation_bad_data_folder(tmp_path):
     result = run_example(
         ["bash", SCRIPTS["translation"]], {"DATA": tmp_path, "WORK": tmp_path / "w"}
@@ -211,6 +213,7 @@ def test_translation_bad_data_folder(tmp_path):
 
 
 @pytest.mark.parametrize("name", sorted(SCRIPTS))
+@pytest.mark.training
 def test_every_script_lists_its_settings_with_help(name):
     result = succeeded(run_example(["bash", SCRIPTS[name], "--help"]))
     settings = re.findall(r"^([A-Z][A-Z0-9_]*)=\$\{", SCRIPTS[name].read_text(), re.M)
@@ -226,6 +229,7 @@ def test_every_script_lists_its_settings_with_help(name):
 TABLE_ROW = re.compile(r"^\s*\d+\s+\S+((?:\s+-?\d+\.\d{4}){4})$")
 
 
+@pytest.mark.training
 def test_decompose_prints_the_identity_per_token(translation):
     _, work, _ = translation
     result = succeeded(run_example([sys.executable, DECOMPOSE], {"WORK": work}))
@@ -257,6 +261,7 @@ def test_decompose_prints_the_identity_per_token(translation):
     assert "--natbias-init unigram, gain g = " in result.stdout
 
 
+@pytest.mark.training
 def test_decompose_a_reference_with_the_zero_model(translation):
     _, work, _ = translation
     reference = multi30k_lines("test_2016_flickr", "en", 1)[0]
@@ -306,6 +311,7 @@ def external(translation):
     return succeeded(run_example(["bash", SCRIPTS["external_bias"]], env)), work, translation_work
 
 
+@pytest.mark.training
 def test_external_bias_counts_the_external_text_and_trains_with_it(external):
     from fairseq.data import Dictionary
 
@@ -330,6 +336,7 @@ def test_external_bias_counts_the_external_text_and_trains_with_it(external):
     assert inits == {"file", "unigram", "zero"}
 
 
+@pytest.mark.training
 def test_external_bias_missing_text(translation, tmp_path):
     _, translation_work, _ = translation
     result = run_example(
@@ -343,6 +350,7 @@ def test_external_bias_missing_text(translation, tmp_path):
     assert_one_line_error(result, "examples/external_bias/run.sh", "no such file", "EXTERNAL_TEXT")
 
 
+@pytest.mark.training
 def test_external_bias_refuses_translation_runs_of_another_criterion(translation, tmp_path):
     """Its scores are printed beside the translation runs': not under mixed criteria."""
     _, translation_work, _ = translation
@@ -369,6 +377,7 @@ def test_external_bias_refuses_translation_runs_of_another_criterion(translation
 # --- frequency_analysis ------------------------------------------------------------------
 
 
+@pytest.mark.training
 def test_frequency_analysis_draws_fig_4(translation):
     _, translation_work, _ = translation
     out = translation_work.parent / "frequency_analysis"
@@ -405,6 +414,7 @@ def slope(rows, column):
     return float((x * (y - y.mean())).sum() / (x * x).sum())
 
 
+@pytest.mark.training
 def test_frequency_analysis_refuses_a_file_that_is_not_a_checkpoint(translation, tmp_path):
     _, translation_work, _ = translation
     not_a_checkpoint = translation_work / "data-bin/dict.en.txt"
@@ -441,6 +451,7 @@ def language_model(multi30k, tmp_path_factory):
     return succeeded(run_example(["bash", SCRIPTS["language_model"]], env)), work
 
 
+@pytest.mark.training
 def test_language_model_evaluates_samples_and_sweeps(language_model):
     result, work = language_model
     loss, perplexity = map(
@@ -473,6 +484,7 @@ def test_language_model_evaluates_samples_and_sweeps(language_model):
     assert (work / "runs/unigram/sweep/sweep_lm.png").exists()
 
 
+@pytest.mark.training
 def test_language_model_bad_data_folder(tmp_path):
     (tmp_path / "train.en").write_text("a b\n")
     result = run_example(
@@ -483,6 +495,7 @@ def test_language_model_bad_data_folder(tmp_path):
     )
 
 
+@pytest.mark.training
 def test_sampling_refuses_a_translation_checkpoint(translation, language_model):
     _, translation_work, _ = translation
     _, work = language_model
@@ -515,6 +528,7 @@ def fresh_clone(tmp_path):
     return clone
 
 
+@pytest.mark.training
 def test_translation_on_a_fresh_clone_falls_back_to_the_synthetic_corpus(tmp_path):
     """Also the run under another CRITERION (the paper's): it reaches
     fairseq-train (the checkpoint's config) and train.done; an empty
@@ -577,6 +591,7 @@ def test_translation_on_a_fresh_clone_falls_back_to_the_synthetic_corpus(tmp_pat
     )
 
 
+@pytest.mark.training
 def test_data_is_a_file(tmp_path):
     data = tmp_path / "train.de"
     data.write_text("ein Hund\n")
@@ -587,6 +602,7 @@ def test_data_is_a_file(tmp_path):
     assert not (tmp_path / "w/raw").exists()
 
 
+@pytest.mark.training
 def test_natbias_multi30k_without_the_files(tmp_path):
     """A data variable set by hand and wrong is refused, not silently replaced
     by a download."""
@@ -609,6 +625,7 @@ def test_natbias_multi30k_without_the_files(tmp_path):
 
 
 @pytest.mark.parametrize("name", ["external_bias", "frequency_analysis"])
+@pytest.mark.training
 def test_run_before_the_translation_example(name, tmp_path):
     result = run_example(
         ["bash", SCRIPTS[name]],

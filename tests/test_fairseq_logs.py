@@ -6,8 +6,6 @@ from natbias_testing import train
 from natbias.errors import NaturalBiasError
 from natbias.tools import fairseq_logs
 
-pytestmark = pytest.mark.training  # runs fairseq-train: the full tier only (make test)
-
 SIMPLE_LINES = """\
 2026-01-01 10:00:00 | INFO | fairseq_cli.train | {'_name': None, 'common': {'log_format': 'simple'}}
 2026-01-01 10:00:01 | INFO | train_inner | epoch 001:      1 / 2 loss=4.407, nll_loss=4.1, kl_unigram=0.009, bias_kl=0, num_updates=1, lr=0.0001
@@ -126,6 +124,7 @@ def real_logs(toy_bin, tmp_path_factory):
     return logs
 
 
+@pytest.mark.training
 def test_real_fairseq_logs_parse_alike_in_every_format(real_logs):
     """Same seed, same numbers: every format must yield the same series."""
     wanted = [

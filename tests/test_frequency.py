@@ -1,4 +1,4 @@
-"""natbias-frequency (Fig. 4): per-token log-probabilities against the training
+"""examples/paper/frequency.py (Fig. 4): per-token log-probabilities against the training
 log-unigram, full model and bias dropped, in equal-width bins."""
 
 import argparse
@@ -7,16 +7,14 @@ import math
 import shutil
 from collections import Counter
 
+import frequency
+import frequency as frequency_cli
 import numpy as np
 import pytest
 import torch
 from natbias_testing import console_script_help, fairseq, train
 
-from fairseq_natbias.analysis import frequency
-from fairseq_natbias.cli import frequency as frequency_cli
 from natbias.errors import NaturalBiasError
-
-pytestmark = pytest.mark.training  # runs fairseq-train: the full tier only (make test)
 
 LN2 = math.log(2.0)
 
@@ -90,6 +88,7 @@ def _brute_force_bins(x, ys, n_bins):
     return {b: [float(np.mean(y[idx])) for y in (x, *ys)] for b, idx in sorted(members.items())}
 
 
+@pytest.mark.training
 def test_bins_and_averages_of_a_model_with_known_probabilities(
     known_probabilities_checkpoint, toy_bin, toy_text
 ):
@@ -151,6 +150,7 @@ def _score_reference(checkpoint, data, *overrides):
     return {word: sums[word] / counts[word] for word in counts}
 
 
+@pytest.mark.training
 def test_scores_match_fairseq_score_reference_with_and_without_bias(checkpoints, toy_bin):
     scores = frequency.score_checkpoint("unigram", str(checkpoints["unigram"]), str(toy_bin))
     present = np.flatnonzero(scores.present)
@@ -170,6 +170,7 @@ def test_scores_match_fairseq_score_reference_with_and_without_bias(checkpoints,
     assert max(abs(ours_full[w] - ours_without[w]) for w in ours_full) > 0.1
 
 
+@pytest.mark.training
 def test_four_panels_and_csv_for_a_zero_and_a_unigram_model(checkpoints, toy_bin, tmp_path, capsys):
     out = tmp_path / "fig4"
     frequency_cli.main(
@@ -197,6 +198,7 @@ def test_four_panels_and_csv_for_a_zero_and_a_unigram_model(checkpoints, toy_bin
     assert len(tokens) - 1 == types_in_bins  # one row per model and token type
 
 
+@pytest.mark.training
 def test_model_without_bias_says_both_rows_are_the_same(checkpoints, toy_bin, tmp_path, capsys):
     frequency_cli.main(
         [str(toy_bin), "--model", str(checkpoints["none"]), "--out-dir", str(tmp_path / "none")]
@@ -219,6 +221,7 @@ def _empty_split(data_dir, split="test"):
         builder.finalize(f"{prefix}.idx")
 
 
+@pytest.mark.training
 def test_bad_inputs_end_with_a_clear_message(checkpoints, toy_bin, fresh_copy):
     data = fresh_copy(toy_bin)
     with open(data / "dict.tgt.txt", "a") as extra:
@@ -229,7 +232,7 @@ def test_bad_inputs_end_with_a_clear_message(checkpoints, toy_bin, fresh_copy):
     _empty_split(data)
     with pytest.raises(NaturalBiasError, match="test split of .* is empty"):
         frequency.score_checkpoint("zero", str(checkpoints["zero"]), str(data))
-    with pytest.raises(SystemExit, match="natbias-frequency: error: .*valid2"):
+    with pytest.raises(SystemExit, match="examples/paper/frequency.py: error: .*valid2"):
         frequency_cli.main(
             [
                 str(toy_bin),
@@ -245,7 +248,7 @@ def test_bad_inputs_end_with_a_clear_message(checkpoints, toy_bin, fresh_copy):
     # unpickler in 0.7.0.
     with pytest.raises(
         SystemExit,
-        match=r"natbias-frequency: error: .*dict.tgt.txt is not a "
+        match=r"examples/paper/frequency.py: error: .*dict.tgt.txt is not a "
         r"fairseq checkpoint \(not a torch.save archive\)",
     ):
         frequency_cli.main(
@@ -253,6 +256,7 @@ def test_bad_inputs_end_with_a_clear_message(checkpoints, toy_bin, fresh_copy):
         )
 
 
+@pytest.mark.training
 def test_user_dir_of_this_package_is_taken_as_loaded(checkpoints, toy_bin, tmp_path):
     """fairseq's habit, --user-dir fairseq_natbias, from a second copy of the
     package (an installed one beside a checkout): fairseq alone refuses it as
@@ -281,7 +285,9 @@ def test_user_dir_of_this_package_is_taken_as_loaded(checkpoints, toy_bin, tmp_p
     broken = tmp_path / "broken_plugin"
     broken.mkdir()
     (broken / "__init__.py").write_text("import a_module_nobody_has\n")
-    with pytest.raises(SystemExit, match="natbias-frequency: error: --user-dir .*broken_plugin"):
+    with pytest.raises(
+        SystemExit, match="examples/paper/frequency.py: error: --user-dir .*broken_plugin"
+    ):
         frequency_cli.main(
             [
                 str(toy_bin),
@@ -295,6 +301,7 @@ def test_user_dir_of_this_package_is_taken_as_loaded(checkpoints, toy_bin, tmp_p
         )
 
 
+@pytest.mark.training
 def test_checkpoint_with_unknown_pickled_types_gets_a_hint(checkpoints, toy_bin, tmp_path):
     """numpy arrays (what fairseq-train --eval-bleu leaves in the metrics state)
     load under torch's weights-only loading; a type nobody allow-listed is
@@ -331,4 +338,4 @@ def test_checkpoint_with_unknown_pickled_types_gets_a_hint(checkpoints, toy_bin,
 
 def test_console_script_help():
     """The installed script runs this package's main; --help describes the tool."""
-    assert "four panels of Fig. 4" in console_script_help("natbias-frequency")
+    assert "four panels of Fig. 4" in console_script_help("examples/paper/frequency.py")

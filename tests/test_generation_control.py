@@ -6,14 +6,12 @@ from collections import Counter
 
 import numpy as np
 import pytest
+import sweep as sweep_cli
 import torch
 import torch.nn.functional as F
 from natbias_testing import console_script_help, fairseq, train
 
 from fairseq_natbias.checkpoint_loading import has_output_bias
-from fairseq_natbias.cli import sweep as sweep_cli
-
-pytestmark = pytest.mark.training  # runs fairseq-train: the full tier only (make test)
 
 GENERATE_ARGS = ["--beam", "2", "--batch-size", "20", "--max-len-a", "0", "--max-len-b", "12"]
 
@@ -63,6 +61,7 @@ def _contextual_logits(model, sample):
 
 
 @torch.no_grad()
+@pytest.mark.training
 def test_overrides_reach_the_model_and_act_on_the_logits(unigram_checkpoint, toy_bin):
     plain, task = _load(unigram_checkpoint, toy_bin)
     sample = _test_batch(task)
@@ -85,6 +84,7 @@ def test_overrides_reach_the_model_and_act_on_the_logits(unigram_checkpoint, toy
 
 
 @torch.no_grad()
+@pytest.mark.training
 def test_lambda_zero_on_a_unigram_model_is_the_model_without_bias(
     unigram_checkpoint, toy_bin, tmp_path
 ):
@@ -104,6 +104,7 @@ def test_lambda_zero_on_a_unigram_model_is_the_model_without_bias(
     )
 
 
+@pytest.mark.training
 def test_the_settings_are_refused_in_training_and_never_saved(unigram_checkpoint, toy_bin, capsys):
     from fairseq import options
 
@@ -195,6 +196,7 @@ def _run_plain_generate_and_sweep(checkpoint, data, plain, out):
     run_sweep()
 
 
+@pytest.mark.training
 def test_sweep_runs_fairseq_generate_and_reports_quality_and_diversity(
     unigram_checkpoint, toy_bin, tmp_path, capsys
 ):
@@ -236,6 +238,7 @@ def _empty_split(data_dir):
         )
 
 
+@pytest.mark.training
 def test_sweep_refuses_bad_settings_and_an_empty_test_set(
     unigram_checkpoint, toy_bin, fresh_copy, tmp_path
 ):
@@ -259,18 +262,20 @@ def test_sweep_refuses_bad_settings_and_an_empty_test_set(
     # (0.7.0 relayed that process's traceback).
     with pytest.raises(
         SystemExit,
-        match=r"natbias-sweep: error: .*dict.tgt.txt is not a fairseq "
+        match=r"examples/paper/sweep.py: error: .*dict.tgt.txt is not a fairseq "
         r"checkpoint \(not a torch.save archive\)",
     ):
         sweep_cli.main([str(toy_bin), str(toy_bin / "dict.tgt.txt"), "--out-dir", str(tmp_path)])
     assert not list(tmp_path.glob("generate.*"))
     data = fresh_copy(toy_bin)
     _empty_split(data)
-    with pytest.raises(SystemExit, match="natbias-sweep: error: the test split of .* is empty"):
+    with pytest.raises(
+        SystemExit, match="examples/paper/sweep.py: error: the test split of .* is empty"
+    ):
         sweep_cli.main([str(data), str(unigram_checkpoint), "--out-dir", str(tmp_path)])
     assert has_output_bias(str(unigram_checkpoint)) is True
 
 
 def test_console_script_help():
     """The installed script runs this package's main; --help describes the tool."""
-    assert "natbias_logit_adjustment" in console_script_help("natbias-sweep")
+    assert "natbias_logit_adjustment" in console_script_help("examples/paper/sweep.py")

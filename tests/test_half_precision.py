@@ -31,8 +31,6 @@ from natbias_testing import (
     half_matmuls_in_float32,
 )
 
-pytestmark = pytest.mark.training  # runs fairseq-train: the full tier only (make test)
-
 DTYPES = [torch.bfloat16, torch.float16]
 
 
@@ -67,6 +65,7 @@ def test_cast_keeps_the_log_unigram_in_float32(toy_bin, tmp_path, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.training
 def test_half_model_trains_finite_and_close_to_float32(toy_bin, tmp_path, dtype):
     """Forward, backward and get_normalized_probs finite under the cast; the
     loss within 1% of the float32 model's; the hook's statistics in float32
@@ -233,6 +232,7 @@ def fp16_runs(multi30k_bin):
 
 
 @pytest.mark.parametrize("optimiser", sorted(FP16_FLAGS))
+@pytest.mark.training
 def test_default_trains_at_stocks_loss_scale(fp16_runs, optimiser):
     """The gain's gradient (a sum over every token and feature) is reduced
     in float32 and preconditioned, so it no longer overflows fp16: 0.2.0's
@@ -246,6 +246,7 @@ def test_default_trains_at_stocks_loss_scale(fp16_runs, optimiser):
 
 
 @pytest.mark.parametrize("optimiser", sorted(FP16_FLAGS))
+@pytest.mark.training
 def test_rare_tokens_biases_keep_learning(fp16_runs, optimiser):
     """|b| >= 8, where fp16's spacing (0.0078) exceeds Adam's steps of about
     one learning rate: kept in float32, they move, also under
@@ -259,6 +260,7 @@ def test_rare_tokens_biases_keep_learning(fp16_runs, optimiser):
     assert torch.isfinite(after).all()
 
 
+@pytest.mark.training
 def test_unigram_label_smoothing_trains_at_stocks_loss_scale(fp16_runs, multi30k_bin):
     """unigram_label_smoothed_cross_entropy under --fp16's loss scaling: its
     unigram term is taken in float32 from fairseq's float32 log-probabilities,
@@ -279,6 +281,7 @@ def test_unigram_label_smoothing_trains_at_stocks_loss_scale(fp16_runs, multi30k
     assert torch.isfinite(after).all()
 
 
+@pytest.mark.training
 def test_memory_efficient_bf16_keeps_the_bias_learning(multi30k_bin):
     """bfloat16 spaces |b| >= 8 by 0.0625: with no float32 master copy, a
     bias held in bfloat16 could never move by 1e-3."""
@@ -291,6 +294,7 @@ def test_memory_efficient_bf16_keeps_the_bias_learning(multi30k_bin):
     assert run["model"].decoder.output_projection.bias.dtype == torch.float32
 
 
+@pytest.mark.training
 def test_language_model_trains_at_stocks_loss_scale(multi30k_lm_bin):
     runs = {
         arch: drive_half_precision(
@@ -357,6 +361,7 @@ def _iwslt_fp16_gradients(data, arch):
     return gradients
 
 
+@pytest.mark.training
 def test_iwslt_preset_gradients_are_finite_at_stocks_loss_scale(multi30k_bin):
     """The paper's IWSLT size: the largest power-of-2 loss scale (from
     fairseq's initial 128 down) at which stock's fp16 gradients are finite;

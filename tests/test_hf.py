@@ -238,6 +238,7 @@ def _trainer(model, callbacks=(), loss=None, steps=3, out=None, label_smoothing=
     return trainer, collator(data[:8])
 
 
+@pytest.mark.training
 def test_the_trainer_trains_with_the_loss_and_logs_the_statistics(tmp_path):
     torch.manual_seed(0)
     model = add_natural_bias(marian(), zipf_targets())

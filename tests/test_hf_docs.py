@@ -31,6 +31,7 @@ def example_code():
     return re.search(re.escape(HEADING) + r"\n\n```python\n(.*?)```", text, re.S).group(1)
 
 
+@pytest.mark.training
 def test_the_worked_example_runs_and_starts_at_the_unigram(tmp_path, monkeypatch):
     write_multi30k_slice(tmp_path, {"train": 300})
     code = example_code()

@@ -11,7 +11,6 @@ import pytest
 from natbias_testing import BIN, REPO, write_multi30k_slice
 
 pytest.importorskip("transformers")
-pytestmark = pytest.mark.training  # trains (transformers): the full tier only (make test)
 
 EXAMPLE = REPO / "examples" / "huggingface"
 TINY = [
@@ -59,6 +58,7 @@ def translations(tmp_path_factory):
     return data, work
 
 
+@pytest.mark.training
 def test_each_arm_records_its_curve_and_scores(translations):
     _, work = translations
     records = {
@@ -80,12 +80,14 @@ def test_each_arm_records_its_curve_and_scores(translations):
     assert {"bias_kl", "gain", "kl_unigram"} <= log_keys
 
 
+@pytest.mark.training
 def test_a_finished_run_is_skipped(translations):
     data, work = translations
     again = run("translate.py", "--data", data, "--work", work, "--bias", "natural", *TINY)
     assert "done before, skipped" in again
 
 
+@pytest.mark.training
 def test_the_report_compares_the_arms_with_stock(translations, tmp_path):
     _, work = translations
     out = tmp_path / "report.md"
@@ -110,6 +112,7 @@ def test_the_report_compares_the_arms_with_stock(translations, tmp_path):
     assert (tmp_path / f"report_{work.name}_valid_nll.png").stat().st_size > 5000
 
 
+@pytest.mark.training
 def test_the_language_model_example(translations, tmp_path):
     data, _ = translations
     output = run(
@@ -147,6 +150,7 @@ def test_the_language_model_example(translations, tmp_path):
     assert "perplexity" in output
 
 
+@pytest.mark.training
 def test_run_sh_trains_the_arms_it_is_given_and_reports(translations, tmp_path):
     data, _ = translations
     settings = dict(

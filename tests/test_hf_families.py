@@ -138,6 +138,7 @@ def test_b_the_gain_and_the_prior_stay_float32_when_the_model_is_cast(family):
 
 
 @pytest.mark.parametrize("family", ALL)
+@pytest.mark.training
 def test_the_trainer_trains_it_in_bf16(family, tmp_path):
     model = natural(family)
     data = [{"input_ids": t[::-1], "labels": t} for t in zipf_targets(32)]

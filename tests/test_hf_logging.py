@@ -74,6 +74,7 @@ def trainer_for(tmp_path, callbacks=()):
     return trainer, collate(data[:8])
 
 
+@pytest.mark.training
 def test_tensorboard_records_the_statistics_once_per_log(tmp_path):
     trainer, probe = trainer_for(tmp_path)
     natbias.hf.log_bias_statistics(trainer, probe)
@@ -93,6 +94,7 @@ def test_tensorboard_records_the_statistics_once_per_log(tmp_path):
     assert scalars["train/gain"][0][1] != scalars["train/gain"][-1][1]  # it trained
 
 
+@pytest.mark.training
 def test_given_in_callbacks_it_warns_that_the_integrations_do_not_see_it(tmp_path):
     trainer, _ = trainer_for(tmp_path, [natbias.hf.BiasStatisticsCallback()])
     with warnings.catch_warnings(record=True) as caught:

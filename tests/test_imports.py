@@ -198,6 +198,7 @@ def test_no_import_cycle(graph):
 CORE_NEEDS = {
     "collections",
     "dataclasses",
+    "gzip",
     "logging",
     "math",
     "os",
@@ -262,8 +263,8 @@ def _lines(paths) -> int:
 def test_the_installed_code_stays_small():
     """No file over 400 lines; the plugin's model path (the architectures,
     options, bias, projection and checkpoint rules) at most 1,500 lines. The
-    packages a user installs (the transformers extra aside) stay within
-    1.0's 6,800 lines: 1.0 set out for 5,000 and ended here (the changelog)."""
+    packages a user installs (the transformers extra aside) at most 5,000
+    lines: the demo's pipeline and the paper's analyses live in examples/paper."""
     installed = [*ROOT.rglob("*.py"), *(p for p in CORE.rglob("*.py") if "hf" not in p.parts)]
     too_long = {
         str(p.relative_to(REPO)): n
@@ -271,7 +272,7 @@ def test_the_installed_code_stays_small():
         if (n := len(p.read_text().splitlines())) > 400
     }
     assert not too_long
-    assert _lines(installed) <= 6800
+    assert _lines(installed) <= 5000
     model_path = [
         ROOT / f"{name}.py"
         for name in (

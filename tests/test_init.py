@@ -78,14 +78,14 @@ def test_log_only_tools_do_their_work_without_torch_or_fairseq(tmp_path):
 
 def test_text_helpers_of_the_recipes_and_examples_start_without_torch(tmp_path):
     """recipes/natbias_tools.py, examples/translation/spm_text.py and
-    ``python -m natbias.tools.data`` as lib.sh and the examples call
+    examples/paper/multi30k.py as lib.sh and the examples call
     them: their work done (a SentencePiece model, text encoded with it, the
     data folder found) without torch or fairseq."""
     lines = [f"der hund {i} sieht die katze {i % 7} im garten" for i in range(300)]
     (tmp_path / "train.de").write_text("\n".join(lines) + "\n")
     spm_text = [sys.executable, REPO / "examples/translation/spm_text.py"]
     tools = [sys.executable, REPO / "recipes/natbias_tools.py"]
-    python_m = [sys.executable, "-m", "natbias.tools.data"]
+    multi30k = [sys.executable, REPO / "examples/paper/multi30k.py"]
     for name, command, args in [
         (
             "spm_text.py train",
@@ -112,14 +112,10 @@ def test_text_helpers_of_the_recipes_and_examples_start_without_torch(tmp_path):
                 tmp_path / "pieces",
             ],
         ),
-        (
-            "python -m natbias.tools.data",
-            python_m,
-            [tmp_path / "cache", "--data", tmp_path, "--langs", "de"],
-        ),
+        ("multi30k.py", multi30k, [tmp_path / "cache", "--data", tmp_path, "--langs", "de"]),
     ]:
         done = _run_profiled(command, *args)
-        if name.startswith("python -m"):
+        if name == "multi30k.py":
             # The folder has train.de only: refused, after a start without torch.
             assert done.returncode == 1 and "has no val.de, test_2016_flickr.de" in done.stderr
             done.returncode = 0

@@ -30,8 +30,6 @@ from torch.utils._pytree import tree_leaves
 
 from natbias.statistics import divergence_sums
 
-pytestmark = pytest.mark.training  # runs fairseq-train: the full tier only (make test)
-
 LN2 = math.log(2.0)
 HOOK_KEYS = ("kl_unigram", "kl_uniform", "weight_norm", "bias_norm", "bias_kl")
 
@@ -301,6 +299,7 @@ def lines(stdout, tag="train_inner"):
     return log_records(stdout, tag)
 
 
+@pytest.mark.training
 def test_fresh_unigram_model_logs_zero_bias_kl_and_its_norm(lsce_run, toy_log_unigram):
     """First line: the fresh model (fairseq's inverse_sqrt warm-up starts at
     lr 0, so update 1 leaves the parameters as initialised)."""
@@ -310,6 +309,7 @@ def test_fresh_unigram_model_logs_zero_bias_kl_and_its_norm(lsce_run, toy_log_un
     assert all(record["bias_kl"] < 5e-5 for record in lines(lsce_run) + lines(lsce_run, "valid"))
 
 
+@pytest.mark.training
 def test_stock_label_smoothed_cross_entropy_gets_all_keys(lsce_run):
     for tag in ("train_inner", "train", "valid"):
         for record in lines(lsce_run, tag):
@@ -455,6 +455,7 @@ def assert_same_lines(ours, theirs, tag, skip=()):
             assert mine[key] == pytest.approx(other[key], abs=PRINTED), (tag, key)
 
 
+@pytest.mark.training
 def test_update_freq_2_logs_what_update_freq_1_logs(same_updates_runs):
     runs = same_updates_runs
     assert [r["bsz"] for r in lines(runs["update_freq_2"])] == [20.0] * 4
@@ -467,6 +468,7 @@ def test_update_freq_2_logs_what_update_freq_1_logs(same_updates_runs):
     assert last["bias_kl"] < first["bias_kl"] - 2e-3  # the bias moved
 
 
+@pytest.mark.training
 def test_two_workers_log_what_one_process_logs(same_updates_runs):
     rank0, rank1 = same_updates_runs["ranks"]
     assert "distributed init (rank 0)" in rank0 and "as rank 1" in rank1
@@ -478,6 +480,7 @@ def test_two_workers_log_what_one_process_logs(same_updates_runs):
     assert_same_lines(rank0, same_updates_runs["update_freq_2"], "valid", skip={"wpb", "bsz"})
 
 
+@pytest.mark.training
 def test_hook_logs_next_to_unigram_regularized_cross_entropy(same_updates_runs):
     for tag in ("train_inner", "train", "valid"):
         records = lines(same_updates_runs["whole"], tag)
@@ -485,6 +488,7 @@ def test_hook_logs_next_to_unigram_regularized_cross_entropy(same_updates_runs):
     assert all("unigram_reg" in r for r in lines(same_updates_runs["whole"]))
 
 
+@pytest.mark.training
 def test_fresh_zero_bias_logs_kl_of_uniform_to_unigram(same_updates_runs, toy_log_unigram):
     uniform = torch.full_like(toy_log_unigram, -math.log(len(toy_log_unigram)))
     expected = (uniform.exp() * (uniform - toy_log_unigram)).sum().item() / LN2
@@ -493,6 +497,7 @@ def test_fresh_zero_bias_logs_kl_of_uniform_to_unigram(same_updates_runs, toy_lo
     assert first["bias_kl"] == pytest.approx(expected, abs=5.1e-5) and expected > 0.5
 
 
+@pytest.mark.training
 def test_an_epoch_without_statistics_prints_none_of_them(tmp_path, toy_bin):
     """The toy corpus is 2 updates an epoch: with statistics every 4th update
     the second epoch has them (update 4) and the third (5, 6) has none. Its

@@ -8,6 +8,7 @@ import argparse
 import math
 from pathlib import Path
 
+import decomposition
 import pytest
 import torch
 from fairseq.data import Dictionary
@@ -15,13 +16,9 @@ from natbias_testing import first_sentences, log_records, train
 from test_counts import hand_counts
 from test_transformer_natbias import build, hand_log_unigram
 
-from fairseq_natbias.analysis import decomposition
 from fairseq_natbias.checkpoint_loading import CheckpointError, read_checkpoint
 from fairseq_natbias.cli.step0 import validation_divergence
 from fairseq_natbias.natural_bias import check_natbias_checkpoint
-
-pytestmark = pytest.mark.training  # runs fairseq-train: the full tier only (make test)
-
 
 # --- the default weight init --------------------------------------------------------
 
@@ -91,6 +88,7 @@ def test_biases_share_every_initial_parameter_but_the_bias(toy_bin, weight_init)
 # scratch: their steps are tested in tests/test_projection.py, and
 # checkpoints that hold them load, resume and generate
 # (tests/test_checkpoints.py).
+@pytest.mark.training
 def test_one_update_moves_the_gain_by_speed_times_lr(toy_bin, tmp_path):
     """Through the real fairseq-train and fairseq's Adam, constant lr: after
     update 1 the logged gain is 0.05 +- speed * lr (the cap and 0 are far):

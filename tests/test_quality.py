@@ -1,12 +1,12 @@
-"""fairseq_natbias/analysis/quality.py: sacreBLEU scores with signatures, checked
+"""examples/paper/quality.py: sacreBLEU scores with signatures, checked
 against BLEU worked by hand, and bad input refused with a message."""
 
 import math
 
 import pytest
+from quality import bleu_score, quality
 
 from natbias.errors import NaturalBiasError
-from natbias.tools.quality import bleu_score, quality
 
 
 def test_bleu_equals_the_hand_worked_geometric_mean_of_precisions():
@@ -53,16 +53,17 @@ def test_mismatched_or_empty_input_is_refused_with_the_fix():
 
 
 def test_scoring_imports_neither_torch_nor_fairseq(tmp_path):
-    # The text-only tools (natbias.tools) score without torch or fairseq, so
-    # that the orchestrators and recipes that call them start in a moment.
+    # examples/paper/quality.py scores without torch or fairseq, so that the
+    # demo and the transformers example that call it start in a moment.
     import subprocess
     import sys
 
-    from natbias_testing import top_level_imports
+    from natbias_testing import REPO, top_level_imports
 
     script = tmp_path / "score.py"
     script.write_text(
-        "from natbias.tools.quality import quality\n"
+        f"import sys; sys.path.insert(0, {str(REPO / 'examples/paper')!r})\n"
+        "from quality import quality\n"
         "print(quality(['a b c d'], ['a b c d'])['BLEU'])\n"
     )
     done = subprocess.run(

@@ -28,8 +28,6 @@ from natbias_testing import (
     wait_recipe,
 )
 
-pytestmark = pytest.mark.training  # runs fairseq-train: the full tier only (make test)
-
 # The IWSLT smoke run trains the natural bias with one seed. The recipe's
 # other default inits, zero and none, run the same steps with another
 # --natbias-init (each trained and generated end to end in
@@ -158,6 +156,7 @@ def template(smoke_runs):
 # --- IWSLT recipe on Multi30k De-En ---------------------------------------------
 
 
+@pytest.mark.training
 def test_iwslt_trains_and_scores_every_run(iwslt):
     reference = (iwslt.root / "work/corpus/de-en/raw/test.en").read_text(encoding="utf-8")
     for run in run_dirs(iwslt.runs, SEEDS):
@@ -174,6 +173,7 @@ def test_iwslt_trains_and_scores_every_run(iwslt):
         assert not (run / "ood.bleu.json").exists()  # OOD_TEST is empty here
 
 
+@pytest.mark.training
 def test_iwslt_runs_with_the_papers_settings(iwslt):
     for init in INITS:
         log = (iwslt.runs / init / "seed1" / "train.log").read_text(encoding="utf-8")
@@ -197,6 +197,7 @@ def test_iwslt_runs_with_the_papers_settings(iwslt):
         assert re.search(r"\| valid \|.*\| bleu [\d.]+", log), "no validation BLEU"
 
 
+@pytest.mark.training
 def test_iwslt_table_has_every_init_with_signatures(iwslt):
     results = iwslt.pair / "results.md"
     rows = table_rows(results)
@@ -215,6 +216,7 @@ def test_iwslt_table_has_every_init_with_signatures(iwslt):
     assert "| unigram |" in iwslt.output  # the table is printed at the end too
 
 
+@pytest.mark.training
 def test_table_averages_seeds_with_their_standard_error(iwslt, tmp_path):
     """The recipe's table step (natbias_tools.py table, as report() calls it)
     over two seeds of the smoke run's real sacreBLEU files, their scores set
@@ -255,6 +257,7 @@ def test_table_averages_seeds_with_their_standard_error(iwslt, tmp_path):
     assert table_rows(output)["unigram"] == ["2", "30.50 ± 0.50", "51.25 ± 1.25"]
 
 
+@pytest.mark.training
 def test_rerun_skips_finished_steps(iwslt):
     outputs = sorted(p for p in iwslt.runs.rglob("*") if p.is_file())
     before = {p: p.stat().st_mtime_ns for p in outputs if p.suffix in (".pt", ".json", ".hyp")}
@@ -268,6 +271,7 @@ def test_rerun_skips_finished_steps(iwslt):
     assert {p: p.stat().st_mtime_ns for p in before} == before
 
 
+@pytest.mark.training
 def test_changed_data_settings_are_refused(iwslt):
     result = run_recipe(
         IWSLT, dict(iwslt.env, STEPS="prepare", TRAIN_LINES="2000"), cwd=iwslt.root, check=False
@@ -276,6 +280,7 @@ def test_changed_data_settings_are_refused(iwslt):
     assert "was made with other settings" in result.stderr
 
 
+@pytest.mark.training
 def test_stopped_run_resumes_from_checkpoint_last(iwslt):
     """A run without its done marker carries on from checkpoint_last.pt."""
     run = iwslt.pair / "runs-resume" / "unigram" / "seed1"
@@ -303,6 +308,7 @@ def test_stopped_run_resumes_from_checkpoint_last(iwslt):
     assert (run / ".done").exists()
 
 
+@pytest.mark.training
 def test_two_cpu_processes_train_one_model(iwslt):
     """CPU_WORKERS=2: two fairseq-train ranks joined over gloo through the
     recipe's launcher, each taking half of the epoch's batches."""
@@ -341,6 +347,7 @@ def test_two_cpu_processes_train_one_model(iwslt):
 # --- the template, copied and set up for a new pair ------------------------------
 
 
+@pytest.mark.training
 def test_template_trains_a_new_pair(template):
     assert "fr-en" in template.output
     run = template.runs / "unigram" / "seed1"
@@ -363,6 +370,7 @@ def test_template_trains_a_new_pair(template):
         assert cells[0] == "1" and all(re.fullmatch(r"\d+\.\d\d", c) for c in cells[1:5]), cells
 
 
+@pytest.mark.training
 def test_template_needs_its_pair_and_data(tmp_path):
     result = run_recipe(
         RECIPES / "template" / "run.sh",
@@ -403,6 +411,7 @@ def lib(snippet, tmp_path, env=None):
         (1, 1, 1, 4096, "3", 3),  # UPDATE_FREQ given: kept
     ],
 )
+@pytest.mark.training
 def test_update_freq_keeps_tokens_per_update(
     tmp_path, ngpus, nnodes, cpu_workers, max_tokens, given, expected
 ):
@@ -415,6 +424,7 @@ def test_update_freq_keeps_tokens_per_update(
     assert out.strip() == str(expected)
 
 
+@pytest.mark.training
 def test_gpu_launcher_is_torchrun(tmp_path):
     """With GPUs, launch runs torchrun with the node layout and gives fairseq
     the matching world size (a stand-in torchrun records its arguments)."""
@@ -446,6 +456,7 @@ def test_gpu_launcher_is_torchrun(tmp_path):
     assert args[11:] == ["--max-tokens", "4096", "--distributed-world-size", "8"]
 
 
+@pytest.mark.training
 def test_grid_order_and_job_array_task(tmp_path):
     (tmp_path / "external.counts").write_text("x 1\n")
     out = lib(
@@ -462,6 +473,7 @@ def test_grid_order_and_job_array_task(tmp_path):
     assert task.split() == ["file", "2"]
 
 
+@pytest.mark.training
 def test_appendix_variants_pass_their_options(tmp_path):
     """A.4 runs get the colleague's criterion and its options, A.7 runs the
     counts file; the others the paper's label-smoothed cross-entropy."""
@@ -491,6 +503,7 @@ def test_appendix_variants_pass_their_options(tmp_path):
     assert "--fp16" not in zero  # CPU
 
 
+@pytest.mark.training
 def test_unigram_label_smoothing_runs_have_their_own_names_and_criterion(tmp_path):
     """UNIGRAM_LS_INITS adds <init>-unigram-ls runs after the paper's grid,
     trained with the unigram-smoothed criterion and the init they name."""
@@ -513,6 +526,7 @@ def test_unigram_label_smoothing_runs_have_their_own_names_and_criterion(tmp_pat
     RECIPE_SCRIPTS + [RECIPES / "lib.sh", DEFAULTS, RECIPES / "slurm.sbatch"],
     ids=lambda p: str(Path(p).relative_to(RECIPES)),
 )
+@pytest.mark.training
 def test_scripts_parse(script):
     subprocess.run(["bash", "-n", str(script)], check=True)
 
@@ -581,6 +595,7 @@ def printed_settings(output):
 
 
 @pytest.mark.parametrize("script", RECIPE_SCRIPTS, ids=lambda p: p.parent.name)
+@pytest.mark.training
 def test_help_prints_every_setting_as_it_would_be_used(script, tmp_path):
     """--help lists defaults.sh's settings in its order and sections, each with
     the environment's value, else the recipe's, else the default, and the
@@ -599,6 +614,7 @@ def test_help_prints_every_setting_as_it_would_be_used(script, tmp_path):
     assert list(tmp_path.iterdir()) == []  # nothing made
 
 
+@pytest.mark.training
 def test_help_shows_recipe_values_over_defaults(tmp_path):
     wmt = printed_settings(
         run_recipe(
@@ -624,6 +640,7 @@ def test_help_shows_recipe_values_over_defaults(tmp_path):
     assert template["SPM_VOCAB"][0] == "8000"
 
 
+@pytest.mark.training
 def test_help_under_smoke_shows_smoke_values_unless_given(tmp_path):
     """SMOKE=1: a smoke value wins over the recipe's own value (WMT's 300000
     updates), never over the environment's."""
@@ -638,6 +655,7 @@ def test_help_under_smoke_shows_smoke_values_unless_given(tmp_path):
     assert given["SPM_VOCAB"][0] == "1000"
 
 
+@pytest.mark.training
 def test_other_arguments_are_refused(tmp_path):
     result = run_recipe(IWSLT, cwd=tmp_path, args=["--seeds"], check=False)
     assert result.returncode != 0 and "usage:" in result.stderr

@@ -1,4 +1,4 @@
-"""natbias-lm-sweep (fairseq_natbias/analysis/sweep_lm.py): Kobayashi et al.'s
+"""examples/paper/sweep_lm.py (fairseq_natbias/analysis/sweep_lm.py): Kobayashi et al.'s
 lambda sweep for a language model, each measure checked against an
 independent computation (fairseq-eval-lm, sacreBLEU, distinct-n recounted)."""
 
@@ -6,11 +6,9 @@ import re
 
 import pytest
 from natbias_testing import fairseq, train, train_lm
+from quality import quality
 
 from natbias.tools import distinct
-from natbias.tools.quality import quality
-
-pytestmark = pytest.mark.training  # runs fairseq-train: the full tier only (make test)
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +22,7 @@ def lm_checkpoint(toy_lm_bin, tmp_path_factory):
 def swept(lm_checkpoint, toy_lm_bin, tmp_path_factory):
     out = tmp_path_factory.mktemp("sweep_lm")
     result = fairseq(
-        "natbias-lm-sweep",
+        "examples/paper/sweep_lm.py",
         toy_lm_bin,
         lm_checkpoint,
         "--lambdas",
@@ -83,6 +81,7 @@ def eval_lm_bits(data, checkpoint, *overrides):
     return float(re.search(r"Loss \(base 2\): ([\d.]+)", result.stderr + result.stdout)[1])
 
 
+@pytest.mark.training
 def test_reference_nll_is_what_fairseq_eval_lm_reports(swept, toy_lm_bin, lm_checkpoint):
     _, rows, _ = swept
     assert float(rows[1.0]["ref_nll"]) == pytest.approx(
@@ -94,6 +93,7 @@ def test_reference_nll_is_what_fairseq_eval_lm_reports(swept, toy_lm_bin, lm_che
     )
 
 
+@pytest.mark.training
 def test_diversity_and_chrf_recomputed_from_the_continuations(swept):
     out, rows, _ = swept
     for lam in (0.0, 1.0):
@@ -109,6 +109,7 @@ def test_diversity_and_chrf_recomputed_from_the_continuations(swept):
         assert all(len(t[0].split()) == 2 for t in triples)  # the prompt: 2 tokens
 
 
+@pytest.mark.training
 def test_outputs_and_signatures(swept):
     out, _, result = swept
     table = (out / "sweep_lm.md").read_text()
@@ -117,11 +118,12 @@ def test_outputs_and_signatures(swept):
     assert "wrote" in result.stdout
 
 
+@pytest.mark.training
 def test_sampling_is_seeded(lm_checkpoint, toy_lm_bin, tmp_path):
     texts = []
     for name in ("a", "b"):
         fairseq(
-            "natbias-lm-sweep",
+            "examples/paper/sweep_lm.py",
             toy_lm_bin,
             lm_checkpoint,
             "--lambdas",
@@ -137,10 +139,11 @@ def test_sampling_is_seeded(lm_checkpoint, toy_lm_bin, tmp_path):
     assert texts[0] == texts[1]
 
 
+@pytest.mark.training
 def test_a_translation_checkpoint_is_refused_in_one_line(toy_bin, toy_lm_bin, tmp_path):
     train(toy_bin, tmp_path / "mt", max_update=1)
     result = fairseq(
-        "natbias-lm-sweep",
+        "examples/paper/sweep_lm.py",
         toy_lm_bin,
         tmp_path / "mt/checkpoint_last.pt",
         "--out-dir",
@@ -148,12 +151,13 @@ def test_a_translation_checkpoint_is_refused_in_one_line(toy_bin, toy_lm_bin, tm
         check=False,
     )
     assert result.returncode != 0 and "Traceback" not in result.stderr
-    assert result.stderr.strip().splitlines()[-1].startswith("natbias-lm-sweep: error:")
+    assert result.stderr.strip().splitlines()[-1].startswith("examples/paper/sweep_lm.py: error:")
 
 
+@pytest.mark.training
 def test_missing_files_are_named(lm_checkpoint, toy_bin, tmp_path):
     missing = fairseq(
-        "natbias-lm-sweep",
+        "examples/paper/sweep_lm.py",
         toy_bin,
         tmp_path / "nope.pt",
         "--out-dir",
@@ -162,11 +166,17 @@ def test_missing_files_are_named(lm_checkpoint, toy_bin, tmp_path):
     )
     assert "nope.pt: no such checkpoint" in missing.stderr
     no_dict = fairseq(
-        "natbias-lm-sweep", toy_bin, lm_checkpoint, "--out-dir", tmp_path / "out", check=False
+        "examples/paper/sweep_lm.py",
+        toy_bin,
+        lm_checkpoint,
+        "--out-dir",
+        tmp_path / "out",
+        check=False,
     )
     assert "has no dict.txt" in no_dict.stderr and "Traceback" not in no_dict.stderr
 
 
+@pytest.mark.training
 def test_beam_search_continuations(lm_checkpoint, toy_lm_bin, tmp_path):
     """Beam search (deterministic: two runs agree) with only dict.txt and the
     test split beside the checkpoint."""
@@ -177,7 +187,7 @@ def test_beam_search_continuations(lm_checkpoint, toy_lm_bin, tmp_path):
     outputs = []
     for run in ("a", "b"):
         fairseq(
-            "natbias-lm-sweep",
+            "examples/paper/sweep_lm.py",
             data,
             lm_checkpoint,
             "--lambdas",

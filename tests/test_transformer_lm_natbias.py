@@ -18,8 +18,6 @@ from test_counts import hand_counts
 from fairseq_natbias import numpy_compat, training_data
 from fairseq_natbias.cli.step0 import build_from_training_args, validation_divergence
 
-pytestmark = pytest.mark.training  # runs fairseq-train: the full tier only (make test)
-
 LM_TASK = ["--task", "language_modeling", "--tokens-per-sample", "32"]
 
 
@@ -132,6 +130,7 @@ def lm_run(toy_lm_bin, tmp_path_factory):
     return save_dir, first.stdout + first.stderr, second.stdout + second.stderr, after_two
 
 
+@pytest.mark.training
 def test_lm_trains_logs_and_resumes_without_recounting(lm_run):
     save_dir, first, second, after_two = lm_run
     assert "target unigram:" in first and "target unigram:" not in second
@@ -146,6 +145,7 @@ def test_lm_trains_logs_and_resumes_without_recounting(lm_run):
     assert torch.equal(final["target_log_unigram"], after_two["target_log_unigram"])
 
 
+@pytest.mark.training
 def test_eval_lm_and_validate_need_no_training_split(lm_run, toy_lm_bin, fresh_copy):
     save_dir = lm_run[0]
     data = fresh_copy(toy_lm_bin)
@@ -185,6 +185,7 @@ def test_eval_lm_and_validate_need_no_training_split(lm_run, toy_lm_bin, fresh_c
     assert values["kl_unigram"] >= 0 and values["kl_uniform"] > 0 and "bias_kl" in values
 
 
+@pytest.mark.training
 def test_python_sampling_with_the_bias_scaled(lm_run, toy_lm_bin, fresh_copy):
     """``from_pretrained`` with only the dictionary and the checkpoint; lambda
     (Kobayashi et al.) through its overrides: lambda = 0 is the model without b."""
@@ -221,6 +222,7 @@ def test_python_sampling_with_the_bias_scaled(lm_run, toy_lm_bin, fresh_copy):
         (["--natbias-init", "file"], "needs --natbias-counts"),
     ],
 )
+@pytest.mark.training
 def test_lm_bad_options_fail_with_one_line(toy_lm_bin, tmp_path, options, message):
     result = train_lm(toy_lm_bin, tmp_path / "ckpt", *options, check=False)
     assert result.returncode != 0
@@ -228,6 +230,7 @@ def test_lm_bad_options_fail_with_one_line(toy_lm_bin, tmp_path, options, messag
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.training
 def test_lm_without_training_split_names_the_file(toy_lm_bin, fresh_copy, tmp_path):
     data = fresh_copy(toy_lm_bin)
     for path in data.glob("train.*"):
@@ -237,6 +240,7 @@ def test_lm_without_training_split_names_the_file(toy_lm_bin, fresh_copy, tmp_pa
     assert result.returncode != 0 and "train.bin" in last and "--only-source" in last
 
 
+@pytest.mark.training
 def test_stock_lm_path_works_with_the_plugin_under_numpy_2(toy_lm_bin, tmp_path):
     """fairseq 0.12 calls numpy.compat.long (--sample-break-mode eos), which
     numpy 2 removed; with --user-dir fairseq_natbias stock transformer_lm trains."""
@@ -328,6 +332,7 @@ def test_stock_transformer_lm_is_the_same_network_given_its_dims_and_norm(toy_lm
     assert all(natbias[k] == shape for k, shape in stock.items())
 
 
+@pytest.mark.training
 def test_analysis_tools_work_on_a_language_model(lm_run, toy_lm_bin, tmp_path):
     """natbias-step0, natbias-frequency (Fig. 4: bias kept and dropped),
     natbias-dynamics and natbias-alc on an LM run, through their CLIs."""
@@ -350,7 +355,7 @@ def test_analysis_tools_work_on_a_language_model(lm_run, toy_lm_bin, tmp_path):
     values = json.loads(step0.stdout.strip().splitlines()[-1])
     assert abs(values["nll"] - values["unigram_ce"]) < 0.3
     fairseq(
-        "natbias-frequency",
+        "examples/paper/frequency.py",
         toy_lm_bin,
         "--model",
         f"unigram={save_dir / 'checkpoint_last.pt'}",

@@ -15,8 +15,6 @@ from fairseq_natbias.cli.step0 import build_from_training_args
 from fairseq_natbias.training_data import symbols
 from natbias.counts import write_counts_file
 
-pytestmark = pytest.mark.training  # runs fairseq-train: the full tier only (make test)
-
 
 def hand_log_unigram(text_path, dictionary, alpha=1.0):
     counts = hand_counts(text_path, dictionary).astype(float)
@@ -132,6 +130,7 @@ def test_weight_init_is_the_same_whatever_the_bias(toy_bin):
     assert torch.equal(weights["unigram"], weights["none"])
 
 
+@pytest.mark.training
 def test_zero_and_no_bias_train_and_generate(toy_bin, tmp_path):
     """The baselines through fairseq-train and fairseq-generate; the default
     (unigram) goes through both in the tests below and in most others."""
@@ -158,6 +157,7 @@ def test_zero_and_no_bias_train_and_generate(toy_bin, tmp_path):
         assert count_translated(result) == 20
 
 
+@pytest.mark.training
 def test_resume_keeps_trained_bias_without_recounting(toy_bin, tmp_path):
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     train(toy_bin, straight, max_update=6)
@@ -177,6 +177,7 @@ def test_resume_keeps_trained_bias_without_recounting(toy_bin, tmp_path):
     )
 
 
+@pytest.mark.training
 def test_generation_needs_no_training_split(toy_bin, fresh_copy, tmp_path):
     data = fresh_copy(toy_bin)
     train(data, tmp_path / "ckpt", max_update=2)
@@ -201,6 +202,7 @@ def test_generation_needs_no_training_split(toy_bin, fresh_copy, tmp_path):
     assert count_translated(result) == 20
 
 
+@pytest.mark.training
 def test_checkpoint_trained_with_eval_bleu_loads(toy_bin, tmp_path):
     """--eval-bleu leaves numpy arrays in the checkpoint's metrics state; torch's
     weights-only loading must still accept it (see checkpoint_loading.py)."""
@@ -235,6 +237,7 @@ def test_checkpoint_trained_with_eval_bleu_loads(toy_bin, tmp_path):
     assert count_translated(result) == 20
 
 
+@pytest.mark.training
 def test_user_dir_works_from_another_directory(toy_bin, tmp_path):
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
@@ -252,6 +255,7 @@ def test_user_dir_works_from_another_directory(toy_bin, tmp_path):
         (["--natbias-init", "file", "--natbias-counts", "/no/such.counts"], "no such file"),
     ],
 )
+@pytest.mark.training
 def test_bad_options_fail_with_a_clear_message(toy_bin, tmp_path, options, message):
     result = train(toy_bin, tmp_path / "ckpt", *options, check=False)
     assert result.returncode != 0
@@ -259,6 +263,7 @@ def test_bad_options_fail_with_a_clear_message(toy_bin, tmp_path, options, messa
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.training
 def test_missing_training_split_names_the_path(toy_bin, fresh_copy, tmp_path):
     data = fresh_copy(toy_bin)
     for path in data.glob("train.*"):
@@ -268,6 +273,7 @@ def test_missing_training_split_names_the_path(toy_bin, fresh_copy, tmp_path):
     assert "train.src-tgt.tgt" in result.stderr and "--natbias-init" in result.stderr
 
 
+@pytest.mark.training
 def test_counts_file_for_another_dictionary_is_refused(toy_bin, tmp_path):
     source_dictionary = Dictionary.load(str(toy_bin / "dict.src.txt"))
     counts_file = tmp_path / "src.counts"

@@ -14,8 +14,6 @@ import torch
 from fairseq.criterions.label_smoothed_cross_entropy import LabelSmoothedCrossEntropyCriterion
 from natbias_testing import build_in_process, first_sentences, log_records, train, train_lm
 
-pytestmark = pytest.mark.training  # runs fairseq-train: the full tier only (make test)
-
 ULS = ["--criterion", "unigram_label_smoothed_cross_entropy"]
 
 
@@ -177,6 +175,7 @@ def test_missing_training_split_names_path_and_fix(tmp_path, toy_bin, fresh_copy
     assert "--criterion label_smoothed_cross_entropy" in text
 
 
+@pytest.mark.training
 def test_fairseq_train_translation_and_language_model(tmp_path, toy_bin, toy_lm_bin):
     """Through fairseq-train: finite losses, the smoothed loss beside the NLL,
     in training and validation; the LM task counts its next-token targets

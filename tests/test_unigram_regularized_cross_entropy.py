@@ -20,8 +20,6 @@ from fairseq_natbias.unigram_regularized_cross_entropy import (
     UnigramRegularizedCrossEntropyCriterion,
 )
 
-pytestmark = pytest.mark.training  # runs fairseq-train: the full tier only (make test)
-
 REG = ["--criterion", "unigram_regularized_cross_entropy"]
 
 
@@ -312,6 +310,7 @@ def by_update(stdout):
     return {int(r["num_updates"]): r for r in log_records(stdout, "train_inner")}
 
 
+@pytest.mark.training
 def test_switch_at_N_survives_resuming(resumed_across_switch):
     first, second = resumed_across_switch
     before, after = by_update(first), by_update(second)
@@ -323,6 +322,7 @@ def test_switch_at_N_survives_resuming(resumed_across_switch):
         assert "kl_unigram" in record and "bias_kl" in record  # the hook logs too
 
 
+@pytest.mark.training
 def test_logged_loss_is_standard_loss_plus_unigram_reg(resumed_across_switch, lsce_run):
     """Update 1 sees the same model and batch in both runs: the regularised run's
     loss - unigram_reg is label_smoothed_cross_entropy's loss (to print precision)."""
@@ -332,11 +332,13 @@ def test_logged_loss_is_standard_loss_plus_unigram_reg(resumed_across_switch, ls
     assert ours["nll_loss"] == theirs["nll_loss"]
 
 
+@pytest.mark.training
 def test_validation_reports_the_standard_objective(resumed_across_switch):
     valid = log_records(resumed_across_switch[0], "valid")
     assert valid and all("unigram_reg" not in record for record in valid)
 
 
+@pytest.mark.training
 def test_stock_transformer_and_the_bound_in_the_log(tmp_path, toy_bin):
     """Any translation model; with a bound below every token's unigram
     cross-entropy, the warning is in the log from update 1 and each token
@@ -366,6 +368,7 @@ def test_stock_transformer_and_the_bound_in_the_log(tmp_path, toy_bin):
     assert "kl_unigram" not in lines[1]  # the natbias hook belongs to transformer_natbias
 
 
+@pytest.mark.training
 def test_language_model_counts_its_next_token_targets(toy_lm_bin, tmp_path):
     """With --task language_modeling omega is the LM's target unigram (the
     model's own bias counts the same): no warning that they differ, and the

@@ -9,7 +9,7 @@
 #   examples/frequency_analysis/run.sh
 #   MODELS="zero=ckpt/zero.pt unigram=ckpt/uni.pt" DATA_BIN=data-bin examples/frequency_analysis/run.sh
 #
-# Runs natbias-frequency (fairseq_natbias/cli/frequency.py), which writes to
+# Runs examples/paper/frequency.py, which writes to
 # OUT: frequency.png (the figure), frequency_bins.csv (one row per model and
 # bin) and frequency_tokens.csv (one row per model and token type); then
 # prints the bins as a table. Skipped when OUT/frequency.png exists.
@@ -25,7 +25,7 @@ OUT=${OUT-work/examples/frequency_analysis}  # where the figure and tables go
 # The examples' shared plumbing: --help, say, die.
 source "$(dirname "$0")/../common.sh"
 example_help "$@"
-example_needs natbias-frequency fairseq_natbias
+example_needs fairseq-train fairseq_natbias
 
 # --- what this needs: a data directory, natural-bias checkpoints ----------------------------
 [[ -d $DATA_BIN ]] || die "DATA_BIN=$DATA_BIN: no such data directory; run examples/translation/run.sh first, or set DATA_BIN to the models' fairseq data directory"
@@ -44,7 +44,7 @@ python - "${checkpoints[@]}" <<'EOF' || exit 1
 import sys, warnings
 warnings.filterwarnings("ignore")
 from natbias.errors import NaturalBiasError
-from fairseq_natbias.analysis.decomposition import check_natbias_checkpoint
+from fairseq_natbias.natural_bias import check_natbias_checkpoint
 try:
     for path in sys.argv[1:]:
         check_natbias_checkpoint(path)
@@ -54,13 +54,13 @@ EOF
 
 # --- the figure and its tables ---------------------------------------------------------------------
 if [[ -f $OUT/frequency.png ]]; then
-    say "natbias-frequency: $OUT/frequency.png exists, skipped (remove it to redo)"
+    say "frequency.py: $OUT/frequency.png exists, skipped (remove it to redo)"
 else
-    say "natbias-frequency: scoring the $SPLIT split of $DATA_BIN with ${#checkpoints[@]} models"
+    say "frequency.py: scoring the $SPLIT split of $DATA_BIN with ${#checkpoints[@]} models"
     mkdir -p "$OUT"
-    natbias-frequency "$DATA_BIN" "${model_args[@]}" --gen-subset "$SPLIT" --bins "$BINS" \
-        --out-dir "$OUT" 2>"$OUT/natbias-frequency.log" ||
-        { tail -n 5 "$OUT/natbias-frequency.log" >&2; exit 1; }
+    python "$REPO/examples/paper/frequency.py" "$DATA_BIN" "${model_args[@]}" --gen-subset "$SPLIT" --bins "$BINS" \
+        --out-dir "$OUT" 2>"$OUT/frequency.log" ||
+        { tail -n 5 "$OUT/frequency.log" >&2; exit 1; }
 fi
 
 # --- the bins side by side: mean log-probability (natural log) by log-unigram bin -------------------------

@@ -11,17 +11,21 @@ so that an interrupted run resumes) and ``done`` once it is scored.
 import json
 import math
 import os
+import sys
 import time
 from pathlib import Path
 
-import torch
+# examples/paper: the Multi30k finder and sacreBLEU scores, shared with the demo
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "paper"))
+
+import torch  # noqa: E402
+from multi30k import raw_file, read_lines  # noqa: E402
 from tokenizers import SentencePieceUnigramTokenizer
 from tokenizers.processors import TemplateProcessing
 from transformers import PreTrainedTokenizerFast, TrainerCallback
 
 from natbias.hf import count_targets
 from natbias.prior import cross_entropy_bits, log_unigram
-from natbias.tools.data import raw_file, read_lines
 
 LN2 = math.log(2.0)
 SPECIALS = ["<pad>", "</s>", "<unk>"]  # ids 0, 1, 2

@@ -34,6 +34,7 @@ from common import (  # noqa: E402
     say,
     train_tokenizer,
 )
+from quality import quality  # noqa: E402
 from transformers import (  # noqa: E402
     DataCollatorForSeq2Seq,
     MarianConfig,
@@ -49,7 +50,6 @@ from natbias.hf import (  # noqa: E402
     count_targets,
     from_pretrained,
 )
-from natbias.tools.quality import quality  # noqa: E402
 
 
 def parse_args(argv=None):

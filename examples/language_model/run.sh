@@ -3,7 +3,7 @@
 # fairseq-preprocess --only-source -> fairseq-train --task language_modeling
 # --arch transformer_lm_natbias_tiny with --natbias-init unigram (and zero, to
 # compare) -> fairseq-eval-lm (test perplexity) -> Python sampling with the
-# bias scaled by lambda (sample.py) -> natbias-lm-sweep (diversity and
+# bias scaled by lambda (sample.py) -> examples/paper/sweep_lm.py (diversity and
 # quality over lambda, Kobayashi et al., 2023).
 #
 #   examples/language_model/run.sh                          # Multi30k English
@@ -12,7 +12,7 @@
 # DATA holds raw text, one sentence a line: $TRAIN.$LANG_ID, $VALID.$LANG_ID,
 # $TEST.$LANG_ID (.gz allowed); with the defaults train.en, val.en,
 # test_2016_flickr.en (Multi30k's names). Without DATA the data is found as
-# `make demo` finds it: $NATBIAS_MULTI30K, ../shared/data/multi30k, else
+# `make demo` finds it: $NATBIAS_MULTI30K, else
 # Multi30k downloaded into DATA_CACHE, else a synthetic corpus (announced).
 # Every setting below can be given in the environment. Each step skips itself
 # when its output exists (remove WORK, or a part of it, to redo it).
@@ -48,8 +48,8 @@ SEED=${SEED-1}                      # the same seed for every run: they differ i
 TRAIN_ARGS=${TRAIN_ARGS-}           # more fairseq-train options
 # --- generation -----------------------------------------------------------------------------
 PROMPT=${PROMPT-"A man"}            # text sample.py continues
-LAMBDAS=${LAMBDAS-"1 0.5 0"}        # output-bias scales for sample.py and natbias-lm-sweep
-SWEEP_ARGS=${SWEEP_ARGS-}           # more natbias-lm-sweep options, e.g. "--decoding beam"
+LAMBDAS=${LAMBDAS-"1 0.5 0"}        # output-bias scales for sample.py and sweep_lm.py
+SWEEP_ARGS=${SWEEP_ARGS-}           # more sweep_lm.py options, e.g. "--decoding beam"
 
 # The examples' shared plumbing: --help, say, die, example_data, stage_text, logged, text_file, first_lines, HERE, REPO.
 source "$(dirname "$0")/../common.sh"
@@ -87,7 +87,7 @@ train() {
     mkdir -p "$run"
     say "train [$init]: $MAX_UPDATE updates (log: $run/train.log)"
     # --sample-break-mode eos: one sentence a sample, each starting after EOS
-    # (how natbias-lm-sweep and sample.py prompt the model).
+    # (how sweep_lm.py and sample.py prompt the model).
     # shellcheck disable=SC2086  # TRAIN_ARGS is a list of options
     logged "$run/train.log" fairseq-train "$WORK/data-bin" --task language_modeling \
         --user-dir fairseq_natbias --arch transformer_lm_natbias_tiny --natbias-init "$init" \
@@ -139,13 +139,13 @@ sample() {
 sweep() {
     local init=$1 run=$WORK/runs/$1
     if [[ ! -f $run/sweep/sweep_lm.md ]]; then
-        say "natbias-lm-sweep [$init]: lambda in $LAMBDAS"
+        say "sweep_lm.py [$init]: lambda in $LAMBDAS"
         # shellcheck disable=SC2086  # LAMBDAS, SWEEP_ARGS are lists
-        natbias-lm-sweep "$WORK/data-bin" "$run/checkpoint_best.pt" --lambdas $LAMBDAS \
+        python "$REPO/examples/paper/sweep_lm.py" "$WORK/data-bin" "$run/checkpoint_best.pt" --lambdas $LAMBDAS \
             --seed "$SEED" --out-dir "$run/sweep" $SWEEP_ARGS >/dev/null 2>"$run/sweep.log" ||
             { tail -n 5 "$run/sweep.log" >&2; exit 1; }
     fi
-    echo "[$init] natbias-lm-sweep ($run/sweep):"
+    echo "[$init] sweep_lm.py ($run/sweep):"
     cat "$run/sweep/sweep_lm.md"
 }
 

@@ -17,6 +17,9 @@ import os
 import sys
 import warnings
 
+# examples/paper: the paper's analyses and the demo's helpers, not installed
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "paper"))
+
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(
@@ -42,7 +45,8 @@ def parse_args(argv=None):
 
 
 def load(args, bias_scale):
-    from fairseq_natbias.analysis import decomposition
+    import decomposition
+
     from fairseq_natbias.transformer_lm_natbias import TransformerLanguageModelNatbias
     from natbias.errors import NaturalBiasError
 

@@ -23,6 +23,9 @@ import os
 import sys
 import warnings
 
+# examples/paper: the paper's analyses and the demo's helpers, not installed
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "paper"))
+
 DEFAULT_SENTENCE = "Zwei Männer spielen Fußball auf einer grünen Wiese."
 LEGEND = """log p(y) = context + frequency + normaliser   (eq. 4, exact; natural logarithms)
   context    = log softmax(g W phi)_y            what the context alone says
@@ -67,10 +70,9 @@ def parse_args(argv=None):
 
 
 def run(args):
+    import decomposition
     import torch
     from fairseq.models import FairseqEncoderDecoderModel
-
-    from fairseq_natbias.analysis import decomposition
 
     hub = decomposition.load_model(args.checkpoint, args.data_bin, args.spm_model)
     if torch.cuda.is_available() and not args.cpu:

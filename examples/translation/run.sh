@@ -12,7 +12,7 @@
 # line-aligned: $TRAIN.$SRC, $TRAIN.$TGT, $VALID.*, $TEST.* (.gz allowed);
 # with the defaults train.de, train.en, val.de, val.en, test_2016_flickr.de,
 # test_2016_flickr.en (Multi30k's names). Without DATA the data is found as
-# `make demo` finds it: $NATBIAS_MULTI30K, ../shared/data/multi30k, else
+# `make demo` finds it: $NATBIAS_MULTI30K, else
 # Multi30k downloaded into DATA_CACHE, else a synthetic corpus (announced).
 # Every setting below can be given in the environment. Each step skips itself
 # when its output exists (remove WORK, or a part of it, to redo it); an

@@ -14,10 +14,9 @@ import os
 import sys
 
 from fairseq_natbias.training_data import count_translation_targets, symbols
-from natbias.counts import count_text, write_counts_file
+from natbias.counts import count_text, open_text, write_counts_file
 from natbias.errors import NaturalBiasError
 from natbias.tools.cli import parser_for
-from natbias.tools.data import open_text
 
 
 def build_parser():

@@ -5,7 +5,7 @@ pieces than asked for where a small corpus has no more."""
 import os
 from pathlib import Path
 
-from natbias.tools.data import open_text
+from natbias.counts import open_text
 
 
 def train(

@@ -13,10 +13,11 @@ import re
 from dataclasses import dataclass
 from typing import Optional
 
-from fairseq_natbias import pipeline
+import pipeline
+from multi30k import SPLIT_FILES, raw_file, read_lines
+from pipeline import say
+
 from fairseq_natbias.options import BIAS_INITS
-from fairseq_natbias.pipeline import say
-from natbias.tools.data import SPLIT_FILES, raw_file, read_lines
 
 SCHEDULES = {
     "short": {"--lr": "1e-3", "--warmup-updates": "100"},

@@ -13,9 +13,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
+import pipeline
+from pipeline import say
 
-from fairseq_natbias import pipeline
-from fairseq_natbias.pipeline import say
 from natbias.tools import fairseq_logs
 
 from .arms import EPOCHS_NEVER, REFERENCE_ARM, SCHEDULES

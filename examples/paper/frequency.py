@@ -1,10 +1,24 @@
-"""Model log-probability of reference tokens against their training frequency
-(Meister et al., 2023, Fig. 4): per target type of one binarised split, the
-average teacher-forced ``log softmax(W phi + b)[y]`` (all parameters) and
-``log softmax(W phi)[y]`` (bias dropped: the contextual part of eq. 4), against
-the type's smoothed log-unigram in the training split (the model's
-``target_log_unigram`` without one), averaged over types in equal-width bins
-of x ([a, b), the last closed). Natural logarithms throughout.
+"""The paper's Fig. 4: the average log-probability of each reference token
+against its log-unigram probability in the training data, binned into
+equal-length intervals, with the full model and with the output bias dropped
+(Meister et al., 2023)::
+
+    python examples/paper/frequency.py data-bin/iwslt14.de-en \\
+        --model zero=runs/iwslt/zero/seed1/checkpoint_best.pt \\
+        --model unigram=runs/iwslt/unigram/seed1/checkpoint_best.pt \\
+        --out-dir analysis/fig4
+
+Per target type of one binarised split: the average teacher-forced
+``log softmax(W phi + b)[y]`` (all parameters) and ``log softmax(W phi)[y]``
+(bias dropped: the contextual part of eq. 4), against the type's smoothed
+log-unigram in the training split (the model's ``target_log_unigram`` without
+one), averaged over types in equal-width bins of x ([a, b), the last closed).
+Natural logarithms throughout.
+
+Given a zero and a unigram model, frequency.png has the four panels of Fig. 4
+(columns: models; upper row: all parameters; lower row: bias dropped). Also
+written: frequency_bins.csv (a row per non-empty bin and model) and
+frequency_tokens.csv (a row per token type in the split).
 """
 
 import glob
@@ -21,6 +35,7 @@ from fairseq_natbias import checkpoint_loading, training_data
 from natbias.errors import NaturalBiasError
 from natbias.prior import log_unigram
 from natbias.tools import plots
+from natbias.tools.cli import parser_for, print_written, progress_on_stderr, run_tool
 
 logger = logging.getLogger(__name__)
 
@@ -378,3 +393,86 @@ def write_outputs(analysis: FrequencyAnalysis, out_dir: str) -> list[str]:
     ]
     plot_path = plots.frequency_panels(columns, os.path.join(out_dir, "frequency.png"))
     return [bins_path, tokens_path, plot_path]
+
+
+PROG = "examples/paper/frequency.py"
+
+
+def build_parser():
+    parser = parser_for(PROG, __doc__)
+    parser.add_argument("data", help="fairseq data directory the models were trained on")
+    parser.add_argument(
+        "--model",
+        action="append",
+        required=True,
+        metavar="[LABEL=]CHECKPOINT",
+        help="a checkpoint, optionally labelled (repeat: one column each; "
+        "default label: the model's --natbias-init)",
+    )
+    parser.add_argument("--gen-subset", default="test", help="split to score (default: test)")
+    parser.add_argument(
+        "--bins",
+        type=int,
+        default=DEFAULT_BINS,
+        help=f"equal-length intervals of log-unigram (default {DEFAULT_BINS})",
+    )
+    parser.add_argument("--max-tokens", type=int, default=4096, help="tokens per batch")
+    parser.add_argument("--cpu", action="store_true", help="score on the CPU even if CUDA is there")
+    parser.add_argument(
+        "--user-dir",
+        help="another fairseq plugin the checkpoint needs (this package is loaded already)",
+    )
+    parser.add_argument("--out-dir", required=True, help="directory for the CSVs and frequency.png")
+    return parser
+
+
+def run(args):
+    import torch
+
+    if args.user_dir:
+        from argparse import Namespace
+
+        from fairseq import utils
+
+        from fairseq_natbias.in_process import this_copy
+
+        try:
+            utils.import_user_module(Namespace(user_dir=this_copy(args.user_dir)))
+        except ImportError as error:
+            raise NaturalBiasError(f"--user-dir {args.user_dir}: {error}") from error
+    use_cuda = torch.cuda.is_available() and not args.cpu
+    checkpoints = [
+        (label, path) if sep else (None, spec)
+        for spec in args.model
+        for label, sep, path in [spec.partition("=")]
+    ]
+    analysis = analyse(
+        checkpoints,
+        args.data,
+        args.gen_subset,
+        args.bins,
+        args.max_tokens,
+        use_cuda,
+        progress=progress_on_stderr(PROG),
+    )
+    for scores in analysis.scores:
+        print(
+            f"{scores.label}: {scores.sentences} sentences, "
+            f"{int(scores.occurrences.sum())} reference tokens of "
+            f"{int(scores.present.sum())} types; unigram {scores.unigram_source}"
+        )
+        if not scores.has_bias:
+            print(
+                f"{scores.label}: the model has no output bias, so the bias-dropped "
+                "row equals the full model"
+            )
+    print_written(write_outputs(analysis, args.out_dir))
+    return analysis
+
+
+def main(argv=None):
+    run_tool(PROG, build_parser, run, argv)
+
+
+if __name__ == "__main__":
+    main()

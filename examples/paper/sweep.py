@@ -1,6 +1,10 @@
 """Generation-time control of the frequency bias, swept with the real
 ``fairseq-generate``: quality (sacreBLEU BLEU and chrF) and diversity
-(distinct-n, D) side by side, for logits ``W phi + lambda b - tau log p_unigram``:
+(distinct-n, D) side by side, for logits ``W phi + lambda b - tau log p_unigram``::
+
+    python examples/paper/sweep.py data-bin/iwslt14.de-en runs/iwslt/unigram/seed1/checkpoint_best.pt \\
+        --lambdas 0 0.25 0.5 0.75 1 --taus 0 --out-dir analysis/sweep \\
+        -- --beam 5 --batch-size 64 --post-process sentencepiece
 
 lambda, bias scaling
     Kobayashi et al. (2023), sec. 3.3: "we introduced an adjustment coefficient
@@ -9,25 +13,33 @@ tau, post-hoc logit adjustment
     sec. 4.1, after Menon et al. (2021): subtracting tau times the log token
     frequency promotes rare tokens.
 
-Both reach the model through ``--model-overrides`` (lambda = 1, tau = 0: the
-model as trained); with ``--temperature T`` the controls are not scaled by 1/T.
+Every (lambda, tau) pair is one fairseq-generate run with
+--model-overrides "{'natbias_bias_scale': lambda, 'natbias_logit_adjustment': tau}"
+(lambda = 1, tau = 0: the model as trained; with ``--temperature T`` the
+controls are not scaled by 1/T). Options after `--` go to fairseq-generate
+unchanged. Written to --out-dir: generate.lambda<l>.tau<t>.txt (raw output),
+sweep.tsv, sweep.md and sweep.png.
 """
 
 import glob
 import math
 import os
 import subprocess
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from fairseq_natbias import checkpoint_loading, pipeline, plugin_dir
+import pipeline
+from quality import quality
+
+from fairseq_natbias import checkpoint_loading, plugin_dir
+from fairseq_natbias.checkpoint_loading import has_output_bias
 from natbias.errors import NaturalBiasError
-from natbias.tools import distinct, plots
+from natbias.tools import cli, distinct, plots
 from natbias.tools.generate_output import read_generate_output
-from natbias.tools.quality import quality
 
 BIAS_SCALE = "natbias_bias_scale"
 LOGIT_ADJUSTMENT = "natbias_logit_adjustment"
@@ -247,3 +259,51 @@ def write_sweep(rows: list[dict], out_dir: str) -> list[str]:
     if all("BLEU" in row for row in rows):
         metrics = [("BLEU", "BLEU"), ("chrF", "chrF")] + metrics
     return write_tables(rows, out_dir, "sweep", COLUMNS, notes, metrics)
+
+
+PROG = "examples/paper/sweep.py"
+
+
+def build_parser():
+    parser = cli.parser_for(PROG, __doc__)
+    parser.add_argument("data", help="fairseq data directory (binarised)")
+    parser.add_argument("checkpoint", help="model checkpoint (.pt)")
+    cli.add_grid_arguments(parser, default_lambdas=[1.0])
+    parser.add_argument("--gen-subset", default="test", help="split to translate (default: test)")
+    cli.add_tokenize_argument(parser, "word splitting for distinct-n")
+    parser.add_argument("--out-dir", required=True, help="directory for outputs and tables")
+    return parser
+
+
+def run(args):
+    grid = settings(args.lambdas, args.taus)
+    # read first: a file that is no checkpoint is refused in one line
+    if not has_output_bias(args.checkpoint) and any(s.lam != 1 for s in grid):
+        print(
+            f"{PROG}: note: {args.checkpoint} has no output bias, so lambda changes "
+            "nothing; only tau does",
+            file=sys.stderr,
+        )
+    rows = sweep(
+        args.data,
+        args.checkpoint,
+        grid,
+        args.out_dir,
+        ["--gen-subset", args.gen_subset, *args.generate_args],
+        args.tokenize,
+        progress=cli.progress_on_stderr(PROG),
+    )
+    paths = write_sweep(rows, args.out_dir)
+    cli.print_written(paths, Path(paths[1]).read_text(encoding="utf-8"))  # the Markdown table
+    return rows
+
+
+def main(argv=None):
+    argv, generate_args = cli.split_passthrough(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    args.generate_args = generate_args
+    cli.exit_on_bad_input(PROG, run, args)
+
+
+if __name__ == "__main__":
+    main()

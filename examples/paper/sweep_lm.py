@@ -1,25 +1,34 @@
-"""Generation-time control of a language model's frequency bias (Kobayashi et
-al., 2023, sec. 3.3), with the controls of :mod:`fairseq_natbias.analysis.sweep`
-given as overrides when the model is loaded. Per (lambda, tau): each sentence
-of the split, cut after ``prompt_tokens`` tokens, is continued (sampling,
-seeded, or beam search); reported are distinct-1..4 and D of the
-continuations, ``ref_nll`` (teacher-forced bits per token of the split's
-reference text under the controlled model, as fairseq-eval-lm reports it) and
-chrF/BLEU of each continuation against the sentence's own continuation.
+"""Kobayashi et al.'s experiment (2023, sec. 3.3) for a language model. For
+each output-bias scale lambda (and logit adjustment tau), given as overrides
+when the model is loaded (the controls of sweep.py), continue the prompts of a
+held-out split and report diversity next to quality::
+
+    python examples/paper/sweep_lm.py lm-bin checkpoints/lm/checkpoint_best.pt \\
+        --lambdas 0 0.25 0.5 0.75 1 --decoding sample --out-dir analysis/lm-sweep
+
+Per (lambda, tau): each sentence of the split, cut after ``--prompt-tokens``
+tokens, is continued (sampling, seeded, or beam search); reported are
+distinct-1..4 and D of the continuations, ``ref_nll`` (teacher-forced bits
+per token of the split's reference text under the controlled model, as
+fairseq-eval-lm reports it) and chrF/BLEU of each continuation against the
+sentence's own continuation. The checkpoint must be a transformer_lm_natbias
+one. Written to --out-dir: continuations.<decoding>.lambda<l>.tau<t>.txt,
+sweep_lm.tsv, sweep_lm.md, sweep_lm.png.
 """
 
 import math
 import os
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 import torch
+from quality import quality
+from sweep import BIAS_SCALE, LOGIT_ADJUSTMENT, Setting, settings, write_tables
 
 from fairseq_natbias import checkpoint_loading
-from fairseq_natbias.analysis.sweep import BIAS_SCALE, LOGIT_ADJUSTMENT, Setting, write_tables
 from natbias.errors import NaturalBiasError
-from natbias.tools import distinct
-from natbias.tools.quality import quality
+from natbias.tools import cli, distinct
 
 LN2 = math.log(2.0)
 DECODINGS = ("sample", "beam")
@@ -49,7 +58,7 @@ def load(checkpoint: str, data: str, setting: Setting):
     if ARCH_MODEL_REGISTRY.get(arch) is not TransformerLanguageModelNatbias:
         raise NaturalBiasError(
             f"{checkpoint} was trained with --arch {arch}, not a transformer_lm_natbias "
-            "language model; for a translation model use natbias-sweep"
+            "language model; for a translation model use examples/paper/sweep.py"
         )
     if not os.path.isfile(os.path.join(data, "dict.txt")):
         raise NaturalBiasError(
@@ -218,3 +227,71 @@ def write_sweep_lm(rows: list[dict], out_dir: str, name: str = "sweep_lm") -> li
         ("D", "diversity D (mean distinct-1..4)"),
     ]
     return write_tables(rows, out_dir, name, COLUMNS, notes, metrics)
+
+
+PROG = "examples/paper/sweep_lm.py"
+
+
+def build_parser():
+    parser = cli.parser_for(PROG, __doc__)
+    parser.add_argument("data", help="language-model data directory (binarised, dict.txt)")
+    parser.add_argument("checkpoint", help="transformer_lm_natbias checkpoint (.pt)")
+    cli.add_grid_arguments(parser, default_lambdas=[0.0, 0.25, 0.5, 0.75, 1.0])
+    parser.add_argument(
+        "--split", default="test", help="split to take prompts from (default: test)"
+    )
+    parser.add_argument(
+        "--prompt-tokens",
+        type=int,
+        default=3,
+        help="tokens of each sentence given as the prompt (default: 3)",
+    )
+    parser.add_argument(
+        "--max-continuation",
+        type=int,
+        default=30,
+        help="most tokens generated after the prompt (default: 30)",
+    )
+    parser.add_argument("--decoding", choices=DECODINGS, default="sample")
+    parser.add_argument("--beam", type=int, default=5, help="beam size with --decoding beam")
+    parser.add_argument(
+        "--sampling-topk", type=int, default=-1, help="top-k sampling (default: off)"
+    )
+    parser.add_argument(
+        "--sampling-topp", type=float, default=-1.0, help="top-p sampling (default: off)"
+    )
+    parser.add_argument("--seed", type=int, default=1, help="sampling seed (default: 1)")
+    cli.add_tokenize_argument(parser, "word splitting for distinct-n")
+    parser.add_argument("--out-dir", required=True, help="directory for outputs and tables")
+    return parser
+
+
+def run(args):
+    grid = settings(args.lambdas, args.taus)
+    rows = sweep_lm(
+        args.data,
+        args.checkpoint,
+        grid,
+        args.out_dir,
+        split=args.split,
+        prompt_tokens=args.prompt_tokens,
+        decoding=args.decoding,
+        max_continuation=args.max_continuation,
+        beam=args.beam,
+        topk=args.sampling_topk,
+        topp=args.sampling_topp,
+        seed=args.seed,
+        tokenize=args.tokenize,
+        progress=cli.progress_on_stderr(PROG),
+    )
+    paths = write_sweep_lm(rows, args.out_dir)
+    cli.print_written(paths, Path(paths[1]).read_text(encoding="utf-8"))  # the Markdown table
+    return rows
+
+
+def main(argv=None):
+    cli.run_tool(PROG, build_parser, run, argv)
+
+
+if __name__ == "__main__":
+    main()

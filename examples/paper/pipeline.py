@@ -17,10 +17,11 @@ import sys
 import time
 from pathlib import Path
 
+from multi30k import LANGS, SPLIT_FILES, raw_file, read_lines
+from quality import quality
+
 from natbias.tools import fairseq_logs, sentencepiece_text
-from natbias.tools.data import LANGS, SPLIT_FILES, raw_file, read_lines
 from natbias.tools.generate_output import parse_generate_output
-from natbias.tools.quality import quality
 
 MODEL = (
     "--encoder-layers 2 --decoder-layers 2 --encoder-embed-dim 128 "
@@ -336,12 +337,3 @@ def evaluate(data_bin, work, run_dir, name, target=LANGS[1], test_set=None, cpu=
     }
     scores_path.write_text(json.dumps(scores, indent=1))
     return scores
-
-
-# Built in this process; here too for the research scripts that import them from here.
-from fairseq_natbias.in_process import (  # noqa: E402,F401
-    build_from_training_args,
-    this_copy,
-    this_plugin_as_user_dir,
-    validation_divergence,
-)

@@ -4,18 +4,19 @@
    ``{train,val,test_2016_flickr}.{LANG}`` (or ``{train,valid,test}``), plain or
    ``.gz``; anything else is refused in one line naming the fix;
 2. ``$NATBIAS_MULTI30K``, checked the same way;
-3. ``../shared/data/multi30k``, when complete;
-4. Multi30k's public files, downloaded into ``CACHE/download``
+3. Multi30k's public files, downloaded into ``CACHE/download``
    (``$NATBIAS_MULTI30K_URL`` replaces the address);
-5. a small synthetic corpus in ``CACHE/synthetic``, announced as such.
+4. a small synthetic corpus in ``CACHE/synthetic``, announced as such.
 
-    python -m natbias.tools.data [--data DIR] [--langs de en] CACHE
+The Makefile sets ``NATBIAS_MULTI30K`` to ``../shared/data/multi30k`` when
+that folder is there (this project's development machines keep it there).
+
+    python examples/paper/multi30k.py [--data DIR] [--langs de en] CACHE
 
 prints the folder found (progress on stderr), or one error line.
 """
 
 import argparse
-import gzip
 import os
 import random
 import sys
@@ -23,11 +24,12 @@ import time
 import urllib.request
 from pathlib import Path
 
+from natbias.counts import open_text
+
 MULTI30K_URL = "https://raw.githubusercontent.com/multi30k/dataset/master/data/task1/raw/"
 # split -> Multi30k's file name (the split's own name is accepted too)
 SPLIT_FILES = {"train": "train", "valid": "val", "test": "test_2016_flickr"}
 LANGS = ("de", "en")
-LOCAL_MULTI30K = "../shared/data/multi30k"
 
 
 class DataError(ValueError):
@@ -58,12 +60,6 @@ def raw_file(folder, split, lang):
 
 def has_all_files(folder, langs=LANGS):
     return all(raw_file(folder, s, lang) for s in SPLIT_FILES for lang in langs)
-
-
-def open_text(path):
-    """A UTF-8 text file for reading, plain or gzipped (by its .gz name)."""
-    opener = gzip.open if str(path).endswith(".gz") else open
-    return opener(path, "rt", encoding="utf-8")
 
 
 def read_lines(path):
@@ -108,9 +104,6 @@ def find_raw_data(given, cache, langs=LANGS, say=say):
             check_folder(folder, langs, name)
             say("data: " + found.format(folder))
             return Path(folder)
-    if has_all_files(LOCAL_MULTI30K, langs):
-        say(f"data: Multi30k from {LOCAL_MULTI30K}")
-        return Path(LOCAL_MULTI30K)
     downloaded = Path(cache) / "download"
     if download_multi30k(downloaded, langs, say):
         return downloaded
@@ -164,7 +157,7 @@ def synthetic_corpus(target, langs=LANGS):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(
-        prog="python -m natbias.tools.data",
+        prog="examples/paper/multi30k.py",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -1,4 +1,4 @@
-"""natbias-demo (`make demo`): what a user gets, in miniature, on the CPU.
+"""make demo (python examples/paper/demo.py): what a user gets, in miniature, on the CPU.
 
 SentencePiece (joint) -> fairseq-preprocess -> three small models with the same
 sizes, seed and batches: transformer_natbias with its default settings, the
@@ -8,18 +8,19 @@ and test BLEU/chrF (sacreBLEU), and a plot. Finished steps are skipped; an
 interrupted training resumes from its last checkpoint.
 
 Data (German->English): --data DIR holding {train,val,test_2016_flickr}.{de,en}
-(or train/valid/test), plain or .gz; else $NATBIAS_MULTI30K; else
-../shared/data/multi30k; else Multi30k downloaded; else a small synthetic
-corpus, announced as such.
+(or train/valid/test), plain or .gz; else $NATBIAS_MULTI30K (which make demo
+sets to ../shared/data/multi30k when that is there); else Multi30k downloaded;
+else a small synthetic corpus, announced as such.
 """
 
 import argparse
 import time
 from pathlib import Path
 
-from fairseq_natbias import pipeline
-from fairseq_natbias.pipeline import say
-from natbias.tools import data as data_fetch
+import multi30k
+import pipeline
+from pipeline import say
+
 from natbias.tools import plots
 
 # The runs compared: name -> model options.
@@ -38,8 +39,8 @@ ARM_NOTES = {
 
 def find_raw_data(given, work):
     try:
-        return data_fetch.find_raw_data(given, work, say=say)
-    except data_fetch.DataError as error:
+        return multi30k.find_raw_data(given, work, say=say)
+    except multi30k.DataError as error:
         raise SystemExit(f"natbias-demo: error: {error}") from None
 
 

@@ -11,8 +11,6 @@ import numpy as np
 import pytest
 from natbias_testing import benchmark_script
 
-pytestmark = pytest.mark.training  # runs fairseq-train: the full tier only (make test)
-
 SIGNATURES = {"bleu_signature": "nrefs:1|tok:13a", "chrf_signature": "nrefs:1|nc:6"}
 
 
@@ -589,7 +587,7 @@ def test_the_zoomed_panel_starts_at_a_quarter_of_a_short_budget(study):
 def test_the_cuda_device_drops_cpu_from_training_and_scoring(study, tmp_path, monkeypatch):
     """--device cuda: fairseq-train, fairseq-generate and fairseq-eval-lm
     without --cpu (fairseq then uses the GPU); the default keeps --cpu."""
-    from fairseq_natbias import pipeline
+    import pipeline
 
     for task in (study.Translation("de-en"), study.LanguageModel("en")):
         assert _parsed_training_arguments(study, task, "gain/unigram", tmp_path).cpu

@@ -24,9 +24,7 @@ SLICE = {"train": 1500, "val": 60, "test_2016_flickr": 40}
 
 gpu_check = benchmark_script("gpu_check")
 report = benchmark_script("gpu_check_report")
-from fairseq_natbias import pipeline  # noqa: E402  (after benchmark_script's path set-up)
-
-pytestmark = pytest.mark.training  # runs fairseq-train: the full tier only (make test)
+import pipeline  # noqa: E402  (after benchmark_script's path set-up)
 
 # --- the tools, however they were installed -------------------------------------------
 
@@ -137,6 +135,7 @@ def test_a_failed_run_is_recorded_with_its_error_and_tried_again(fake_launchers,
     assert retried is not record and "failed" in retried
 
 
+@pytest.mark.training
 def test_a_launcher_that_cannot_start_is_one_line_not_a_traceback(fake_launchers, tmp_path):
     steps = steps_in(tmp_path / "work")
     record = gpu_check.train("torchrun", "missing", ["a"], tmp_path / "run", steps, 50)
@@ -218,6 +217,7 @@ def test_order2_runs_at_fp16_and_bf16_only():
     assert options[options.index("--arch") + 1] == "transformer_natbias_iwslt_de_en"
 
 
+@pytest.mark.training
 def test_torchrun_and_generate_follow_their_precisions_runs(fake_launchers, monkeypatch, tmp_path):
     """A time budget must cut later precisions' trainings, not these two."""
     monkeypatch.setattr(pipeline, "tool", lambda name: [sys.executable, "-c", "print('BLEU4')"])
@@ -331,6 +331,7 @@ def smoke(multi30k_slice, tmp_path_factory):
     return work, command, run_script(*command, python=python, env=env), (python, env)
 
 
+@pytest.mark.training
 def test_smoke_runs_from_a_python_without_fairseqs_scripts(smoke):
     work, _, first, (python, env) = smoke
     assert not any(python.parent.glob("fairseq-*")) and not (python.parent / "torchrun").exists()
@@ -360,6 +361,7 @@ def test_smoke_runs_from_a_python_without_fairseqs_scripts(smoke):
     assert (work / "out" / "gpu_check.md").read_text() == table
 
 
+@pytest.mark.training
 def test_smoke_table_names_the_cpu_and_holds_every_run(smoke):
     work, _, first, _ = smoke
     table = (work / "gpu_check.md").read_text()
@@ -379,6 +381,7 @@ def test_smoke_table_names_the_cpu_and_holds_every_run(smoke):
         assert f"{name}: update 2, valid loss " in first.stdout
 
 
+@pytest.mark.training
 def test_smoke_figures_are_those_of_the_logs(smoke):
     work, _, _, _ = smoke
     rows = table_rows((work / "gpu_check.md").read_text())
@@ -409,6 +412,7 @@ def test_smoke_figures_are_those_of_the_logs(smoke):
     assert f"`{generated}`" in (work / "gpu_check.md").read_text()
 
 
+@pytest.mark.training
 def test_smoke_second_run_skips_finished_runs(smoke):
     work, command, _, (python, env) = smoke
     logs = sorted((work / "runs").glob("*/train.log"))
