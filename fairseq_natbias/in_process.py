@@ -7,6 +7,8 @@ import math
 import os
 import sys
 
+from natbias.errors import NaturalBiasError
+
 LN2 = math.log(2.0)
 
 
@@ -76,7 +78,9 @@ def validation_divergence(task, model, split="valid", max_tokens=4000):
                 kl = (log_p.exp() * (log_p - log_unigram)).sum(-1)
                 totals["kl_unigram"] += kl[mask].sum().item()
     if tokens == 0:
-        raise SystemExit(f"natbias-step0: the {split} split has no target tokens")
+        raise NaturalBiasError(
+            f"the {split} split has no target tokens: give a --valid-subset that has some"
+        )
     result = {key: value / tokens / LN2 for key, value in totals.items()}
     result["tokens"] = tokens
     if log_unigram is None:

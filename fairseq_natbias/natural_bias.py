@@ -52,19 +52,15 @@ class NaturalBiasModel:
 
     @classmethod
     def build_model(cls, args, task):
-        try:
-            loading = checkpoint_to_load(args)
-            if loading is not None and loading[0] == "config":
-                check_saved_settings(args, "this checkpoint")
-            set_defaults(args)
-            check_args(args)
-            if loading is not None and loading[0] != "config":
-                reconcile_with_checkpoint(args, *loading)
-            model = super().build_model(args, task)
-            model._init_natbias(args, task, weights_will_be_loaded=loading is not None)
-        except NaturalBiasError as error:
-            # fairseq-train and fairseq-generate print one line, not a traceback.
-            raise SystemExit(f"fairseq_natbias: error: {error}") from error
+        loading = checkpoint_to_load(args)
+        if loading is not None and loading[0] == "config":
+            check_saved_settings(args, "this checkpoint")
+        set_defaults(args)
+        check_args(args)
+        if loading is not None and loading[0] != "config":
+            reconcile_with_checkpoint(args, *loading)
+        model = super().build_model(args, task)
+        model._init_natbias(args, task, weights_will_be_loaded=loading is not None)
         return model
 
     def _init_natbias(self, args, task, weights_will_be_loaded: bool) -> None:
@@ -172,16 +168,13 @@ class NaturalBiasModel:
                     lines, dictionary.index, dictionary.eos(), len(dictionary), pairs
                 )
         except OSError as error:
-            raise SystemExit(
-                f"fairseq_natbias: error: {PRIOR_TEXT} {text_path}: {error.strerror}; {fix}"
-            ) from None
+            raise NaturalBiasError(f"{PRIOR_TEXT} {text_path}: {error.strerror}; {fix}") from None
         except UnicodeDecodeError as error:
-            raise SystemExit(
-                f"fairseq_natbias: error: {PRIOR_TEXT} {text_path} is not UTF-8 "
-                f"text (byte {error.start}); {fix}"
+            raise NaturalBiasError(
+                f"{PRIOR_TEXT} {text_path} is not UTF-8 text (byte {error.start}); {fix}"
             ) from None
         if counts.sum() == counts[dictionary.eos()]:
-            raise SystemExit(f"fairseq_natbias: error: {PRIOR_TEXT} {text_path} holds no tokens")
+            raise NaturalBiasError(f"{PRIOR_TEXT} {text_path} holds no tokens; {fix}")
         new_prior = log_unigram(counts, self.natbias_args.natbias_smoothing).to(
             self.target_log_unigram.device
         )
@@ -224,7 +217,7 @@ class NaturalBiasModel:
         if scale == 1.0 and adjust == 0.0:
             return net_output
         if self.training:
-            raise ValueError(
+            raise NaturalBiasError(
                 f"{BIAS_SCALE}={scale:g} / {LOGIT_ADJUSTMENT}={adjust:g} are "
                 "generation-time settings (--model-overrides), refused in training"
             )

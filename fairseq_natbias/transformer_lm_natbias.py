@@ -19,6 +19,7 @@ from fairseq.models import register_model, register_model_architecture, transfor
 from fairseq.models.transformer_lm import TransformerLanguageModel, TransformerLanguageModelConfig
 
 from fairseq_natbias import natural_bias, options
+from natbias.errors import NaturalBiasError
 
 
 @register_model("transformer_lm_natbias")
@@ -36,8 +37,8 @@ class TransformerLanguageModelNatbias(natural_bias.NaturalBiasModel, Transformer
             ("character_embeddings", "--character-embeddings"),
         ):
             if getattr(args, option, False):
-                raise SystemExit(
-                    f"fairseq_natbias: error: transformer_lm_natbias does not support "
+                raise NaturalBiasError(
+                    f"transformer_lm_natbias does not support "
                     f"{what}: the natural bias is one output vector over the whole "
                     f"vocabulary, and an embedding tied to it must be one matrix. "
                     f"Drop {what} (and --adaptive-softmax-cutoff)."

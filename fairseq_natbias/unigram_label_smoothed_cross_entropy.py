@@ -56,7 +56,7 @@ class UnigramLabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCriteri
         try:
             check_epsilon(label_smoothing)
         except NaturalBiasError as error:
-            raise ValueError(f"criterion {NAME}: {error}") from None
+            raise NaturalBiasError(f"criterion {NAME}: {error}") from None
         super().__init__(
             task,
             sentence_avg,
@@ -79,9 +79,6 @@ class UnigramLabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCriteri
         """omega on ``like``'s device, float32 (:func:`training_data.criterion_prior`)."""
         key = like.device
         if key not in self._prior:
-            try:
-                log_prior = criterion_prior(self.task, model, self.train_subset, NAME)
-            except NaturalBiasError as error:
-                raise SystemExit(f"fairseq_natbias: error: {error}") from None
+            log_prior = criterion_prior(self.task, model, self.train_subset, NAME)
             self._prior[key] = log_prior.exp().to(like.device)
         return self._prior[key]

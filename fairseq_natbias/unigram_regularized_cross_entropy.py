@@ -179,9 +179,8 @@ class UnigramRegularizedCrossEntropyCriterion(LabelSmoothedCrossEntropyCriterion
             try:
                 log_prior = criterion_prior(self.task, model, self.train_subset, NAME)
             except NaturalBiasError as error:
-                raise SystemExit(
-                    f"fairseq_natbias: error: {error} (or switch the regulariser "
-                    "off with --unigram-reg-updates 0)"
+                raise NaturalBiasError(
+                    f"{error} (or switch the regulariser off with --unigram-reg-updates 0)"
                 ) from None
             self._omega = log_prior.exp()
 
@@ -227,15 +226,17 @@ def _check_options(weight, updates, clamp):
     )
     if weight is None or updates is None:
         missing = "--unigram-reg-weight" if weight is None else "--unigram-reg-updates"
-        raise ValueError(f"{missing} is not set: the paper (App. A.4) gives no value. {fix}")
+        raise NaturalBiasError(f"{missing} is not set: the paper (App. A.4) gives no value. {fix}")
     if not (isinstance(weight, (int, float)) and math.isfinite(weight) and weight >= 0):
-        raise ValueError(
+        raise NaturalBiasError(
             f"--unigram-reg-weight must be a finite number >= 0, got {weight!r}. {fix}"
         )
     if isinstance(updates, bool) or int(updates) != updates or updates < 0:
-        raise ValueError(f"--unigram-reg-updates must be an integer >= 0, got {updates!r}. {fix}")
+        raise NaturalBiasError(
+            f"--unigram-reg-updates must be an integer >= 0, got {updates!r}. {fix}"
+        )
     if not (isinstance(clamp, (int, float)) and clamp > 0):
-        raise ValueError(
+        raise NaturalBiasError(
             f"--unigram-reg-clamp must be > 0 (a multiple of ln|V|; inf for no "
             f"bound), got {clamp!r}"
         )

@@ -158,7 +158,7 @@ def test_a_retired_checkpoint_is_refused_in_one_line_naming_080(toy_bin, tmp_pat
     )
     assert result.returncode != 0 and "Traceback" not in result.stderr
     assert result.stderr.strip().splitlines()[-1] == (
-        f"fairseq_natbias: error: this checkpoint {expected}"
+        f"fairseq-generate: error: this checkpoint {expected}"
     )
     save_dir = tmp_path / "ckpt"
     save_dir.mkdir()
@@ -217,7 +217,7 @@ def test_resuming_with_other_settings_is_refused(toy_bin, tmp_path, unigram_run,
     result = train(toy_bin, save_dir, *options, max_update=2, check=False)
     assert result.returncode != 0
     message = result.stderr.strip().splitlines()[-1]
-    assert message.startswith("fairseq_natbias: error: ")
+    assert message.startswith("fairseq-train: error: ")
     assert "--natbias-init unigram --natbias-weight-init gain --natbias-gain-speed 20" in message
     assert asked in message and "--save-dir" in message
     assert "Traceback" not in result.stderr
@@ -237,7 +237,7 @@ def test_every_way_fairseq_resumes_is_checked(toy_bin, tmp_path, unigram_run, ho
     result = train(toy_bin, save_dir, "--natbias-init", "zero", *options, max_update=2, check=False)
     assert result.returncode != 0
     message = result.stderr.strip().splitlines()[-1]
-    assert message.startswith("fairseq_natbias: error: ") and "--natbias-init zero" in message
+    assert message.startswith("fairseq-train: error: ") and "--natbias-init zero" in message
     assert "Traceback" not in result.stderr
 
 
