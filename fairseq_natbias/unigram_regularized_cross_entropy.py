@@ -23,8 +23,8 @@ like across the switch.
 
 The switch: on for updates 1..N (``--unigram-reg-updates``; 0: off), by
 fairseq's update counter, which a resumed run restores (fairseq 0.12's
-trainer never tells the criterion, so it reads ``update_num`` from
-``task.train_step``).
+trainer never tells the criterion: :mod:`fairseq_natbias.task_hooks`
+passes it on from ``task.train_step``).
 
 The objective is unbounded below (p can put vanishing mass on frequent
 words), so each token's CE(omega, p) is clamped at ``--unigram-reg-clamp``
@@ -47,6 +47,7 @@ from fairseq.criterions.label_smoothed_cross_entropy import (
 from fairseq.logging import metrics
 from omegaconf import II
 
+from fairseq_natbias import task_hooks
 from fairseq_natbias.training_data import criterion_prior
 from natbias.errors import NaturalBiasError
 
@@ -121,7 +122,8 @@ class UnigramRegularizedCrossEntropyCriterion(LabelSmoothedCrossEntropyCriterion
         self._omega = None  # omega(v), float32 on the CPU, taken by prepare()
         self._on = {}  # (device, dtype) -> omega there
         self._pending = None
-        _follow_training(task, self)
+        # Told the update number before each step, prepared when an epoch begins.
+        task_hooks.attach(task, regularizer=self)
 
     # --- the switch -----------------------------------------------------------
 
@@ -241,27 +243,3 @@ def _check_options(weight, updates, clamp):
             f"bound), got {clamp!r}"
         )
     return float(weight), int(updates)
-
-
-def _follow_training(task, criterion) -> None:
-    """Wrap the task once: ``begin_epoch`` prepares the latest criterion built
-    for it, ``train_step`` passes ``update_num`` to the criterion it runs
-    (fairseq 0.12 never tells a criterion the update count; the task, of any
-    type, sees both)."""
-    already_wrapped = getattr(task, "_unigram_reg_criterion", None) is not None
-    task._unigram_reg_criterion = criterion
-    if already_wrapped:
-        return
-    train_step, begin_epoch = task.train_step, task.begin_epoch
-
-    def train_step_with_counter(sample, model, criterion, optimizer, update_num, *a, **k):
-        if isinstance(criterion, UnigramRegularizedCrossEntropyCriterion):
-            criterion.set_num_updates(update_num)
-        return train_step(sample, model, criterion, optimizer, update_num, *a, **k)
-
-    def begin_epoch_and_count(epoch, model):
-        task._unigram_reg_criterion.prepare(model)
-        return begin_epoch(epoch, model)
-
-    task.train_step = train_step_with_counter
-    task.begin_epoch = begin_epoch_and_count

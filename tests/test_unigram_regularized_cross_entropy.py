@@ -285,6 +285,8 @@ def test_a_task_that_is_neither_translation_nor_lm_is_refused(toy_bin):
         def train_step(self, *args, **kwargs):
             pass
 
+        valid_step = reduce_metrics = train_step  # a task's other methods the plugin wraps
+
         def begin_epoch(self, epoch, model):
             pass
 
