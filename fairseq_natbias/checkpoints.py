@@ -4,8 +4,8 @@ natural-bias settings, so that its parameters mean what they meant when saved.
 :func:`checkpoint_to_load` finds, by fairseq's own restore rules, whether and
 what a run will load; :func:`check_saved_settings` refuses a checkpoint
 whose settings this version no longer offers; :func:`reconcile_with_checkpoint`
-takes the checkpoint's structural settings, refusing (on resume) an explicit
-option that disagrees. The file itself is read by
+takes the checkpoint's structural settings for those left at their
+defaults, refusing an explicit option that disagrees. The file itself is read by
 :mod:`fairseq_natbias.checkpoint_loading`.
 
 Compatibility. Since 1.0 a checkpoint records ``natbias_format_version``. One
@@ -107,10 +107,10 @@ def saved_model_args(path: str):
 
 def reconcile_with_checkpoint(args, kind: str, path: str) -> None:
     """Build the model with the natural-bias settings of the checkpoint it
-    will load. Resuming: an option left at its default follows the
-    checkpoint; one given explicitly and different is refused, naming both
-    and the fix. Fine-tuning: the checkpoint's settings are taken and the log
-    says what becomes of the bias."""
+    will load: an option left at its default follows the checkpoint; one
+    given explicitly and different is refused, naming both and the fix (a
+    user's value is never overridden). Fine-tuning: the log says what becomes
+    of the bias."""
     saved = saved_model_args(path)
     if saved is None or getattr(saved, "natbias_init", None) is None:
         arch = getattr(saved, "arch", "unknown")
@@ -127,22 +127,25 @@ def reconcile_with_checkpoint(args, kind: str, path: str) -> None:
     explicit = [name for name in STRUCTURAL if name not in (getattr(args, DEFAULTED_RECORD) or ())]
     differing = [name for name in STRUCTURAL if _differs(args, saved, name)]
     refused = [name for name in differing if name in explicit]
-    if kind == "resume" and refused:
+    if refused:  # the user's own value is never overridden
+        fix = (
+            "Give a new --save-dir to train that from scratch, or drop those options to resume"
+            if kind == "resume"
+            else "Fine-tuning loads its output layer as trained: drop those options, "
+            "or train that from scratch"
+        )
         raise NaturalBiasError(
             f"{path} was trained with {options_text(saved)}; the command line asks for "
-            f"{options_text(args, refused)}. Give a new --save-dir to train that from scratch, "
-            "or drop those options to resume"
+            f"{options_text(args, refused)}. {fix}"
         )
-    for name in differing:
+    for name in differing:  # defaults only: a run that loads a checkpoint defaults to its settings
         setattr(args, name, getattr(saved, name))
     if kind == "finetune":
-        ignored = ", ".join("--" + name.replace("_", "-") for name in refused)
         logger.warning(
             "natbias: fine-tuning from %s: its output layer is loaded as trained "
-            "(%s), not re-initialised or recounted%s",
+            "(%s), not re-initialised or recounted",
             path,
             options_text(saved),
-            f"; {ignored} on the command line ignored" if ignored else "",
         )
     elif differing:
         logger.info("natbias: resuming %s with its own %s", path, options_text(saved))

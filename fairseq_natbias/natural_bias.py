@@ -31,7 +31,7 @@ from fairseq_natbias.checkpoints import (
     saved_model_args,
 )
 from fairseq_natbias.logging_hook import TARGET_MASK_KEY, BiasDivergenceHook
-from fairseq_natbias.options import COUNTED_MARKER, check_args, set_defaults
+from fairseq_natbias.options import COUNTED_MARKER, check_args
 from natbias.bigram import PairCounter, witten_bell_residual
 from natbias.counts import count_text, read_counts_file
 from natbias.errors import NaturalBiasError
@@ -52,10 +52,11 @@ class NaturalBiasModel:
 
     @classmethod
     def build_model(cls, args, task):
+        # The options' defaults are set by the registered architecture, which
+        # fairseq applies before it builds (options.set_defaults).
         loading = checkpoint_to_load(args)
         if loading is not None and loading[0] == "config":
             check_saved_settings(args, "this checkpoint")
-        set_defaults(args)
         check_args(args)
         if loading is not None and loading[0] != "config":
             reconcile_with_checkpoint(args, *loading)
