@@ -6,11 +6,9 @@
         --arch transformer_lm_natbias ...
 
 Importing it registers the architectures and the criteria with fairseq (which
-is how ``--user-dir`` works). In a process of fairseq's own command line
-(fairseq-train, fairseq-generate, ...) the natural bias's errors
-(:class:`natbias.errors.NaturalBiasError`, bad input) end it with one line
-naming the fix; anywhere else (a notebook, the hub interface) they are
-raised to the caller.
+is how ``--user-dir`` works). Bad input raises NaturalBiasError, which in a
+fairseq command's process (fairseq-train, ...) ends it with one line naming
+the fix, and elsewhere (a notebook, the hub interface) reaches the caller.
 """
 
 import os
@@ -53,13 +51,9 @@ def fairseq_command():
 
 
 def print_errors_in_one_line(command: str) -> None:
-    """Chain a ``sys.excepthook`` that prints an uncaught NaturalBiasError as
-    ``COMMAND: error: MESSAGE`` (argparse's form; the exit status stays 1):
-    its message names the fix, and fairseq's commands have no place of their
-    own that would catch a plugin's error."""
+    """Chain a ``sys.excepthook`` printing an uncaught NaturalBiasError as argparse would,
+    ``COMMAND: error: MESSAGE`` (exit 1): fairseq has no place to catch a plugin's error."""
     previous = sys.excepthook
-    if getattr(previous, "natbias_one_line", False):
-        return
 
     def excepthook(kind, error, traceback):
         if issubclass(kind, NaturalBiasError):
@@ -67,7 +61,6 @@ def print_errors_in_one_line(command: str) -> None:
         else:
             previous(kind, error, traceback)
 
-    excepthook.natbias_one_line = True
     sys.excepthook = excepthook
 
 

@@ -17,7 +17,7 @@ in one line when it holds a setting 1.0 retired.
 import logging
 import os
 
-from fairseq_natbias import checkpoint_loading
+from fairseq_natbias.checkpoint_loading import saved_model_args
 from fairseq_natbias.options import (
     COUNTED_MARKER,
     DEFAULTED_RECORD,
@@ -99,12 +99,6 @@ def checkpoint_to_load(args):
     return (kind, restore_file) if os.path.exists(restore_file) else None
 
 
-def saved_model_args(path: str):
-    """The model config a checkpoint was trained with (None if it holds none);
-    a file that is no checkpoint is a NaturalBiasError naming the fix."""
-    return checkpoint_loading.saved_model_args(path)
-
-
 def reconcile_with_checkpoint(args, kind: str, path: str) -> None:
     """Build the model with the natural-bias settings of the checkpoint it
     will load: an option left at its default follows the checkpoint; one
@@ -127,16 +121,12 @@ def reconcile_with_checkpoint(args, kind: str, path: str) -> None:
     explicit = [name for name in STRUCTURAL if name not in (getattr(args, DEFAULTED_RECORD) or ())]
     differing = [name for name in STRUCTURAL if _differs(args, saved, name)]
     refused = [name for name in differing if name in explicit]
-    if refused:  # the user's own value is never overridden
-        fix = (
-            "Give a new --save-dir to train that from scratch, or drop those options to resume"
-            if kind == "resume"
-            else "Fine-tuning loads its output layer as trained: drop those options, "
-            "or train that from scratch"
-        )
+    if refused:  # a user's own value is never overridden
+        how = "resume" if kind == "resume" else "fine-tune (its output layer loads as trained)"
         raise NaturalBiasError(
             f"{path} was trained with {options_text(saved)}; the command line asks for "
-            f"{options_text(args, refused)}. {fix}"
+            f"{options_text(args, refused)}. Give a new --save-dir to train that from scratch "
+            f"(without the checkpoint), or drop those options to {how}"
         )
     for name in differing:  # defaults only: a run that loads a checkpoint defaults to its settings
         setattr(args, name, getattr(saved, name))

@@ -17,22 +17,14 @@ import logging
 
 from fairseq.logging import metrics
 
-from fairseq_natbias import task_hooks
 from natbias.statistics import CHUNK_ELEMENTS, LN2, bias_statistics, divergence_sums
 
 logger = logging.getLogger(__name__)
 
 TARGET_MASK_KEY = "natbias_target_mask"
 SUM_KEYS = ("natbias_kl_unigram", "natbias_kl_uniform", "natbias_tokens")
-LOGGED_KEYS = (
-    "kl_unigram",
-    "kl_uniform",
-    "gain",
-    "weight_norm",
-    "bias_norm",
-    "bias_kl",
-    "bigram_weight",
-)
+# What this hook logs (a meter fairseq would print as None is dropped).
+LOGGED_KEYS = "kl_unigram kl_uniform gain weight_norm bias_norm bias_kl bigram_weight".split()
 
 
 class BiasDivergenceHook:
@@ -48,10 +40,6 @@ class BiasDivergenceHook:
                 "natbias: this model has no output bias (--natbias-init none); "
                 "logging kl_unigram, kl_uniform and weight_norm only"
             )
-
-    def attach(self, task) -> None:
-        """Be the hook of the task's steps and logs (:mod:`fairseq_natbias.task_hooks`)."""
-        task_hooks.attach(task, hook=self)
 
     def around_step(self, step, update_num):
         """``step()``, a training step (its ``update_num``) or a validation

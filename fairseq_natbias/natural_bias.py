@@ -22,7 +22,7 @@ from typing import Optional
 
 import torch
 
-from fairseq_natbias import bigram_residual, training_data
+from fairseq_natbias import bigram_residual, task_hooks, training_data
 from fairseq_natbias.checkpoint_loading import CheckpointError, not_a_checkpoint
 from fairseq_natbias.checkpoints import (
     check_saved_settings,
@@ -36,7 +36,7 @@ from natbias.bigram import PairCounter, witten_bell_residual
 from natbias.counts import count_text, read_counts_file
 from natbias.errors import NaturalBiasError
 from natbias.prior import log_unigram
-from natbias.projection import NaturalBiasProjection, paper_weight_init_
+from natbias.projection import KeepsFloat32, NaturalBiasProjection, paper_weight_init_
 
 logger = logging.getLogger(__name__)
 
@@ -46,9 +46,12 @@ LOGIT_ADJUSTMENT = "natbias_logit_adjustment"  # tau: minus tau log-unigram
 PRIOR_TEXT = "natbias_prior_text"  # PATH: the prior of another corpus
 
 
-class NaturalBiasModel:
+class NaturalBiasModel(KeepsFloat32):
     """Mixin for a fairseq model with a ``decoder``, inherited before the
     fairseq base class; the model's ``forward`` ends with :meth:`_mark_targets`."""
+
+    # bfloat16 would round a rare token's log-probability (-17 nats) to the nearest 0.125.
+    float32_buffers = ("target_log_unigram",)
 
     @classmethod
     def build_model(cls, args, task):
@@ -92,7 +95,7 @@ class NaturalBiasModel:
         if not args.no_natbias_logging:
             interval = args.natbias_stats_interval or getattr(args, "log_interval", 100)
             self.natbias_hook = BiasDivergenceHook(self, interval)
-            self.natbias_hook.attach(task)
+            task_hooks.attach(task, hook=self.natbias_hook)
 
     def _count_and_initialise(self, args, task):
         """Count the training targets (and their bigrams, order 2, in the same
@@ -126,18 +129,8 @@ class NaturalBiasModel:
         setattr(args, COUNTED_MARKER, int(counts.sum()))
         return log_prior, bias, residual
 
-    def _apply(self, fn, *args, **kwargs):
-        """Keep ``target_log_unigram`` float32 whatever the model is cast to
-        (--fp16, --bf16): bfloat16 would round a rare token's log-probability
-        (about -17 nats) to the nearest 0.125."""
-        log_prior = self._buffers.pop("target_log_unigram", None)
-        try:
-            module = super()._apply(fn, *args, **kwargs)
-        finally:
-            if log_prior is not None:
-                device = next(self.parameters()).device
-                self._buffers["target_log_unigram"] = log_prior.to(device, torch.float32)
-        return module
+    def _float32_device(self) -> torch.device:
+        return next(self.parameters()).device
 
     def load_state_dict(self, state_dict, strict=True, model_cfg=None, args=None):
         """fairseq's, then the prior swapped when the model is loaded with

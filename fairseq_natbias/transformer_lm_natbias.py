@@ -19,7 +19,6 @@ from fairseq.models import register_model, register_model_architecture, transfor
 from fairseq.models.transformer_lm import TransformerLanguageModel, TransformerLanguageModelConfig
 
 from fairseq_natbias import natural_bias, options
-from natbias.errors import NaturalBiasError
 
 
 @register_model("transformer_lm_natbias")
@@ -29,21 +28,6 @@ class TransformerLanguageModelNatbias(natural_bias.NaturalBiasModel, Transformer
         # fairseq's transformer_lm options, left unset so the presets fill them.
         gen_parser_from_dataclass(parser, TransformerLanguageModelConfig(), delete_default=True)
         options.add_args(parser)
-
-    @classmethod
-    def build_model(cls, args, task):
-        for option, what in (
-            ("adaptive_input", "--adaptive-input"),
-            ("character_embeddings", "--character-embeddings"),
-        ):
-            if getattr(args, option, False):
-                raise NaturalBiasError(
-                    f"transformer_lm_natbias does not support "
-                    f"{what}: the natural bias is one output vector over the whole "
-                    f"vocabulary, and an embedding tied to it must be one matrix. "
-                    f"Drop {what} (and --adaptive-softmax-cutoff)."
-                )
-        return super().build_model(args, task)
 
     def forward(self, src_tokens, **kwargs):
         net_output = super().forward(src_tokens, **kwargs)

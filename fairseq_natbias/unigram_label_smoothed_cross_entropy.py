@@ -25,7 +25,7 @@ from omegaconf import II
 
 from fairseq_natbias.training_data import criterion_prior
 from natbias.errors import NaturalBiasError
-from natbias.label_smoothing import check_epsilon, unigram_smoothed_loss
+from natbias.label_smoothing import PAPER_EPSILON, check_epsilon, unigram_smoothed_loss
 
 NAME = "unigram_label_smoothed_cross_entropy"
 
@@ -33,7 +33,7 @@ NAME = "unigram_label_smoothed_cross_entropy"
 @dataclass
 class UnigramLabelSmoothedCrossEntropyConfig(LabelSmoothedCrossEntropyCriterionConfig):
     label_smoothing: float = field(
-        default=0.1,
+        default=PAPER_EPSILON,
         metadata={
             "help": "epsilon: the mass moved from the reference token to "
             "the target unigram (the paper's 0.1)"

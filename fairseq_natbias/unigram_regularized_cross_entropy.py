@@ -50,20 +50,22 @@ from omegaconf import II
 from fairseq_natbias import task_hooks
 from fairseq_natbias.training_data import criterion_prior
 from natbias.errors import NaturalBiasError
+from natbias.label_smoothing import PAPER_EPSILON, unigram_cross_entropy
+from natbias.statistics import LN2
 
 logger = logging.getLogger(__name__)
 
 NAME = "unigram_regularized_cross_entropy"
-LN2 = math.log(2.0)
 # Keys this criterion adds to every training logging output (the same keys on
 # every worker: fairseq's fast all-reduce stacks values key by key).
 REG_SUM, CLAMPED, REG_TOKENS = "unigram_reg", "unigram_clamped", "unigram_reg_tokens"
+DEFAULT_CLAMP = 2.0  # multiples of ln|V|
 
 
 @dataclass
 class UnigramRegularizedCrossEntropyConfig(LabelSmoothedCrossEntropyCriterionConfig):
     label_smoothing: float = field(
-        default=0.1, metadata={"help": "epsilon for label smoothing (the paper's 0.1)"}
+        default=PAPER_EPSILON, metadata={"help": "epsilon for label smoothing (the paper's 0.1)"}
     )
     unigram_reg_weight: Optional[float] = field(
         default=None,
@@ -80,7 +82,7 @@ class UnigramRegularizedCrossEntropyConfig(LabelSmoothedCrossEntropyCriterionCon
         },
     )
     unigram_reg_clamp: float = field(
-        default=2.0,
+        default=DEFAULT_CLAMP,
         metadata={
             "help": "bound on each token's unigram cross-entropy, in "
             "multiples of ln|V| (inf: no bound; the objective is then "
@@ -101,7 +103,7 @@ class UnigramRegularizedCrossEntropyCriterion(LabelSmoothedCrossEntropyCriterion
         label_smoothing,
         unigram_reg_weight,
         unigram_reg_updates,
-        unigram_reg_clamp=2.0,
+        unigram_reg_clamp=DEFAULT_CLAMP,
         train_subset="train",
         ignore_prefix_size=0,
         report_accuracy=False,
@@ -120,7 +122,7 @@ class UnigramRegularizedCrossEntropyCriterion(LabelSmoothedCrossEntropyCriterion
         self.train_subset = train_subset
         self.num_updates = 0
         self._omega = None  # omega(v), float32 on the CPU, taken by prepare()
-        self._on = {}  # (device, dtype) -> omega there
+        self._on = {}  # device -> omega there
         self._pending = None
         # Told the update number before each step, prepared when an epoch begins.
         task_hooks.attach(task, regularizer=self)
@@ -163,9 +165,7 @@ class UnigramRegularizedCrossEntropyCriterion(LabelSmoothedCrossEntropyCriterion
     def unigram_term(self, lprobs, target, model):
         """Per token: ``lambda * max(sum_v omega(v) log p_theta(v), -B)``, 0 at
         padding, with B = clamp * ln|V|; and how many tokens hit B."""
-        omega = self.omega(lprobs, model)
-        with torch.autocast(device_type=lprobs.device.type, enabled=False):
-            cross = torch.matmul(lprobs, omega)  # -CE(omega, p_theta), float32 under --amp
+        cross = -unigram_cross_entropy(lprobs, self.omega(lprobs, model))  # float32
         bound = self.clamp * math.log(lprobs.size(-1))
         keep = target.ne(self.padding_idx)
         clamped = (cross.detach() < -bound) & keep
@@ -187,12 +187,11 @@ class UnigramRegularizedCrossEntropyCriterion(LabelSmoothedCrossEntropyCriterion
             self._omega = log_prior.exp()
 
     def omega(self, like: torch.Tensor, model=None) -> torch.Tensor:
-        """The target unigram omega(v), on ``like``'s device and dtype."""
+        """The target unigram omega(v), float32 on ``like``'s device."""
         self.prepare(model)
-        key = (like.device, like.dtype)
-        if key not in self._on:
-            self._on[key] = self._omega.to(like)
-        return self._on[key]
+        if like.device not in self._on:
+            self._on[like.device] = self._omega.to(like.device)
+        return self._on[like.device]
 
     # --- logging --------------------------------------------------------------
 
