@@ -52,6 +52,7 @@ class NaturalBiasModel(KeepsFloat32):
 
     # bfloat16 would round a rare token's log-probability (-17 nats) to the nearest 0.125.
     float32_buffers = ("target_log_unigram",)
+    splitting_options = ("adaptive_softmax_cutoff",)  # refused: the bias is one vector
 
     @classmethod
     def build_model(cls, args, task):
@@ -60,7 +61,7 @@ class NaturalBiasModel(KeepsFloat32):
         loading = checkpoint_to_load(args)
         if loading is not None and loading[0] == "config":
             check_saved_settings(args, "this checkpoint")
-        check_args(args)
+        check_args(args, cls.splitting_options)
         if loading is not None and loading[0] != "config":
             reconcile_with_checkpoint(args, *loading)
         model = super().build_model(args, task)
@@ -150,11 +151,8 @@ class NaturalBiasModel(KeepsFloat32):
             b' = b - log p + log q     (order 2: the bigram table becomes the text's)
         """
         dictionary = self.decoder.dictionary
-        pairs = (
-            PairCounter(len(dictionary), dictionary.eos())
-            if getattr(self.natbias_args, "natbias_order", 1) == 2
-            else None
-        )
+        order_2 = self.natbias_args.natbias_order == 2
+        pairs = PairCounter(len(dictionary), dictionary.eos()) if order_2 else None
         fix = "give a tokenised text file (the model's pieces, one sentence a line)"
         try:
             with open(text_path, encoding="utf-8") as lines:

@@ -124,8 +124,9 @@ def set_defaults(args) -> None:
         setattr(args, FORMAT_KEY, FORMAT_VERSION)
 
 
-def check_args(args) -> None:
-    for split in ("adaptive_softmax_cutoff", "adaptive_input", "character_embeddings"):
+def check_args(args, splitting=("adaptive_softmax_cutoff",)) -> None:
+    """Refuse what the bias cannot be built with (``splitting``: options that split |V|)."""
+    for split in splitting:
         if getattr(args, split, None):
             raise NaturalBiasError(
                 "the natural bias is one vector over the whole vocabulary (and an embedding "

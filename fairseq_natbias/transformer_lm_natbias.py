@@ -23,6 +23,8 @@ from fairseq_natbias import natural_bias, options
 
 @register_model("transformer_lm_natbias")
 class TransformerLanguageModelNatbias(natural_bias.NaturalBiasModel, TransformerLanguageModel):
+    splitting_options = ("adaptive_softmax_cutoff", "adaptive_input", "character_embeddings")
+
     @classmethod
     def add_args(cls, parser):
         # fairseq's transformer_lm options, left unset so the presets fill them.
