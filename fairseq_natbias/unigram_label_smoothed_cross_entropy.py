@@ -36,7 +36,7 @@ class UnigramLabelSmoothedCrossEntropyConfig(LabelSmoothedCrossEntropyCriterionC
         default=PAPER_EPSILON,
         metadata={
             "help": "epsilon: the mass moved from the reference token to "
-            "the target unigram (the paper's 0.1)"
+            f"the target unigram (the paper's {PAPER_EPSILON:g})"
         },
     )
     train_subset: str = II("dataset.train_subset")

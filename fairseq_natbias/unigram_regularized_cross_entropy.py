@@ -65,7 +65,8 @@ DEFAULT_CLAMP = 2.0  # multiples of ln|V|
 @dataclass
 class UnigramRegularizedCrossEntropyConfig(LabelSmoothedCrossEntropyCriterionConfig):
     label_smoothing: float = field(
-        default=PAPER_EPSILON, metadata={"help": "epsilon for label smoothing (the paper's 0.1)"}
+        default=PAPER_EPSILON,
+        metadata={"help": f"epsilon for label smoothing (the paper's {PAPER_EPSILON:g})"},
     )
     unigram_reg_weight: Optional[float] = field(
         default=None,
