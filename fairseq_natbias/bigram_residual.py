@@ -36,6 +36,7 @@ import torch
 from fairseq.models.transformer import TransformerDecoder, TransformerDecoderBase
 from torch import nn
 
+from natbias.errors import NaturalBiasError
 from natbias.projection import KeepsFloat32
 
 # A row with at least |V| / DENSE_ROW_FRACTION seen continuations is also kept
@@ -360,7 +361,7 @@ def attach_bigram_residual(decoder, residual: BigramResidual) -> None:
     class changes)."""
     subclass = WITH_BIGRAM.get(type(decoder))
     if subclass is None:
-        raise ValueError(
+        raise NaturalBiasError(
             f"--natbias-order 2 supports fairseq's transformer decoders, "
             f"not {type(decoder).__name__}; use --natbias-order 1"
         )

@@ -4,8 +4,8 @@ natural-bias settings, so that its parameters mean what they meant when saved.
 :func:`checkpoint_to_load` finds, by fairseq's own restore rules, whether and
 what a run will load; :func:`check_saved_settings` refuses a checkpoint
 whose settings this version no longer offers; :func:`reconcile_with_checkpoint`
-takes the checkpoint's structural settings, refusing (on resume) an explicit
-option that disagrees. The file itself is read by
+takes the checkpoint's structural settings for those left at their
+defaults, refusing an explicit option that disagrees. The file itself is read by
 :mod:`fairseq_natbias.checkpoint_loading`.
 
 Compatibility. Since 1.0 a checkpoint records ``natbias_format_version``. One
@@ -17,7 +17,7 @@ in one line when it holds a setting 1.0 retired.
 import logging
 import os
 
-from fairseq_natbias import checkpoint_loading
+from fairseq_natbias.checkpoint_loading import saved_model_args
 from fairseq_natbias.options import (
     COUNTED_MARKER,
     DEFAULTED_RECORD,
@@ -99,18 +99,12 @@ def checkpoint_to_load(args):
     return (kind, restore_file) if os.path.exists(restore_file) else None
 
 
-def saved_model_args(path: str):
-    """The model config a checkpoint was trained with (None if it holds none);
-    a file that is no checkpoint is a NaturalBiasError naming the fix."""
-    return checkpoint_loading.saved_model_args(path)
-
-
 def reconcile_with_checkpoint(args, kind: str, path: str) -> None:
     """Build the model with the natural-bias settings of the checkpoint it
-    will load. Resuming: an option left at its default follows the
-    checkpoint; one given explicitly and different is refused, naming both
-    and the fix. Fine-tuning: the checkpoint's settings are taken and the log
-    says what becomes of the bias."""
+    will load: an option left at its default follows the checkpoint; one
+    given explicitly and different is refused, naming both and the fix (a
+    user's value is never overridden). Fine-tuning: the log says what becomes
+    of the bias."""
     saved = saved_model_args(path)
     if saved is None or getattr(saved, "natbias_init", None) is None:
         arch = getattr(saved, "arch", "unknown")
@@ -127,22 +121,21 @@ def reconcile_with_checkpoint(args, kind: str, path: str) -> None:
     explicit = [name for name in STRUCTURAL if name not in (getattr(args, DEFAULTED_RECORD) or ())]
     differing = [name for name in STRUCTURAL if _differs(args, saved, name)]
     refused = [name for name in differing if name in explicit]
-    if kind == "resume" and refused:
+    if refused:  # a user's own value is never overridden
+        how = "resume" if kind == "resume" else "fine-tune (its output layer loads as trained)"
         raise NaturalBiasError(
             f"{path} was trained with {options_text(saved)}; the command line asks for "
-            f"{options_text(args, refused)}. Give a new --save-dir to train that from scratch, "
-            "or drop those options to resume"
+            f"{options_text(args, refused)}. Give a new --save-dir to train that from scratch "
+            f"(without the checkpoint), or drop those options to {how}"
         )
-    for name in differing:
+    for name in differing:  # defaults only: a run that loads a checkpoint defaults to its settings
         setattr(args, name, getattr(saved, name))
     if kind == "finetune":
-        ignored = ", ".join("--" + name.replace("_", "-") for name in refused)
         logger.warning(
             "natbias: fine-tuning from %s: its output layer is loaded as trained "
-            "(%s), not re-initialised or recounted%s",
+            "(%s), not re-initialised or recounted",
             path,
             options_text(saved),
-            f"; {ignored} on the command line ignored" if ignored else "",
         )
     elif differing:
         logger.info("natbias: resuming %s with its own %s", path, options_text(saved))

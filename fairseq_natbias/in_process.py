@@ -3,11 +3,11 @@
 natbias-step0 measures on a fresh model: validation NLL, the unigram's
 cross-entropy and KL(p || unigram), in bits per target token."""
 
-import math
 import os
 import sys
 
-LN2 = math.log(2.0)
+from natbias.errors import NaturalBiasError
+from natbias.statistics import LN2, divergence_sums
 
 
 def build_from_training_args(argv):
@@ -73,10 +73,11 @@ def validation_divergence(task, model, split="valid", max_tokens=4000):
             tokens += int(mask.sum())
             if log_unigram is not None:
                 totals["unigram_ce"] -= log_unigram[target[mask]].sum().item()
-                kl = (log_p.exp() * (log_p - log_unigram)).sum(-1)
-                totals["kl_unigram"] += kl[mask].sum().item()
+                totals["kl_unigram"] += divergence_sums(log_p, mask, log_unigram)[0].item()
     if tokens == 0:
-        raise SystemExit(f"natbias-step0: the {split} split has no target tokens")
+        raise NaturalBiasError(
+            f"the {split} split has no target tokens: give another --valid-subset"
+        )
     result = {key: value / tokens / LN2 for key, value in totals.items()}
     result["tokens"] = tokens
     if log_unigram is None:

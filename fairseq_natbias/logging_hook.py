@@ -9,7 +9,8 @@ model for, every ``--natbias-stats-interval``-th update (default:
 ``--log-interval``) and on every validation batch; they travel in the logging
 outputs as sums with a token count, so fairseq's reduction over micro-batches
 and workers weights every token once. The hook wraps the task the model is
-built for, which is what makes it work with any criterion.
+built for (:mod:`fairseq_natbias.task_hooks`), which is what makes it work
+with any criterion.
 """
 
 import logging
@@ -22,15 +23,8 @@ logger = logging.getLogger(__name__)
 
 TARGET_MASK_KEY = "natbias_target_mask"
 SUM_KEYS = ("natbias_kl_unigram", "natbias_kl_uniform", "natbias_tokens")
-LOGGED_KEYS = (
-    "kl_unigram",
-    "kl_uniform",
-    "gain",
-    "weight_norm",
-    "bias_norm",
-    "bias_kl",
-    "bigram_weight",
-)
+# What this hook logs (a meter fairseq would print as None is dropped).
+LOGGED_KEYS = "kl_unigram kl_uniform gain weight_norm bias_norm bias_kl bigram_weight".split()
 
 
 class BiasDivergenceHook:
@@ -47,47 +41,17 @@ class BiasDivergenceHook:
                 "logging kl_unigram, kl_uniform and weight_norm only"
             )
 
-    def attach(self, task) -> None:
-        """Wrap the task's ``train_step``, ``valid_step`` and ``reduce_metrics``
-        once; they dispatch to the hook of the latest model built for the task.
-
-        Why the task: in fairseq 0.12 only these three see whether a step is
-        due for statistics, its logging output, and the reduced logs, whatever
-        the criterion; a task subclass per fairseq task would leave a user's
-        own task without the hook."""
-        already_wrapped = getattr(task, "_natbias_hook", None) is not None
-        task._natbias_hook = self
-        if already_wrapped:
-            return
-        train_step, valid_step = task.train_step, task.valid_step
-        reduce_metrics = task.reduce_metrics
-
-        def hooked_train_step(sample, model, criterion, optimizer, update_num, *a, **k):
-            hook = task._natbias_hook
-            hook.armed = (update_num + 1) % hook.stats_interval == 0
-            hook._log_bias_now = hook._log_bias_now or hook.armed
-            try:
-                out = train_step(sample, model, criterion, optimizer, update_num, *a, **k)
-            finally:
-                hook.armed = False
-            return hook._with_sums(out)
-
-        def hooked_valid_step(sample, model, criterion, *a, **k):
-            hook = task._natbias_hook
-            hook.armed = hook._log_bias_now = True
-            try:
-                out = valid_step(sample, model, criterion, *a, **k)
-            finally:
-                hook.armed = False
-            return hook._with_sums(out)
-
-        def hooked_reduce_metrics(logging_outputs, criterion):
-            reduce_metrics(logging_outputs, criterion)
-            task._natbias_hook.log(logging_outputs)
-
-        task.train_step = hooked_train_step
-        task.valid_step = hooked_valid_step
-        task.reduce_metrics = hooked_reduce_metrics
+    def around_step(self, step, update_num):
+        """``step()``, a training step (its ``update_num``) or a validation
+        step (None), observed if due, with this hook's sums in its logging output."""
+        due = update_num is None or (update_num + 1) % self.stats_interval == 0
+        self.armed = due
+        self._log_bias_now = self._log_bias_now or due
+        try:
+            out = step()
+        finally:
+            self.armed = False
+        return self._with_sums(out)
 
     def _with_sums(self, step_output):
         loss, sample_size, logging_output = step_output

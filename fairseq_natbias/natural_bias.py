@@ -22,7 +22,7 @@ from typing import Optional
 
 import torch
 
-from fairseq_natbias import bigram_residual, training_data
+from fairseq_natbias import bigram_residual, task_hooks, training_data
 from fairseq_natbias.checkpoint_loading import CheckpointError, not_a_checkpoint
 from fairseq_natbias.checkpoints import (
     check_saved_settings,
@@ -31,12 +31,12 @@ from fairseq_natbias.checkpoints import (
     saved_model_args,
 )
 from fairseq_natbias.logging_hook import TARGET_MASK_KEY, BiasDivergenceHook
-from fairseq_natbias.options import COUNTED_MARKER, check_args, set_defaults
+from fairseq_natbias.options import COUNTED_MARKER, check_args
 from natbias.bigram import PairCounter, witten_bell_residual
 from natbias.counts import count_text, read_counts_file
 from natbias.errors import NaturalBiasError
 from natbias.prior import log_unigram
-from natbias.projection import NaturalBiasProjection, paper_weight_init_
+from natbias.projection import KeepsFloat32, NaturalBiasProjection, paper_weight_init_
 
 logger = logging.getLogger(__name__)
 
@@ -46,25 +46,26 @@ LOGIT_ADJUSTMENT = "natbias_logit_adjustment"  # tau: minus tau log-unigram
 PRIOR_TEXT = "natbias_prior_text"  # PATH: the prior of another corpus
 
 
-class NaturalBiasModel:
+class NaturalBiasModel(KeepsFloat32):
     """Mixin for a fairseq model with a ``decoder``, inherited before the
     fairseq base class; the model's ``forward`` ends with :meth:`_mark_targets`."""
 
+    # bfloat16 would round a rare token's log-probability (-17 nats) to the nearest 0.125.
+    float32_buffers = ("target_log_unigram",)
+    splitting_options = ("adaptive_softmax_cutoff",)  # refused: the bias is one vector
+
     @classmethod
     def build_model(cls, args, task):
-        try:
-            loading = checkpoint_to_load(args)
-            if loading is not None and loading[0] == "config":
-                check_saved_settings(args, "this checkpoint")
-            set_defaults(args)
-            check_args(args)
-            if loading is not None and loading[0] != "config":
-                reconcile_with_checkpoint(args, *loading)
-            model = super().build_model(args, task)
-            model._init_natbias(args, task, weights_will_be_loaded=loading is not None)
-        except NaturalBiasError as error:
-            # fairseq-train and fairseq-generate print one line, not a traceback.
-            raise SystemExit(f"fairseq_natbias: error: {error}") from error
+        # The options' defaults are set by the registered architecture, which
+        # fairseq applies before it builds (options.set_defaults).
+        loading = checkpoint_to_load(args)
+        if loading is not None and loading[0] == "config":
+            check_saved_settings(args, "this checkpoint")
+        check_args(args, cls.splitting_options)
+        if loading is not None and loading[0] != "config":
+            reconcile_with_checkpoint(args, *loading)
+        model = super().build_model(args, task)
+        model._init_natbias(args, task, weights_will_be_loaded=loading is not None)
         return model
 
     def _init_natbias(self, args, task, weights_will_be_loaded: bool) -> None:
@@ -95,7 +96,7 @@ class NaturalBiasModel:
         if not args.no_natbias_logging:
             interval = args.natbias_stats_interval or getattr(args, "log_interval", 100)
             self.natbias_hook = BiasDivergenceHook(self, interval)
-            self.natbias_hook.attach(task)
+            task_hooks.attach(task, hook=self.natbias_hook)
 
     def _count_and_initialise(self, args, task):
         """Count the training targets (and their bigrams, order 2, in the same
@@ -129,18 +130,8 @@ class NaturalBiasModel:
         setattr(args, COUNTED_MARKER, int(counts.sum()))
         return log_prior, bias, residual
 
-    def _apply(self, fn, *args, **kwargs):
-        """Keep ``target_log_unigram`` float32 whatever the model is cast to
-        (--fp16, --bf16): bfloat16 would round a rare token's log-probability
-        (about -17 nats) to the nearest 0.125."""
-        log_prior = self._buffers.pop("target_log_unigram", None)
-        try:
-            module = super()._apply(fn, *args, **kwargs)
-        finally:
-            if log_prior is not None:
-                device = next(self.parameters()).device
-                self._buffers["target_log_unigram"] = log_prior.to(device, torch.float32)
-        return module
+    def _float32_device(self) -> torch.device:
+        return next(self.parameters()).device
 
     def load_state_dict(self, state_dict, strict=True, model_cfg=None, args=None):
         """fairseq's, then the prior swapped when the model is loaded with
@@ -160,11 +151,8 @@ class NaturalBiasModel:
             b' = b - log p + log q     (order 2: the bigram table becomes the text's)
         """
         dictionary = self.decoder.dictionary
-        pairs = (
-            PairCounter(len(dictionary), dictionary.eos())
-            if getattr(self.natbias_args, "natbias_order", 1) == 2
-            else None
-        )
+        order_2 = self.natbias_args.natbias_order == 2
+        pairs = PairCounter(len(dictionary), dictionary.eos()) if order_2 else None
         fix = "give a tokenised text file (the model's pieces, one sentence a line)"
         try:
             with open(text_path, encoding="utf-8") as lines:
@@ -172,16 +160,13 @@ class NaturalBiasModel:
                     lines, dictionary.index, dictionary.eos(), len(dictionary), pairs
                 )
         except OSError as error:
-            raise SystemExit(
-                f"fairseq_natbias: error: {PRIOR_TEXT} {text_path}: {error.strerror}; {fix}"
-            ) from None
+            raise NaturalBiasError(f"{PRIOR_TEXT} {text_path}: {error.strerror}; {fix}") from None
         except UnicodeDecodeError as error:
-            raise SystemExit(
-                f"fairseq_natbias: error: {PRIOR_TEXT} {text_path} is not UTF-8 "
-                f"text (byte {error.start}); {fix}"
+            raise NaturalBiasError(
+                f"{PRIOR_TEXT} {text_path} is not UTF-8 text (byte {error.start}); {fix}"
             ) from None
         if counts.sum() == counts[dictionary.eos()]:
-            raise SystemExit(f"fairseq_natbias: error: {PRIOR_TEXT} {text_path} holds no tokens")
+            raise NaturalBiasError(f"{PRIOR_TEXT} {text_path} holds no tokens; {fix}")
         new_prior = log_unigram(counts, self.natbias_args.natbias_smoothing).to(
             self.target_log_unigram.device
         )
@@ -224,7 +209,7 @@ class NaturalBiasModel:
         if scale == 1.0 and adjust == 0.0:
             return net_output
         if self.training:
-            raise ValueError(
+            raise NaturalBiasError(
                 f"{BIAS_SCALE}={scale:g} / {LOGIT_ADJUSTMENT}={adjust:g} are "
                 "generation-time settings (--model-overrides), refused in training"
             )

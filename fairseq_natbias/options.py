@@ -69,8 +69,8 @@ def add_args(parser) -> None:
         "--natbias-smoothing",
         type=float,
         metavar="ALPHA",
-        help="add-alpha smoothing of the unigram counts (default 1.0), for the model and "
-        "the criteria alike",
+        help=f"add-alpha smoothing of the unigram counts (default {DEFAULT_SMOOTHING:g}), "
+        "for the model and the criteria alike",
     )
     add(
         "--natbias-freeze",
@@ -84,12 +84,17 @@ def add_args(parser) -> None:
         help="gain (default: a learnt gain on W phi, starting at --natbias-gain-init), "
         "fairseq (fairseq's own W), paper (the paper's sec. 4.1)",
     )
-    add("--natbias-gain-init", type=float, metavar="G0", help="the gain's start (default 0.05)")
+    add(
+        "--natbias-gain-init",
+        type=float,
+        metavar="G0",
+        help=f"start of g (default {DEFAULT_GAIN_INIT})",
+    )
     add(
         "--natbias-gain-speed",
         type=float,
         metavar="C",
-        help="the gain moves about C learning rates per update (default 20)",
+        help=f"the gain moves about C learning rates per update (default {DEFAULT_GAIN_SPEED:g})",
     )
     add(
         "--no-natbias-logging",
@@ -119,12 +124,14 @@ def set_defaults(args) -> None:
         setattr(args, FORMAT_KEY, FORMAT_VERSION)
 
 
-def check_args(args) -> None:
-    if getattr(args, "adaptive_softmax_cutoff", None):
-        raise NaturalBiasError(
-            "the natural bias is one vector over the whole vocabulary, "
-            "which --adaptive-softmax-cutoff splits: drop the option"
-        )
+def check_args(args, splitting=("adaptive_softmax_cutoff",)) -> None:
+    """Refuse what the bias cannot be built with (``splitting``: options that split |V|)."""
+    for split in splitting:
+        if getattr(args, split, None):
+            raise NaturalBiasError(
+                "the natural bias is one vector over the whole vocabulary (and an embedding "
+                f"tied to it one matrix), which --{split.replace('_', '-')} splits: drop it"
+            )
     if (getattr(args, "quant_noise_scalar", 0) or 0) > 0:
         raise NaturalBiasError(
             "--quant-noise-scalar swaps the output layer for fairseq's "

@@ -23,26 +23,13 @@ from fairseq_natbias import natural_bias, options
 
 @register_model("transformer_lm_natbias")
 class TransformerLanguageModelNatbias(natural_bias.NaturalBiasModel, TransformerLanguageModel):
+    splitting_options = ("adaptive_softmax_cutoff", "adaptive_input", "character_embeddings")
+
     @classmethod
     def add_args(cls, parser):
         # fairseq's transformer_lm options, left unset so the presets fill them.
         gen_parser_from_dataclass(parser, TransformerLanguageModelConfig(), delete_default=True)
         options.add_args(parser)
-
-    @classmethod
-    def build_model(cls, args, task):
-        for option, what in (
-            ("adaptive_input", "--adaptive-input"),
-            ("character_embeddings", "--character-embeddings"),
-        ):
-            if getattr(args, option, False):
-                raise SystemExit(
-                    f"fairseq_natbias: error: transformer_lm_natbias does not support "
-                    f"{what}: the natural bias is one output vector over the whole "
-                    f"vocabulary, and an embedding tied to it must be one matrix. "
-                    f"Drop {what} (and --adaptive-softmax-cutoff)."
-                )
-        return super().build_model(args, task)
 
     def forward(self, src_tokens, **kwargs):
         net_output = super().forward(src_tokens, **kwargs)

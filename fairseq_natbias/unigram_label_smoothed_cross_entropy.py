@@ -25,7 +25,7 @@ from omegaconf import II
 
 from fairseq_natbias.training_data import criterion_prior
 from natbias.errors import NaturalBiasError
-from natbias.label_smoothing import check_epsilon, unigram_smoothed_loss
+from natbias.label_smoothing import PAPER_EPSILON, check_epsilon, unigram_smoothed_loss
 
 NAME = "unigram_label_smoothed_cross_entropy"
 
@@ -33,10 +33,10 @@ NAME = "unigram_label_smoothed_cross_entropy"
 @dataclass
 class UnigramLabelSmoothedCrossEntropyConfig(LabelSmoothedCrossEntropyCriterionConfig):
     label_smoothing: float = field(
-        default=0.1,
+        default=PAPER_EPSILON,
         metadata={
             "help": "epsilon: the mass moved from the reference token to "
-            "the target unigram (the paper's 0.1)"
+            f"the target unigram (the paper's {PAPER_EPSILON:g})"
         },
     )
     train_subset: str = II("dataset.train_subset")
@@ -56,7 +56,7 @@ class UnigramLabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCriteri
         try:
             check_epsilon(label_smoothing)
         except NaturalBiasError as error:
-            raise ValueError(f"criterion {NAME}: {error}") from None
+            raise NaturalBiasError(f"criterion {NAME}: {error}") from None
         super().__init__(
             task,
             sentence_avg,
@@ -79,9 +79,6 @@ class UnigramLabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCriteri
         """omega on ``like``'s device, float32 (:func:`training_data.criterion_prior`)."""
         key = like.device
         if key not in self._prior:
-            try:
-                log_prior = criterion_prior(self.task, model, self.train_subset, NAME)
-            except NaturalBiasError as error:
-                raise SystemExit(f"fairseq_natbias: error: {error}") from None
+            log_prior = criterion_prior(self.task, model, self.train_subset, NAME)
             self._prior[key] = log_prior.exp().to(like.device)
         return self._prior[key]

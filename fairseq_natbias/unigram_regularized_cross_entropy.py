@@ -23,8 +23,8 @@ like across the switch.
 
 The switch: on for updates 1..N (``--unigram-reg-updates``; 0: off), by
 fairseq's update counter, which a resumed run restores (fairseq 0.12's
-trainer never tells the criterion, so it reads ``update_num`` from
-``task.train_step``).
+trainer never tells the criterion: :mod:`fairseq_natbias.task_hooks`
+passes it on from ``task.train_step``).
 
 The objective is unbounded below (p can put vanishing mass on frequent
 words), so each token's CE(omega, p) is clamped at ``--unigram-reg-clamp``
@@ -47,22 +47,26 @@ from fairseq.criterions.label_smoothed_cross_entropy import (
 from fairseq.logging import metrics
 from omegaconf import II
 
+from fairseq_natbias import task_hooks
 from fairseq_natbias.training_data import criterion_prior
 from natbias.errors import NaturalBiasError
+from natbias.label_smoothing import PAPER_EPSILON, unigram_cross_entropy
+from natbias.statistics import LN2
 
 logger = logging.getLogger(__name__)
 
 NAME = "unigram_regularized_cross_entropy"
-LN2 = math.log(2.0)
 # Keys this criterion adds to every training logging output (the same keys on
 # every worker: fairseq's fast all-reduce stacks values key by key).
 REG_SUM, CLAMPED, REG_TOKENS = "unigram_reg", "unigram_clamped", "unigram_reg_tokens"
+DEFAULT_CLAMP = 2.0  # multiples of ln|V|
 
 
 @dataclass
 class UnigramRegularizedCrossEntropyConfig(LabelSmoothedCrossEntropyCriterionConfig):
     label_smoothing: float = field(
-        default=0.1, metadata={"help": "epsilon for label smoothing (the paper's 0.1)"}
+        default=PAPER_EPSILON,
+        metadata={"help": f"epsilon for label smoothing (the paper's {PAPER_EPSILON:g})"},
     )
     unigram_reg_weight: Optional[float] = field(
         default=None,
@@ -79,7 +83,7 @@ class UnigramRegularizedCrossEntropyConfig(LabelSmoothedCrossEntropyCriterionCon
         },
     )
     unigram_reg_clamp: float = field(
-        default=2.0,
+        default=DEFAULT_CLAMP,
         metadata={
             "help": "bound on each token's unigram cross-entropy, in "
             "multiples of ln|V| (inf: no bound; the objective is then "
@@ -100,7 +104,7 @@ class UnigramRegularizedCrossEntropyCriterion(LabelSmoothedCrossEntropyCriterion
         label_smoothing,
         unigram_reg_weight,
         unigram_reg_updates,
-        unigram_reg_clamp=2.0,
+        unigram_reg_clamp=DEFAULT_CLAMP,
         train_subset="train",
         ignore_prefix_size=0,
         report_accuracy=False,
@@ -119,9 +123,10 @@ class UnigramRegularizedCrossEntropyCriterion(LabelSmoothedCrossEntropyCriterion
         self.train_subset = train_subset
         self.num_updates = 0
         self._omega = None  # omega(v), float32 on the CPU, taken by prepare()
-        self._on = {}  # (device, dtype) -> omega there
+        self._on = {}  # device -> omega there
         self._pending = None
-        _follow_training(task, self)
+        # Told the update number before each step, prepared when an epoch begins.
+        task_hooks.attach(task, regularizer=self)
 
     # --- the switch -----------------------------------------------------------
 
@@ -161,9 +166,7 @@ class UnigramRegularizedCrossEntropyCriterion(LabelSmoothedCrossEntropyCriterion
     def unigram_term(self, lprobs, target, model):
         """Per token: ``lambda * max(sum_v omega(v) log p_theta(v), -B)``, 0 at
         padding, with B = clamp * ln|V|; and how many tokens hit B."""
-        omega = self.omega(lprobs, model)
-        with torch.autocast(device_type=lprobs.device.type, enabled=False):
-            cross = torch.matmul(lprobs, omega)  # -CE(omega, p_theta), float32 under --amp
+        cross = -unigram_cross_entropy(lprobs, self.omega(lprobs, model))  # float32
         bound = self.clamp * math.log(lprobs.size(-1))
         keep = target.ne(self.padding_idx)
         clamped = (cross.detach() < -bound) & keep
@@ -179,19 +182,17 @@ class UnigramRegularizedCrossEntropyCriterion(LabelSmoothedCrossEntropyCriterion
             try:
                 log_prior = criterion_prior(self.task, model, self.train_subset, NAME)
             except NaturalBiasError as error:
-                raise SystemExit(
-                    f"fairseq_natbias: error: {error} (or switch the regulariser "
-                    "off with --unigram-reg-updates 0)"
+                raise NaturalBiasError(
+                    f"{error} (or switch the regulariser off with --unigram-reg-updates 0)"
                 ) from None
             self._omega = log_prior.exp()
 
     def omega(self, like: torch.Tensor, model=None) -> torch.Tensor:
-        """The target unigram omega(v), on ``like``'s device and dtype."""
+        """The target unigram omega(v), float32 on ``like``'s device."""
         self.prepare(model)
-        key = (like.device, like.dtype)
-        if key not in self._on:
-            self._on[key] = self._omega.to(like)
-        return self._on[key]
+        if like.device not in self._on:
+            self._on[like.device] = self._omega.to(like.device)
+        return self._on[like.device]
 
     # --- logging --------------------------------------------------------------
 
@@ -227,40 +228,18 @@ def _check_options(weight, updates, clamp):
     )
     if weight is None or updates is None:
         missing = "--unigram-reg-weight" if weight is None else "--unigram-reg-updates"
-        raise ValueError(f"{missing} is not set: the paper (App. A.4) gives no value. {fix}")
+        raise NaturalBiasError(f"{missing} is not set: the paper (App. A.4) gives no value. {fix}")
     if not (isinstance(weight, (int, float)) and math.isfinite(weight) and weight >= 0):
-        raise ValueError(
+        raise NaturalBiasError(
             f"--unigram-reg-weight must be a finite number >= 0, got {weight!r}. {fix}"
         )
     if isinstance(updates, bool) or int(updates) != updates or updates < 0:
-        raise ValueError(f"--unigram-reg-updates must be an integer >= 0, got {updates!r}. {fix}")
+        raise NaturalBiasError(
+            f"--unigram-reg-updates must be an integer >= 0, got {updates!r}. {fix}"
+        )
     if not (isinstance(clamp, (int, float)) and clamp > 0):
-        raise ValueError(
+        raise NaturalBiasError(
             f"--unigram-reg-clamp must be > 0 (a multiple of ln|V|; inf for no "
             f"bound), got {clamp!r}"
         )
     return float(weight), int(updates)
-
-
-def _follow_training(task, criterion) -> None:
-    """Wrap the task once: ``begin_epoch`` prepares the latest criterion built
-    for it, ``train_step`` passes ``update_num`` to the criterion it runs
-    (fairseq 0.12 never tells a criterion the update count; the task, of any
-    type, sees both)."""
-    already_wrapped = getattr(task, "_unigram_reg_criterion", None) is not None
-    task._unigram_reg_criterion = criterion
-    if already_wrapped:
-        return
-    train_step, begin_epoch = task.train_step, task.begin_epoch
-
-    def train_step_with_counter(sample, model, criterion, optimizer, update_num, *a, **k):
-        if isinstance(criterion, UnigramRegularizedCrossEntropyCriterion):
-            criterion.set_num_updates(update_num)
-        return train_step(sample, model, criterion, optimizer, update_num, *a, **k)
-
-    def begin_epoch_and_count(epoch, model):
-        task._unigram_reg_criterion.prepare(model)
-        return begin_epoch(epoch, model)
-
-    task.train_step = train_step_with_counter
-    task.begin_epoch = begin_epoch_and_count

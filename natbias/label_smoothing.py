@@ -24,12 +24,14 @@ import torch
 
 from natbias.errors import NaturalBiasError
 
+PAPER_EPSILON = 0.1  # the paper's label smoothing (sec. 4.1)
+
 
 def check_epsilon(epsilon: float, option: str = "--label-smoothing") -> float:
     if isinstance(epsilon, bool) or not (isinstance(epsilon, (int, float)) and 0 <= epsilon < 1):
         raise NaturalBiasError(
             f"{option} must be in [0, 1), got {epsilon!r} (the paper's is "
-            "0.1; 0 is plain cross-entropy)"
+            f"{PAPER_EPSILON:g}; 0 is plain cross-entropy)"
         )
     return float(epsilon)
 
@@ -45,15 +47,21 @@ def unigram_smoothed_loss(
     NLL ``-log p(y)``, both 0 where ``target`` is ``ignore_index``.
 
     ``log_probs``: (..., |V|) log-probabilities; ``target``: (...) ids;
-    ``prior``: omega(v), the probabilities (not their log). The unigram
-    cross-entropy is one product with omega, in float32 even under autocast."""
+    ``prior``: omega(v), the probabilities (not their log)."""
     ignored = target.eq(ignore_index)
     safe_target = target.masked_fill(ignored, 0)
     nll = -log_probs.gather(-1, safe_target.unsqueeze(-1)).squeeze(-1)
     nll = nll.masked_fill(ignored, 0.0)
     if epsilon == 0:
         return nll, nll
-    with torch.autocast(device_type=log_probs.device.type, enabled=False):
-        cross = -torch.matmul(log_probs.float(), prior.to(log_probs.device, torch.float32))
+    cross = unigram_cross_entropy(log_probs, prior)
     loss = (1.0 - epsilon) * nll + epsilon * cross.masked_fill(ignored, 0.0).to(nll.dtype)
     return loss, nll
+
+
+def unigram_cross_entropy(log_probs: torch.Tensor, prior: torch.Tensor) -> torch.Tensor:
+    """CE(omega, p) = -sum_v omega(v) log p(v) per position: one product with
+    omega, in float32 even under autocast (a sum of |V| terms in half
+    precision would round away the small ones)."""
+    with torch.autocast(device_type=log_probs.device.type, enabled=False):
+        return -torch.matmul(log_probs.float(), prior.to(log_probs.device, torch.float32))

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from natbias.errors import NaturalBiasError
+from natbias.statistics import LN2
 
 DEFAULT_SMOOTHING = 1.0
 
@@ -46,4 +47,4 @@ def cross_entropy_bits(log_prior: torch.Tensor, counts: Sequence[int]) -> float:
     model that predicts the prior everywhere scores (a fresh natural-bias
     model's target)."""
     counts = torch.as_tensor(np.asarray(counts), dtype=torch.float64)
-    return float(-(counts * log_prior.double()).sum() / counts.sum() / math.log(2.0))
+    return float(-(counts * log_prior.double()).sum() / counts.sum() / LN2)

@@ -14,7 +14,7 @@ from typing import Optional
 
 import torch
 
-LN2 = math.log(2.0)
+LN2 = math.log(2.0)  # nats per bit: every figure in bits divides by it
 # float32 entries per temporary of the per-token divergences (32 MiB), so that
 # 8k tokens x a 32k vocabulary never need two such tensors whole.
 CHUNK_ELEMENTS = 1 << 23

@@ -209,14 +209,15 @@ def run_in_process(tool, args, cwd, env):
     added, fairseq's INFO log lines and prints captured as stdout, warnings
     ignored and the rest of stderr captured; SystemExit and exceptions become
     the return code and stderr (a traceback for an exception) as the
-    interpreter would write them. ``--user-dir .../fairseq_natbias`` names the
-    copy already imported here (fairseq refuses a second one)."""
+    interpreter would write them (through sys.excepthook, which the plugin
+    sets in a fairseq command's process). ``--user-dir .../fairseq_natbias``
+    names the copy already imported here (fairseq refuses a second one)."""
     import contextlib
     import io
     import logging
-    import traceback
     import warnings
 
+    import fairseq_natbias
     from fairseq_natbias.in_process import this_plugin_as_user_dir
 
     main = main_of(tool)
@@ -228,6 +229,7 @@ def run_in_process(tool, args, cwd, env):
     # import; it is set aside so that lines are captured once, here.
     set_aside = [h for h in root.handlers if type(h) is logging.StreamHandler]
     saved_level, saved_argv, saved_cwd = root.level, sys.argv, os.getcwd()
+    saved_excepthook = sys.excepthook
     saved_env = {name: os.environ.get(name) for name in env}
     code = 0
     IN_PROCESS_LOCK.acquire()  # one at a time: fairseq's state is global
@@ -240,6 +242,8 @@ def run_in_process(tool, args, cwd, env):
         os.environ.update(env)
         os.chdir(cwd)
         sys.argv = [tool, *this_plugin_as_user_dir(args)]
+        if fairseq_natbias.fairseq_command():  # as the plugin's import there does
+            fairseq_natbias.print_errors_in_one_line(fairseq_natbias.fairseq_command())
         with (
             contextlib.redirect_stdout(stdout),
             contextlib.redirect_stderr(stderr),
@@ -252,15 +256,15 @@ def run_in_process(tool, args, cwd, env):
                 if isinstance(done.code, str):
                     print(done.code, file=stderr)
                 code = done.code if isinstance(done.code, int) else int(done.code is not None)
-            except Exception:  # what the interpreter prints for an uncaught error
-                traceback.print_exc(file=stderr)
+            except Exception:  # what the interpreter does with an uncaught error
+                sys.excepthook(*sys.exc_info())
                 code = 1
     finally:
         root.removeHandler(capture)
         for handler in set_aside:
             root.addHandler(handler)
         root.setLevel(saved_level)
-        sys.argv = saved_argv
+        sys.argv, sys.excepthook = saved_argv, saved_excepthook
         os.chdir(saved_cwd)
         for name, value in saved_env.items():
             if value is None:

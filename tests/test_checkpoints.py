@@ -158,7 +158,7 @@ def test_a_retired_checkpoint_is_refused_in_one_line_naming_080(toy_bin, tmp_pat
     )
     assert result.returncode != 0 and "Traceback" not in result.stderr
     assert result.stderr.strip().splitlines()[-1] == (
-        f"fairseq_natbias: error: this checkpoint {expected}"
+        f"fairseq-generate: error: this checkpoint {expected}"
     )
     save_dir = tmp_path / "ckpt"
     save_dir.mkdir()
@@ -218,7 +218,7 @@ def test_resuming_with_other_settings_is_refused(toy_bin, tmp_path, unigram_run,
     result = train(toy_bin, save_dir, *options, max_update=2, check=False)
     assert result.returncode != 0
     message = result.stderr.strip().splitlines()[-1]
-    assert message.startswith("fairseq_natbias: error: ")
+    assert message.startswith("fairseq-train: error: ")
     assert "--natbias-init unigram --natbias-weight-init gain --natbias-gain-speed 20" in message
     assert asked in message and "--save-dir" in message
     assert "Traceback" not in result.stderr
@@ -239,7 +239,7 @@ def test_every_way_fairseq_resumes_is_checked(toy_bin, tmp_path, unigram_run, ho
     result = train(toy_bin, save_dir, "--natbias-init", "zero", *options, max_update=2, check=False)
     assert result.returncode != 0
     message = result.stderr.strip().splitlines()[-1]
-    assert message.startswith("fairseq_natbias: error: ") and "--natbias-init zero" in message
+    assert message.startswith("fairseq-train: error: ") and "--natbias-init zero" in message
     assert "Traceback" not in result.stderr
 
 
@@ -281,18 +281,17 @@ def test_resuming_with_the_same_settings_given_explicitly_works(toy_bin, tmp_pat
 
 @pytest.mark.training
 def test_finetuning_keeps_the_checkpoint_bias_and_says_so(toy_bin, tmp_path, unigram_run):
-    result = train(
-        toy_bin,
-        tmp_path / "finetuned",
-        "--natbias-init",
-        "zero",
-        "--finetune-from-model",
-        unigram_run,
-        max_update=2,
-    )
+    """Fine-tuning a unigram checkpoint: an explicit --natbias-init zero is
+    refused (never overridden); left at its default, the checkpoint's is taken."""
+    finetune = ["--finetune-from-model", unigram_run]
+    refused = train(toy_bin, tmp_path / "zero", "--natbias-init", "zero", *finetune, check=False)
+    assert refused.returncode != 0 and "Traceback" not in refused.stderr
+    message = refused.stderr.strip().splitlines()[-1]
+    assert message.startswith("fairseq-train: error: ") and "--natbias-init zero" in message
+    assert "drop those options" in message
+    result = train(toy_bin, tmp_path / "finetuned", *finetune, max_update=2)
     log = result.stdout + result.stderr
     assert "fine-tuning from" in log and "not re-initialised or recounted" in log
-    assert "--natbias-init on the command line ignored" in log
     trained = torch.load(unigram_run, map_location="cpu")["model"]
     state = torch.load(tmp_path / "finetuned/checkpoint_last.pt", map_location="cpu")
     assert state["cfg"]["model"].natbias_init == "unigram"

@@ -285,3 +285,34 @@ def test_the_installed_code_stays_small():
         )
     ] + [CORE / "projection.py"]
     assert _lines(model_path) <= 1500
+
+
+# The console scripts' modules: the only installed code that may end the process.
+ENTRY_POINT_MODULES = {ROOT / "cli", CORE / "tools" / "cli.py"}
+
+
+def _ends_the_process(tree) -> bool:
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and node.id == "SystemExit":
+            return True
+        if isinstance(node, ast.Attribute) and node.attr == "exit":
+            if isinstance(node.value, ast.Name) and node.value.id == "sys":
+                return True
+    return False
+
+
+def test_library_code_raises_instead_of_ending_the_process():
+    """SystemExit and sys.exit only in the console scripts' modules: library
+    code raises NaturalBiasError, which a notebook or the hub interface can catch."""
+    library = [
+        p
+        for p in [*ROOT.rglob("*.py"), *CORE.rglob("*.py")]
+        if not any(p == m or m in p.parents for m in ENTRY_POINT_MODULES)
+    ]
+    assert len(library) > 30
+    assert not [
+        str(p.relative_to(REPO)) for p in library if _ends_the_process(ast.parse(p.read_text()))
+    ]
+    assert _ends_the_process(
+        ast.parse((CORE / "tools" / "cli.py").read_text())
+    )  # the check sees it

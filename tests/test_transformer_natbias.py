@@ -2,18 +2,23 @@
 model's initial state checked against independent computations."""
 
 import math
+import os
 import re
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 import torch
 from fairseq.data import Dictionary
-from natbias_testing import TINY_MODEL, fairseq, train
+from natbias_testing import BIN, REPO, TINY_MODEL, TINY_TRAINING, fairseq, train
 from test_counts import hand_counts
 
+from fairseq_natbias.cli import step0
 from fairseq_natbias.cli.step0 import build_from_training_args
 from fairseq_natbias.training_data import symbols
 from natbias.counts import write_counts_file
+from natbias.errors import NaturalBiasError
 
 
 def hand_log_unigram(text_path, dictionary, alpha=1.0):
@@ -261,6 +266,46 @@ def test_bad_options_fail_with_a_clear_message(toy_bin, tmp_path, options, messa
     assert result.returncode != 0
     assert message in result.stderr
     assert "Traceback" not in result.stderr
+
+
+NO_COUNTS = "--natbias-init file needs --natbias-counts PATH"
+
+
+@pytest.mark.training
+@pytest.mark.parametrize("how", ["fairseq-train", "python -m fairseq_cli.train"])
+def test_fairseq_train_prints_the_error_in_one_line(toy_bin, tmp_path, how):
+    """A real fairseq-train process (the console script, or the module run by
+    python): the plugin's error is one ``fairseq-train: error:`` line on
+    stderr and exit status 1, no traceback."""
+    command = [str(BIN / "fairseq-train")]
+    if how.startswith("python"):
+        command = [sys.executable, "-m", "fairseq_cli.train"]
+    argv = [toy_bin, "--user-dir", "fairseq_natbias", "--arch", "transformer_natbias"]
+    argv += [*TINY_MODEL, *TINY_TRAINING, "--save-dir", tmp_path, "--natbias-init", "file"]
+    result = subprocess.run(
+        [*command, *map(str, argv)],
+        cwd=REPO,
+        env=dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1"),
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    (line,) = [line for line in result.stderr.splitlines() if "error" in line]
+    assert line.startswith(f"fairseq-train: error: {NO_COUNTS} (make one with")
+    assert result.stderr.strip().endswith(line)
+
+
+def test_a_library_user_catches_the_error(toy_bin):
+    """Outside fairseq's command line (a notebook, the hub interface) the
+    error reaches the caller."""
+    with pytest.raises(NaturalBiasError, match=NO_COUNTS):
+        build(toy_bin, "--natbias-init", "file")
+
+
+def test_natbias_step0_prints_the_error_in_one_line(toy_bin):
+    argv = [toy_bin, "--user-dir", "fairseq_natbias", "--arch", "transformer_natbias", "--cpu"]
+    with pytest.raises(SystemExit, match=f"^natbias-step0: error: {NO_COUNTS}"):
+        step0.main([*map(str, argv), "--natbias-init", "file"])
 
 
 @pytest.mark.training

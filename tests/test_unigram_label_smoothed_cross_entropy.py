@@ -14,6 +14,8 @@ import torch
 from fairseq.criterions.label_smoothed_cross_entropy import LabelSmoothedCrossEntropyCriterion
 from natbias_testing import build_in_process, first_sentences, log_records, train, train_lm
 
+from natbias.errors import NaturalBiasError
+
 ULS = ["--criterion", "unigram_label_smoothed_cross_entropy"]
 
 
@@ -167,10 +169,10 @@ def test_missing_training_split_names_path_and_fix(tmp_path, toy_bin, fresh_copy
     for path in data.glob("train.src-tgt.tgt.*"):
         path.unlink()
     model.eval()
-    with pytest.raises(SystemExit) as error:  # fairseq-train prints it as one line
+    with pytest.raises(NaturalBiasError) as error:  # fairseq-train prints it as one line
         criterion(model, first_sentences(task, "valid"))
     text = str(error.value)
-    assert text.startswith("fairseq_natbias: error: criterion unigram_label_smoothed_cross_")
+    assert text.startswith("criterion unigram_label_smoothed_cross_")
     assert f"{data}/train.src-tgt.tgt.bin" in text
     assert "--criterion label_smoothed_cross_entropy" in text
 

@@ -19,6 +19,7 @@ from natbias_testing import build_in_process, first_sentences, log_records, trai
 from fairseq_natbias.unigram_regularized_cross_entropy import (
     UnigramRegularizedCrossEntropyCriterion,
 )
+from natbias.errors import NaturalBiasError
 
 REG = ["--criterion", "unigram_regularized_cross_entropy"]
 
@@ -240,7 +241,7 @@ def test_missing_target_split_names_path_and_fix(tmp_path, toy_bin, fresh_copy):
     )  # a model without the natural bias: the criterion counts
     for path in data.glob("train.src-tgt.tgt.*"):
         path.unlink()
-    with pytest.raises(SystemExit) as error:  # one line from fairseq-train
+    with pytest.raises(NaturalBiasError) as error:  # one line from fairseq-train
         task.begin_epoch(1, model)  # where fairseq-train starts training
     text = str(error.value)
     assert f"{data}/train.src-tgt.tgt.bin" in text
@@ -282,12 +283,16 @@ def test_a_task_that_is_neither_translation_nor_lm_is_refused(toy_bin):
         def train_step(self, *args, **kwargs):
             pass
 
+        valid_step = reduce_metrics = train_step  # a task's other methods the plugin wraps
+
         def begin_epoch(self, epoch, model):
             pass
 
     task = ClassificationLikeTask()
     UnigramRegularizedCrossEntropyCriterion(task, False, 0.1, 0.1, 5)
-    with pytest.raises(SystemExit, match="cannot tell which tokens .* --unigram-reg-updates 0"):
+    with pytest.raises(
+        NaturalBiasError, match="cannot tell which tokens .* --unigram-reg-updates 0"
+    ):
         task.begin_epoch(1, None)
 
 

@@ -15,6 +15,7 @@ import json
 import sys
 
 from fairseq_natbias.in_process import build_from_training_args, validation_divergence
+from natbias.errors import NaturalBiasError
 
 
 def main(argv=None):
@@ -22,8 +23,11 @@ def main(argv=None):
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__)
         return
-    cfg, task, model = build_from_training_args(argv)
-    result = validation_divergence(task, model, split=cfg.dataset.valid_subset.split(",")[0])
+    try:
+        cfg, task, model = build_from_training_args(argv)
+        result = validation_divergence(task, model, split=cfg.dataset.valid_subset.split(",")[0])
+    except NaturalBiasError as error:
+        sys.exit(f"natbias-step0: error: {error}")
     print(json.dumps({key: round(value, 4) for key, value in result.items()}))
 
 

@@ -21,7 +21,7 @@ import torch
 
 from natbias.counts import IGNORE_INDEX
 from natbias.errors import NaturalBiasError
-from natbias.label_smoothing import check_epsilon, unigram_smoothed_loss
+from natbias.label_smoothing import PAPER_EPSILON, check_epsilon, unigram_smoothed_loss
 from natbias.prior import DEFAULT_SMOOTHING, log_unigram
 
 
@@ -31,13 +31,15 @@ class UnigramLabelSmoothingLoss:
     ``causal``: the logits at t predict the label at t + 1 (decoder-only
     models, whose labels are their inputs)."""
 
-    def __init__(self, log_prior: torch.Tensor, epsilon: float = 0.1, causal: bool = False):
+    def __init__(
+        self, log_prior: torch.Tensor, epsilon: float = PAPER_EPSILON, causal: bool = False
+    ):
         self.epsilon = check_epsilon(epsilon, "epsilon")
         self.prior = log_prior.detach().float().exp()
         self.causal = causal
 
     @classmethod
-    def from_model(cls, model, epsilon: float = 0.1) -> "UnigramLabelSmoothingLoss":
+    def from_model(cls, model, epsilon: float = PAPER_EPSILON) -> "UnigramLabelSmoothingLoss":
         """omega: the prior of a model given the natural bias (``add_natural_bias``)."""
         log_prior = getattr(model, "natbias_log_prior", None)
         if log_prior is None:
@@ -52,7 +54,7 @@ class UnigramLabelSmoothingLoss:
         cls,
         counts: Sequence[int],
         model,
-        epsilon: float = 0.1,
+        epsilon: float = PAPER_EPSILON,
         smoothing: float = DEFAULT_SMOOTHING,
     ) -> "UnigramLabelSmoothingLoss":
         """omega counted (``natbias.hf.count_targets``) for a model without the
