@@ -33,7 +33,7 @@ import torch
 
 from fairseq_natbias import checkpoint_loading, training_data
 from natbias.errors import NaturalBiasError
-from natbias.prior import log_unigram
+from natbias.prior import DEFAULT_SMOOTHING, log_unigram
 from natbias.tools import plots
 from natbias.tools.cli import parser_for, print_written, progress_on_stderr, run_tool
 
@@ -122,7 +122,7 @@ def training_log_unigram(model, task, cfg) -> tuple[np.ndarray, str]:
     """The smoothed log-unigram of the training targets, and where it came from."""
     data = training_data.task_config(task).data
     train_split = getattr(cfg.dataset, "train_subset", None) or "train"
-    alpha = getattr(cfg.model, "natbias_smoothing", None) or 1.0
+    alpha = getattr(cfg.model, "natbias_smoothing", None) or DEFAULT_SMOOTHING
     buffer = getattr(model, "target_log_unigram", None)
     if buffer is not None and not bool(buffer.abs().sum() > 0):
         buffer = None

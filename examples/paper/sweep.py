@@ -37,12 +37,11 @@ from quality import quality
 
 from fairseq_natbias import checkpoint_loading, plugin_dir
 from fairseq_natbias.checkpoint_loading import has_output_bias
+from fairseq_natbias.natural_bias import BIAS_SCALE, LOGIT_ADJUSTMENT
 from natbias.errors import NaturalBiasError
 from natbias.tools import cli, distinct, plots
 from natbias.tools.generate_output import read_generate_output
 
-BIAS_SCALE = "natbias_bias_scale"
-LOGIT_ADJUSTMENT = "natbias_logit_adjustment"
 STDERR_TAIL_LINES = 15
 COLUMNS = ("lambda", "tau", "BLEU", "chrF", "D1", "D2", "D3", "D4", "D", "sentences", "mean_length")
 MISSING_NOTE = (
