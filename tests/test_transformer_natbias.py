@@ -272,18 +272,13 @@ NO_COUNTS = "--natbias-init file needs --natbias-counts PATH"
 
 
 @pytest.mark.training
-@pytest.mark.parametrize("how", ["fairseq-train", "python -m fairseq_cli.train"])
-def test_fairseq_train_prints_the_error_in_one_line(toy_bin, tmp_path, how):
-    """A real fairseq-train process (the console script, or the module run by
-    python): the plugin's error is one ``fairseq-train: error:`` line on
-    stderr and exit status 1, no traceback."""
-    command = [str(BIN / "fairseq-train")]
-    if how.startswith("python"):
-        command = [sys.executable, "-m", "fairseq_cli.train"]
+def test_fairseq_train_prints_the_error_in_one_line(toy_bin, tmp_path):
+    """A real fairseq-train process: the plugin's error is one
+    ``fairseq-train: error:`` line on stderr and exit status 1, no traceback."""
     argv = [toy_bin, "--user-dir", "fairseq_natbias", "--arch", "transformer_natbias"]
     argv += [*TINY_MODEL, *TINY_TRAINING, "--save-dir", tmp_path, "--natbias-init", "file"]
     result = subprocess.run(
-        [*command, *map(str, argv)],
+        [str(BIN / "fairseq-train"), *map(str, argv)],
         cwd=REPO,
         env=dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1"),
         capture_output=True,
@@ -293,6 +288,33 @@ def test_fairseq_train_prints_the_error_in_one_line(toy_bin, tmp_path, how):
     (line,) = [line for line in result.stderr.splitlines() if "error" in line]
     assert line.startswith(f"fairseq-train: error: {NO_COUNTS} (make one with")
     assert result.stderr.strip().endswith(line)
+
+
+@pytest.mark.parametrize(
+    "main_module, argv0, command",
+    [
+        ("fairseq_cli.train", "/usr/lib/python3/fairseq_cli/train.py", "fairseq-train"),
+        ("fairseq_cli.generate", "-m", "fairseq-generate"),
+        (None, "/venv/bin/fairseq-train", "fairseq-train"),
+        (None, "/venv/bin/fairseq-interactive", "fairseq-interactive"),
+        (None, "/venv/bin/natbias-step0", "natbias-step0"),
+        (None, "ipykernel_launcher.py", None),
+        ("pytest", "/venv/bin/pytest", None),
+    ],
+)
+def test_the_plugin_knows_which_command_runs_it(monkeypatch, main_module, argv0, command):
+    """``python -m fairseq_cli.train`` (the main module's spec), fairseq's console
+    scripts and this package's (argv[0]) get the one-line errors; a notebook or
+    pytest does not."""
+    import types
+
+    import fairseq_natbias
+
+    main = types.ModuleType("__main__")
+    main.__spec__ = types.SimpleNamespace(name=main_module) if main_module else None
+    monkeypatch.setitem(sys.modules, "__main__", main)
+    monkeypatch.setattr(sys, "argv", [argv0])
+    assert fairseq_natbias.running_command() == command
 
 
 def test_a_library_user_catches_the_error(toy_bin):

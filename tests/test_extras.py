@@ -1,11 +1,14 @@
-"""Installed without the [plots] extra: every console script starts (its
---help) and a figure asked for is refused in one line naming the extra."""
+"""Installed without an extra: without [plots] every console script starts (its
+--help) and a figure asked for is refused in one line naming the extra; without
+fairseq the plugin's console scripts say in one line what to install."""
 
 import subprocess
 import sys
 
 import tomllib
-from natbias_testing import REPO
+from natbias_testing import BIN, REPO
+
+from fairseq_natbias import FAIRSEQ_MISSING
 
 # One process for all scripts (each --help ends in SystemExit(0)), with
 # matplotlib made unimportable by a package of that name that refuses.
@@ -51,3 +54,24 @@ def test_every_console_script_starts_without_matplotlib(tmp_path):
     )
     for name in scripts:  # argparse's usage line, or natbias-step0's own help
         assert f"usage: {name}" in run.stdout or f"{name}: " in run.stdout, name
+
+
+def test_without_fairseq_the_plugins_scripts_say_what_to_install_in_one_line(tmp_path):
+    (tmp_path / "fairseq").mkdir()
+    (tmp_path / "fairseq/__init__.py").write_text("raise ImportError('hidden by the test')\n")
+    scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
+    plugin_scripts = [
+        name for name, target in scripts.items() if target.startswith("fairseq_natbias")
+    ]
+    assert {"natbias-step0", "natbias-count", "natbias-average-checkpoints"} <= set(plugin_scripts)
+    for name in plugin_scripts:
+        run = subprocess.run(
+            [str(BIN / name), "--help"],
+            env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"},
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert run.returncode == 1, (name, run.stdout, run.stderr)
+        assert run.stderr.strip() == f"{name}: error: {FAIRSEQ_MISSING}", run.stderr
