@@ -92,16 +92,6 @@ TINY_TRAINING = [
 ]
 
 
-def benchmark_script(name):
-    """research/<name>.py imported as a module (research/ is no package)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(name, REPO / "research" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def fairseq(tool, *args, cwd=None, check=True, env=None, in_process=True):
     """Run a real fairseq entry point (fairseq-train, fairseq-generate, ...),
     one of this package's console scripts, or a script of the repository

@@ -7,7 +7,7 @@ from collections import Counter
 
 import numpy as np
 import pytest
-from natbias_testing import benchmark_script
+from research_scripts import benchmark_script
 
 VOCAB, EOS = 32_000, 2
 

@@ -5,7 +5,7 @@ against values worked by hand."""
 import json
 
 import pytest
-from natbias_testing import benchmark_script
+from research_scripts import benchmark_script
 
 ROWS = """# a comment line, as in the committed file
 pair,arm,seed,best_valid_nll,bleu_test_2016,chrf_test_2016,bleu_test_2017,chrf_test_2017

@@ -16,7 +16,8 @@ import tarfile
 from pathlib import Path
 
 import pytest
-from natbias_testing import REPO, benchmark_script, write_multi30k_slice
+from natbias_testing import REPO, write_multi30k_slice
+from research_scripts import benchmark_script
 from test_gpu_check_report import FP16_LOG, table_rows
 
 SCRIPT = REPO / "research" / "gpu_check.py"
@@ -24,7 +25,7 @@ SLICE = {"train": 1500, "val": 60, "test_2016_flickr": 40}
 
 gpu_check = benchmark_script("gpu_check")
 report = benchmark_script("gpu_check_report")
-import pipeline  # noqa: E402  (after benchmark_script's path set-up)
+import pipeline  # noqa: E402  (the module gpu_check.py imported, examples/paper/pipeline.py)
 
 # --- the tools, however they were installed -------------------------------------------
 

@@ -8,7 +8,8 @@ import re
 import zipfile
 
 import pytest
-from natbias_testing import REPO, benchmark_script
+from natbias_testing import REPO
+from research_scripts import benchmark_script
 
 gpu_check = benchmark_script("gpu_check")
 report = benchmark_script("gpu_check_report")

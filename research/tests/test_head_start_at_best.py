@@ -4,7 +4,7 @@
 import json
 
 import pytest
-from natbias_testing import benchmark_script
+from research_scripts import benchmark_script
 
 SETTING = "n3000_short-converge"
 ARM = "gain-unigram"

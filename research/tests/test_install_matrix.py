@@ -1,7 +1,7 @@
 """research/install_matrix.py: its table from resolutions made up here (the
 real one asks the package index, which the tests do not)."""
 
-from natbias_testing import benchmark_script
+from research_scripts import benchmark_script
 
 
 def test_the_table_names_what_would_pull_fairseqs_needs_in(monkeypatch, tmp_path, capsys):

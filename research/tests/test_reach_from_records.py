@@ -3,7 +3,7 @@
 import json
 
 import pytest
-from natbias_testing import benchmark_script
+from research_scripts import benchmark_script
 
 
 def test_reach_is_interpolated_and_scaled_by_the_horizon(tmp_path, capsys):

@@ -6,7 +6,7 @@ import math
 
 import pytest
 from fairseq.data import Dictionary
-from natbias_testing import benchmark_script
+from research_scripts import benchmark_script
 from test_counts import hand_counts
 from test_transformer_natbias import hand_log_unigram
 

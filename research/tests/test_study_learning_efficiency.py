@@ -9,7 +9,7 @@ import json
 
 import numpy as np
 import pytest
-from natbias_testing import benchmark_script
+from research_scripts import benchmark_script
 
 SIGNATURES = {"bleu_signature": "nrefs:1|tok:13a", "chrf_signature": "nrefs:1|nc:6"}
 
