@@ -203,7 +203,6 @@ def test_translation_criterion_default_and_refusal(translation):
     )
 
 
-@pytest.mark.training
 def test_translation_bad_data_folder(tmp_path):
     result = run_example(
         ["bash", SCRIPTS["translation"]], {"DATA": tmp_path, "WORK": tmp_path / "w"}
@@ -213,7 +212,6 @@ def test_translation_bad_data_folder(tmp_path):
 
 
 @pytest.mark.parametrize("name", sorted(SCRIPTS))
-@pytest.mark.training
 def test_every_script_lists_its_settings_with_help(name):
     result = succeeded(run_example(["bash", SCRIPTS[name], "--help"]))
     settings = re.findall(r"^([A-Z][A-Z0-9_]*)=\$\{", SCRIPTS[name].read_text(), re.M)
@@ -484,7 +482,6 @@ def test_language_model_evaluates_samples_and_sweeps(language_model):
     assert (work / "runs/unigram/sweep/sweep_lm.png").exists()
 
 
-@pytest.mark.training
 def test_language_model_bad_data_folder(tmp_path):
     (tmp_path / "train.en").write_text("a b\n")
     result = run_example(
@@ -591,7 +588,6 @@ def test_translation_on_a_fresh_clone_falls_back_to_the_synthetic_corpus(tmp_pat
     )
 
 
-@pytest.mark.training
 def test_data_is_a_file(tmp_path):
     data = tmp_path / "train.de"
     data.write_text("ein Hund\n")
@@ -602,7 +598,6 @@ def test_data_is_a_file(tmp_path):
     assert not (tmp_path / "w/raw").exists()
 
 
-@pytest.mark.training
 def test_natbias_multi30k_without_the_files(tmp_path):
     """A data variable set by hand and wrong is refused, not silently replaced
     by a download."""
@@ -625,7 +620,6 @@ def test_natbias_multi30k_without_the_files(tmp_path):
 
 
 @pytest.mark.parametrize("name", ["external_bias", "frequency_analysis"])
-@pytest.mark.training
 def test_run_before_the_translation_example(name, tmp_path):
     result = run_example(
         ["bash", SCRIPTS[name]],

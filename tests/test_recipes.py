@@ -370,7 +370,6 @@ def test_template_trains_a_new_pair(template):
         assert cells[0] == "1" and all(re.fullmatch(r"\d+\.\d\d", c) for c in cells[1:5]), cells
 
 
-@pytest.mark.training
 def test_template_needs_its_pair_and_data(tmp_path):
     result = run_recipe(
         RECIPES / "template" / "run.sh",
@@ -411,7 +410,6 @@ def lib(snippet, tmp_path, env=None):
         (1, 1, 1, 4096, "3", 3),  # UPDATE_FREQ given: kept
     ],
 )
-@pytest.mark.training
 def test_update_freq_keeps_tokens_per_update(
     tmp_path, ngpus, nnodes, cpu_workers, max_tokens, given, expected
 ):
@@ -424,7 +422,6 @@ def test_update_freq_keeps_tokens_per_update(
     assert out.strip() == str(expected)
 
 
-@pytest.mark.training
 def test_gpu_launcher_is_torchrun(tmp_path):
     """With GPUs, launch runs torchrun with the node layout and gives fairseq
     the matching world size (a stand-in torchrun records its arguments)."""
@@ -456,7 +453,6 @@ def test_gpu_launcher_is_torchrun(tmp_path):
     assert args[11:] == ["--max-tokens", "4096", "--distributed-world-size", "8"]
 
 
-@pytest.mark.training
 def test_grid_order_and_job_array_task(tmp_path):
     (tmp_path / "external.counts").write_text("x 1\n")
     out = lib(
@@ -473,7 +469,6 @@ def test_grid_order_and_job_array_task(tmp_path):
     assert task.split() == ["file", "2"]
 
 
-@pytest.mark.training
 def test_appendix_variants_pass_their_options(tmp_path):
     """A.4 runs get the colleague's criterion and its options, A.7 runs the
     counts file; the others the paper's label-smoothed cross-entropy."""
@@ -503,7 +498,6 @@ def test_appendix_variants_pass_their_options(tmp_path):
     assert "--fp16" not in zero  # CPU
 
 
-@pytest.mark.training
 def test_unigram_label_smoothing_runs_have_their_own_names_and_criterion(tmp_path):
     """UNIGRAM_LS_INITS adds <init>-unigram-ls runs after the paper's grid,
     trained with the unigram-smoothed criterion and the init they name."""
@@ -526,7 +520,6 @@ def test_unigram_label_smoothing_runs_have_their_own_names_and_criterion(tmp_pat
     RECIPE_SCRIPTS + [RECIPES / "lib.sh", DEFAULTS, RECIPES / "slurm.sbatch"],
     ids=lambda p: str(Path(p).relative_to(RECIPES)),
 )
-@pytest.mark.training
 def test_scripts_parse(script):
     subprocess.run(["bash", "-n", str(script)], check=True)
 
@@ -595,7 +588,6 @@ def printed_settings(output):
 
 
 @pytest.mark.parametrize("script", RECIPE_SCRIPTS, ids=lambda p: p.parent.name)
-@pytest.mark.training
 def test_help_prints_every_setting_as_it_would_be_used(script, tmp_path):
     """--help lists defaults.sh's settings in its order and sections, each with
     the environment's value, else the recipe's, else the default, and the
@@ -614,7 +606,6 @@ def test_help_prints_every_setting_as_it_would_be_used(script, tmp_path):
     assert list(tmp_path.iterdir()) == []  # nothing made
 
 
-@pytest.mark.training
 def test_help_shows_recipe_values_over_defaults(tmp_path):
     wmt = printed_settings(
         run_recipe(
@@ -640,7 +631,6 @@ def test_help_shows_recipe_values_over_defaults(tmp_path):
     assert template["SPM_VOCAB"][0] == "8000"
 
 
-@pytest.mark.training
 def test_help_under_smoke_shows_smoke_values_unless_given(tmp_path):
     """SMOKE=1: a smoke value wins over the recipe's own value (WMT's 300000
     updates), never over the environment's."""
@@ -655,7 +645,6 @@ def test_help_under_smoke_shows_smoke_values_unless_given(tmp_path):
     assert given["SPM_VOCAB"][0] == "1000"
 
 
-@pytest.mark.training
 def test_other_arguments_are_refused(tmp_path):
     result = run_recipe(IWSLT, cwd=tmp_path, args=["--seeds"], check=False)
     assert result.returncode != 0 and "usage:" in result.stderr
