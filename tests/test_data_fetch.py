@@ -89,9 +89,7 @@ def test_the_demo_uses_the_same_helper(tmp_path):
     import demo
 
     (tmp_path / "text").write_text("x\n")
-    with pytest.raises(
-        SystemExit, match=r"^natbias-demo: error: --data=.* is a file, not a folder"
-    ):
+    with pytest.raises(SystemExit, match=r"^demo.py: error: --data=.* is a file, not a folder"):
         demo.find_raw_data(str(tmp_path / "text"), tmp_path)
 
 

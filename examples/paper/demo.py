@@ -41,7 +41,7 @@ def find_raw_data(given, work):
     try:
         return multi30k.find_raw_data(given, work, say=say)
     except multi30k.DataError as error:
-        raise SystemExit(f"natbias-demo: error: {error}") from None
+        raise SystemExit(f"demo.py: error: {error}") from None
 
 
 def train(data_bin, run_dir, init, max_update):
@@ -108,7 +108,7 @@ def report(work, results):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(
-        prog="natbias-demo",
+        prog="examples/paper/demo.py",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -1,4 +1,4 @@
-"""The pipeline steps of natbias-demo and the learning-efficiency study, each
+"""The pipeline steps of make demo (demo.py) and the learning-efficiency study, each
 through the real command a user would type: SentencePiece, fairseq-preprocess
 (:func:`prepare`, :func:`prepare_lm`), natbias-step0 and fairseq-train
 (:func:`train`), fairseq-generate and sacreBLEU (:func:`evaluate`), validation
@@ -41,7 +41,7 @@ LN2 = math.log(2.0)
 
 
 def say(message):
-    print(f"[natbias-demo {time.strftime('%H:%M:%S')}] {message}", flush=True)
+    print(f"[demo {time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
 # The module behind each console script, for a Python whose folder lacks the
@@ -89,7 +89,7 @@ def run(command, log_path=None, on_line=None):
             log.close()
     if process.returncode != 0:
         tail = "".join(lines[-30:])
-        raise SystemExit(f"natbias-demo: {Path(command[0]).name} failed:\n{tail}")
+        raise SystemExit(f"demo: {Path(command[0]).name} failed:\n{tail}")
     return "".join(lines)
 
 
@@ -194,7 +194,7 @@ def prepare_test_set(raw, work, data_bin, langs, test_set):
     for lang in langs:
         path = raw_file(raw, test_set, lang)
         if path is None:
-            raise SystemExit(f"natbias-demo: no {test_set}.{lang}[.gz] in {raw}")
+            raise SystemExit(f"demo: no {test_set}.{lang}[.gz] in {raw}")
         lines = read_lines(path)
         _write_lines(text / f"test.raw.{lang}", lines)
         _write_lines(text / f"test.{lang}", sentencepiece_text.encode_lines(processor, lines))
