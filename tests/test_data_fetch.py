@@ -1,6 +1,6 @@
-"""natbias/tools/data.py in process: the data `make demo` and the
-examples find, in its order (a folder given, NATBIAS_MULTI30K, ../shared,
-a download, a synthetic corpus), a mirror standing in for Multi30k's address
+"""examples/paper/multi30k.py in process: the data `make demo` and the
+examples find, in its order (a folder given, NATBIAS_MULTI30K, a download,
+a synthetic corpus), a mirror standing in for Multi30k's address
 (file://), and bad folders refused in one line naming the fix. The examples'
 own runs without data are in test_examples.py (a fresh clone, no network)."""
 
@@ -13,7 +13,7 @@ import pytest
 
 @pytest.fixture
 def no_local_multi30k(tmp_path, monkeypatch):
-    """No NATBIAS_MULTI30K, no ../shared from the working directory."""
+    """No NATBIAS_MULTI30K (the one way the finder looks for a local copy)."""
     monkeypatch.delenv("NATBIAS_MULTI30K", raising=False)
     monkeypatch.chdir(tmp_path)
     messages = []

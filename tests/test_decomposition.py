@@ -1,4 +1,4 @@
-"""fairseq_natbias/analysis/decomposition.py: eq. (4) made exact,
+"""examples/paper/decomposition.py: eq. (4) made exact,
 log p(y) = log p_Wphi(y) + log p_b(y) + normaliser, on real fairseq models
 (translation and language model, with and without a bias), each term checked
 against a computation that does not go through the module: the decoder's

@@ -7,8 +7,8 @@ traceback. The translation example's work folder is shared by the examples
 built on it (python_api, external_bias, frequency_analysis).
 
 Without DATA the examples find their data as `make demo` does
-(natbias/tools/data.py): tested here without Multi30k, from a copy of
-examples/ with no ../shared beside it and no network (a file:// address
+(examples/paper/multi30k.py): tested here without Multi30k, from a copy of
+examples/ with NATBIAS_MULTI30K unset and no network (a file:// address
 stands in for Multi30k's; the synthetic fallback when it fails)."""
 
 import csv

@@ -1,5 +1,5 @@
 """Generation-time control of the frequency bias: logits W phi + lambda b -
-tau log p_unigram, set through fairseq's --model-overrides, and natbias-sweep."""
+tau log p_unigram, set through fairseq's --model-overrides, and examples/paper/sweep.py."""
 
 import math
 from collections import Counter

@@ -1,4 +1,4 @@
-"""fairseq_natbias/sentencepiece_text.py: the one SentencePiece trainer and
+"""natbias/tools/sentencepiece_text.py: the one SentencePiece trainer and
 encoder, on Multi30k's German and English (a joint model, as the demo and the
 recipes train it), checked against what SentencePiece's own processor says."""
 

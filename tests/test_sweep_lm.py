@@ -1,4 +1,4 @@
-"""examples/paper/sweep_lm.py (fairseq_natbias/analysis/sweep_lm.py): Kobayashi et al.'s
+"""examples/paper/sweep_lm.py: Kobayashi et al.'s
 lambda sweep for a language model, each measure checked against an
 independent computation (fairseq-eval-lm, sacreBLEU, distinct-n recounted)."""
 
