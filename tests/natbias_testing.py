@@ -42,6 +42,10 @@ def write_multi30k_slice(root, counts):
     return root
 
 
+# For fairseq-generate, -eval-lm and -validate run in the test process: their
+# default of one data-loader worker forks the whole test process, seconds each.
+NO_LOADER_PROCESS = ["--num-workers", "0"]
+
 TINY_MODEL = [
     "--encoder-layers",
     "2",

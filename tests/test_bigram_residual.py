@@ -14,6 +14,7 @@ from fairseq import search
 from fairseq.data import Dictionary
 from fairseq.sequence_generator import SequenceGenerator
 from natbias_testing import (
+    NO_LOADER_PROCESS,
     TINY_LM,
     TINY_LM_TRAINING,
     build_in_process,
@@ -322,6 +323,7 @@ def test_fairseq_train_generate_and_refusals(toy_bin, tmp_path):
         )
     generated = fairseq(
         "fairseq-generate",
+        *NO_LOADER_PROCESS,
         toy_bin,
         "--user-dir",
         "fairseq_natbias",
@@ -349,6 +351,7 @@ def test_language_model_trains_and_evaluates(toy_lm_bin, tmp_path):
     train_lm(toy_lm_bin, tmp_path, *ORDER_2, max_update=2)
     evaluated = fairseq(
         "fairseq-eval-lm",
+        *NO_LOADER_PROCESS,
         toy_lm_bin,
         "--user-dir",
         "fairseq_natbias",
@@ -429,9 +432,10 @@ def test_fairseq_generate_with_another_prior(toy_bin, toy_text, tmp_path):
         "--required-batch-size-multiple",
         "1",
     ]
-    plain = fairseq("fairseq-generate", *common)
+    plain = fairseq("fairseq-generate", *NO_LOADER_PROCESS, *common)
     swapped = fairseq(
         "fairseq-generate",
+        *NO_LOADER_PROCESS,
         *common,
         "--model-overrides",
         str({"natbias_prior_text": str(toy_text / "valid.tgt")}),
@@ -441,6 +445,7 @@ def test_fairseq_generate_with_another_prior(toy_bin, toy_text, tmp_path):
     assert len(scores[0]) == len(scores[1]) >= 20 and scores[0] != scores[1]
     missing = fairseq(
         "fairseq-generate",
+        *NO_LOADER_PROCESS,
         *common,
         "--model-overrides",
         str({"natbias_prior_text": str(tmp_path / "absent.txt")}),
@@ -452,6 +457,7 @@ def test_fairseq_generate_with_another_prior(toy_bin, toy_text, tmp_path):
     binary.write_bytes(b"\x80\xff\x00\x01")
     refused = fairseq(
         "fairseq-generate",
+        *NO_LOADER_PROCESS,
         *common,
         "--model-overrides",
         str({"natbias_prior_text": str(binary)}),

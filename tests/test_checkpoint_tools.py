@@ -9,7 +9,7 @@ import re
 
 import pytest
 import torch
-from natbias_testing import BIN, fairseq, train
+from natbias_testing import BIN, NO_LOADER_PROCESS, fairseq, train
 
 import fairseq_natbias  # noqa: F401  (lets torch.load read fairseq's saved config here too)
 
@@ -66,7 +66,15 @@ def zero_run(toy_bin, tmp_path_factory):
 def generated(data, path, *extra):
     """fairseq-generate's output on the test split: {id: hypothesis} and the text."""
     output = fairseq(
-        "fairseq-generate", data, "--user-dir", "fairseq_natbias", "--path", path, *GENERATE, *extra
+        "fairseq-generate",
+        *NO_LOADER_PROCESS,
+        data,
+        "--user-dir",
+        "fairseq_natbias",
+        "--path",
+        path,
+        *GENERATE,
+        *extra,
     ).stdout
     hypotheses = dict(re.findall(r"^H-(\d+)\t\S+\t(.*)$", output, re.M))
     return hypotheses, output

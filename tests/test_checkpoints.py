@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from fairseq import checkpoint_utils
-from natbias_testing import fairseq, train
+from natbias_testing import NO_LOADER_PROCESS, fairseq, train
 
 from fairseq_natbias.checkpoints import saved_model_args
 from natbias import __version__
@@ -95,6 +95,7 @@ def test_a_checkpoint_generates_as_its_version_did(toy_bin, fixture):
     CPU's float kernels, not on this package."""
     result = fairseq(
         "fairseq-generate",
+        *NO_LOADER_PROCESS,
         toy_bin,
         "--user-dir",
         "fairseq_natbias",
@@ -148,6 +149,7 @@ def test_a_retired_checkpoint_is_refused_in_one_line_naming_080(toy_bin, tmp_pat
     )
     result = fairseq(
         "fairseq-generate",
+        *NO_LOADER_PROCESS,
         toy_bin,
         "--user-dir",
         "fairseq_natbias",
@@ -175,6 +177,7 @@ def test_a_checkpoint_of_a_newer_format_is_refused(toy_bin, tmp_path):
     torch.save(state, path)
     result = fairseq(
         "fairseq-generate",
+        *NO_LOADER_PROCESS,
         toy_bin,
         "--user-dir",
         "fairseq_natbias",
@@ -313,6 +316,13 @@ def test_resumed_run_still_generates_without_training_data(toy_bin, fresh_copy, 
     shutil.move(tmp_path / "ckpt/checkpoint_last.pt", moved)
     shutil.rmtree(tmp_path / "ckpt")
     result = fairseq(
-        "fairseq-generate", data, "--user-dir", "fairseq_natbias", "--path", moved, *GENERATE
+        "fairseq-generate",
+        *NO_LOADER_PROCESS,
+        data,
+        "--user-dir",
+        "fairseq_natbias",
+        "--path",
+        moved,
+        *GENERATE,
     )
     assert "Translated 20 sentences" in result.stderr

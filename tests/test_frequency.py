@@ -12,7 +12,7 @@ import frequency as frequency_cli
 import numpy as np
 import pytest
 import torch
-from natbias_testing import console_script_help, fairseq, train
+from natbias_testing import NO_LOADER_PROCESS, console_script_help, fairseq, train
 
 from natbias.errors import NaturalBiasError
 
@@ -123,6 +123,7 @@ def _score_reference(checkpoint, data, *overrides):
     SequenceScorer (fairseq-generate --score-reference) computes it."""
     result = fairseq(
         "fairseq-generate",
+        *NO_LOADER_PROCESS,
         data,
         "--path",
         checkpoint,

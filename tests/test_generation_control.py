@@ -9,7 +9,7 @@ import pytest
 import sweep as sweep_cli
 import torch
 import torch.nn.functional as F
-from natbias_testing import console_script_help, fairseq, train
+from natbias_testing import NO_LOADER_PROCESS, console_script_help, fairseq, train
 
 from fairseq_natbias.checkpoint_loading import has_output_bias
 
@@ -166,6 +166,7 @@ def _run_plain_generate_and_sweep(checkpoint, data, plain, out):
     def plain_generate():
         result = fairseq(
             "fairseq-generate",
+            *NO_LOADER_PROCESS,
             data,
             "--path",
             checkpoint,

@@ -5,7 +5,7 @@ independent computation (fairseq-eval-lm, sacreBLEU, distinct-n recounted)."""
 import re
 
 import pytest
-from natbias_testing import fairseq, train, train_lm
+from natbias_testing import NO_LOADER_PROCESS, fairseq, train, train_lm
 from quality import quality
 
 from natbias.tools import distinct
@@ -64,6 +64,7 @@ def eval_lm_bits(data, checkpoint, *overrides):
     """fairseq-eval-lm's loss (base 2) with one sentence per sample."""
     result = fairseq(
         "fairseq-eval-lm",
+        *NO_LOADER_PROCESS,
         data,
         "--user-dir",
         "fairseq_natbias",

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 from fairseq.data import Dictionary
-from natbias_testing import TINY_LM, fairseq, log_records, train_lm
+from natbias_testing import NO_LOADER_PROCESS, TINY_LM, fairseq, log_records, train_lm
 from test_counts import hand_counts
 
 from fairseq_natbias import numpy_compat, training_data
@@ -153,6 +153,7 @@ def test_eval_lm_and_validate_need_no_training_split(lm_run, toy_lm_bin, fresh_c
         path.unlink()
     evaluated = fairseq(
         "fairseq-eval-lm",
+        *NO_LOADER_PROCESS,
         data,
         "--user-dir",
         "fairseq_natbias",
@@ -168,6 +169,7 @@ def test_eval_lm_and_validate_need_no_training_split(lm_run, toy_lm_bin, fresh_c
     assert "target unigram:" not in evaluated.stderr + evaluated.stdout
     validated = fairseq(
         "fairseq-validate",
+        *NO_LOADER_PROCESS,
         data,
         "--task",
         "language_modeling",

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 from fairseq.data import Dictionary
-from natbias_testing import BIN, REPO, TINY_MODEL, TINY_TRAINING, fairseq, train
+from natbias_testing import BIN, NO_LOADER_PROCESS, REPO, TINY_MODEL, TINY_TRAINING, fairseq, train
 from test_counts import hand_counts
 
 from fairseq_natbias.cli import step0
@@ -146,6 +146,7 @@ def test_zero_and_no_bias_train_and_generate(toy_bin, tmp_path):
         assert (bias is None) == (init == "none")
         result = fairseq(
             "fairseq-generate",
+            *NO_LOADER_PROCESS,
             toy_bin,
             "--user-dir",
             "fairseq_natbias",
@@ -190,6 +191,7 @@ def test_generation_needs_no_training_split(toy_bin, fresh_copy, tmp_path):
         path.unlink()
     result = fairseq(
         "fairseq-generate",
+        *NO_LOADER_PROCESS,
         data,
         "--user-dir",
         "fairseq_natbias",
@@ -226,6 +228,7 @@ def test_checkpoint_trained_with_eval_bleu_loads(toy_bin, tmp_path):
     assert "decoder.output_projection.bias" in state["model"]
     result = fairseq(
         "fairseq-generate",
+        *NO_LOADER_PROCESS,
         toy_bin,
         "--user-dir",
         "fairseq_natbias",
