@@ -48,8 +48,8 @@ def print_errors_in_one_line(command: str) -> None:
     sys.excepthook = excepthook
 
 
-if running_command() is not None:
-    print_errors_in_one_line(running_command())
+if (_command := running_command()) is not None:
+    print_errors_in_one_line(_command)
 
 try:
     import fairseq  # noqa: F401

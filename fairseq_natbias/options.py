@@ -124,7 +124,7 @@ def set_defaults(args) -> None:
         setattr(args, FORMAT_KEY, FORMAT_VERSION)
 
 
-def check_args(args, splitting=("adaptive_softmax_cutoff",)) -> None:
+def check_args(args, splitting) -> None:
     """Refuse what the bias cannot be built with (``splitting``: options that split |V|)."""
     for split in splitting:
         if getattr(args, split, None):

@@ -20,16 +20,15 @@ torch.set_num_threads(1)
 def built_once(tmp_path_factory, name, build):
     """The folder ``name`` made by ``build(folder)`` once per test session.
 
-    Under xdist every worker runs its own session fixtures, so each would
-    binarise the same data again (a fairseq process, ~7 CPU-s to start): the
-    first worker builds it in the run's shared temp folder under a lock, the
+    Each xdist worker runs its own session fixtures, and tests/ and
+    research/tests/ each register them (their conftest.py files), so each
+    would binarise the same data again (a fairseq process, ~7 CPU-s to
+    start): the first builds it in the run's temp folder under a lock, the
     others wait for it and reuse it. Nothing writes to it afterwards (tests
     that delete files work on ``fresh_copy``)."""
-    if "PYTEST_XDIST_WORKER" not in os.environ:  # one process: the session's own folder
-        folder = tmp_path_factory.mktemp(name)
-        build(folder)
-        return folder
-    folder = tmp_path_factory.getbasetemp().parent / name
+    base = tmp_path_factory.getbasetemp()
+    run = base.parent if "PYTEST_XDIST_WORKER" in os.environ else base  # gw0, gw1, ... share it
+    folder = run / name
     with FileLock(f"{folder}.lock"):
         if not (folder / ".built").exists():
             shutil.rmtree(folder, ignore_errors=True)  # a worker that died mid-build

@@ -236,8 +236,8 @@ def run_in_process(tool, args, cwd, env):
         os.environ.update(env)
         os.chdir(cwd)
         sys.argv = [tool, *this_plugin_as_user_dir(args)]
-        if fairseq_natbias.running_command():  # as the plugin's import there does
-            fairseq_natbias.print_errors_in_one_line(fairseq_natbias.running_command())
+        if command := fairseq_natbias.running_command():  # as the plugin's import there does
+            fairseq_natbias.print_errors_in_one_line(command)
         with (
             contextlib.redirect_stdout(stdout),
             contextlib.redirect_stderr(stderr),
