@@ -93,6 +93,7 @@ class _AddResidual(torch.autograd.Function):
                     by_position.index_select(0, positions).float().view(-1),
                     dense_rows.index_select(0, ids).view(-1),
                 )
+            grad_beta = grad_beta.reshape(1)  # beta's shape
         return grad, grad_beta, None, None, None, None, None
 
 
@@ -113,7 +114,8 @@ class BigramResidual(KeepsFloat32):
         # c(v, y) per entry, for leaving each target out in training; empty
         # after the prior is swapped (the text's counts are not the training's).
         self.register_buffer("counts", _counts_or_empty(counts, indices))
-        self.weight = nn.Parameter(torch.ones((), dtype=torch.float32))
+        # beta, of shape (1,): FSDP shards no 0-d parameter (format 1 saved it 0-d).
+        self.weight = nn.Parameter(torch.ones(1, dtype=torch.float32))
         self._split_dense_rows()
 
     @classmethod

@@ -22,8 +22,10 @@ Built on it: ``fairseq_natbias`` (the fairseq plugin), ``natbias.hf``
 ``natbias.tools`` (log readers, ALC, reports and plots; no torch).
 """
 
-__version__ = "2.0.0"
+__version__ = "2.1.0"
 
 # The format of what a saved model records about its natural bias (fairseq
-# checkpoints and transformers configurations alike). Version 1 is the first.
-FORMAT_VERSION = 1
+# checkpoints and transformers configurations alike). Version 1 is the first;
+# 2 (natbias 2.1) keeps the gain and the bigram weight of shape (1,), not 0-d,
+# so that they can be sharded (natbias.legacy_scalars reads version 1).
+FORMAT_VERSION = 2

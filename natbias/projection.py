@@ -18,9 +18,17 @@ logits: a (tokens x d) product, not a (tokens x |V|) one.
 
 :class:`NaturalBiasProjection` shares the weight W it is given (tied
 embeddings stay tied); its state keys are ``weight``, ``bias`` and
-``gain_param`` (u). b and u stay float32 when the model is cast to half
-precision: a rare token's bias (|b| >= 8, where bfloat16's spacing is 0.0625)
-could not move by steps of one learning rate.
+``gain_param`` (u, of shape (1,): FSDP and tensor parallelism shard no 0-d
+parameter; format 1 saved it 0-d, :mod:`natbias.legacy_scalars` reads that).
+b and u stay float32 when the model is cast to half precision: a rare
+token's bias (|b| >= 8, where bfloat16's spacing is 0.0625) could not move by
+steps of one learning rate.
+
+A model built on the meta device (as large models are, before sharding)
+takes the natural bias there; b and u get their values when it is
+materialised: ``to_empty``, then its initialisation, which calls
+:meth:`NaturalBiasProjection.reset_parameters` (transformers'
+``init_weights``, FSDP1's ``param_init_fn``, or the user's own loop).
 """
 
 import logging
@@ -31,7 +39,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from natbias import legacy_scalars
 from natbias.errors import NaturalBiasError
+from natbias.sharding import fill_, replicated_like
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +62,13 @@ class KeepsFloat32(nn.Module):
     def _float32_device(self) -> torch.device:
         raise NotImplementedError
 
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        legacy_scalars.upgrade(self, state_dict, prefix, self.float32_parameters)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
     def _apply(self, fn, *args, **kwargs):
+        if fn(torch.empty(0)).dtype == torch.float32:  # not a cast: a move, to_empty, ...
+            return super()._apply(fn, *args, **kwargs)
         kept = {
             name: self._parameters.pop(name)
             for name in self.float32_parameters
@@ -123,15 +139,35 @@ class NaturalBiasProjection(KeepsFloat32, nn.Linear):
         self.weight = weight
         if bias is not None:
             check_bias(bias, self.out_features)
-            bias = nn.Parameter(bias.detach().to(weight.device, torch.float32).clone())
-        self.bias = bias
+            bias = bias.detach().to("cpu", torch.float32).clone()
         self.gain_speed = None if gain_speed is None else float(gain_speed)
         if self.gain_speed is not None:
             gain_init = DEFAULT_GAIN_INIT if gain_init is None else gain_init
             check_gain(gain_init, self.gain_speed)
-            self.gain_param = nn.Parameter(
-                torch.tensor(gain_init / self.gain_speed, dtype=torch.float32, device=weight.device)
-            )
+        # Kept on the CPU for reset_parameters: a model built on the meta
+        # device has no values until it is materialised.
+        self.initial_values = {"bias": bias, "gain_param": None}
+        self.bias = self._parameter(bias)
+        if self.gain_speed is not None:
+            initial_gain = torch.full((1,), gain_init / self.gain_speed, device="cpu")
+            self.initial_values["gain_param"] = initial_gain
+            self.gain_param = self._parameter(self.initial_values["gain_param"])
+        # Set on the meta device; a forward before reset_parameters is refused.
+        self.awaiting_values = weight.device.type == "meta"
+
+    def _parameter(self, values: Optional[torch.Tensor]) -> Optional[nn.Parameter]:
+        if values is None:
+            return None
+        return nn.Parameter(values.to(self.weight.device, torch.float32, copy=True))
+
+    def reset_parameters(self) -> None:
+        """b and u to their initial values, shard by shard where they are
+        sharded (every process calls it). W is not touched: it is the
+        embedding's, or the model's own initialisation draws it."""
+        for name, values in self.initial_values.items():
+            if values is not None and getattr(self, name, None) is not None:
+                fill_(getattr(self, name), values)
+        self.awaiting_values = False
 
     def gain(self) -> Optional[torch.Tensor]:
         """g = min(|C u|, 1); None without a gain. Where C u would cross zero,
@@ -142,8 +178,15 @@ class NaturalBiasProjection(KeepsFloat32, nn.Linear):
         return torch.clamp((self.gain_param * self.gain_speed).abs(), max=GAIN_CAP)
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
+        if self.awaiting_values and self.weight.device.type != "meta":
+            raise NaturalBiasError(
+                "this model took the natural bias on the meta device and was materialised "
+                "without initialising it: after to_empty, call model.init_weights() "
+                "(transformers) or each module's reset_parameters()"
+            )
         gain = self.gain()
         if gain is not None:
+            gain = replicated_like(gain, features)  # one g, whole on every process
             features = _ScaleByGain.apply(features, gain, self.gain_speed * self.in_features)
         bias = None if self.bias is None else self.bias.to(features.dtype)
         return F.linear(features, self.weight, bias)

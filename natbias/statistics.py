@@ -14,6 +14,8 @@ from typing import Optional
 
 import torch
 
+from natbias.sharding import full
+
 LN2 = math.log(2.0)  # nats per bit: every figure in bits divides by it
 # float32 entries per temporary of the per-token divergences (32 MiB), so that
 # 8k tokens x a 32k vocabulary never need two such tensors whole.
@@ -27,15 +29,17 @@ def bias_statistics(
     gain: Optional[torch.Tensor] = None,
 ) -> dict[str, float]:
     """``bias_kl``, ``bias_norm`` (with a bias), ``weight_norm`` and ``gain``
-    (with a gain) of an output layer, as floats."""
-    weight_norm = weight.detach().float().norm()
+    (with a gain) of an output layer, as floats. Sharded tensors (DTensors)
+    are reduced or gathered: call it on every process then."""
+    weight_norm = full(weight.detach().float().norm())
     if gain is not None:
-        weight_norm = weight_norm * gain.detach().float().abs()
+        gain = full(gain.detach()).float().reshape(())
+        weight_norm = weight_norm * gain.abs()
     stats = {"weight_norm": weight_norm.item()}
     if gain is not None:
-        stats["gain"] = gain.detach().float().item()
+        stats["gain"] = gain.item()
     if bias is not None:
-        b = bias.detach().float().reshape(-1)
+        b = full(bias.detach()).float().reshape(-1)
         log_b = b.log_softmax(-1)
         kl = (log_b.exp() * (log_b - log_prior.to(b.device, torch.float32))).sum() / LN2
         stats["bias_norm"] = b.norm().item()

@@ -56,7 +56,7 @@ def test_sparse_residual_equals_the_dense_table_with_gradients(monkeypatch, dens
     torch.testing.assert_close(logits, expected)
     # d/d beta = sum over positions of D[prev] . dL/dlogits; features' as without D.
     beta_grad = (dense[previous] * torch.arange(vocab)).sum()
-    torch.testing.assert_close(residual.weight.grad, beta_grad)
+    torch.testing.assert_close(residual.weight.grad, beta_grad.reshape(1))  # beta is of shape (1,)
     torch.testing.assert_close(
         features.grad, (torch.arange(vocab).float() @ projection).expand(2, 3, 4)
     )

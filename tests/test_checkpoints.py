@@ -14,7 +14,7 @@ from fairseq import checkpoint_utils
 from natbias_testing import NO_LOADER_PROCESS, fairseq, train
 
 from fairseq_natbias.checkpoints import saved_model_args
-from natbias import __version__
+from natbias import FORMAT_VERSION, __version__
 from natbias.errors import NaturalBiasError
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -53,8 +53,8 @@ def test_the_fixtures_match_the_toy_corpus(toy_bin, fixture):
 
 @pytest.mark.parametrize("fixture", LOADABLE, ids=lambda p: p.name)
 def test_a_checkpoint_builds_its_own_model_exactly(toy_bin, fixture):
-    """Every tensor as saved, the gain g = 20 u by hand; the format recorded
-    by 1.0 and not by 0.8.0."""
+    """Every tensor as saved (format 1's 0-d gain as format 2's (1,)), the
+    gain g = 20 u by hand; the format recorded by 1.0 and not by 0.8.0."""
     path = fixture / "checkpoint_last.pt"
     models, cfg, _ = checkpoint_utils.load_model_ensemble_and_task(
         [str(path)], arg_overrides={"data": str(toy_bin)}
@@ -62,7 +62,10 @@ def test_a_checkpoint_builds_its_own_model_exactly(toy_bin, fixture):
     saved = torch.load(path, map_location="cpu", weights_only=False)
     built = models[0].state_dict()
     assert sorted(built) == sorted(saved["model"])
-    assert all(torch.equal(built[name], saved["model"][name]) for name in saved["model"])
+    scalar = "decoder.output_projection.gain_param"
+    assert saved["model"][scalar].shape == () and built[scalar].shape == (1,)
+    for name, value in saved["model"].items():
+        assert torch.equal(built[name], value.reshape(built[name].shape)), name
     u = saved["model"]["decoder.output_projection.gain_param"].item()
     assert models[0].decoder.output_projection.gain().item() == pytest.approx(20 * u, rel=1e-6)
     recorded = getattr(saved["cfg"]["model"], "natbias_format_version", None)
@@ -135,7 +138,8 @@ def _resume_fixture(fixture, toy_bin, tmp_path, *options):
 def test_a_checkpoint_resumes_and_then_records_the_format(toy_bin, tmp_path, fixture):
     _, state = _resume_fixture(fixture, toy_bin, tmp_path)
     assert state["optimizer_history"][-1]["num_updates"] == 6
-    assert state["cfg"]["model"].natbias_format_version == 1
+    assert state["cfg"]["model"].natbias_format_version == FORMAT_VERSION
+    assert state["model"]["decoder.output_projection.gain_param"].shape == (1,)
     assert 0 < 20 * state["model"]["decoder.output_projection.gain_param"].item() < 1
 
 
@@ -172,7 +176,7 @@ def test_a_retired_checkpoint_is_refused_in_one_line_naming_080(toy_bin, tmp_pat
 
 def test_a_checkpoint_of_a_newer_format_is_refused(toy_bin, tmp_path):
     state = torch.load(V100 / "checkpoint_last.pt", map_location="cpu", weights_only=False)
-    state["cfg"]["model"].natbias_format_version = 2
+    state["cfg"]["model"].natbias_format_version = FORMAT_VERSION + 1
     path = tmp_path / "newer.pt"
     torch.save(state, path)
     result = fairseq(
@@ -188,8 +192,8 @@ def test_a_checkpoint_of_a_newer_format_is_refused(toy_bin, tmp_path):
     )
     assert result.returncode != 0
     assert (
-        f"records natural-bias format 2; fairseq-natbias {__version__} reads format 1: upgrade it"
-        in result.stderr.strip().splitlines()[-1]
+        f"records natural-bias format {FORMAT_VERSION + 1}; fairseq-natbias {__version__} "
+        f"reads format {FORMAT_VERSION}: upgrade it" in result.stderr.strip().splitlines()[-1]
     )
 
 

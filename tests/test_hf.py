@@ -21,6 +21,7 @@ from transformers import (  # noqa: E402
     Seq2SeqTrainingArguments,
 )
 
+from natbias import FORMAT_VERSION  # noqa: E402
 from natbias.counts import write_counts_file  # noqa: E402
 from natbias.errors import NaturalBiasError  # noqa: E402
 from natbias.hf import (  # noqa: E402
@@ -94,7 +95,7 @@ def test_the_bias_is_the_smoothed_log_unigram_of_the_targets(name):
     tied = stock.get_output_embeddings().weight is stock.get_input_embeddings().weight
     assert tied == (name != "llama")  # Llama unties by default
     assert (model.get_output_embeddings().weight is model.get_input_embeddings().weight) == tied
-    assert model.config.natural_bias["format_version"] == 1
+    assert model.config.natural_bias["format_version"] == FORMAT_VERSION
     assert model.config.natural_bias["prior_tokens"] == sum(
         len(t) - (1 if causal else 0) for t in targets
     )
@@ -144,9 +145,12 @@ def test_a_model_without_the_natural_bias_is_refused_by_from_pretrained(tmp_path
 
 def test_a_newer_format_is_refused(tmp_path):
     model = add_natural_bias(gpt2(), zipf_targets())
-    model.config.natural_bias = {**model.config.natural_bias, "format_version": 2}
+    newer = FORMAT_VERSION + 1
+    model.config.natural_bias = {**model.config.natural_bias, "format_version": newer}
     model.save_pretrained(tmp_path)
-    with pytest.raises(NaturalBiasError, match="format version 2; natbias .* reads version 1"):
+    with pytest.raises(
+        NaturalBiasError, match=f"version {newer}; natbias .* reads version {FORMAT_VERSION}"
+    ):
         from_pretrained(tmp_path)
 
 

@@ -1,6 +1,8 @@
 """Models saved by natbias 1.0.0's transformers extra (tests/fixtures/hf-v1.0.0,
 written by its make_fixture.py with the code of 1.0.0) load with today's code
-as they were saved: the same class, b, gain and logits, and they generate."""
+as they were saved: the same class, b, gain and logits, and they generate. A
+Trainer checkpoint written by 2.0.0 (tests/fixtures/hf-v2.0.0-trainer) resumes.
+Both are format 1, whose gain was 0-d (format 2's is of shape (1,))."""
 
 from pathlib import Path
 
@@ -12,8 +14,10 @@ from safetensors.torch import load_file  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM  # noqa: E402
 
 import natbias.hf  # noqa: E402
+from natbias import FORMAT_VERSION  # noqa: E402
 
 FIXTURE = Path(__file__).parent / "fixtures" / "hf-v1.0.0"
+TRAINER_CHECKPOINT = Path(__file__).parent / "fixtures" / "hf-v2.0.0-trainer"
 CLASSES = {
     "marian": ("NaturalBiasMarianMTModel", AutoModelForSeq2SeqLM),
     "bart": ("NaturalBiasBartForConditionalGeneration", AutoModelForSeq2SeqLM),
@@ -32,7 +36,8 @@ def test_a_1_0_model_loads_with_identical_logits(name, expected):
     class_name, auto = CLASSES[name]
     for model in (natbias.hf.from_pretrained(FIXTURE / name), auto.from_pretrained(FIXTURE / name)):
         assert type(model).__name__ == class_name
-        assert model.config.natural_bias["format_version"] == 1
+        assert model.config.natural_bias["format_version"] == FORMAT_VERSION  # upgraded on load
+        assert model.get_output_embeddings().gain_param.shape == (1,)
         assert model.output_gain().item() == pytest.approx(0.4)
         inputs = {"input_ids": expected["input_ids"]}
         if model.config.is_encoder_decoder:
@@ -44,3 +49,17 @@ def test_a_1_0_model_loads_with_identical_logits(name, expected):
         # b was moved away from the prior before saving: both came back.
         assert not torch.equal(model.output_bias().detach(), model.natbias_log_prior)
         assert model.generate(expected["input_ids"][:1], max_new_tokens=3).shape[0] == 1
+
+
+@pytest.mark.training
+def test_a_2_0_trainer_checkpoint_resumes_as_an_uninterrupted_run(tmp_path):
+    """Its 0-d gain loads into the (1,) parameter and its 0-d Adam moments are
+    reshaped before the first step: updates 3 and 4 as in a run of 4 updates."""
+    import hf_scale_worker as worker
+
+    resumed, _ = worker.train(tmp_path / "resumed", 4, 2, resume=str(TRAINER_CHECKPOINT))
+    whole, _ = worker.train(tmp_path / "whole", 4, 2)
+    logged = [entry[key] for entry in resumed if "loss" in entry for key in ("loss", "gain")]
+    expected = [entry[key] for entry in whole if "loss" in entry for key in ("loss", "gain")]
+    # The first two logs are 2.0.0's own (the checkpoint's state); then today's resumed updates.
+    assert len(logged) == 8 and logged[4:] == pytest.approx(expected[4:], rel=1e-5)

@@ -34,6 +34,7 @@ from transformers import (  # noqa: E402
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES  # noqa: E402
 
 import natbias.hf  # noqa: E402
+from natbias import FORMAT_VERSION  # noqa: E402
 from natbias.errors import NaturalBiasError  # noqa: E402
 from natbias.hf import add_natural_bias, from_pretrained  # noqa: E402
 from natbias.hf.logit_map import map_bias  # noqa: E402
@@ -85,7 +86,7 @@ def test_in_place_the_model_starts_at_the_smoothed_unigram(family):
     with torch.no_grad():
         logits = model(**inputs_for(model)).logits
     assert max_kl_from(prior, logits) < 1e-3  # nats, every position
-    assert model.config.natural_bias["format_version"] == 1
+    assert model.config.natural_bias["format_version"] == FORMAT_VERSION
 
 
 @pytest.mark.parametrize("family", ALL)

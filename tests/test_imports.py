@@ -197,6 +197,7 @@ def test_no_import_cycle(graph):
 # What the core may import: the standard library's few, numpy and torch.
 CORE_NEEDS = {
     "collections",
+    "contextlib",
     "dataclasses",
     "gzip",
     "logging",
@@ -205,6 +206,7 @@ CORE_NEEDS = {
     "re",
     "struct",
     "typing",
+    "weakref",
     "numpy",
     "torch",
 }

@@ -317,3 +317,46 @@ def test_bad_gain_settings_are_refused(option, value):
     settings = {"gain_init": 0.05, "speed": 20.0, option: value}
     with pytest.raises(NaturalBiasError, match="gain (init|speed) must be a finite number > 0"):
         add_gain(FakeDecoder(), **settings)
+
+
+def test_reset_parameters_sets_b_and_the_gain_to_their_start_and_leaves_w():
+    """What a model built on the meta device runs once materialised."""
+    decoder = FakeDecoder(tied=True)
+    values = torch.linspace(-5, -1, 50)
+    with_bias(decoder, values)
+    gained = add_gain(decoder, gain_init=0.05, speed=20.0)
+    weight = gained.weight.detach().clone()
+    with torch.no_grad():
+        gained.bias.add_(1.0)
+        gained.gain_param.fill_(0.03)
+    gained.reset_parameters()
+    assert torch.equal(gained.bias.data, values)
+    assert gained.gain().item() == pytest.approx(0.05) and gained.gain_param.shape == (1,)
+    assert torch.equal(gained.weight, weight)
+
+
+def test_a_format_1_state_dict_with_a_0_d_gain_loads():
+    decoder = FakeDecoder()
+    with_bias(decoder, torch.zeros(50))
+    gained = add_gain(decoder)
+    state = {k: v.clone() for k, v in gained.state_dict().items()}
+    state["gain_param"] = torch.tensor(0.015)  # natbias <= 2.0 saved u 0-d
+    gained.load_state_dict(state)
+    assert gained.gain_param.shape == (1,) and gained.gain().item() == pytest.approx(0.3)
+
+
+def test_on_the_meta_device_the_values_wait_for_reset_parameters():
+    with torch.device("meta"):
+        decoder = FakeDecoder()
+    values = torch.linspace(-5, -1, 50)
+    projection = NaturalBiasProjection(decoder.output_projection.weight, values, 0.05, 20.0)
+    assert projection.bias.is_meta
+    projection.to_empty(device="cpu")
+    assert projection.bias.dtype == torch.float32 and not projection.bias.is_meta
+    with pytest.raises(NaturalBiasError, match="after to_empty, call model.init_weights"):
+        projection(torch.randn(2, 16))
+    projection.reset_parameters()
+    assert torch.equal(projection.bias.data, values) and projection.gain().item() == pytest.approx(
+        0.05
+    )
+    assert projection(torch.randn(2, 16)).shape == (2, 50)

@@ -18,7 +18,10 @@ Seq2SeqTrainer, TRL's); the callback composes with any of them.
 
 Only the main process computes them (``state.is_world_process_zero``), as
 only it reports: b, W and the gain are the same in every process under DDP,
-and the probe's forward runs on the main process's copy of the model.
+and the probe's forward runs on the main process's copy of the model. Where
+the model is sharded (FSDP, tensor parallelism: :mod:`natbias.sharding`),
+every process gathers b, the gain and the norm of W, and runs the probe's
+forward, as each takes part in those collectives; the main process logs.
 """
 
 import warnings
@@ -28,6 +31,7 @@ import torch
 from transformers import TrainerCallback
 
 from natbias.counts import IGNORE_INDEX
+from natbias.sharding import gathered, is_sharded
 from natbias.statistics import LN2, bias_statistics, divergence_sums
 
 
@@ -46,9 +50,10 @@ class BiasStatisticsCallback(TrainerCallback):
             return
         if "loss" not in logs:  # an evaluation's, or the run's summary: at the same step
             return
-        if not state.is_world_process_zero:
+        main = state.is_world_process_zero
+        if not (main or is_sharded(model)):
             return
-        if args.report_to and not self.before_reporting and not self._warned:
+        if main and args.report_to and not self.before_reporting and not self._warned:
             self._warned = True
             warnings.warn(
                 f"BiasStatisticsCallback runs after the report_to integrations "
@@ -57,6 +62,8 @@ class BiasStatisticsCallback(TrainerCallback):
                 stacklevel=2,
             )
         stats = statistics(model, self.probe)
+        if not main:
+            return
         logs.update(stats)
         if state.log_history:  # the Trainer appended a copy of logs before on_log
             state.log_history[-1].update(stats)
@@ -73,11 +80,13 @@ def log_bias_statistics(trainer, probe: Optional[dict] = None) -> BiasStatistics
 
 def statistics(model, probe: Optional[dict] = None) -> dict:
     """The statistics of a natural-bias model, rounded as the Trainer logs
-    them; bias_kl and bias_norm of b as the logits see it."""
-    head = model.get_output_embeddings()
-    stats = bias_statistics(
-        model.bias_in_logits(), model.natbias_log_prior, head.weight, model.output_gain()
-    )
+    them; bias_kl and bias_norm of b as the logits see it. Under sharding,
+    call it on every process."""
+    with gathered(model):
+        head = model.get_output_embeddings()
+        stats = bias_statistics(
+            model.bias_in_logits(), model.natbias_log_prior, head.weight, model.output_gain()
+        )
     if probe is not None:
         stats.update(probe_divergences(model, probe))
     return {key: round(value, 4) for key, value in stats.items()}

@@ -87,9 +87,10 @@ def measure_logit_map(model, name: str) -> Optional[dict]:
     )
 
 
-def check_starts_at_prior(model, log_prior: torch.Tensor, name: str) -> None:
-    """softmax of the logits with W phi = 0 is the prior, to rounding."""
-    logits = logits_for_bias(model, model.output_bias().detach().double())
+def check_starts_at_prior(model, bias: torch.Tensor, log_prior: torch.Tensor, name: str) -> None:
+    """softmax of the logits with W phi = 0 and b = ``bias`` (the model's
+    own, which on the meta device has no values yet) is the prior, to rounding."""
+    logits = logits_for_bias(model, bias.detach().double())
     error = (torch.log_softmax(logits, -1) - log_prior.double()).abs().max().item()
     if not error <= _tolerance(model, logits):
         raise NaturalBiasError(
@@ -107,7 +108,9 @@ def logits_for_bias(model, bias: torch.Tensor) -> torch.Tensor:
 
     def replace(module, args, output):
         value = bias if extra is None else bias - extra.detach().reshape(-1).double().cpu()
-        return value.to(output.device, output.dtype).expand_as(output).clone()
+        # On the meta device only the head's output holds values: the map after it computes on them.
+        device = "cpu" if output.device.type == "meta" else output.device
+        return value.to(device, output.dtype).expand(output.shape).clone()
 
     handle = head.register_forward_hook(replace)
     training = model.training
@@ -116,9 +119,11 @@ def logits_for_bias(model, bias: torch.Tensor) -> torch.Tensor:
         with torch.no_grad():
             logits = model(**one_token_inputs(model)).logits
     except Exception as error:  # noqa: BLE001 -- any failure of the model's forward
+        where = " on the meta device" if head.weight.device.type == "meta" else ""
+        fix = ": build it on a real device to add the natural bias" if where else ""
         raise NaturalBiasError(
-            f"{type(model).__name__} did not run on one token ({type(error).__name__}: "
-            f"{error}), which natbias.hf needs to check where its logits start"
+            f"{type(model).__name__} did not run on one token{where} ({type(error).__name__}: "
+            f"{error}), which natbias.hf needs to check where its logits start{fix}"
         ) from error
     finally:
         handle.remove()

@@ -26,13 +26,14 @@ from typing import Optional
 
 import torch
 from torch import nn
-from transformers import PretrainedConfig, PreTrainedModel
+from transformers import AutoConfig, PretrainedConfig, PreTrainedModel
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 from natbias import FORMAT_VERSION, __version__
 from natbias.errors import NaturalBiasError
 from natbias.hf.logit_map import map_bias
 from natbias.projection import KeepsFloat32, NaturalBiasProjection
+from natbias.sharding import fill_, full
 
 SETTINGS = "natural_bias"  # the configuration's key
 CLASS_PREFIX = "NaturalBias"
@@ -73,21 +74,56 @@ class NaturalBiasModel(KeepsFloat32):
 
     def __init__(self, config, *args, **kwargs):
         super().__init__(config, *args, **kwargs)
-        self._install_natural_bias(natural_bias_settings(config))
+        settings = natural_bias_settings(config)
+        self._install_natural_bias(settings)
+        if settings["format_version"] == 1:  # its gain was saved 0-d: loaded as such, then upgraded
+            head = self.get_output_embeddings()
+            if getattr(head, "gain_param", None) is not None:
+                head.gain_param = nn.Parameter(head.gain_param.detach().reshape(()))
 
-    def _install_natural_bias(self, settings: dict, bias: Optional[torch.Tensor] = None) -> None:
-        """Wraps the head and makes b a parameter; ``bias``: b's values (zeros
-        when loading, which then fills them)."""
+    @classmethod
+    def from_pretrained(cls, path, *args, **kwargs):
+        """transformers' own, then a format-1 model's gain reshaped to format 2's (1,)."""
+        if kwargs.get("tp_plan") or kwargs.get("device_mesh"):
+            config = kwargs.get("config") or AutoConfig.from_pretrained(path)
+            if natural_bias_settings(config)["format_version"] == 1:
+                raise NaturalBiasError(
+                    "a model saved by natbias 2.0 or earlier (format 1) loads on one process "
+                    "only: load it without tp_plan and save_pretrained it again to shard it"
+                )
+        model = super().from_pretrained(path, *args, **kwargs)
+        head = model.get_output_embeddings()
+        head.awaiting_values = False  # loaded
+        settings = getattr(model.config, SETTINGS)
+        if settings["format_version"] == 1:
+            if getattr(head, "gain_param", None) is not None:
+                head.gain_param = nn.Parameter(head.gain_param.detach().reshape(1))
+            settings["format_version"] = FORMAT_VERSION
+        return model
+
+    def _install_natural_bias(
+        self,
+        settings: dict,
+        bias: Optional[torch.Tensor] = None,
+        log_prior: Optional[torch.Tensor] = None,
+    ) -> None:
+        """Wraps the head and makes b a parameter; ``bias`` and ``log_prior``:
+        their values (zeros when loading, which then fills them). On the meta
+        device they wait, on the CPU, for :meth:`_init_weights`."""
         head = self.get_output_embeddings()
         weight = head.weight
         vocab_size = weight.shape[0]
-        if bias is None:
-            bias = torch.zeros(vocab_size, dtype=torch.float32, device=weight.device)
-        bias = bias.detach().to(weight.device, torch.float32)
+        zeros = torch.zeros(vocab_size, dtype=torch.float32, device="cpu")  # not transformers' meta
+        bias = zeros if bias is None else bias.detach().to("cpu", torch.float32)
+        log_prior = zeros if log_prior is None else log_prior.detach().to("cpu", torch.float32)
+        self.natbias_initial_values = {"natbias_log_prior": log_prior}
         if FINAL_LOGITS_BIAS in self._buffers:
             self.natbias_slot = FINAL_LOGITS_BIAS
             del self._buffers[FINAL_LOGITS_BIAS]
-            self.register_parameter(FINAL_LOGITS_BIAS, nn.Parameter(bias.reshape(1, -1).clone()))
+            self.natbias_initial_values[FINAL_LOGITS_BIAS] = bias.reshape(1, -1)
+            self.register_parameter(
+                FINAL_LOGITS_BIAS, nn.Parameter(bias.reshape(1, -1).to(weight.device, copy=True))
+            )
             bias = None  # added by the stock forward, through the property below
         else:
             self.natbias_slot = "head" if head.bias is not None else None
@@ -96,11 +132,38 @@ class NaturalBiasModel(KeepsFloat32):
                 weight, bias, settings.get("gain_init"), settings.get("gain_speed")
             )
         )
+        self._replicate_gain_under_tensor_parallelism()
         # log p of the training targets: for the statistics, the criterion and λ·b.
-        self.register_buffer(
-            "natbias_log_prior", torch.zeros(vocab_size, dtype=torch.float32, device=weight.device)
-        )
+        self.register_buffer("natbias_log_prior", log_prior.to(weight.device, copy=True))
         self.natbias_logit_map = settings.get("logit_map")
+
+    def _replicate_gain_under_tensor_parallelism(self) -> None:
+        """transformers' tensor parallelism gives a module's style to each of
+        its parameters: the head's would split the one-entry gain by the
+        vocabulary. The gain is kept whole on every process instead."""
+        plan, head = getattr(self, "_tp_plan", None), self.get_output_embeddings()
+        names = [name for name, module in self.named_modules() if module is head]
+        if plan and head.gain_speed is not None and names and names[0] in plan:
+            plan[f"{names[0]}.gain_param"] = "replicate"
+
+    def _init_weights(self, module):
+        """transformers' initialisation (``init_weights``, after ``to_empty``
+        for a model built on the meta device; keys missing from a saved
+        model): the stock class's, then b, the gain and the prior set to
+        their initial values, not to a Linear's zero bias."""
+        super()._init_weights(module)
+        if module is self.get_output_embeddings():
+            module.reset_parameters()
+        if module is self:
+            self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """The prior (and b where the stock class adds it after the head) to
+        their initial values; called by :meth:`_init_weights`, and by FSDP1's
+        default ``param_init_fn`` on a model built on the meta device."""
+        for name, values in self.natbias_initial_values.items():
+            tensor = self._parameters.get(name)
+            fill_(self._buffers[name] if tensor is None else tensor, values)
 
     @property
     def final_logits_bias(self) -> torch.Tensor:
@@ -118,9 +181,10 @@ class NaturalBiasModel(KeepsFloat32):
         return bias.to(torch.get_autocast_dtype(device) if autocast else weight.dtype)
 
     def output_bias(self) -> torch.Tensor:
-        """b, one entry per vocabulary entry (a view of the parameter)."""
+        """b, one entry per vocabulary entry (a view of the parameter; whole,
+        gathered on every process, where FSDP shards its (1, |V|) slot)."""
         if self.natbias_slot == FINAL_LOGITS_BIAS:
-            return self._parameters[FINAL_LOGITS_BIAS].view(-1)
+            return full(self._parameters[FINAL_LOGITS_BIAS]).view(-1)
         return self.get_output_embeddings().bias
 
     def output_gain(self) -> Optional[torch.Tensor]:

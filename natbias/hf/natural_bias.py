@@ -21,7 +21,6 @@ from collections.abc import Iterable, Sequence
 from typing import Optional
 
 import numpy as np
-import torch
 from torch import nn
 from transformers import AutoConfig, PreTrainedModel
 from transformers.models.auto.auto_factory import _get_model_class
@@ -41,6 +40,7 @@ from natbias.hf.models import (
 from natbias.hf.registry import GENERATOR_AUTO_CLASSES, register
 from natbias.prior import DEFAULT_SMOOTHING, log_unigram
 from natbias.projection import DEFAULT_GAIN_INIT, DEFAULT_GAIN_SPEED, check_gain
+from natbias.sharding import is_sharded
 
 
 def count_targets(targets, vocab_size: int, causal: bool = False) -> np.ndarray:
@@ -117,10 +117,8 @@ def add_natural_bias(
         model.config.architectures = [natbias_class.__name__]
         setattr(model.config, SETTINGS, settings)
         model.__class__ = natbias_class
-        model._install_natural_bias(settings, bias)
-        with torch.no_grad():
-            model.natbias_log_prior.copy_(log_prior)
-        check_starts_at_prior(model, log_prior, name)
+        model._install_natural_bias(settings, bias, log_prior)
+        check_starts_at_prior(model, bias, log_prior, name)
     except BaseException:
         undo()
         raise
@@ -148,6 +146,12 @@ def check_generator(model) -> str:
             f"{name}'s output layer is a {type(head).__name__}, not a linear map "
             "W phi: the natural bias is the b of logits W phi + b"
         )
+    if is_sharded(model):
+        raise NaturalBiasError(
+            f"{name} is sharded already: add the natural bias before sharding (build the "
+            "model, on the meta device if it is large; add_natural_bias; then fully_shard "
+            "or tp_plan; then to_empty and init_weights)"
+        )
     if not model.can_generate():
         raise NaturalBiasError(
             f"{name} is not a generator (a causal or sequence-to-sequence language "
@@ -167,7 +171,7 @@ class _InPlace:
 
     def __call__(self):
         model = self.model
-        for name in ("natbias_slot", "natbias_logit_map"):
+        for name in ("natbias_slot", "natbias_logit_map", "natbias_initial_values"):
             model.__dict__.pop(name, None)
         model.__class__ = self.model_class
         model.config.__class__ = self.config_class
