@@ -2,7 +2,7 @@
 and one that loads such a model back.
 
     model = AutoModelForCausalLM.from_config(config)   # transformers' own, fresh
-    add_natural_bias(model, train_dataset)             # now b = log p of its labels, gain 0.05
+    add_natural_bias(model, train_dataset)             # now b = log p of its labels, g small
     ...                                                # Trainer / Seq2SeqTrainer as usual
     model.save_pretrained(path)
     model = natbias.hf.from_pretrained(path)           # or the Auto classes
@@ -29,6 +29,7 @@ from transformers.models.auto.auto_factory import _get_model_class
 from natbias import FORMAT_VERSION, __version__
 from natbias.counts import check_counts, count_ids, read_counts_file
 from natbias.errors import NaturalBiasError
+from natbias.hf.gain_start import contextual_scale, initial_gain
 from natbias.hf.logit_map import check_starts_at_prior, initial_bias, measure_logit_map
 from natbias.hf.models import (
     CLASS_PREFIX,
@@ -40,7 +41,7 @@ from natbias.hf.models import (
 )
 from natbias.hf.registry import GENERATOR_AUTO_CLASSES, register
 from natbias.prior import DEFAULT_SMOOTHING, log_unigram
-from natbias.projection import DEFAULT_GAIN_INIT, DEFAULT_GAIN_SPEED, check_gain
+from natbias.projection import DEFAULT_GAIN_SPEED, check_gain
 
 
 def count_targets(targets, vocab_size: int, causal: bool = False) -> np.ndarray:
@@ -80,7 +81,7 @@ def add_natural_bias(
     vocabulary=None,
     smoothing: float = DEFAULT_SMOOTHING,
     gain: bool = True,
-    gain_init: float = DEFAULT_GAIN_INIT,
+    gain_init: Optional[float] = None,
     gain_speed: float = DEFAULT_GAIN_SPEED,
 ) -> NaturalBiasModel:
     """Gives ``model`` the natural bias in place and returns it, now of its
@@ -91,14 +92,18 @@ def add_natural_bias(
     token-id sequences: :func:`count_targets`), ``counts`` (one per vocabulary
     entry) or ``counts_file`` (written by ``natbias-count``; ``vocabulary``,
     the tokenizer, maps its symbols to ids). ``gain=False`` leaves W phi as
-    it is (g = 1) instead of starting it at ``gain_init``."""
+    it is (g = 1) instead of starting it at ``gain_init``; without one, the
+    start is 0.05, lowered where the model's W phi is large enough to take it
+    from the unigram (:mod:`natbias.hf.gain_start`)."""
     name = check_generator(model)
     vocab_size = model.get_output_embeddings().weight.shape[0]
     counts = _prior_counts(model, vocab_size, targets, counts, counts_file, vocabulary)
     log_prior = log_unigram(counts, smoothing)
-    if gain:
-        check_gain(gain_init, gain_speed)
     logit_map = measure_logit_map(model, name)
+    if gain:
+        if gain_init is None:
+            gain_init = initial_gain(contextual_scale(model, logit_map))
+        check_gain(gain_init, gain_speed)
     bias = initial_bias(log_prior, logit_map, name)
     settings = {
         "format_version": FORMAT_VERSION,
