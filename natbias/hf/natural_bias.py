@@ -40,36 +40,22 @@ from natbias.hf.models import (
     natural_bias_settings,
 )
 from natbias.hf.registry import GENERATOR_AUTO_CLASSES, register
+from natbias.hf.targets import target_sequences
 from natbias.prior import DEFAULT_SMOOTHING, log_unigram
 from natbias.projection import DEFAULT_GAIN_SPEED, check_gain
 
 
 def count_targets(targets, vocab_size: int, causal: bool = False) -> np.ndarray:
-    """Counts of the tokens a model is trained to predict, from a tokenised
-    dataset (its ``labels`` column, else ``input_ids``) or an iterable of
-    token-id sequences. ``causal``: each sequence's first token is never a
-    target (a decoder predicts token t + 1 from tokens 1..t). -100 is skipped."""
-    column = None
-    names = getattr(targets, "column_names", None)
-    if names is not None:
-        column = "labels" if "labels" in names else "input_ids"
-        if column not in names:
-            raise NaturalBiasError(
-                f"the dataset has no 'labels' or 'input_ids' column "
-                f"(it has {names}): tokenise it first"
-            )
-    sequences = _sequences(targets, column)
+    """Counts of the tokens a model is trained to predict, from what a
+    Trainer is given as its dataset (:mod:`natbias.hf.targets`: a 🤗 dataset,
+    a list or torch dataset of dicts, token-id sequences); each example's
+    ``labels``, else its ``input_ids``. ``causal``: each sequence's first
+    token is never a target (a decoder predicts token t + 1 from tokens
+    1..t). -100 is skipped."""
+    sequences = target_sequences(targets)
     if causal:
         sequences = (sequence[1:] for sequence in sequences)
     return check_counts(count_ids(sequences, vocab_size), "the training targets")
-
-
-def _sequences(targets, column):
-    if column is None:
-        yield from targets
-        return
-    for batch in targets.iter(batch_size=1024):
-        yield from batch[column]
 
 
 def add_natural_bias(
@@ -207,10 +193,10 @@ def _prior_counts(model, vocab_size, targets, counts, counts_file, vocabulary):
             )
         symbols = vocabulary.convert_ids_to_tokens(list(range(vocab_size)))
         return read_counts_file(counts_file, symbols)
-    counts = np.asarray(counts, dtype=np.int64)
-    if counts.shape != (vocab_size,):
+    shape = np.shape(counts)
+    if shape != (vocab_size,):
         raise NaturalBiasError(
-            f"{counts.shape[0] if counts.ndim else 0} counts for an output "
+            f"{shape[0] if shape else 0} counts for an output "
             f"layer of {vocab_size}: give one count per vocabulary entry"
         )
     return check_counts(counts, "the counts")
