@@ -81,8 +81,10 @@ def _ids(sequence) -> np.ndarray:
     integers is refused, naming what it holds."""
     try:
         ids = np.asarray(sequence)
-    except (TypeError, ValueError):  # nested sequences of unequal lengths
-        ids = np.asarray([None])
+    except ValueError:  # numpy's "inhomogeneous shape": nested lists of unequal lengths
+        raise NaturalBiasError(
+            "a sequence holds lists of unequal lengths: pass one flat list of int ids per sequence"
+        ) from None
     if ids.size and ids.dtype.kind not in "iu":
         first = ids.reshape(-1)[0]
         held = {"U": "text", "S": "text", "f": "floats"}.get(ids.dtype.kind, type(first).__name__)

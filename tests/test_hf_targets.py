@@ -167,8 +167,10 @@ def test_a_dataset_without_the_targets_column_names_its_columns(corpus):
 
 
 V = 40
+SPLITS = datasets.DatasetDict({"train": datasets.Dataset.from_dict({"input_ids": [[3]]})})
+# Each bad input: what is given, and what the one line must say was wrong.
 BAD = {
-    "NaN counts": (dict(counts=[float("nan")] + [1.0] * (V - 1)), r"hold nan at entry 0, which is not a count"),
+    "NaN counts": (dict(counts=[float("nan")] + [1.0] * (V - 1)), r"hold nan at entry 0"),
     "infinite counts": (dict(counts=[1.0] * (V - 1) + [float("inf")]), r"hold inf at entry 39"),
     "negative counts": (dict(counts=[3] * (V - 1) + [-2]), r"hold -2 at entry 39"),
     "text as counts": (dict(counts=["many"] * V), r"hold many at entry 0"),
@@ -176,12 +178,18 @@ BAD = {
     "lines of text": (dict(targets=["a man plays"]), r"an example is text \('a man plays'\)"),
     "token strings": (dict(targets=[["a", "man", "plays"]]), r"holds text \(e.g. 'man'\)"),
     "float ids": (dict(targets=[[3, 4.5, 6]]), r"holds floats \(e.g. '4.5'\)"),
+    "ragged nesting": (dict(targets=[[[3], [4, 5], [6]]]), r"lists of unequal lengths"),
     "one flat list of ids": (dict(targets=[3, 4, 5]), r"an example is the int 3"),
-    "one dict of columns": (dict(targets={"input_ids": [[3, 4]]}), r"the targets are one dict"),
-    "examples without ids": (dict(targets=[{"text": "a man"}]), r"an example has no 'labels' or 'input_ids'.*\['text'\]"),
+    "one dict of columns": (dict(targets={"input_ids": [[3, 4]]}), r"one dict \(keys"),
+    "a DatasetDict": (dict(targets=SPLITS), r"\['train'\]\), not a dataset: pass one split"),
+    "examples without ids": (dict(targets=[{"text": "a"}]), r"an example has no .*\['text'\]"),
     "a number": (dict(targets=7), r"the targets are of type int, not a dataset"),
-}  # fmt: skip
-WHAT_TO_PASS = r"pass one finite count|pass a tokenised dataset|pass one list of int ids|pass its list of token-id lists|tokenise the dataset first"
+}
+WHAT_TO_PASS = (
+    r"pass one finite count|pass a tokenised dataset|pass one (flat )?list of int ids"
+    r"|pass its 'labels' or 'input_ids' list|pass one split, e.g. its \['train'\]"
+    r"|tokenise the dataset first"
+)
 
 
 @pytest.mark.parametrize("case", BAD)

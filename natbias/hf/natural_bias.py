@@ -17,7 +17,7 @@ that maps the head's output (a scale, a soft cap) gets the b that starts it
 at the unigram all the same (:mod:`natbias.hf.logit_map`).
 """
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Optional
 
 import numpy as np
@@ -60,7 +60,7 @@ def count_targets(targets, vocab_size: int, causal: bool = False) -> np.ndarray:
 
 def add_natural_bias(
     model,
-    targets: Optional[Iterable[Sequence[int]]] = None,
+    targets=None,
     *,
     counts: Optional[Sequence[int]] = None,
     counts_file: Optional[str] = None,
@@ -74,8 +74,8 @@ def add_natural_bias(
     natural-bias class (:func:`natbias.hf.models.natural_bias_class`): every
     parameter it had is kept, not copied; b, the gain and the prior are added.
 
-    The prior comes from exactly one of ``targets`` (a tokenised dataset or
-    token-id sequences: :func:`count_targets`), ``counts`` (one per vocabulary
+    The prior comes from exactly one of ``targets`` (the tokenised dataset
+    the Trainer is given, or token-id sequences: :func:`count_targets`), ``counts`` (one per vocabulary
     entry) or ``counts_file`` (written by ``natbias-count``; ``vocabulary``,
     the tokenizer, maps its symbols to ids). ``gain=False`` leaves W phi as
     it is (g = 1) instead of starting it at ``gain_init``; without one, the

@@ -37,9 +37,10 @@ def _check_container(targets) -> None:
             f"the targets are text ({targets[:40]!r}), not token ids: {WHAT_TO_PASS}"
         )
     if isinstance(targets, Mapping):
+        splits = targets and all(hasattr(value, "column_names") for value in targets.values())
+        fix = "one split, e.g. its ['train']" if splits else "its 'labels' or 'input_ids' list"
         raise NaturalBiasError(
-            f"the targets are one dict (keys {sorted(targets)[:4]}), not a dataset: pass its "
-            "list of token-id lists (its 'labels' or 'input_ids'), or a tokenised dataset"
+            f"the targets are one dict (keys {sorted(targets)[:4]}), not a dataset: pass {fix}"
         )
 
 
