@@ -52,11 +52,15 @@ def contextual_scale(model, logit_map: Optional[dict] = None) -> Optional[float]
     if head.weight.is_meta:
         return None
     features = []
-    handle = head.register_forward_pre_hook(lambda module, args: features.append(args[0]))
+    handle = head.register_forward_pre_hook(lambda module, args: features.append(args[:1]))
     try:
         run_probe(model)
     finally:
         handle.remove()
-    contextual = F.linear(features[-1][0, -1].double(), head.weight.detach().double())
+    if not features or not features[-1]:  # the head never ran, or took phi by keyword
+        return None
+    phi = features[-1][0]
+    phi = phi.reshape(-1, phi.shape[-1])[-1]  # the last position: the one a model predicts from
+    contextual = F.linear(phi.double(), head.weight.detach().double())
     scale = contextual.std().item() * (logit_map or {}).get("scale", 1.0)
     return scale if math.isfinite(scale) else None
