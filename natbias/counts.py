@@ -61,11 +61,11 @@ def count_ids(
 
 def _chunks_of(sequences) -> Iterator[np.ndarray]:
     if hasattr(sequences, "shape"):  # one array or tensor
-        yield np.asarray(sequences).reshape(-1).astype(np.int64, copy=False)
+        yield _ids(sequences)
         return
     batch, size = [], 0
     for sequence in sequences:
-        ids = np.asarray(sequence, dtype=np.int64).reshape(-1)
+        ids = _ids(sequence)
         batch.append(ids)
         size += ids.size
         if size >= CHUNK_TOKENS:
@@ -73,6 +73,26 @@ def _chunks_of(sequences) -> Iterator[np.ndarray]:
             batch, size = [], 0
     if batch:
         yield np.concatenate(batch)
+
+
+def _ids(sequence) -> np.ndarray:
+    """One sequence's ids, flat, as int64. Not np.asarray(..., int64), which
+    truncates floats and fails on text with a traceback: anything but
+    integers is refused, naming what it holds."""
+    try:
+        ids = np.asarray(sequence)
+    except ValueError:  # numpy's "inhomogeneous shape": nested lists of unequal lengths
+        raise NaturalBiasError(
+            "a sequence holds lists of unequal lengths: pass one flat list of int ids per sequence"
+        ) from None
+    if ids.size and ids.dtype.kind not in "iu":
+        first = ids.reshape(-1)[0]
+        held = {"U": "text", "S": "text", "f": "floats"}.get(ids.dtype.kind, type(first).__name__)
+        raise NaturalBiasError(
+            f"token ids must be integers, but a sequence holds {held} (e.g. {str(first)[:40]!r}): "
+            "pass one list of int ids per sequence, tokenising text first"
+        )
+    return ids.reshape(-1).astype(np.int64, copy=False)
 
 
 def _bincount(ids: np.ndarray, vocab_size: int, where: str) -> np.ndarray:
@@ -220,8 +240,18 @@ def read_counts_file(path: str, symbols: Sequence[str]) -> np.ndarray:
 
 
 def check_counts(counts: Optional[np.ndarray], where: str) -> np.ndarray:
-    """``counts`` as int64, refusing an empty corpus (nothing to estimate from)."""
-    counts = np.asarray(counts, dtype=np.int64)
+    """``counts`` as int64, refusing what is not a count (NaN, infinite,
+    negative, not a number) and an empty corpus (nothing to estimate from)."""
+    values = np.asarray(counts)
+    flat = values.reshape(-1)
+    numeric = values.dtype.kind in "iuf"
+    bad = np.flatnonzero(~np.isfinite(flat) | (flat < 0)) if numeric else [0]
+    if len(bad):
+        raise NaturalBiasError(
+            f"{where} hold {flat[bad[0]]} at entry {bad[0]}, which is not a count: pass "
+            "one finite count >= 0 per vocabulary entry"
+        )
+    counts = values.astype(np.int64)
     if counts.sum() == 0:
         raise NaturalBiasError(
             f"{where} holds no tokens: there is nothing to estimate a unigram from"

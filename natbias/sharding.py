@@ -1,17 +1,12 @@
-"""What the natural bias needs of a model whose parameters are sharded over
-processes: FSDP2 and tensor parallelism (DTensor parameters), FSDP1 (flat
-parameters, gathered by ``summon_full_params``), or a model built on the
-meta device and materialised later.
+"""What the natural bias needs of tensors sharded over processes (DTensors:
+FSDP2 and tensor parallelism) or made on the meta device and filled later.
 
 Reading b, W or the gain outside a forward pass is a collective under
 sharding: every process must take part, or the main process waits for ever.
+(Whole models, FSDP1 among them, in transformers: :mod:`natbias.hf.sharded`.)
 """
 
-import contextlib
-
 import torch
-
-from natbias.errors import NaturalBiasError
 
 try:  # torch >= 2.4; before it, no parameter can be a DTensor
     from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
@@ -52,45 +47,3 @@ def fill_(parameter: torch.Tensor, values: torch.Tensor) -> None:
     else:
         values = values.to(parameter.device)
     parameter.copy_(values.reshape(parameter.shape).to(parameter.dtype))
-
-
-def is_sharded(model: torch.nn.Module) -> bool:
-    """Whether any parameter of ``model`` is split over processes."""
-    if _fsdp1_roots(model):
-        return True
-    return any(is_dtensor(parameter) for parameter in model.parameters())
-
-
-def gathered(model: torch.nn.Module):
-    """A context in which FSDP1's flat parameters of ``model`` are whole on
-    every process (a collective; the whole model, as FSDP1 gathers it);
-    nothing to do for DTensors (:func:`full`) or an unsharded model.
-    DeepSpeed ZeRO-3's partitions are refused: not gathered yet."""
-    if any(hasattr(parameter, "ds_id") for parameter in model.parameters()):
-        raise NaturalBiasError(
-            "the bias statistics do not gather DeepSpeed ZeRO-3's partitioned parameters "
-            "yet: leave BiasStatisticsCallback out under ZeRO-3 (stages 1 and 2 are fine)"
-        )
-    roots = _fsdp1_roots(model)
-    if not roots:
-        return contextlib.nullcontext()
-    from torch.distributed.fsdp import FullyShardedDataParallel
-
-    stack = contextlib.ExitStack()
-    for root in roots:
-        stack.enter_context(FullyShardedDataParallel.summon_full_params(root, writeback=False))
-    return stack
-
-
-def _fsdp1_roots(model: torch.nn.Module) -> list:
-    """The outermost FSDP1 wrappers in ``model`` (``model`` itself if it is one)."""
-    if not torch.distributed.is_available():
-        return []
-    from torch.distributed.fsdp import FullyShardedDataParallel
-
-    roots, inner = [], set()
-    for module in model.modules():
-        if isinstance(module, FullyShardedDataParallel) and id(module) not in inner:
-            roots.append(module)
-            inner.update(id(m) for m in module.modules() if m is not module)
-    return roots

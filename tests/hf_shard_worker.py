@@ -121,7 +121,7 @@ def train(model, world: int = 1, data_parallel: bool = False) -> dict:
 
 def output_layer(model) -> dict:
     """b, the gain and W, whole (gathered on every process where sharded)."""
-    from natbias.sharding import gathered
+    from natbias.hf.sharded import gathered
 
     with gathered(model):
         head = model.get_output_embeddings()
@@ -133,7 +133,7 @@ def output_layer(model) -> dict:
 
 
 def full_state(model) -> dict:
-    from natbias.sharding import gathered
+    from natbias.hf.sharded import gathered
 
     with gathered(model):
         return {k: full(v.detach()).clone() for k, v in model.state_dict().items()}

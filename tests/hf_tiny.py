@@ -8,6 +8,8 @@ import torch
 import transformers
 
 V = 40  # vocabulary: 0 pad, 1 EOS, 2 BOS, 3.. words
+# The sizes of each kind of configuration: all that a user changes in the
+# family's defaults (``build_as_written``)...
 DECODER = dict(
     vocab_size=V,
     hidden_size=16,
@@ -16,9 +18,6 @@ DECODER = dict(
     num_attention_heads=2,
     num_key_value_heads=1,
     max_position_embeddings=64,
-    bos_token_id=2,
-    eos_token_id=1,
-    pad_token_id=0,
 )
 SEQ2SEQ = dict(
     vocab_size=V,
@@ -30,61 +29,69 @@ SEQ2SEQ = dict(
     encoder_ffn_dim=32,
     decoder_ffn_dim=32,
     max_position_embeddings=64,
-    pad_token_id=0,
-    eos_token_id=1,
-    bos_token_id=2,
-    decoder_start_token_id=0,
-    forced_eos_token_id=1,
 )
-GPT = dict(
-    vocab_size=V, n_embd=16, n_layer=1, n_head=2, n_positions=64, bos_token_id=2, eos_token_id=1
-)
+GPT = dict(vocab_size=V, n_embd=16, n_layer=1, n_head=2, n_positions=64)
+T5 = dict(vocab_size=V, d_model=16, d_kv=8, d_ff=32, num_layers=1, num_heads=2)
+# ... and the special ids of this vocabulary, which ``build`` sets too.
+DECODER_IDS = dict(bos_token_id=2, eos_token_id=1, pad_token_id=0)
+SEQ2SEQ_IDS = dict(DECODER_IDS, decoder_start_token_id=0, forced_eos_token_id=1)
+GPT_IDS = dict(bos_token_id=2, eos_token_id=1)
+T5_IDS = dict(pad_token_id=0, eos_token_id=1, decoder_start_token_id=0)
 
-# family -> (configuration class, model class, settings)
+# family -> (configuration class, model class, sizes, special ids)
 FAMILIES = {
-    "llama": ("LlamaConfig", "LlamaForCausalLM", DECODER),
-    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", DECODER),
-    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(DECODER, head_dim=8)),
-    "mistral": ("MistralConfig", "MistralForCausalLM", DECODER),
-    "gemma": ("GemmaConfig", "GemmaForCausalLM", dict(DECODER, head_dim=8)),
-    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", dict(DECODER, head_dim=8)),  # soft-capped
-    "cohere": ("CohereConfig", "CohereForCausalLM", DECODER),  # logits times logit_scale
-    "phi": ("PhiConfig", "PhiForCausalLM", DECODER),  # a bias on the head
-    "gpt_neox": ("GPTNeoXConfig", "GPTNeoXForCausalLM", DECODER),
+    "llama": ("LlamaConfig", "LlamaForCausalLM", DECODER, DECODER_IDS),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", DECODER, DECODER_IDS),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(DECODER, head_dim=8), DECODER_IDS),
+    "mistral": ("MistralConfig", "MistralForCausalLM", DECODER, DECODER_IDS),
+    "gemma": ("GemmaConfig", "GemmaForCausalLM", dict(DECODER, head_dim=8), DECODER_IDS),
+    # soft-capped
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", dict(DECODER, head_dim=8), DECODER_IDS),
+    "cohere": ("CohereConfig", "CohereForCausalLM", DECODER, DECODER_IDS),  # logits x logit_scale
+    "phi": ("PhiConfig", "PhiForCausalLM", DECODER, DECODER_IDS),  # a bias on the head
+    "gpt_neox": ("GPTNeoXConfig", "GPTNeoXForCausalLM", DECODER, DECODER_IDS),
     "opt": (
         "OPTConfig",
         "OPTForCausalLM",
         dict(DECODER, ffn_dim=32, word_embed_proj_dim=16, num_key_value_heads=2),
+        DECODER_IDS,
     ),
-    "gpt2": ("GPT2Config", "GPT2LMHeadModel", GPT),
-    "gptj": ("GPTJConfig", "GPTJForCausalLM", dict(GPT, rotary_dim=4)),
-    "codegen": ("CodeGenConfig", "CodeGenForCausalLM", dict(GPT, rotary_dim=4, n_ctx=64)),
-    "t5": (
-        "T5Config",
-        "T5ForConditionalGeneration",
-        dict(vocab_size=V, d_model=16, d_kv=8, d_ff=32, num_layers=1, num_heads=2)
-        | dict(pad_token_id=0, eos_token_id=1, decoder_start_token_id=0),
-    ),
-    "bart": ("BartConfig", "BartForConditionalGeneration", SEQ2SEQ),
-    "mbart": ("MBartConfig", "MBartForConditionalGeneration", SEQ2SEQ),
-    "marian": ("MarianConfig", "MarianMTModel", SEQ2SEQ),
-    "m2m_100": ("M2M100Config", "M2M100ForConditionalGeneration", SEQ2SEQ),
-    "pegasus": ("PegasusConfig", "PegasusForConditionalGeneration", SEQ2SEQ),
-    "blenderbot": ("BlenderbotConfig", "BlenderbotForConditionalGeneration", SEQ2SEQ),
+    "gpt2": ("GPT2Config", "GPT2LMHeadModel", GPT, GPT_IDS),
+    "gptj": ("GPTJConfig", "GPTJForCausalLM", dict(GPT, rotary_dim=4), GPT_IDS),
+    "codegen": ("CodeGenConfig", "CodeGenForCausalLM", dict(GPT, rotary_dim=4, n_ctx=64), GPT_IDS),
+    "t5": ("T5Config", "T5ForConditionalGeneration", T5, T5_IDS),
+    "bart": ("BartConfig", "BartForConditionalGeneration", SEQ2SEQ, SEQ2SEQ_IDS),
+    "mbart": ("MBartConfig", "MBartForConditionalGeneration", SEQ2SEQ, SEQ2SEQ_IDS),
+    "marian": ("MarianConfig", "MarianMTModel", SEQ2SEQ, SEQ2SEQ_IDS),
+    "m2m_100": ("M2M100Config", "M2M100ForConditionalGeneration", SEQ2SEQ, SEQ2SEQ_IDS),
+    "pegasus": ("PegasusConfig", "PegasusForConditionalGeneration", SEQ2SEQ, SEQ2SEQ_IDS),
+    "blenderbot": ("BlenderbotConfig", "BlenderbotForConditionalGeneration", SEQ2SEQ, SEQ2SEQ_IDS),
 }
 # Where the stock class keeps an output bias, b goes (natbias.hf.to_stock exports these).
 SLOTS = {name: "final_logits_bias" for name in ("marian", "bart", "mbart", "pegasus", "blenderbot")}
 SLOTS.update({name: "head" for name in ("phi", "gptj", "codegen")})
-# T5 draws its embeddings (the tied head) from N(0, 1): its W phi starts
-# about 20 times larger than GPT-2's, and the default gain 0.05 leaves a
-# KL of ~2e-3 nats from the unigram at update 0; 0.02 starts it below 1e-3.
-GAIN_INIT = {"t5": 0.02}
+# What a user must set beyond the sizes because transformers itself refuses
+# the model otherwise: Marian's default padding id (58100, also its decoder
+# start) must index its embeddings. Its decoder start stays out of range.
+REQUIRED = {"marian": dict(pad_token_id=0)}
 
 
 def build(family, seed=0, **settings):
-    """A fresh stock model of the family (seeded)."""
-    config_class, model_class, defaults = FAMILIES[family]
-    config = getattr(transformers, config_class)(**{**defaults, **settings})
+    """A fresh stock model of the family (seeded), with this vocabulary's ids."""
+    _, _, sizes, ids = FAMILIES[family]
+    return _build(family, seed, {**sizes, **ids, **settings})
+
+
+def build_as_written(family, seed=0):
+    """A fresh stock model whose configuration is the family's defaults with
+    only the vocabulary and the sizes changed, as a user first writes it:
+    special ids of the family's own vocabulary (GPT-2's 50256) kept."""
+    return _build(family, seed, {**FAMILIES[family][2], **REQUIRED.get(family, {})})
+
+
+def _build(family, seed, settings):
+    config_class, model_class, _, _ = FAMILIES[family]
+    config = getattr(transformers, config_class)(**settings)
     torch.manual_seed(seed)
     return getattr(transformers, model_class)(config)
 

@@ -226,7 +226,11 @@ def test_no_user_page_names_an_internal_issue_or_a_date():
 
 
 def test_the_changelog_starts_at_the_package_version():
+    """Its first release is the package's version; above it, at most the
+    changes not yet released, under "Unreleased"."""
     headings = [line for line in lines_of(DOCS / "changelog.md") if line.startswith("## ")]
+    if headings[0] == "## Unreleased":
+        headings.pop(0)
     assert headings[0].startswith(f"## {package_version()} (")
 
 

@@ -11,6 +11,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
+from datasets import Dataset  # noqa: E402
 from hf_tiny import V, build, zipf_targets  # noqa: E402
 from transformers import (  # noqa: E402
     AutoModelForCausalLM,
@@ -164,19 +165,16 @@ def test_the_prior_from_counts_a_counts_file_or_a_dataset_is_the_same(tmp_path):
         def convert_ids_to_tokens(self, ids):
             return [symbols[i] for i in ids]
 
-    class Dataset:  # the part of datasets.Dataset that count_targets reads
-        column_names = ["input_ids", "labels"]
-
-        def iter(self, batch_size):
-            for start in range(0, len(targets), batch_size):
-                yield {"labels": targets[start : start + batch_size]}
-
     biases = [
         add_natural_bias(marian(), **source).output_bias().detach()
         for source in (
             {"targets": targets},
             {"counts": counts},
-            {"targets": Dataset()},
+            {
+                "targets": Dataset.from_dict(
+                    {"input_ids": [t[::-1] for t in targets], "labels": targets}
+                )
+            },
             {"counts_file": str(tmp_path / "c.counts"), "vocabulary": Vocabulary()},
         )
     ]

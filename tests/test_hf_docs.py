@@ -10,6 +10,7 @@ from natbias_testing import REPO, write_multi30k_slice
 
 pytest.importorskip("transformers")
 pytest.importorskip("tensorboardX")
+datasets = pytest.importorskip("datasets")
 
 HEADING = "## Example: a Qwen-style model from scratch"
 TINY = {
@@ -41,10 +42,11 @@ def test_the_worked_example_runs_and_starts_at_the_unigram(tmp_path, monkeypatch
     # Run it up to the training, check update 0, then train.
     before_training, training = code.split("trainer.train()")
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "datasets")
     scope = {}
     exec(before_training, scope)
     model, collator, train = scope["model"], scope["collator"], scope["train"]
-    batch = collator(train[:16])
+    batch = collator(list(train.select(range(16))))
     model.eval()
     logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
     model.train()

@@ -1,5 +1,7 @@
 """natbias.hf on fresh tiny models of twenty transformers families: given the
-natural bias in place, each predicts the smoothed unigram at update 0,
+natural bias in place at the default settings, each predicts the smoothed
+unigram at update 0, configured as these tests configure it or as a user
+first writes it (the family's defaults, special ids included),
 reloads through the Auto classes with identical logits, generates, trains
 a few updates with the real Trainer, and keeps b, the gain and the prior in
 float32 whatever it is cast to. The models that cannot take the bias are
@@ -14,10 +16,10 @@ transformers = pytest.importorskip("transformers")
 
 from hf_tiny import (  # noqa: E402
     FAMILIES,
-    GAIN_INIT,
     SLOTS,
     V,
     build,
+    build_as_written,
     hand_log_prior,
     inputs_for,
     is_seq2seq,
@@ -37,7 +39,7 @@ import natbias.hf  # noqa: E402
 from natbias import FORMAT_VERSION  # noqa: E402
 from natbias.errors import NaturalBiasError  # noqa: E402
 from natbias.hf import add_natural_bias, from_pretrained  # noqa: E402
-from natbias.hf.logit_map import map_bias  # noqa: E402
+from natbias.hf.logit_map import map_bias, one_token_inputs  # noqa: E402
 
 ALL = sorted(FAMILIES)
 LOGIT_MAPS = {"gemma2": ["softcap"], "cohere": ["scale"]}  # measured by add_natural_bias
@@ -46,7 +48,7 @@ FLOAT32 = ("output_bias", "gain_param", "natbias_log_prior")
 
 def natural(family, **settings):
     model = build(family, **settings)
-    return add_natural_bias(model, zipf_targets(), gain_init=GAIN_INIT.get(family, 0.05))
+    return add_natural_bias(model, zipf_targets())
 
 
 def float32_dtypes(model):
@@ -64,7 +66,7 @@ def test_in_place_the_model_starts_at_the_smoothed_unigram(family):
     before = dict(stock.named_parameters(remove_duplicate=False))
     tied = stock.get_output_embeddings().weight is stock.get_input_embeddings().weight
     head_bias = stock.get_output_embeddings().bias
-    model = add_natural_bias(stock, zipf_targets(), gain_init=GAIN_INIT.get(family, 0.05))
+    model = add_natural_bias(stock, zipf_targets())
     assert model is stock and type(model).__name__ == "NaturalBias" + FAMILIES[family][1]
     # Every parameter is the stock model's own object (a head's own bias,
     # replaced by b, aside); tied embeddings stay tied.
@@ -87,6 +89,37 @@ def test_in_place_the_model_starts_at_the_smoothed_unigram(family):
         logits = model(**inputs_for(model)).logits
     assert max_kl_from(prior, logits) < 1e-3  # nats, every position
     assert model.config.natural_bias["format_version"] == FORMAT_VERSION
+
+
+@pytest.mark.parametrize("family", ALL)
+def test_a_configuration_as_a_user_writes_it_starts_at_the_unigram(family):
+    """The family's defaults with only the vocabulary and the sizes changed:
+    GPT-2, GPT-J and CodeGen keep BOS 50256, Cohere EOS 255001 and Marian
+    its decoder start 58100, outside a vocabulary of 40."""
+    model = build_as_written(family)
+    config = model.config
+    ids = [getattr(config, key, None) for key in ("bos_token_id", "decoder_start_token_id")]
+    outside = [i for i in ids if isinstance(i, int) and i >= V]
+    assert bool(outside) == (family in ("gpt2", "gptj", "codegen", "marian")), ids
+    add_natural_bias(model, zipf_targets())
+    prior = hand_log_prior(zipf_targets(), causal=not is_seq2seq(model))
+    model.eval()
+    with torch.no_grad():
+        logits = model(**inputs_for(model)).logits
+    assert max_kl_from(prior, logits) < 1e-3  # nats, every position
+
+
+def test_the_probe_takes_the_configurations_ids_inside_the_vocabulary():
+    """BOS (and the decoder start) where they are ids of the vocabulary;
+    else EOS, padding or 0, the first of them inside it."""
+    assert one_token_inputs(build("llama")) == {"input_ids": torch.tensor([[2]])}
+    assert one_token_inputs(build_as_written("gpt2")) == {"input_ids": torch.tensor([[0]])}
+    assert one_token_inputs(build_as_written("cohere"))["input_ids"].item() == 5  # BOS, not EOS
+    assert one_token_inputs(build("gpt2", bos_token_id=99, eos_token_id=7))["input_ids"] == 7
+    marian = one_token_inputs(build_as_written("marian"))  # decoder start 58100, pad 0, EOS 0
+    assert (marian["input_ids"].item(), marian["decoder_input_ids"].item()) == (0, 0)
+    t5 = one_token_inputs(build("t5", decoder_start_token_id=3))  # T5 has no BOS: EOS
+    assert (t5["input_ids"].item(), t5["decoder_input_ids"].item()) == (1, 3)
 
 
 @pytest.mark.parametrize("family", ALL)

@@ -1,6 +1,7 @@
-"""What the transformers examples share: raw text in, a tokenizer trained
-locally, validation NLL over training (with early stopping and the best
-model kept), and the run record the report reads.
+"""What the transformers examples share: raw text in (🤗 datasets, as
+transformers' own examples load it), a tokenizer trained locally, validation
+NLL over training (with early stopping and the best model kept), and the run
+record the report reads.
 
 A run's folder holds ``record.json`` (its settings, validation NLL in bits by
 update, update 0 included, the best, the test scores), ``best/`` (the model of
@@ -18,6 +19,7 @@ from pathlib import Path
 # examples/paper: the Multi30k finder and sacreBLEU scores, shared with the demo
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "paper"))
 
+import datasets  # noqa: E402
 import torch  # noqa: E402
 from multi30k import raw_file, read_lines  # noqa: E402
 from tokenizers import SentencePieceUnigramTokenizer
@@ -61,6 +63,26 @@ def read_split(folder, split, lang, limit=0):
         raise SystemExit(f"error: no {split}.{lang}[.gz] in {folder} (see --help)")
     lines = read_lines(path)
     return lines[:limit] if limit else lines
+
+
+def load_text(folder, lang, splits, cache, limits=None):
+    """The lines of ``splits`` in ``lang`` (found as :func:`read_split` finds
+    them) as a 🤗 ``DatasetDict`` with one column, ``text``, stripped; loaded
+    as transformers' run_clm.py loads its files, ``load_dataset("text")`` on
+    local files (nothing fetched), cached in ``cache``. ``limits``: the first
+    N lines of a split only (0 or absent: all)."""
+    files = {}
+    for split in splits:
+        path = raw_file(folder, split, lang)
+        if path is None:
+            raise SystemExit(f"error: no {split}.{lang}[.gz] in {folder} (see --help)")
+        files[split] = str(path)
+    datasets.disable_progress_bars()
+    text = datasets.load_dataset("text", data_files=files, cache_dir=str(cache))
+    for split, limit in (limits or {}).items():
+        if limit:
+            text[split] = text[split].select(range(min(limit, len(text[split]))))
+    return text.map(lambda batch: {"text": [line.strip() for line in batch["text"]]}, batched=True)
 
 
 def train_tokenizer(texts, vocab_size, folder):
@@ -110,9 +132,7 @@ def record_prior_nll(record, train, valid, vocab, causal=False):
     """The prior's cross-entropy on the validation targets (bits), once per run:
     what a model that predicts the smoothed training unigram scores."""
     if record.get("unigram_nll") is None:
-        targets = [
-            count_targets([e["labels"] for e in split], vocab, causal) for split in (train, valid)
-        ]
+        targets = [count_targets(split, vocab, causal) for split in (train, valid)]
         record.update(unigram_nll=round(cross_entropy_bits(log_unigram(targets[0]), targets[1]), 4))
 
 

@@ -6,9 +6,10 @@ it, or with the natural bias.
         --work WORK --bias natural --seed 1
 
 The text of one language (train, val(id), test splits, one sentence a line)
-is tokenised with a unigram tokenizer trained here, joined into one stream
-with ``</s>`` after every sentence, and cut into blocks of --block tokens
-(fairseq's ``--sample-break-mode none``). One run a call, in
+is loaded with 🤗 datasets and tokenised with a unigram tokenizer trained
+here, joined into one stream with ``</s>`` after every sentence, and cut into
+blocks of --block tokens (fairseq's ``--sample-break-mode none``), as
+transformers' run_clm.py does. One run a call, in
 WORK/runs/<arm>/seed<k>/ (arm: stock, natbias); validation NLL (bits) at
 update 0 and every --eval-every updates, the model of lowest NLL kept and
 scored on the test split (NLL and perplexity). Plain cross-entropy, as a
@@ -30,7 +31,7 @@ from common import (  # noqa: E402
     ValidationCallback,
     add_run_arguments,
     last_checkpoint,
-    read_split,
+    load_text,
     record_prior_nll,
     say,
     train_tokenizer,
@@ -70,13 +71,17 @@ def arm_name(args):
     )
 
 
-def blocks(tokenizer, lines, size):
-    """The sentences as one stream (each ending in </s>) cut into blocks."""
-    stream = [i for ids in tokenizer(lines)["input_ids"] for i in ids]
-    return [
-        {"input_ids": stream[i : i + size], "labels": stream[i : i + size]}
-        for i in range(0, len(stream) - size + 1, size)
-    ]
+def blocks(tokenizer, size):
+    """A ``map`` function: the batch's sentences as one stream (each ending
+    in </s>) cut into blocks, run_clm.py's group_texts (given the whole split
+    as one batch, only its last partial block is dropped)."""
+
+    def group(batch):
+        stream = [i for ids in tokenizer(batch["text"])["input_ids"] for i in ids]
+        cut = [stream[i : i + size] for i in range(0, len(stream) - size + 1, size)]
+        return {"input_ids": cut, "labels": cut}
+
+    return group
 
 
 def collate(examples):
@@ -92,11 +97,15 @@ def main(argv=None):
         say(f"{run}: done before, skipped")
         return
     run.mkdir(parents=True, exist_ok=True)
-    train_text = read_split(args.data, "train", args.lang, args.train_lines)
-    tokenizer = train_tokenizer(train_text, args.vocab, work / "tokenizer")
-    train = blocks(tokenizer, train_text, args.block)
-    valid = blocks(tokenizer, read_split(args.data, "valid", args.lang), args.block)
-    test = blocks(tokenizer, read_split(args.data, "test", args.lang), args.block)
+    text = load_text(
+        args.data, args.lang, ("train", "valid", "test"), work / "datasets",
+        {"train": args.train_lines},
+    )  # fmt: skip
+    tokenizer = train_tokenizer(list(text["train"]["text"]), args.vocab, work / "tokenizer")
+    split = text.map(
+        blocks(tokenizer, args.block), batched=True, batch_size=None, remove_columns=["text"]
+    )
+    train, valid, test = split["train"], list(split["valid"]), list(split["test"])
     vocab = len(tokenizer)
     record = Record(run, {**vars(args), "arm": arm_name(args)})
     record_prior_nll(record, train, valid, vocab, causal=True)
@@ -115,14 +124,14 @@ def main(argv=None):
         )
     )
     if args.bias == "natural":
-        model = add_natural_bias(model, [e["labels"] for e in train])
+        model = add_natural_bias(model, train)  # the datasets.Dataset the Trainer gets
     loss = None
     if args.label_smoothing == "unigram":
         loss = (
             UnigramLabelSmoothingLoss.from_model(model)
             if args.bias == "natural"
             else UnigramLabelSmoothingLoss.from_counts(
-                count_targets([e["labels"] for e in train], vocab, causal=True), model
+                count_targets(train, vocab, causal=True), model
             )
         )
     valid_batches = [collate(valid[i : i + 64]) for i in range(0, len(valid), 64)]

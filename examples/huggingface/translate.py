@@ -29,6 +29,7 @@ from common import (  # noqa: E402
     ValidationCallback,
     add_run_arguments,
     last_checkpoint,
+    load_text,
     read_split,
     record_prior_nll,
     say,
@@ -100,12 +101,30 @@ def arm_name(args):
     return base + ("+unigram-ls" if args.label_smoothing == "unigram" else "")
 
 
-def tokenised(tokenizer, data, split, args, limit):
-    source = read_split(data, split, args.src, limit)
-    target = read_split(data, split, args.tgt, limit)
-    sources = tokenizer(source, truncation=True, max_length=256)["input_ids"]
-    targets = tokenizer(target, truncation=True, max_length=256)["input_ids"]
-    return [{"input_ids": s, "labels": t} for s, t in zip(sources, targets)], source, target
+def load_pairs(args, work):
+    """The training and validation pairs as 🤗 datasets (columns source and
+    target), each language's file loaded with ``load_dataset("text")``."""
+    splits, limits = ("train", "valid"), {"train": args.train_pairs, "valid": args.eval_lines}
+    source = load_text(args.data, args.src, splits, work / "datasets", limits)
+    target = load_text(args.data, args.tgt, splits, work / "datasets", limits)
+    return {
+        split: source[split]
+        .rename_column("text", "source")
+        .add_column("target", list(target[split]["text"]))
+        for split in splits
+    }
+
+
+def tokenise(tokenizer):
+    """A ``map`` function: each pair's ids, the source in, the target as labels."""
+
+    def pairs(batch):
+        return {
+            key: tokenizer(batch[column], truncation=True, max_length=256)["input_ids"]
+            for key, column in (("input_ids", "source"), ("labels", "target"))
+        }
+
+    return pairs
 
 
 def marian_config(tokenizer, args):
@@ -138,7 +157,7 @@ def build_model(tokenizer, train, args):
     torch.manual_seed(args.seed)
     model = MarianMTModel(marian_config(tokenizer, args))
     if args.bias == "natural":
-        model = add_natural_bias(model, [example["labels"] for example in train])
+        model = add_natural_bias(model, train)  # the datasets.Dataset the Trainer gets
     return model
 
 
@@ -177,9 +196,7 @@ def train_run(args, run, tokenizer, train, valid):
         loss = (
             UnigramLabelSmoothingLoss.from_model(model)
             if args.bias == "natural"
-            else UnigramLabelSmoothingLoss.from_counts(
-                count_targets([e["labels"] for e in train], len(tokenizer)), model
-            )
+            else UnigramLabelSmoothingLoss.from_counts(count_targets(train, len(tokenizer)), model)
         )
     callbacks = [
         ValidationCallback(record, valid_batches, args.eval_every, args.patience, run, tokenizer)
@@ -254,12 +271,14 @@ def main(argv=None):
         say(f"{run}: done before, skipped")
         return
     run.mkdir(parents=True, exist_ok=True)
-    texts = read_split(args.data, "train", args.src, args.train_pairs) + read_split(
-        args.data, "train", args.tgt, args.train_pairs
-    )
+    pairs = load_pairs(args, work)
+    texts = list(pairs["train"]["source"]) + list(pairs["train"]["target"])
     tokenizer = train_tokenizer(texts, args.vocab, work / "tokenizer")
-    train, _, _ = tokenised(tokenizer, args.data, "train", args, args.train_pairs)
-    valid, _, _ = tokenised(tokenizer, args.data, "valid", args, args.eval_lines)
+    train, valid = (
+        pairs[split].map(tokenise(tokenizer), batched=True, remove_columns=["source", "target"])
+        for split in ("train", "valid")
+    )
+    valid = list(valid)  # examples, for the collator's validation batches
     say(
         f"{run}: {len(train)} training pairs, vocabulary {len(tokenizer)}, "
         f"{args.max_steps} updates at most"

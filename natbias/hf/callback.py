@@ -31,7 +31,7 @@ import torch
 from transformers import TrainerCallback
 
 from natbias.counts import IGNORE_INDEX
-from natbias.sharding import gathered, is_sharded
+from natbias.hf.sharded import gathered, is_sharded
 from natbias.statistics import LN2, bias_statistics, divergence_sums
 
 

@@ -113,37 +113,57 @@ def logits_for_bias(model, bias: torch.Tensor) -> torch.Tensor:
         return value.to(device, output.dtype).expand(output.shape).clone()
 
     handle = head.register_forward_hook(replace)
+    try:
+        logits = run_probe(model)
+    finally:
+        handle.remove()
+    return logits[0, -1].double().cpu()
+
+
+def run_probe(model) -> torch.Tensor:
+    """The logits of ``model`` on :func:`one_token_inputs`, in eval mode and
+    without gradients; a model that fails on them is refused in one line."""
     training = model.training
     model.eval()
     try:
         with torch.no_grad():
-            logits = model(**one_token_inputs(model)).logits
+            return model(**one_token_inputs(model)).logits
     except Exception as error:  # noqa: BLE001 -- any failure of the model's forward
-        where = " on the meta device" if head.weight.device.type == "meta" else ""
+        meta = model.get_output_embeddings().weight.device.type == "meta"
+        where = " on the meta device" if meta else ""
         fix = ": build it on a real device to add the natural bias" if where else ""
         raise NaturalBiasError(
             f"{type(model).__name__} did not run on one token{where} ({type(error).__name__}: "
             f"{error}), which natbias.hf needs to check where its logits start{fix}"
         ) from error
     finally:
-        handle.remove()
         model.train(training)
-    return logits[0, -1].double().cpu()
 
 
 def one_token_inputs(model) -> dict:
-    """The inputs of a forward pass over one token (and one decoder token)."""
+    """The inputs of a forward pass over one token (and one decoder token):
+    the configuration's BOS (and decoder start) where it is inside the
+    vocabulary. A configuration written as its family's defaults with only
+    the vocabulary changed keeps their ids (GPT-2's 50256 in a vocabulary of
+    8,000): the probe passes over those, to EOS, padding, else id 0."""
     config = model.config
-    token = getattr(config, "bos_token_id", None)
-    if not isinstance(token, int):
-        token = 0
-    device = model.get_input_embeddings().weight.device
-    ids = torch.tensor([[token]], device=device)
+    embeddings = model.get_input_embeddings().weight
+    vocab_size = min(embeddings.shape[0], model.get_output_embeddings().weight.shape[0])
+    token = _first_in(config, ("bos_token_id", "eos_token_id", "pad_token_id"), vocab_size, 0)
+    ids = torch.tensor([[token]], device=embeddings.device)
     if getattr(config, "is_encoder_decoder", False):
-        start = getattr(config, "decoder_start_token_id", None)
-        start = start if isinstance(start, int) else token
-        return {"input_ids": ids, "decoder_input_ids": torch.tensor([[start]], device=device)}
+        start = _first_in(config, ("decoder_start_token_id",), vocab_size, token)
+        return {"input_ids": ids, "decoder_input_ids": torch.tensor([[start]], device=ids.device)}
     return {"input_ids": ids}
+
+
+def _first_in(config, keys, vocab_size: int, default: int) -> int:
+    """The first of the configuration's ``keys`` that is an id in the vocabulary."""
+    for key in keys:
+        token = getattr(config, key, None)
+        if isinstance(token, int) and not isinstance(token, bool) and 0 <= token < vocab_size:
+            return token
+    return default
 
 
 def _tolerance(model, logits: torch.Tensor) -> float:

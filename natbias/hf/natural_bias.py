@@ -2,7 +2,7 @@
 and one that loads such a model back.
 
     model = AutoModelForCausalLM.from_config(config)   # transformers' own, fresh
-    add_natural_bias(model, train_dataset)             # now b = log p of its labels, gain 0.05
+    add_natural_bias(model, train_dataset)             # now b = log p of its labels, g small
     ...                                                # Trainer / Seq2SeqTrainer as usual
     model.save_pretrained(path)
     model = natbias.hf.from_pretrained(path)           # or the Auto classes
@@ -17,7 +17,7 @@ that maps the head's output (a scale, a soft cap) gets the b that starts it
 at the unigram all the same (:mod:`natbias.hf.logit_map`).
 """
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Optional
 
 import numpy as np
@@ -28,6 +28,7 @@ from transformers.models.auto.auto_factory import _get_model_class
 from natbias import FORMAT_VERSION, __version__
 from natbias.counts import check_counts, count_ids, read_counts_file
 from natbias.errors import NaturalBiasError
+from natbias.hf.gain_start import contextual_scale, initial_gain
 from natbias.hf.logit_map import check_starts_at_prior, initial_bias, measure_logit_map
 from natbias.hf.models import (
     CLASS_PREFIX,
@@ -38,67 +39,57 @@ from natbias.hf.models import (
     natural_bias_settings,
 )
 from natbias.hf.registry import GENERATOR_AUTO_CLASSES, register
+from natbias.hf.sharded import is_sharded
+from natbias.hf.targets import target_sequences
 from natbias.prior import DEFAULT_SMOOTHING, log_unigram
-from natbias.projection import DEFAULT_GAIN_INIT, DEFAULT_GAIN_SPEED, check_gain
-from natbias.sharding import is_sharded
+from natbias.projection import DEFAULT_GAIN_SPEED, check_gain
 
 
 def count_targets(targets, vocab_size: int, causal: bool = False) -> np.ndarray:
-    """Counts of the tokens a model is trained to predict, from a tokenised
-    dataset (its ``labels`` column, else ``input_ids``) or an iterable of
-    token-id sequences. ``causal``: each sequence's first token is never a
-    target (a decoder predicts token t + 1 from tokens 1..t). -100 is skipped."""
-    column = None
-    names = getattr(targets, "column_names", None)
-    if names is not None:
-        column = "labels" if "labels" in names else "input_ids"
-        if column not in names:
-            raise NaturalBiasError(
-                f"the dataset has no 'labels' or 'input_ids' column "
-                f"(it has {names}): tokenise it first"
-            )
-    sequences = _sequences(targets, column)
+    """Counts of the tokens a model is trained to predict, from what a
+    Trainer is given as its dataset (:mod:`natbias.hf.targets`: a 🤗 dataset,
+    a list or torch dataset of dicts, token-id sequences); each example's
+    ``labels``, else its ``input_ids``. ``causal``: each sequence's first
+    token is never a target (a decoder predicts token t + 1 from tokens
+    1..t). -100 is skipped."""
+    sequences = target_sequences(targets)
     if causal:
         sequences = (sequence[1:] for sequence in sequences)
     return check_counts(count_ids(sequences, vocab_size), "the training targets")
 
 
-def _sequences(targets, column):
-    if column is None:
-        yield from targets
-        return
-    for batch in targets.iter(batch_size=1024):
-        yield from batch[column]
-
-
 def add_natural_bias(
     model,
-    targets: Optional[Iterable[Sequence[int]]] = None,
+    targets=None,
     *,
     counts: Optional[Sequence[int]] = None,
     counts_file: Optional[str] = None,
     vocabulary=None,
     smoothing: float = DEFAULT_SMOOTHING,
     gain: bool = True,
-    gain_init: float = DEFAULT_GAIN_INIT,
+    gain_init: Optional[float] = None,
     gain_speed: float = DEFAULT_GAIN_SPEED,
 ) -> NaturalBiasModel:
     """Gives ``model`` the natural bias in place and returns it, now of its
     natural-bias class (:func:`natbias.hf.models.natural_bias_class`): every
     parameter it had is kept, not copied; b, the gain and the prior are added.
 
-    The prior comes from exactly one of ``targets`` (a tokenised dataset or
-    token-id sequences: :func:`count_targets`), ``counts`` (one per vocabulary
+    The prior comes from exactly one of ``targets`` (the tokenised dataset
+    the Trainer is given, or token-id sequences: :func:`count_targets`), ``counts`` (one per vocabulary
     entry) or ``counts_file`` (written by ``natbias-count``; ``vocabulary``,
     the tokenizer, maps its symbols to ids). ``gain=False`` leaves W phi as
-    it is (g = 1) instead of starting it at ``gain_init``."""
+    it is (g = 1) instead of starting it at ``gain_init``; without one, the
+    start is 0.05, lowered where the model's W phi is large enough to take it
+    from the unigram (:mod:`natbias.hf.gain_start`)."""
     name = check_generator(model)
     vocab_size = model.get_output_embeddings().weight.shape[0]
     counts = _prior_counts(model, vocab_size, targets, counts, counts_file, vocabulary)
     log_prior = log_unigram(counts, smoothing)
-    if gain:
-        check_gain(gain_init, gain_speed)
     logit_map = measure_logit_map(model, name)
+    if gain:
+        if gain_init is None:
+            gain_init = initial_gain(contextual_scale(model, logit_map))
+        check_gain(gain_init, gain_speed)
     bias = initial_bias(log_prior, logit_map, name)
     settings = {
         "format_version": FORMAT_VERSION,
@@ -206,10 +197,10 @@ def _prior_counts(model, vocab_size, targets, counts, counts_file, vocabulary):
             )
         symbols = vocabulary.convert_ids_to_tokens(list(range(vocab_size)))
         return read_counts_file(counts_file, symbols)
-    counts = np.asarray(counts, dtype=np.int64)
-    if counts.shape != (vocab_size,):
+    shape = np.shape(counts)
+    if shape != (vocab_size,):
         raise NaturalBiasError(
-            f"{counts.shape[0] if counts.ndim else 0} counts for an output "
+            f"{shape[0] if shape else 0} counts for an output "
             f"layer of {vocab_size}: give one count per vocabulary entry"
         )
     return check_counts(counts, "the counts")

@@ -1,0 +1,66 @@
+"""The gain's start where the caller gives none: chosen from the measured
+scale of W phi, so that every family starts at the unigram.
+
+A fresh model's logits are f(g W phi + b) with f(b) = log p + k
+(:mod:`natbias.hf.logit_map`). While g W phi is small the model predicts p
+tilted by it, whose KL from p is, to second order,
+
+    KL ≈ g² Var_p(W phi) / 2
+
+So how near ``DEFAULT_GAIN_INIT`` (0.05) starts a model depends on the scale
+of its W phi, which families set differently: GPT-2, Llama and most others
+draw W from N(0, 0.02²), T5 from N(0, 1), so its W phi starts about 20 times
+larger and 0.05 leaves it 2e-3 nats from the unigram. The start is therefore
+``DEFAULT_GAIN_INIT``, lowered where the measured W phi would take the model
+further than ``START_KL`` from the unigram:
+
+    g0 = min(DEFAULT_GAIN_INIT, sqrt(2 START_KL) / s)
+
+with s the standard deviation of W phi over the vocabulary on the one-token
+probe (times the model's logit scale, if it has one). ``START_KL`` is 10
+times below the 1e-3 nats the tests hold every family to: the probe is one
+position, and Var_p at another position can be a few times s².
+
+A model whose W phi cannot be measured (its weights on the meta device)
+starts at ``DEFAULT_GAIN_INIT``, as every model did before this was measured.
+"""
+
+import math
+from typing import Optional
+
+import torch.nn.functional as F
+
+from natbias.hf.logit_map import run_probe
+from natbias.projection import DEFAULT_GAIN_INIT
+
+START_KL = 1e-4  # nats
+
+
+def initial_gain(scale: Optional[float]) -> float:
+    """g0 for a W phi of standard deviation ``scale`` (None: not measured)."""
+    if scale is None or not scale > 0:
+        return DEFAULT_GAIN_INIT
+    # Three significant digits: the value is written to the configuration.
+    return min(DEFAULT_GAIN_INIT, float(f"{math.sqrt(2 * START_KL) / scale:.3g}"))
+
+
+def contextual_scale(model, logit_map: Optional[dict] = None) -> Optional[float]:
+    """The standard deviation over the vocabulary of the contextual logits
+    W phi (the head's bias left out) of a stock ``model`` on the one-token
+    probe, times ``logit_map``'s scale; None where nothing can be measured."""
+    head = model.get_output_embeddings()
+    if head.weight.is_meta:
+        return None
+    features = []
+    handle = head.register_forward_pre_hook(lambda module, args: features.append(args[:1]))
+    try:
+        run_probe(model)
+    finally:
+        handle.remove()
+    if not features or not features[-1]:  # the head never ran, or took phi by keyword
+        return None
+    phi = features[-1][0]
+    phi = phi.reshape(-1, phi.shape[-1])[-1]  # the last position: the one a model predicts from
+    contextual = F.linear(phi.double(), head.weight.detach().double())
+    scale = contextual.std().item() * (logit_map or {}).get("scale", 1.0)
+    return scale if math.isfinite(scale) else None

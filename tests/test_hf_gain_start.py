@@ -1,0 +1,79 @@
+"""The gain's start where the caller gives none (natbias.hf.gain_start):
+0.05, lowered where the measured W phi is large (T5's), measured here
+independently from the model's own hidden states; given, it is used as it
+is; a model on the meta device, where nothing can be measured, starts at 0.05."""
+
+import math
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from hf_tiny import build, zipf_targets  # noqa: E402
+
+import natbias.hf.natural_bias  # noqa: E402
+from natbias.hf import add_natural_bias  # noqa: E402
+from natbias.hf.gain_start import START_KL, contextual_scale, initial_gain  # noqa: E402
+from natbias.hf.logit_map import one_token_inputs  # noqa: E402
+from natbias.projection import DEFAULT_GAIN_INIT  # noqa: E402
+
+
+def t5_scale_by_hand(model):
+    """The standard deviation of W phi on the probe, from the decoder's last
+    hidden state (after its final norm), which T5 scales by d^-0.5 before
+    its tied head."""
+    with torch.no_grad():
+        out = model.eval()(**one_token_inputs(model), output_hidden_states=True)
+    phi = out.decoder_hidden_states[-1][0, -1].double() * model.config.d_model**-0.5
+    return (model.lm_head.weight.double() @ phi).std().item()
+
+
+def test_t5_starts_lower_than_the_default_as_its_w_phi_is_larger():
+    model = build("t5")
+    scale = t5_scale_by_hand(model)
+    assert scale > 10 * contextual_scale(build("gpt2"))  # N(0, 1) embeddings, not N(0, 0.02²)
+    expected = math.sqrt(2 * START_KL) / scale
+    add_natural_bias(model, zipf_targets())
+    assert model.config.natural_bias["gain_init"] == pytest.approx(expected, rel=5e-3)
+    assert model.output_gain().item() == pytest.approx(expected, rel=5e-3)
+    assert model.output_gain().item() < DEFAULT_GAIN_INIT
+
+
+def test_a_model_whose_w_phi_is_small_starts_at_the_default():
+    model = add_natural_bias(build("gpt2"), zipf_targets())
+    assert model.config.natural_bias["gain_init"] == DEFAULT_GAIN_INIT
+    assert model.output_gain().item() == pytest.approx(DEFAULT_GAIN_INIT)
+
+
+def test_a_given_start_is_used_as_it_is_and_nothing_is_measured(monkeypatch):
+    def measured(*args):
+        raise AssertionError("measured although gain_init was given")
+
+    monkeypatch.setattr(natbias.hf.natural_bias, "contextual_scale", measured)
+    model = add_natural_bias(build("t5"), zipf_targets(), gain_init=0.03)
+    assert model.config.natural_bias["gain_init"] == 0.03
+    assert model.output_gain().item() == pytest.approx(0.03)
+
+
+def test_the_start_from_a_scale_and_without_one():
+    assert initial_gain(None) == initial_gain(0.0) == DEFAULT_GAIN_INIT
+    assert initial_gain(0.01) == DEFAULT_GAIN_INIT  # never above the default
+    # Three significant digits, as the configuration records it.
+    assert initial_gain(1.0) == pytest.approx(math.sqrt(2e-4), rel=5e-3)
+    assert initial_gain(10.0) == pytest.approx(math.sqrt(2e-4) / 10, rel=5e-3)
+
+
+def test_a_model_on_the_meta_device_is_not_measured():
+    with torch.device("meta"):
+        model = build("t5")
+    assert model.lm_head.weight.is_meta
+    assert contextual_scale(model) is None
+    assert initial_gain(contextual_scale(model)) == DEFAULT_GAIN_INIT
+
+
+def test_a_logit_scale_scales_what_the_logits_see():
+    model = build("cohere")
+    assert contextual_scale(model, {"scale": 0.0625}) == pytest.approx(
+        0.0625 * contextual_scale(model), rel=1e-12
+    )
