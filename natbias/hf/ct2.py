@@ -23,7 +23,6 @@ as an object without its tokenizer (CTranslate2 keeps the vocabulary).
 """
 
 import copy
-import logging
 import os
 from typing import Optional
 
@@ -43,8 +42,6 @@ except ImportError as error:
     raise MissingExtraError(
         "converting to CTranslate2 needs ctranslate2: pip install 'fairseq-natbias[ctranslate2]'"
     ) from error
-
-logger = logging.getLogger(__name__)
 
 
 def to_ctranslate2(
@@ -127,6 +124,7 @@ class NaturalBiasLoader:
     specification it made."""
 
     def __call__(self, model, tokenizer):
+        check_stock_settings(model.config)
         output = natural_bias_output(model)
         try:
             spec = super().__call__(model, tokenizer)
@@ -142,6 +140,24 @@ class NaturalBiasLoader:
         return spec
 
 
+def check_stock_settings(config) -> None:
+    """Gemma 2's settings that CTranslate2's Gemma2 loader leaves out (it
+    would serve the stock model inexactly too): refused, as not exact."""
+    if type(config).__mro__[1].__name__ != "Gemma2Config":
+        return
+    left_out = []
+    if getattr(config, "attn_logit_softcapping", None):
+        left_out.append(f"attn_logit_softcapping {config.attn_logit_softcapping:g}")
+    scalar = getattr(config, "query_pre_attn_scalar", None)
+    if scalar is not None and scalar != config.head_dim:
+        left_out.append(f"query_pre_attn_scalar {scalar:g} (not head_dim {config.head_dim})")
+    if left_out:
+        raise NaturalBiasError(
+            f"this Gemma 2 has {' and '.join(left_out)}, which CTranslate2 "
+            f"{ctranslate2.__version__}'s Gemma2 loader leaves out: it cannot be served exactly"
+        )
+
+
 def natural_bias_output(model):
     """b (a copy), g (a float; 1 without a gain) and the soft cap (None
     without one) of a natural-bias model; a logit map CTranslate2 cannot
@@ -153,15 +169,6 @@ def natural_bias_output(model):
             f"{type(model).__name__} maps its logits by {logit_map}, which no "
             "CTranslate2 specification applies: it cannot be served exactly"
         )
-    if cap is not None:
-        attention_cap = getattr(model.config, "attn_logit_softcapping", None)
-        if attention_cap:
-            logger.warning(
-                "%s soft-caps its attention scores (attn_logit_softcapping %g), which "
-                "CTranslate2 does not, as for the stock model: scores can differ on long inputs",
-                type(model).__name__,
-                attention_cap,
-            )
     gain = model.output_gain()
     gain = 1.0 if gain is None else float(gain.detach().reshape(()))
     return model.output_bias().detach().clone(), gain, cap
