@@ -16,10 +16,13 @@ then the projection is made ``W (g phi) + b``'s:
   stock loader leaves out) is set on the decoder, which applies it to
   ``g W phi + b`` as transformers does.
 
-Refused in one line, saying why: a family CTranslate2 has no loader for (or
-whose loader fails on this transformers' model, as it would on the stock
-model), a logit scale (CTranslate2 has no slot for one), and a model given
-as an object without its tokenizer (CTranslate2 keeps the vocabulary).
+Refused in one line, saying why, from the configuration before any weight
+is read: a family CTranslate2 has no loader for, a logit scale (no
+CTranslate2 specification applies one), and Gemma 2 settings its loader
+leaves out (attention soft-capping; a query scale other than head_dim's);
+then a family whose loader fails on this transformers' model, as it does on
+the stock model; and a model object given without its tokenizer (CTranslate2
+keeps the vocabulary and the special tokens).
 """
 
 import copy
@@ -99,8 +102,9 @@ class NaturalBiasTransformersConverter(TransformersConverter):
 def register_loader(config):
     """CTranslate2's loader for a natural-bias configuration: registered once
     under its class name (how CTranslate2 finds a loader), a subclass of the
-    stock family's loader that places b and the gain after it has run."""
-    natural_bias_settings(config)  # refuses a configuration without the natural bias
+    stock family's loader that places b and the gain after it has run. A
+    configuration that cannot be served exactly is refused first."""
+    check_servable(config, natural_bias_settings(config))
     name = type(config).__name__
     loader = ct2_transformers._MODEL_LOADERS.get(name)
     if loader is None:
@@ -124,7 +128,6 @@ class NaturalBiasLoader:
     specification it made."""
 
     def __call__(self, model, tokenizer):
-        check_stock_settings(model.config)
         output = natural_bias_output(model)
         try:
             spec = super().__call__(model, tokenizer)
@@ -140,9 +143,16 @@ class NaturalBiasLoader:
         return spec
 
 
-def check_stock_settings(config) -> None:
-    """Gemma 2's settings that CTranslate2's Gemma2 loader leaves out (it
-    would serve the stock model inexactly too): refused, as not exact."""
+def check_servable(config, settings: dict) -> None:
+    """Refuses what CTranslate2 would serve inexactly: a logit map other than
+    a soft cap, and Gemma 2's settings that its Gemma2 loader leaves out (so
+    that it serves the stock model inexactly too)."""
+    logit_map = {k: v for k, v in (settings.get("logit_map") or {}).items() if k != "softcap"}
+    if logit_map:
+        raise NaturalBiasError(
+            f"this model maps its logits by {logit_map}, which no CTranslate2 "
+            "specification applies: it cannot be served exactly"
+        )
     if type(config).__mro__[1].__name__ != "Gemma2Config":
         return
     left_out = []
@@ -159,18 +169,11 @@ def check_stock_settings(config) -> None:
 
 
 def natural_bias_output(model):
-    """b (a copy), g (a float; 1 without a gain) and the soft cap (None
-    without one) of a natural-bias model; a logit map CTranslate2 cannot
-    apply is refused."""
-    logit_map = dict(model.natbias_logit_map or {})
-    cap = logit_map.pop("softcap", None)
-    if logit_map:
-        raise NaturalBiasError(
-            f"{type(model).__name__} maps its logits by {logit_map}, which no "
-            "CTranslate2 specification applies: it cannot be served exactly"
-        )
+    """b (a copy), g (a float; 1 without a gain) and the logits' soft cap
+    (None without one) of a natural-bias model."""
     gain = model.output_gain()
     gain = 1.0 if gain is None else float(gain.detach().reshape(()))
+    cap = (model.natbias_logit_map or {}).get("softcap")
     return model.output_bias().detach().clone(), gain, cap
 
 
