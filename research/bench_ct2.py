@@ -150,7 +150,7 @@ def main():
     sources = [line.split() for line in (args.work / "pieces/test.de").read_text().splitlines()]
     references = (args.work / "raw/test.en").read_text(encoding="utf-8").splitlines()
     rates = {name: [] for name in ("fairseq", "float32", "int8")}
-    outputs = {}
+    outputs, load = {}, [os.getloadavg()[0]]
     for round_ in range(args.rounds):
         rates["fairseq"].append((result := fairseq_generate(data, checkpoint, args))[0])
         outputs["fairseq"] = result[1]
@@ -158,10 +158,39 @@ def main():
             rate, outputs[quantization] = ctranslate2_translate(translator, sources, args)
             rates[quantization].append(rate)
         print(f"round {round_ + 1}: " + ", ".join(f"{n} {r[-1]:.1f}" for n, r in rates.items()))
-    report = table(rates, outputs, references, args, len(sources))
+        load.append(os.getloadavg()[0])
+    report = header(args, checkpoint, load) + table(rates, outputs, references, args, len(sources))
     print(report)
     if args.out:
         args.out.write_text(report, encoding="utf-8")
+
+
+def header(args, checkpoint, load):
+    """The command, the versions and the machine's load (1-minute averages)."""
+    import platform
+
+    import ctranslate2
+    import fairseq
+    import torch
+
+    state = torch.load(checkpoint, map_location="cpu", weights_only=False)
+    updates = state["optimizer_history"][-1]["num_updates"]
+    cpu = platform.processor() or platform.machine()
+    return "\n".join(
+        [
+            "# Translation speed: CTranslate2 against fairseq-generate",
+            "",
+            f"Command: `python research/bench_ct2.py {' '.join(sys.argv[1:])}`",
+            "",
+            f"Model: transformer_natbias_iwslt_de_en (6+6 layers, d 256), {updates} updates on "
+            "Multi30k De-En (SentencePiece 8,000, joint, tied). CTranslate2 "
+            f"{ctranslate2.__version__}, fairseq {fairseq.__version__}, torch {torch.__version__}, "
+            f"{cpu}, {os.cpu_count()} cores. Machine load (1-minute average) at the start and "
+            f"after each round: {', '.join(f'{x:.1f}' for x in load)}.",
+            "",
+            "",
+        ]
+    )
 
 
 def table(rates, outputs, references, args, sentences):
