@@ -10,9 +10,13 @@ round times fairseq-generate (a process of its own; its own figure, which
 counts generation and not start-up or loading) and CTranslate2's
 ``translate_batch`` (the model loaded beforehand) on all of test_2016_flickr,
 the engines alternating so that a change in the machine's load meets each
-alike. Printed, and written to ``--out``: sentences per second, median and
-range over the rounds, the ratio to fairseq per round, and whether the
-engines translate alike (same hypothesis, BLEU).
+alike; with 2 threads each (the machine's cores), then 1. With 2, CTranslate2
+runs both ways it can: each batch's operations on 2 threads (intra_threads,
+as fairseq does), and 2 batches at a time on a thread each (inter_threads,
+its way to throughput for a small model). Printed, and
+written to ``--out``: sentences per second, median and range over the
+rounds, the ratio to fairseq per round, and whether the engines translate
+alike (same hypothesis, BLEU).
 
     .venv/bin/python research/bench_ct2.py --rounds 3 --out research/results/ct2_speed.md
 """
@@ -35,6 +39,7 @@ from natbias.tools import sentencepiece_text  # noqa: E402
 from natbias.tools.generate_output import parse_generate_output  # noqa: E402
 
 BIN = Path(sys.executable).parent
+MAX_LENGTH = 200  # fairseq-generate's default --max-len-b, given to both
 SPLITS = {"train": "train", "valid": "val", "test": "test_2016_flickr"}
 TRAINING = [
     "--arch", "transformer_natbias_iwslt_de_en", "--share-all-embeddings",
@@ -79,9 +84,11 @@ def prepare_data(multi30k: Path, work: Path, threads: int) -> Path:
 
 
 def train(data: Path, work: Path, updates: int, threads: int) -> Path:
-    """Trained to ``updates`` (fairseq resumes a checkpoint with fewer, and
-    stops at once on one with as many)."""
+    """Trained to ``updates``, resuming a checkpoint with fewer (fairseq-train
+    on one with as many would still make one more update)."""
     checkpoint = work / "model" / "checkpoint_last.pt"
+    if checkpoint.exists() and trained_updates(checkpoint) >= updates:
+        return checkpoint
     started = time.perf_counter()
     run(
         [BIN / "fairseq-train", data, "--user-dir", "fairseq_natbias", *TRAINING,
@@ -93,13 +100,20 @@ def train(data: Path, work: Path, updates: int, threads: int) -> Path:
     return checkpoint
 
 
-def fairseq_generate(data, checkpoint, args):
+def trained_updates(checkpoint: Path) -> int:
+    import torch
+
+    state = torch.load(checkpoint, map_location="cpu", weights_only=False, mmap=True)
+    return state["optimizer_history"][-1]["num_updates"]
+
+
+def fairseq_generate(data, checkpoint, args, threads):
     """(sentences/s by fairseq-generate's own clock, hypotheses by id)."""
     out = run(
         [BIN / "fairseq-generate", data, "--user-dir", "fairseq_natbias", "--path", checkpoint,
-         "--beam", args.beam, "--batch-size", args.batch_size,
+         "--beam", args.beam, "--batch-size", args.batch_size, "--max-len-b", MAX_LENGTH,
          "--required-batch-size-multiple", "1", "--cpu", "--num-workers", "0"],
-        args.threads,
+        threads,
         cwd=REPO,
     )  # fmt: skip
     rate = re.search(
@@ -112,7 +126,7 @@ def fairseq_generate(data, checkpoint, args):
 def ctranslate2_translate(translator, sources, args):
     started = time.perf_counter()
     results = translator.translate_batch(
-        sources, beam_size=args.beam, max_batch_size=args.batch_size, max_decoding_length=200
+        sources, beam_size=args.beam, max_batch_size=args.batch_size, max_decoding_length=MAX_LENGTH
     )
     elapsed = time.perf_counter() - started
     return len(sources) / elapsed, [r.hypotheses[0] for r in results]
@@ -129,36 +143,49 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--multi30k", type=Path, default=REPO.parent / "shared/data/multi30k")
     parser.add_argument("--work", type=Path, default=REPO / "work/bench_ct2")
-    parser.add_argument("--updates", type=int, default=300, help="training updates")
+    parser.add_argument("--updates", type=int, default=1500, help="training updates")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--threads", type=int, nargs="+", default=[2, 1], help="each engine's threads, in turn"
+    )
     parser.add_argument("--beam", type=int, default=5)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--out", type=Path, help="write the results here (Markdown)")
     args = parser.parse_args()
     import ctranslate2
 
-    data = prepare_data(args.multi30k, args.work, args.threads)
-    checkpoint = train(data, args.work, args.updates, args.threads)
-    translators = {}
+    most = max(args.threads)
+    data = prepare_data(args.multi30k, args.work, most)
+    checkpoint = train(data, args.work, args.updates, most)
+    directories = {}
     for quantization in ("float32", "int8"):
-        directory = args.work / f"ct2-{quantization}"
-        convert(checkpoint, directory, data, quantization=quantization, force=True)
-        translators[quantization] = ctranslate2.Translator(
-            str(directory), device="cpu", inter_threads=1, intra_threads=args.threads
-        )
+        directories[quantization] = args.work / f"ct2-{quantization}"
+        convert(checkpoint, directories[quantization], data, quantization=quantization, force=True)
     sources = [line.split() for line in (args.work / "pieces/test.de").read_text().splitlines()]
     references = (args.work / "raw/test.en").read_text(encoding="utf-8").splitlines()
-    rates = {name: [] for name in ("fairseq", "float32", "int8")}
-    outputs, load = {}, [os.getloadavg()[0]]
-    for round_ in range(args.rounds):
-        rates["fairseq"].append((result := fairseq_generate(data, checkpoint, args))[0])
-        outputs["fairseq"] = result[1]
-        for quantization, translator in translators.items():
-            rate, outputs[quantization] = ctranslate2_translate(translator, sources, args)
-            rates[quantization].append(rate)
-        print(f"round {round_ + 1}: " + ", ".join(f"{n} {r[-1]:.1f}" for n, r in rates.items()))
-        load.append(os.getloadavg()[0])
+    rates, outputs, load = {}, {}, [os.getloadavg()[0]]
+    for threads in args.threads:
+        # Each batch's operations on the threads (as fairseq's), and, with more than
+        # one, as many batches at a time on one thread each (CTranslate2's inter_threads).
+        layouts = {"": (1, threads)} | (
+            {", batches in parallel": (threads, 1)} if threads > 1 else {}
+        )
+        translators = {
+            q + name: ctranslate2.Translator(
+                str(d), device="cpu", inter_threads=inter, intra_threads=intra
+            )
+            for name, (inter, intra) in layouts.items()
+            for q, d in directories.items()
+        }
+        for round_ in range(args.rounds):
+            rate, outputs["fairseq"] = fairseq_generate(data, checkpoint, args, threads)
+            rates.setdefault((threads, "fairseq"), []).append(rate)
+            for quantization, translator in translators.items():
+                rate, outputs[quantization] = ctranslate2_translate(translator, sources, args)
+                rates.setdefault((threads, quantization), []).append(rate)
+            shown = ", ".join(f"{n} {r[-1]:.1f}" for (t, n), r in rates.items() if t == threads)
+            print(f"{threads} threads, round {round_ + 1}: {shown}", flush=True)
+            load.append(os.getloadavg()[0])
     report = header(args, checkpoint, load) + table(rates, outputs, references, args, len(sources))
     print(report)
     if args.out:
@@ -173,8 +200,7 @@ def header(args, checkpoint, load):
     import fairseq
     import torch
 
-    state = torch.load(checkpoint, map_location="cpu", weights_only=False)
-    updates = state["optimizer_history"][-1]["num_updates"]
+    updates = trained_updates(checkpoint)
     cpu = platform.processor() or platform.machine()
     return "\n".join(
         [
@@ -196,24 +222,28 @@ def header(args, checkpoint, load):
 def table(rates, outputs, references, args, sentences):
     ours = outputs["fairseq"]
     lengths = statistics.mean(len(h) for h in ours)
+    limit = sum(len(h) >= MAX_LENGTH for h in ours)
     lines = [
         f"{sentences} sentences (test_2016_flickr), beam {args.beam}, batch {args.batch_size}, "
-        f"{args.threads} threads, {args.rounds} rounds; mean fairseq hypothesis "
-        f"{lengths:.1f} pieces",
+        f"{args.rounds} rounds per thread count; fairseq's hypotheses {lengths:.1f} pieces on "
+        f"average, {limit} at the length limit ({MAX_LENGTH})",
         "",
-        "| engine | sentences/s, median (range) | ratio to fairseq, median (range) "
-        "| same hypothesis as fairseq | BLEU |",
-        "|---|---|---|---|---|",
+        "| threads | engine | sentences/s, median (range) | ratio to fairseq, median (range) |",
+        "|---|---|---|---|",
     ]
-    for name, values in rates.items():
-        ratios = [v / f for v, f in zip(values, rates["fairseq"])]
-        same = sum(a == b for a, b in zip(outputs[name], ours)) / sentences
+    for (threads, name), values in rates.items():
+        ratios = [v / f for v, f in zip(values, rates[threads, "fairseq"])]
+        engine = "fairseq-generate" if name == "fairseq" else f"CTranslate2 {name}"
         lines.append(
-            f"| {'fairseq-generate' if name == 'fairseq' else 'CTranslate2 ' + name} "
+            f"| {threads} | {engine} "
             f"| {statistics.median(values):.1f} ({min(values):.1f}–{max(values):.1f}) "
-            f"| {statistics.median(ratios):.2f}× ({min(ratios):.2f}–{max(ratios):.2f}) "
-            f"| {100 * same:.1f}% | {bleu(outputs[name], references):.2f} |"
+            f"| {statistics.median(ratios):.2f}× ({min(ratios):.2f}–{max(ratios):.2f}) |"
         )
+    lines += ["", "| engine | same hypothesis as fairseq-generate | BLEU |", "|---|---|---|"]
+    for name, hypotheses in outputs.items():
+        same = sum(a == b for a, b in zip(hypotheses, ours)) / sentences
+        engine = "fairseq-generate" if name == "fairseq" else f"CTranslate2 {name}"
+        lines.append(f"| {engine} | {100 * same:.1f}% | {bleu(hypotheses, references):.2f} |")
     return "\n".join(lines) + "\n"
 
 
