@@ -52,6 +52,8 @@ def main(argv=None):
         args = build_parser().parse_args(argv)
         if args.model_path is not None and not os.path.isfile(args.model_path):
             raise NaturalBiasError(f"--model_path {args.model_path}: no such checkpoint file")
+        if os.path.exists(args.output_dir) and not args.force:
+            raise NaturalBiasError(f"{args.output_dir} exists: give --force to replace it")
         model, vmap = args.model_path or args.model, args.vocab_mapping
         options = dict(quantization=args.quantization, force=args.force, vmap=vmap)
         written = convert(model, args.output_dir, args.data_dir, **options)

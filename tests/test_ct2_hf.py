@@ -275,3 +275,22 @@ def test_a_model_without_the_natural_bias_is_refused_in_one_line(tmp_path, capsy
     with pytest.raises(NaturalBiasError, match="give the model's tokenizer"):
         to_ctranslate2(natural_bias_model("llama"), tmp_path / "ct2")
     assert not (tmp_path / "ct2").exists()
+
+
+@pytest.mark.parametrize(
+    "arguments, said",
+    [
+        (["--model", "{empty}"], "holds no config.json"),
+        (["--model_path", "{empty}/checkpoint.pt"], "no such checkpoint file"),
+        (["--model", "{empty}", "--output_dir", "{empty}"], "exists: give --force to replace it"),
+    ],
+)
+def test_the_console_script_says_what_is_wrong_with_a_path_in_one_line(arguments, said, tmp_path):
+    (tmp_path / "empty").mkdir()
+    arguments = [a.format(empty=tmp_path / "empty") for a in arguments]
+    if "--output_dir" not in arguments:
+        arguments += ["--output_dir", str(tmp_path / "ct2")]
+    with pytest.raises(SystemExit) as stop:
+        main(arguments)
+    assert str(stop.value).startswith("natbias-ct2-converter: error: ")
+    assert said in str(stop.value) and "\n" not in str(stop.value)

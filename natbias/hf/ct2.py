@@ -74,6 +74,11 @@ class NaturalBiasTransformersConverter(TransformersConverter):
 
     def _load(self):
         if self._model is None:
+            if not os.path.isfile(os.path.join(self._model_name_or_path, "config.json")):
+                raise NaturalBiasError(
+                    f"{self._model_name_or_path} holds no config.json: give the directory "
+                    "a natbias.hf model was saved to (save_pretrained)"
+                )
             register_loader(AutoConfig.from_pretrained(self._model_name_or_path))
             return super()._load()
         if not isinstance(self._model, NaturalBiasModel):
