@@ -1,12 +1,13 @@
 """natbias-ct2-converter on fairseq checkpoints (fairseq_natbias.ct2).
 
-Fast tier: a checkpoint of every architecture of transformer_natbias and
+Toy data: a checkpoint of every architecture of transformer_natbias and
 transformer_lm_natbias (tiny sizes; each --natbias-init among them; tied and
 untied; with and without the gain) is scored by CTranslate2 as by fairseq,
-and differs with b zeroed; --natbias-order 2 is refused in one line.
-Full tier, real text (Multi30k): CTranslate2 beam 5 translates the test
-sentences as fairseq-generate does, in float32 and int8, and the language
-model's per-token scores are fairseq-eval-lm's."""
+and differs with b zeroed; --natbias-order 2 is refused in one line. Real
+text (Multi30k): CTranslate2 beam 5 translates the test sentences as
+fairseq-generate does, in float32 and int8, and the language model's
+per-token scores are fairseq-eval-lm's. Each trains its model with
+fairseq-train (a few updates, or 200): the full tier."""
 
 import re
 
@@ -92,6 +93,7 @@ def largest_difference(ours, theirs):
 
 
 @pytest.mark.parametrize("arch", sorted(TRANSLATION))
+@pytest.mark.training
 def test_a_translation_checkpoint_is_scored_by_ctranslate2_as_by_fairseq(
     arch, request, tmp_path, toy_text
 ):
@@ -136,6 +138,7 @@ def lm_scores(model, task, sentences):
 
 
 @pytest.mark.parametrize("arch", sorted(LANGUAGE_MODEL))
+@pytest.mark.training
 def test_a_language_model_is_scored_by_ctranslate2_as_by_fairseq(
     arch, tmp_path, toy_lm_bin, toy_text
 ):
@@ -154,6 +157,7 @@ def test_a_language_model_is_scored_by_ctranslate2_as_by_fairseq(
         assert largest_difference([s.log_probs for s in served], expected) > 0.05
 
 
+@pytest.mark.training
 def test_the_bigram_residual_is_refused_in_one_line(toy_bin, tmp_path):
     train(toy_bin, tmp_path / "run", "--natbias-order", "2", max_update=1)
     checkpoint = tmp_path / "run" / "checkpoint_last.pt"
