@@ -19,6 +19,7 @@ LONGEST_FIRST = [
     "test_generation_control.py",
     "test_logging_hook.py",
     "test_transformer_natbias.py",
+    "test_ct2_fairseq.py",
     "test_checkpoints.py",
     "test_hf_examples.py",
     "test_hf_families.py",

@@ -7,7 +7,8 @@
   criterion gives is not credited to the bias; every figure of a row is in a
   results file the row links, under research/results/.
 - The user's docs (docs/*.md) are the pages listed below, at most 1,500 lines
-  in all; the changelog starts at the package's version.
+  in all; the changelog starts at the package's version, after the changes
+  not yet released, if any (an "Unreleased" section, on top).
 - No line of README.md or docs/*.md names an internal issue ("issue 36",
   "(#12)") or a date, the changelog's release headings aside.
 - Where the criterion is described, its prior art is credited.
@@ -35,6 +36,7 @@ PAGES = {
     "checkpoints",
     "half_precision",
     "huggingface",
+    "deployment",
     "scaling",
     "results",
     "changelog",

@@ -75,3 +75,20 @@ def test_without_fairseq_the_plugins_scripts_say_what_to_install_in_one_line(tmp
         )
         assert run.returncode == 1, (name, run.stdout, run.stderr)
         assert run.stderr.strip() == f"{name}: error: {FAIRSEQ_MISSING}", run.stderr
+
+
+def test_without_ctranslate2_the_converter_says_what_to_install_in_one_line(tmp_path):
+    from natbias.ct2_converter import NO_CT2
+
+    (tmp_path / "ctranslate2").mkdir()
+    (tmp_path / "ctranslate2/__init__.py").write_text("raise ImportError('hidden by the test')\n")
+    run = subprocess.run(
+        [str(BIN / "natbias-ct2-converter"), "--help"],
+        env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"},
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 1, (run.stdout, run.stderr)
+    assert run.stderr.strip() == f"natbias-ct2-converter: error: {NO_CT2}"

@@ -9,7 +9,12 @@ import of its parent package is not an edge.
 The layers, bottom up: the core ``natbias`` (torch and numpy only); the
 text-only tools ``natbias.tools`` (not even torch); the fairseq plugin
 ``fairseq_natbias`` and the transformers extra ``natbias.hf``, which know
-nothing of each other.
+nothing of each other; on top, alone, ``natbias.ct2_converter``
+(natbias-ct2-converter), the one converter to CTranslate2 for models of
+both frameworks. It is the one module that imports both, and only inside
+the function that converts each framework's models, so importing it (or
+running it on one framework's model) needs neither framework; nothing
+imports it.
 """
 
 import ast
@@ -21,6 +26,8 @@ REPO = Path(__file__).resolve().parent.parent
 PACKAGE = "fairseq_natbias"
 ROOT = REPO / PACKAGE
 CORE = REPO / "natbias"
+# Above both frameworks (see the module's docstring); a console script's module.
+DISPATCHER = "natbias.ct2_converter"
 
 
 def module_name(path: Path, root: Path = ROOT, package: str = PACKAGE) -> str:
@@ -216,7 +223,9 @@ def test_the_core_needs_no_framework_and_imports_no_layer_above(graph):
     core = [
         name
         for name in graph
-        if name.startswith("natbias") and not name.startswith(("natbias.tools", "natbias.hf"))
+        if name.startswith("natbias")
+        and not name.startswith(("natbias.tools", "natbias.hf"))
+        and name != DISPATCHER
     ]
     assert "natbias.counts" in core
     for name in core:
@@ -228,6 +237,29 @@ def test_the_core_needs_no_framework_and_imports_no_layer_above(graph):
         assert not upward, f"{name} imports {sorted(upward)}"
         path = package_modules(CORE, "natbias")[name]
         assert external_imports(path) <= CORE_NEEDS, name
+
+
+def top_level_imports(path: Path) -> set:
+    """The modules ``path`` imports in its body, not inside a function."""
+    names = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            names.add(node.module)
+    return names
+
+
+def test_the_dispatcher_imports_each_framework_only_where_it_converts_its_models(graph):
+    """natbias.ct2_converter reaches both natural-bias packages, but imports
+    them (and any framework) in functions only; nothing imports it."""
+    frameworks = ("fairseq", "transformers", "torch", "ctranslate2", "natbias.hf")
+    reached = reachable(graph, DISPATCHER)
+    assert "fairseq_natbias.ct2" in reached and "natbias.hf.ct2" in reached
+    top = top_level_imports(CORE / "ct2_converter.py")
+    assert "natbias.errors" in top
+    assert not {name for name in top if name.startswith(frameworks)}, top
+    assert not [name for name, imported in graph.items() if DISPATCHER in imported]
 
 
 def test_the_tools_import_neither_torch_nor_a_framework(graph):
@@ -265,15 +297,18 @@ def _lines(paths) -> int:
 def test_the_installed_code_stays_small():
     """No file over 400 lines; the plugin's model path (the architectures,
     options, bias, projection and checkpoint rules) at most 1,500 lines. The
-    packages a user installs (the transformers extra aside) at most 5,000
-    lines: the demo's pipeline and the paper's analyses live in examples/paper."""
-    installed = [*ROOT.rglob("*.py"), *(p for p in CORE.rglob("*.py") if "hf" not in p.parts)]
+    packages a user installs at most 5,000 lines, the code of the optional
+    extras aside (transformers: natbias/hf; CTranslate2: the converter's two
+    modules, which need ctranslate2): the demo's pipeline and the paper's
+    analyses live in examples/paper."""
+    extras = [*(CORE / "hf").rglob("*.py"), CORE / "ct2_converter.py", ROOT / "ct2.py"]
+    installed = [p for p in [*ROOT.rglob("*.py"), *CORE.rglob("*.py")] if p not in extras]
     too_long = {
         str(p.relative_to(REPO)): n
-        for p in installed + list((CORE / "hf").rglob("*.py"))
+        for p in installed + extras
         if (n := len(p.read_text().splitlines())) > 400
     }
-    assert not too_long
+    assert not too_long and all(p.is_file() for p in extras)
     assert _lines(installed) <= 5000
     model_path = [
         ROOT / f"{name}.py"
@@ -290,7 +325,7 @@ def test_the_installed_code_stays_small():
 
 
 # The console scripts' modules: the only installed code that may end the process.
-ENTRY_POINT_MODULES = {ROOT / "cli", CORE / "tools" / "cli.py"}
+ENTRY_POINT_MODULES = {ROOT / "cli", CORE / "tools" / "cli.py", CORE / "ct2_converter.py"}
 
 
 def _ends_the_process(tree) -> bool:

@@ -82,6 +82,7 @@ def test_the_wheel_carries_licence_versions_and_readme(wheel):
         "natbias-average-checkpoints = fairseq_natbias.cli.average_checkpoints:main" in entry_points
     )
     assert "natbias-alc = natbias.tools.cli:alc_main" in entry_points
+    assert "natbias-ct2-converter = natbias.ct2_converter:main" in entry_points
     assert {
         "natbias/projection.py",
         "natbias/tools/sentencepiece_text.py",
@@ -89,7 +90,10 @@ def test_the_wheel_carries_licence_versions_and_readme(wheel):
         "fairseq_natbias/natural_bias.py",
     } <= set(names)
     assert not [n for n in names if n.startswith(("tests/", "research/", "examples/"))]
-    assert {"fairseq", "hf", "plots", "test"} <= set(metadata.get_all("Provides-Extra"))
+    assert {"fairseq", "hf", "plots", "ctranslate2", "test"} <= set(
+        metadata.get_all("Provides-Extra")
+    )
+    assert 'ctranslate2<5,>=4.8; extra == "ctranslate2"' in metadata.get_all("Requires-Dist")
 
 
 @pytest.mark.training

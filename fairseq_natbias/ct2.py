@@ -1,0 +1,50 @@
+"""``transformer_natbias`` and ``transformer_lm_natbias`` checkpoints as CTranslate2
+models by CTranslate2's FairseqConverter, read as the stock models they extend (its
+check goes by model name): b is the output projection's bias, and the gain is folded
+into its weight (g W, a new array: tied embeddings keep W). The bigram residual of
+--natbias-order 2 is computed by no CTranslate2 layer: refused.
+"""
+
+import numpy as np
+from ctranslate2.converters import FairseqConverter
+from fairseq.models import ARCH_MODEL_NAME_REGISTRY
+
+from fairseq_natbias.checkpoint_loading import read_checkpoint, saved_model_args
+from fairseq_natbias.natural_bias import check_natbias_checkpoint
+from natbias.errors import NaturalBiasError
+from natbias.projection import NaturalBiasProjection
+
+STOCK_MODEL = {"transformer_natbias": "transformer", "transformer_lm_natbias": "transformer_lm"}
+
+
+class NaturalBiasFairseqConverter(FairseqConverter):
+    """``FairseqConverter`` (the same arguments) for the plugin's checkpoints."""
+
+    def _load(self):
+        arch, _ = check_natbias_checkpoint(self._model_path)
+        saved = saved_model_args(self._model_path)
+        if getattr(saved, "natbias_order", 1) == 2:
+            raise NaturalBiasError(
+                f"{self._model_path} has the bigram residual of --natbias-order 2, which no "
+                "CTranslate2 layer computes: only --natbias-order 1 models can be served"
+            )
+        name = ARCH_MODEL_NAME_REGISTRY[arch]
+        ARCH_MODEL_NAME_REGISTRY[arch] = STOCK_MODEL[name]  # what CTranslate2's check reads
+        try:
+            spec = super()._load()
+        finally:
+            ARCH_MODEL_NAME_REGISTRY[arch] = name
+        gain = saved_gain(read_checkpoint(self._model_path)["model"], saved)
+        if gain != 1.0:
+            spec.decoder.projection.weight = spec.decoder.projection.weight * np.float32(gain)
+        return spec
+
+
+def saved_gain(model_state: dict, saved) -> float:
+    """g of a saved model by the projection's own formula; 1 without a gain."""
+    param = model_state.get("decoder.output_projection.gain_param")
+    if param is None:
+        return 1.0
+    projection = NaturalBiasProjection(param.new_zeros(1, 1), gain_speed=saved.natbias_gain_speed)
+    projection.gain_param.data = param.reshape(projection.gain_param.shape).float()
+    return float(projection.gain().detach())
