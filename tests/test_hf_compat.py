@@ -16,6 +16,7 @@ from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM  # noqa: E4
 
 import natbias.hf  # noqa: E402
 from natbias import FORMAT_VERSION  # noqa: E402
+from natbias.errors import NaturalBiasError  # noqa: E402
 
 FIXTURE = Path(__file__).parent / "fixtures" / "hf-v1.0.0"
 TRAINER_CHECKPOINT = Path(__file__).parent / "fixtures" / "hf-v2.0.0-trainer"
@@ -75,3 +76,9 @@ def test_a_2_0_trainer_checkpoint_resumes_as_an_uninterrupted_run(tmp_path):
     expected = [entry[key] for entry in whole if "loss" in entry for key in ("loss", "gain")]
     # The first two logs are 2.0.0's own (the checkpoint's state); then today's resumed updates.
     assert len(logged) == 8 and logged[4:] == pytest.approx(expected[4:], rel=1e-5)
+
+
+def test_a_format_1_model_asked_for_tensor_parallelism_is_refused_in_one_line():
+    """Its 0-d gain cannot be split: it loads on one process, then is saved again."""
+    with pytest.raises(NaturalBiasError, match="^a model saved by natbias 2.0 or earlier"):
+        natbias.hf.from_pretrained(FIXTURE / "llama", tp_plan="auto")
