@@ -151,7 +151,7 @@ class NaturalBiasProjection(KeepsFloat32, nn.Linear):
         if self.gain_speed is not None:
             initial_gain = torch.full((1,), gain_init / self.gain_speed, device="cpu")
             self.initial_values["gain_param"] = initial_gain
-            self.gain_param = self._parameter(self.initial_values["gain_param"])
+            self.gain_param = self._parameter(initial_gain)
         # Set on the meta device; a forward before reset_parameters is refused.
         self.awaiting_values = weight.device.type == "meta"
 

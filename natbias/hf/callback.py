@@ -19,7 +19,7 @@ Seq2SeqTrainer, TRL's); the callback composes with any of them.
 Only the main process computes them (``state.is_world_process_zero``), as
 only it reports: b, W and the gain are the same in every process under DDP,
 and the probe's forward runs on the main process's copy of the model. Where
-the model is sharded (FSDP, tensor parallelism: :mod:`natbias.sharding`),
+the model is sharded (FSDP, tensor parallelism: :mod:`natbias.hf.sharded`),
 every process gathers b, the gain and the norm of W, and runs the probe's
 forward, as each takes part in those collectives; the main process logs.
 """
