@@ -22,6 +22,7 @@ from fairseq_natbias.options import (
     COUNTED_MARKER,
     DEFAULTED_RECORD,
     FORMAT_KEY,
+    LANGUAGE_TOKENS,
     STRUCTURAL,
     options_text,
 )
@@ -140,6 +141,7 @@ def reconcile_with_checkpoint(args, kind: str, path: str) -> None:
     elif differing:
         logger.info("natbias: resuming %s with its own %s", path, options_text(saved))
     setattr(args, COUNTED_MARKER, int(getattr(saved, COUNTED_MARKER, None) or 0))
+    setattr(args, LANGUAGE_TOKENS, list(getattr(saved, LANGUAGE_TOKENS, None) or []))
 
 
 def _differs(args, saved, name) -> bool:

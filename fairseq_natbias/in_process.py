@@ -6,6 +6,7 @@ cross-entropy and KL(p || unigram), in bits per target token."""
 import os
 import sys
 
+from fairseq_natbias.language_prior import ROWS_KEY
 from natbias.errors import NaturalBiasError
 from natbias.statistics import LN2, divergence_sums
 
@@ -66,14 +67,19 @@ def validation_divergence(task, model, split="valid", max_tokens=4000):
     model.eval()
     with torch.no_grad():
         for sample in iterator:
-            log_p = model.get_normalized_probs(model(**sample["net_input"]), log_probs=True).float()
+            net_output = model(**sample["net_input"])
+            log_p = model.get_normalized_probs(net_output, log_probs=True).float()
             target = sample["target"]
             mask = target.ne(pad)
             totals["nll"] -= log_p.gather(-1, target.unsqueeze(-1)).squeeze(-1)[mask].sum().item()
             tokens += int(mask.sum())
-            if log_unigram is not None:
-                totals["unigram_ce"] -= log_unigram[target[mask]].sum().item()
-                totals["kl_unigram"] += divergence_sums(log_p, mask, log_unigram)[0].item()
+            if log_unigram is not None:  # per-language: each position's row
+                rows = net_output[1].get(ROWS_KEY, torch.zeros_like(target))
+                prior = log_unigram.reshape(-1, log_unigram.shape[-1])
+                totals["unigram_ce"] -= prior[rows, target][mask].sum().item()
+                totals["kl_unigram"] += divergence_sums(log_p, mask, prior, prior_rows=rows)[
+                    0
+                ].item()
     if tokens == 0:
         raise NaturalBiasError(
             f"the {split} split has no target tokens: give another --valid-subset"

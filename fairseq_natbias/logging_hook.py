@@ -17,6 +17,7 @@ import logging
 
 from fairseq.logging import metrics
 
+from fairseq_natbias.language_prior import ROWS_KEY as PRIOR_ROWS_KEY
 from natbias.statistics import CHUNK_ELEMENTS, LN2, bias_statistics, divergence_sums
 
 logger = logging.getLogger(__name__)
@@ -69,7 +70,8 @@ class BiasDivergenceHook:
         mask = extra.pop(TARGET_MASK_KEY, None)  # pop: count each output once
         if mask is None:
             return
-        sums = divergence_sums(lprobs, mask, self.model.target_log_unigram, self.chunk_elements)
+        prior, rows = self.model.target_log_unigram, extra.get(PRIOR_ROWS_KEY)
+        sums = divergence_sums(lprobs, mask, prior, self.chunk_elements, rows)
         for key, value in zip(SUM_KEYS, sums):
             self._sums[key] = self._sums[key] + value
 

@@ -22,7 +22,7 @@ from typing import Optional
 
 import torch
 
-from fairseq_natbias import bigram_residual, task_hooks, training_data
+from fairseq_natbias import bigram_residual, language_prior, multilingual, task_hooks, training_data
 from fairseq_natbias.checkpoint_loading import CheckpointError, not_a_checkpoint
 from fairseq_natbias.checkpoints import (
     check_saved_settings,
@@ -31,7 +31,7 @@ from fairseq_natbias.checkpoints import (
     saved_model_args,
 )
 from fairseq_natbias.logging_hook import TARGET_MASK_KEY, BiasDivergenceHook
-from fairseq_natbias.options import COUNTED_MARKER, check_args
+from fairseq_natbias.options import COUNTED_MARKER, LANGUAGE_TOKENS, check_args
 from natbias.bigram import PairCounter, witten_bell_residual
 from natbias.counts import count_text, read_counts_file
 from natbias.errors import NaturalBiasError
@@ -64,6 +64,9 @@ class NaturalBiasModel(KeepsFloat32):
         check_args(args, cls.splitting_options)
         if loading is not None and loading[0] != "config":
             reconcile_with_checkpoint(args, *loading)
+        if loading is None:  # which tokens select a per-language row (none: one prior)
+            per_language = args.natbias_prior == "per-language"
+            setattr(args, LANGUAGE_TOKENS, multilingual.language_rows(task, per_language))
         model = super().build_model(args, task)
         model._init_natbias(args, task, weights_will_be_loaded=loading is not None)
         return model
@@ -71,10 +74,12 @@ class NaturalBiasModel(KeepsFloat32):
     def _init_natbias(self, args, task, weights_will_be_loaded: bool) -> None:
         decoder = self.decoder
         vocab_size = decoder.output_projection.out_features
+        language_tokens = getattr(args, LANGUAGE_TOKENS, None) or []
         residual = None
         if weights_will_be_loaded:  # placeholders the checkpoint overwrites
-            log_prior = torch.zeros(vocab_size)
-            bias = None if args.natbias_init == "none" else torch.zeros(vocab_size)
+            shape = (1 + len(language_tokens), vocab_size) if language_tokens else (vocab_size,)
+            log_prior = torch.zeros(shape)
+            bias = None if args.natbias_init == "none" else torch.zeros(shape)
             if args.natbias_order == 2:
                 residual = bigram_residual.BigramResidual.placeholder(vocab_size)
         else:
@@ -90,6 +95,8 @@ class NaturalBiasModel(KeepsFloat32):
             decoder.output_projection.bias.requires_grad_(False)
         if residual is not None:
             bigram_residual.attach_bigram_residual(decoder, residual)
+        if language_tokens:
+            language_prior.attach_language_prior(decoder, language_tokens)
         self.register_buffer("target_log_unigram", log_prior)
         self.natbias_args = args  # read by the generation-time settings
         self.natbias_hook = None
@@ -100,33 +107,38 @@ class NaturalBiasModel(KeepsFloat32):
 
     def _count_and_initialise(self, args, task):
         """Count the training targets (and their bigrams, order 2, in the same
-        pass); returns the log prior, the initial bias (None for ``none``) and
-        the bigram residual (None for order 1). W's init: ``paper`` rescales W
-        to the norm of the log prior also for ``zero`` and ``none``, so the
-        three runs differ in the bias alone."""
-        dictionary = task.target_dictionary
+        pass; each target language's, per-language); returns the log prior,
+        the initial bias (None for ``none``) and the bigram residual (None for
+        order 1). ``file``: the file's prior, nothing counted from the task
+        (App. A.7). W's init: ``paper`` rescales W to the norm of the (pooled)
+        log prior also for ``zero`` and ``none``, so the three runs differ in
+        the bias alone."""
+        dictionary, smoothing = task.target_dictionary, args.natbias_smoothing
+        split = getattr(args, "train_subset", "train")
         pairs = PairCounter(len(dictionary), dictionary.eos()) if args.natbias_order == 2 else None
-        counts = training_data.count_training_targets(
-            task, getattr(args, "train_subset", "train"), pairs
-        )
-        log_prior = log_unigram(counts, args.natbias_smoothing)
-        bias = {
-            "unigram": log_prior.clone(),
-            "zero": torch.zeros_like(log_prior),
-            "none": None,
-        }.get(args.natbias_init)
-        if args.natbias_init == "file":
-            file_counts = read_counts_file(args.natbias_counts, training_data.symbols(dictionary))
-            bias = log_unigram(file_counts, args.natbias_smoothing)
         residual = None
+        if args.natbias_init == "file":
+            counts = read_counts_file(args.natbias_counts, training_data.symbols(dictionary))
+            log_prior = log_unigram(counts, smoothing)
+        elif getattr(args, LANGUAGE_TOKENS, None):  # row 0 pooled, then each target language
+            counts, by_language = multilingual.count_multilingual_targets(task, split)
+            log_prior = torch.stack(
+                [log_unigram(c, smoothing) for c in (counts, *by_language.values())]
+            )
+        else:
+            counts = training_data.count_training_targets(task, split, pairs)
+            log_prior = log_unigram(counts, smoothing)
+        bias = None if args.natbias_init == "none" else log_prior.clone()
+        if args.natbias_init == "zero":
+            bias.zero_()
         if pairs is not None:
             table = pairs.table()
             residual = bigram_residual.BigramResidual(
                 *witten_bell_residual(table, log_prior), counts=torch.from_numpy(table.counts)
             )
         if args.natbias_weight_init == "paper":
-            reference = bias if args.natbias_init in ("unigram", "file") else log_prior
-            paper_weight_init_(self.decoder.output_projection.weight, reference.norm().item())
+            reference = log_prior.reshape(-1, log_prior.shape[-1])[0].norm().item()
+            paper_weight_init_(self.decoder.output_projection.weight, reference)
         setattr(args, COUNTED_MARKER, int(counts.sum()))
         return log_prior, bias, residual
 
@@ -150,6 +162,10 @@ class NaturalBiasModel(KeepsFloat32):
 
             b' = b - log p + log q     (order 2: the bigram table becomes the text's)
         """
+        if self.target_log_unigram.dim() == 2:
+            raise NaturalBiasError(
+                f"{PRIOR_TEXT} swaps one prior; this model has one per target language"
+            )
         dictionary = self.decoder.dictionary
         order_2 = self.natbias_args.natbias_order == 2
         pairs = PairCounter(len(dictionary), dictionary.eos()) if order_2 else None
@@ -213,12 +229,15 @@ class NaturalBiasModel(KeepsFloat32):
                 f"{BIAS_SCALE}={scale:g} / {LOGIT_ADJUSTMENT}={adjust:g} are "
                 "generation-time settings (--model-overrides), refused in training"
             )
-        logits = net_output[0]
+        logits, prior = net_output[0], self.target_log_unigram
         bias = self.decoder.output_projection.bias
+        if prior.dim() == 2:  # one row per target language: each position's
+            rows = net_output[1][language_prior.ROWS_KEY]
+            prior, bias = prior[rows], None if bias is None else bias[rows]
         if bias is not None and scale != 1.0:
             logits = logits + (scale - 1.0) * bias.to(logits.dtype)
         if adjust != 0.0:
-            logits = logits - adjust * self.target_log_unigram.to(logits.dtype)
+            logits = logits - adjust * prior.to(logits.dtype)
         return (logits, *net_output[1:])
 
 

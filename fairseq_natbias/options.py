@@ -11,10 +11,13 @@ from natbias.projection import DEFAULT_GAIN_INIT, DEFAULT_GAIN_SPEED, check_gain
 BIAS_INITS = ("unigram", "zero", "none", "file")
 WEIGHT_INITS = ("gain", "fairseq", "paper")
 ORDERS = (1, 2)
+PRIORS = ("pooled", "per-language")
 
 # Recorded in the saved config once the bias has been counted: a model built
 # from that config is being loaded, not trained afresh.
 COUNTED_MARKER = "natbias_target_tokens"
+# Recorded with it: the token that selects each per-language row (row k: the k-th).
+LANGUAGE_TOKENS = "natbias_language_tokens"
 # The format of what a checkpoint records (natbias.FORMAT_VERSION).
 FORMAT_KEY = "natbias_format_version"
 # The options the command line left at their defaults, recorded when fairseq
@@ -23,11 +26,18 @@ FORMAT_KEY = "natbias_format_version"
 DEFAULTED_RECORD = "natbias_defaulted"
 # Settings that change what the saved parameters mean: a checkpoint is only
 # loaded into a model built with the same ones.
-STRUCTURAL = ("natbias_init", "natbias_weight_init", "natbias_gain_speed", "natbias_order")
+STRUCTURAL = (
+    "natbias_init",
+    "natbias_weight_init",
+    "natbias_gain_speed",
+    "natbias_order",
+    "natbias_prior",
+)
 
 DEFAULTS = {
     "natbias_init": "unigram",
     "natbias_order": 1,
+    "natbias_prior": "pooled",
     "natbias_counts": None,
     "natbias_smoothing": DEFAULT_SMOOTHING,
     "natbias_freeze": False,
@@ -59,6 +69,12 @@ def add_args(parser) -> None:
         type=int,
         choices=ORDERS,
         help="1 (default): the unigram bias; 2 (experimental): plus a fixed bigram residual",
+    )
+    add(
+        "--natbias-prior",
+        choices=PRIORS,
+        help="pooled (default): one prior over all target languages; per-language: one bias "
+        "row per target language, chosen by its language token (multilingual task)",
     )
     add(
         "--natbias-counts",
@@ -149,6 +165,18 @@ def check_args(args, splitting) -> None:
         raise NaturalBiasError(
             f"--natbias-counts is read with --natbias-init file only, not "
             f"--natbias-init {args.natbias_init}"
+        )
+    if args.natbias_prior == "per-language" and (
+        args.natbias_order == 2 or args.natbias_init in ("file", "none")
+    ):
+        asked = (
+            "--natbias-order 2"
+            if args.natbias_order == 2
+            else f"--natbias-init {args.natbias_init}"
+        )
+        raise NaturalBiasError(
+            f"--natbias-prior per-language with {asked}: a row per target language is counted "
+            "from the task's own pairs (order 1); use --natbias-prior pooled for that"
         )
     if args.natbias_order == 2 and args.natbias_init != "unigram":
         raise NaturalBiasError(

@@ -169,6 +169,15 @@ def count_training_targets(task, split: str = "train", pairs=None) -> np.ndarray
     of its target dictionary; ``pairs`` (a :class:`natbias.bigram.PairCounter`)
     counts the bigrams in the same pass."""
     cfg = task_config(task)
+    from fairseq_natbias import multilingual  # imports this module
+
+    if multilingual.is_multilingual(task):
+        if pairs is not None:
+            raise NaturalBiasError(
+                "--natbias-order 2 counts one target stream; the multilingual task samples "
+                "several: use --natbias-order 1"
+            )
+        return multilingual.count_multilingual_targets(task, split)[0]
     if getattr(cfg, "source_lang", None) and getattr(cfg, "target_lang", None):
         return count_translation_targets(
             cfg.data, split, cfg.source_lang, cfg.target_lang, len(task.target_dictionary), pairs
@@ -193,8 +202,8 @@ def criterion_prior(task, model, split: str, criterion: str) -> torch.Tensor:
     natural bias (so the two use one unigram, smoothed by --natbias-smoothing),
     else the training targets counted with add-one smoothing."""
     log_prior = getattr(model, "target_log_unigram", None)
-    if log_prior is not None and torch.any(log_prior != 0):
-        return log_prior.detach().float().cpu()
+    if log_prior is not None and torch.any(log_prior != 0):  # per-language: the pooled row
+        return log_prior.detach().float().cpu().reshape(-1, log_prior.shape[-1])[0]
     try:
         counts = count_training_targets(task, split)
     except MissingTrainingSplit as error:

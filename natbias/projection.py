@@ -177,7 +177,9 @@ class NaturalBiasProjection(KeepsFloat32, nn.Linear):
             return None
         return torch.clamp((self.gain_param * self.gain_speed).abs(), max=GAIN_CAP)
 
-    def forward(self, features: torch.Tensor) -> torch.Tensor:
+    def forward(self, features: torch.Tensor, rows: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """``rows`` (the features' leading shape): which row of a bias with one
+        row per condition (a target language) each position adds."""
         if self.awaiting_values and self.weight.device.type != "meta":
             raise NaturalBiasError(
                 "this model took the natural bias on the meta device and was materialised "
@@ -189,6 +191,13 @@ class NaturalBiasProjection(KeepsFloat32, nn.Linear):
             gain = replicated_like(gain, features)  # one g, whole on every process
             features = _ScaleByGain.apply(features, gain, self.gain_speed * self.in_features)
         bias = None if self.bias is None else self.bias.to(features.dtype)
+        if bias is not None and bias.dim() == 2:
+            if rows is None:
+                raise NaturalBiasError(
+                    "this output layer has one bias row per target language: call it with "
+                    "the rows (the decoder does), or export one language's row"
+                )
+            return F.linear(features, self.weight) + bias[rows]
         return F.linear(features, self.weight, bias)
 
     def _float32_device(self) -> torch.device:
@@ -200,7 +209,8 @@ class NaturalBiasProjection(KeepsFloat32, nn.Linear):
 
 
 def check_bias(values: torch.Tensor, vocab_size: int) -> None:
-    if tuple(values.shape) != (vocab_size,):
+    """One bias, or one row per condition (a target language): ``(rows, |V|)``."""
+    if values.dim() not in (1, 2) or values.shape[-1] != vocab_size:
         raise NaturalBiasError(
             f"the bias has {tuple(values.shape)} entries, the output layer "
             f"{vocab_size}: count with the model's own vocabulary"

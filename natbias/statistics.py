@@ -38,11 +38,13 @@ def bias_statistics(
     stats = {"weight_norm": weight_norm.item()}
     if gain is not None:
         stats["gain"] = gain.item()
-    if bias is not None:
-        b = full(bias.detach()).float().reshape(-1)
+    if bias is not None:  # one row, or one per target language (their mean)
+        b = full(bias.detach()).float()
+        b = b.reshape(-1, b.shape[-1])
         log_b = b.log_softmax(-1)
-        kl = (log_b.exp() * (log_b - log_prior.to(b.device, torch.float32))).sum() / LN2
-        stats["bias_norm"] = b.norm().item()
+        log_u = log_prior.to(b.device, torch.float32).reshape(-1, b.shape[-1])
+        kl = (log_b.exp() * (log_b - log_u)).sum(-1).mean() / LN2
+        stats["bias_norm"] = b.norm(dim=-1).mean().item()
         stats["bias_kl"] = max(0.0, kl.item())  # KL >= 0; float error printed "-0"
     return stats
 
@@ -52,6 +54,7 @@ def divergence_sums(
     mask: torch.Tensor,
     log_prior: torch.Tensor,
     chunk_elements: int = CHUNK_ELEMENTS,
+    prior_rows: Optional[torch.Tensor] = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Sums over the positions where ``mask`` is true of KL(p || unigram) and
     KL(p || uniform), in nats, and the number of those positions: float32
@@ -59,11 +62,14 @@ def divergence_sums(
     chunk of rows at a time::
 
         KL(p || q) = sum_v p(v) log p(v) - sum_v p(v) log q(v)
-    """
+
+    ``prior_rows`` (shaped as ``mask``): each position's row of a
+    ``log_prior`` with one row per target language."""
     vocab = log_probs.size(-1)
     log_p = log_probs.detach().reshape(-1, vocab)
     weights = mask.reshape(-1)
-    log_u = log_prior.to(log_p.device, torch.float32)
+    log_u = log_prior.to(log_p.device, torch.float32).reshape(-1, vocab).T  # (|V|, rows)
+    prior_rows = None if prior_rows is None else prior_rows.reshape(-1, 1)
     rows = max(1, chunk_elements // vocab)
     kl_unigram = kl_uniform = log_p.new_zeros((), dtype=torch.float32)
     for start in range(0, log_p.size(0), rows):
@@ -71,6 +77,12 @@ def divergence_sums(
         p = chunk.exp()
         neg_entropy = (p * chunk).sum(-1)
         w = weights[start : start + rows].to(torch.float32)
-        kl_unigram = kl_unigram + ((neg_entropy - torch.matmul(p, log_u)) * w).sum()
+        cross = torch.matmul(p, log_u)
+        cross = (
+            cross[:, 0]
+            if prior_rows is None
+            else cross.gather(1, prior_rows[start : start + rows])[:, 0]
+        )
+        kl_unigram = kl_unigram + ((neg_entropy - cross) * w).sum()
         kl_uniform = kl_uniform + ((neg_entropy + math.log(vocab)) * w).sum()
     return kl_unigram, kl_uniform, weights.sum().to(torch.float32)

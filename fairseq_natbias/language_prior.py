@@ -1,0 +1,75 @@
+"""One prior per target language (``--natbias-prior per-language``): the
+output bias has a row per target language, and each sentence's logits add
+the row of the language its decoder was told to write,
+
+    logits_t = g W phi_t + b[row_t],
+
+each row starting as that language's log-unigram
+(:mod:`fairseq_natbias.multilingual`). The language is read off the
+decoder's input, causally: ``--decoder-langtok`` feeds the language token as
+the second input (after EOS), ``--lang-tok-replacing-bos-eos`` as the first;
+positions before it use row 0, the pooled prior. fairseq-generate forces the
+same token (a prefix, or the first input), so it picks the same rows.
+
+fairseq calls ``decoder.forward`` directly and its output projection never
+sees the input tokens, so (as for the bigram residual) the decoder's class is
+swapped for a subclass; which token selects which row is saved in the
+model's config (``natbias_language_tokens``), not in its state.
+"""
+
+import torch
+from fairseq.models.transformer import TransformerDecoderBase
+
+from natbias.errors import NaturalBiasError
+
+ROWS_KEY = "natbias_prior_rows"  # each position's row, in the decoder's extra output
+
+
+class LanguagePriorDecoder(TransformerDecoderBase):
+    """fairseq's transformer decoder whose logits add each position's row of the bias."""
+
+    token_rows: torch.Tensor  # |V| entries: a language token's row, 0 for every other token
+
+    def prior_rows(self, prev_output_tokens: torch.Tensor) -> torch.Tensor:
+        """Each position's row: that of a language token among the first two
+        inputs at or before it, else 0."""
+        first = self.token_rows[prev_output_tokens[:, :2]]
+        seen = first.cummax(dim=1).values
+        rows = seen[:, -1:].expand_as(prev_output_tokens).clone()
+        rows[:, : seen.shape[1]] = seen
+        return rows
+
+    def forward(
+        self,
+        prev_output_tokens,
+        encoder_out=None,
+        incremental_state=None,
+        features_only=False,
+        **kw,
+    ):
+        x, extra = super().forward(
+            prev_output_tokens,
+            encoder_out=encoder_out,
+            incremental_state=incremental_state,
+            features_only=True,
+            **kw,
+        )
+        if features_only:
+            return x, extra
+        rows = self.prior_rows(prev_output_tokens)[:, -x.shape[1] :]  # incremental: the last
+        extra[ROWS_KEY] = rows
+        return self.output_projection(x, rows), extra
+
+
+def attach_language_prior(decoder, language_tokens: list) -> None:
+    """Give ``decoder`` the row selection: the k-th token selects row k."""
+    if type(decoder) is not TransformerDecoderBase:
+        raise NaturalBiasError(
+            f"--natbias-prior per-language supports fairseq's transformer decoder, not "
+            f"{type(decoder).__name__}: use --natbias-prior pooled"
+        )
+    vocab = decoder.output_projection.out_features
+    token_rows = torch.zeros(vocab, dtype=torch.long)
+    token_rows[torch.tensor(language_tokens)] = torch.arange(1, len(language_tokens) + 1)
+    decoder.__class__ = LanguagePriorDecoder
+    decoder.register_buffer("token_rows", token_rows, persistent=False)
