@@ -36,6 +36,16 @@ def target_language_tokens(task) -> dict:
     return {lang: task.data_manager.get_decoder_langtok(lang, spec) for lang in langs}
 
 
+def language_symbols(task) -> list:
+    """The language tokens the task adds to the dictionaries it reads (a counts
+    file made from ``dict.LANG.txt`` lacks them)."""
+    if not is_multilingual(task):
+        return []
+    from fairseq.data.multilingual.multilingual_utils import get_lang_tok
+
+    return [get_lang_tok(lang, task.args.lang_tok_style) for lang in task.langs]
+
+
 def _sampling_ratios(task, keys, sizes):
     """The task's own sampling ratios, by its own rules (None: concatenated)."""
     args = task.args

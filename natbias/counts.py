@@ -202,9 +202,10 @@ def write_counts_file(path: str, symbols: Sequence[str], counts: Sequence[int]) 
         out.writelines(f"{symbol}\t{int(count)}\n" for symbol, count in zip(symbols, counts))
 
 
-def read_counts_file(path: str, symbols: Sequence[str]) -> np.ndarray:
+def read_counts_file(path: str, symbols: Sequence[str], added: Sequence[str] = ()) -> np.ndarray:
     """Counts aligned to ``symbols`` (the vocabulary, in id order); a file
-    made for another vocabulary is refused."""
+    made for another vocabulary is refused. ``added``: symbols a task adds to
+    the dictionary it reads (language tokens), counted 0 where the file lacks them."""
     if not os.path.isfile(path):
         raise NaturalBiasError(
             f"{path}: no such file; make a counts file with "
@@ -225,7 +226,7 @@ def read_counts_file(path: str, symbols: Sequence[str]) -> np.ndarray:
                     f"{path}:{number}: expected 'symbol<TAB>count', got {line!r}"
                 )
             by_symbol[symbol] = int(count)
-    missing = [s for s in symbols if s not in by_symbol]
+    missing = [s for s in symbols if s not in by_symbol and s not in added]
     extra = sorted(set(by_symbol) - set(symbols))
     if missing or extra:
         raise NaturalBiasError(
@@ -233,7 +234,7 @@ def read_counts_file(path: str, symbols: Sequence[str]) -> np.ndarray:
             f"{len(missing)} symbols missing (e.g. {missing[:3]}), {len(extra)} unknown "
             f"(e.g. {extra[:3]}); make the counts file with the model's own vocabulary"
         )
-    counts = np.array([by_symbol[s] for s in symbols], dtype=np.int64)
+    counts = np.array([by_symbol.get(s, 0) for s in symbols], dtype=np.int64)
     if counts.sum() == 0:
         raise NaturalBiasError(f"{path} holds only zero counts")
     return counts

@@ -12,7 +12,6 @@ DIR holds ``train.LANG``, ``val.LANG``, ``test_2016_flickr.LANG`` (plain or
 import argparse
 import itertools
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -67,8 +66,12 @@ def prepare(raw, out, pairs, train_lines=None, eval_lines=None, vocab_size=4000)
 
 
 def _preprocess(*args) -> None:
-    command = [str(Path(sys.executable).parent / "fairseq-preprocess"), "--workers", "1"]
-    subprocess.run([*command, *map(str, args)], check=True, capture_output=True)
+    """fairseq-preprocess ARGS, in this process (no second start of torch and fairseq)."""
+    from fairseq import options
+    from fairseq_cli import preprocess
+
+    parser = options.get_preprocessing_parser()
+    preprocess.main(parser.parse_args(["--workers", "1", *map(str, args)]))
 
 
 def main(argv=None):

@@ -1,0 +1,346 @@
+"""The natural bias in fairseq's multilingual translation (``--task
+translation_multi_simple_epoch``): the prior counted as the task's own batches
+feed the targets, one prior per target language (``--natbias-prior
+per-language``), the counts file with any task, and bad input in one line.
+Real text: Multi30k's German, French and English, one SentencePiece model."""
+
+import math
+import re
+import shutil
+import sys
+from collections import Counter
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from natbias_fixtures import built_once
+from natbias_testing import (
+    MULTI30K,
+    NO_LOADER_PROCESS,
+    REPO,
+    TINY_LM,
+    TINY_LM_TRAINING,
+    TINY_MODEL,
+    TINY_TRAINING,
+    build_in_process,
+    fairseq,
+    multi30k_has,
+)
+
+from fairseq_natbias.language_prior import ROWS_KEY
+from fairseq_natbias.training_data import count_training_targets
+from natbias.errors import NaturalBiasError
+
+sys.path.insert(0, str(REPO / "examples/multilingual"))
+from prepare import prepare  # noqa: E402
+
+PAIRS = ["en-de", "en-fr", "de-en", "fr-en"]
+ONE_TO_MANY = ["--lang-pairs", "en-de,en-fr"]
+LANGTOKS = ["--encoder-langtok", "src", "--decoder-langtok"]
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    """600 Multi30k sentences a pair, a 1,000-piece joint SentencePiece model."""
+    if not multi30k_has("de", "en", "fr"):
+        pytest.skip(f"Multi30k's de, en and fr not found at {MULTI30K}")
+    pairs = [p.split("-") for p in PAIRS]
+    return built_once(
+        tmp_path_factory,
+        "multilingual_bin",
+        lambda out: prepare(MULTI30K, out, pairs, 600, 100, 1000),
+    )
+
+
+def task_args(*extra):
+    return ["--task", "translation_multi_simple_epoch", *extra]
+
+
+def build(data, tmp_path, *extra):
+    return build_in_process(data, tmp_path / "ck", *task_args(*extra), "--share-all-embeddings")
+
+
+def epoch_target_counts(task, vocab):
+    """What the task's own batches hold as targets over epoch 1 (padding left out)."""
+    task.load_dataset("train", epoch=1, combine=True)
+    batches = task.get_batch_iterator(task.dataset("train"), max_tokens=4000, epoch=1)
+    counts = np.zeros(vocab, dtype=np.int64)
+    for sample in batches.next_epoch_itr(shuffle=False):
+        target = sample["target"]
+        counts += np.bincount(target[target != task.target_dictionary.pad()], minlength=vocab)
+    return counts
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        [*ONE_TO_MANY, *LANGTOKS],  # the language token is the first target
+        ["--lang-pairs", "de-en,fr-en", *LANGTOKS, "--lang-tok-replacing-bos-eos"],  # an input
+        ["--lang-pairs", "en-de,de-en,fr-en", "--lang-tok-style", "mbart", *LANGTOKS],
+        ["--lang-pairs", "en-de,fr-en"],  # no language tokens
+    ],
+    ids=["one-to-many", "replacing-bos", "many-to-many-mbart", "no-langtok"],
+)
+def test_the_prior_counts_what_an_epochs_batches_hold(data, tmp_path, options):
+    """Concatenated pairs (the task's default): exactly the targets of one epoch."""
+    task, model, _ = build(data, tmp_path, *options)
+    vocab = len(task.target_dictionary)
+    expected = count_training_targets(task)
+    assert np.array_equal(expected, epoch_target_counts(task, vocab))
+
+
+def test_the_prior_weighs_pairs_as_the_task_samples_them(data, tmp_path):
+    """Temperature sampling over pairs of unequal size (en-de twice: train and
+    train1): each target language's share of an epoch's target tokens is the
+    counted one (sampling noise: 1%), not what concatenation would give."""
+    bigger = tmp_path / "data"
+    shutil.copytree(data, bigger)
+    for side in ("en", "de"):
+        for ext in ("bin", "idx"):
+            shutil.copy(bigger / f"train.en-de.{side}.{ext}", bigger / f"train1.en-de.{side}.{ext}")
+    options = ["--lang-pairs", "en-de,en-fr", *LANGTOKS]
+    sampled = [*options, "--sampling-method", "temperature", "--sampling-temperature", "5"]
+    task, _, _ = build(bigger, tmp_path, *sampled)
+    counted = count_training_targets(task)
+    epoch = epoch_target_counts(task, len(counted))
+    de = task.data_manager.get_decoder_langtok("de", "tgt")
+    share = {"counted": counted[de] / counted.sum(), "epoch": epoch[de] / epoch.sum()}
+    concatenated = count_training_targets(build(bigger, tmp_path, *options)[0])
+    assert abs(share["counted"] - share["epoch"]) < 0.01 * share["epoch"], share
+    assert abs(concatenated[de] / concatenated.sum() - share["epoch"]) > 0.05 * share["epoch"]
+
+
+def _text_log_unigram(paths, dictionary, extra=None):
+    """Add-one log unigram of pieces files, counted here (words + one EOS a line)."""
+    counts = Counter(extra or {})
+    for path in paths:
+        for line in path.read_text(encoding="utf-8").splitlines():
+            counts.update(dictionary.index(w) for w in line.split())
+            counts[dictionary.eos()] += 1
+    total = sum(counts.values()) + len(dictionary)
+    return torch.tensor([math.log((counts[i] + 1) / total) for i in range(len(dictionary))])
+
+
+@pytest.fixture(scope="module")
+def per_language(data, tmp_path_factory):
+    """A fresh one-to-many model with one prior per target language."""
+    work = tmp_path_factory.mktemp("per_language")
+    return build(data, work, *ONE_TO_MANY, *LANGTOKS, "--natbias-prior", "per-language")
+
+
+def test_each_row_is_its_languages_unigram_and_row_0_the_pooled_one(data, per_language):
+    task, model, _ = per_language
+    dictionary, bias = task.target_dictionary, model.decoder.output_projection.bias
+    tokens = {lang: task.data_manager.get_decoder_langtok(lang, "tgt") for lang in ("de", "fr")}
+    pieces = data / "pieces"
+    pooled = _text_log_unigram(
+        [pieces / "train.de", pieces / "train.fr"], dictionary, {t: 600 for t in tokens.values()}
+    )
+    expected = [
+        pooled,
+        *(_text_log_unigram([pieces / f"train.{lang}"], dictionary) for lang in tokens),
+    ]
+    assert torch.allclose(bias.detach(), torch.stack(expected), atol=1e-5)
+    assert torch.equal(model.target_log_unigram, bias.detach())
+
+
+def _valid_batch(task, n=40):
+    if "valid" not in task.datasets:  # fairseq 0.12's multilingual task cannot load it twice
+        task.load_dataset("valid", combine=False, epoch=1)
+    dataset = task.dataset("valid")
+    half = len(dataset) // 2  # the en-de sentences, then the en-fr ones
+    return dataset.collater([dataset[i] for i in [*range(n // 2), *range(half, half + n // 2)]])
+
+
+def test_a_fresh_model_predicts_each_sentences_language_from_its_token_on(per_language):
+    """Position 0 (input EOS) uses row 0; from the language token on, the
+    sentence's language's row: a fresh model's prediction is within 0.02 bits
+    (KL) of that language's unigram there, and far from the other language's."""
+    task, model, _ = per_language
+    sample = _valid_batch(task)
+    model.eval()
+    with torch.no_grad():
+        net_output = model(**sample["net_input"])
+        log_p = model.get_normalized_probs(net_output, log_probs=True)
+    rows, target = net_output[1][ROWS_KEY], sample["target"]
+    row_of = {t: r for r, t in enumerate(model.natbias_args.natbias_language_tokens, 1)}
+    expected = torch.tensor([row_of[int(t)] for t in target[:, 0]])
+    assert (rows[:, 0] == 0).all() and (rows[:, 1:] == expected[:, None]).all()
+    prior = model.target_log_unigram
+    real = target[:, 1:] != task.target_dictionary.pad()
+    for chosen in (expected, 3 - expected):  # each sentence's row, then the other language's
+        log_u = prior[chosen][:, None, :]
+        kl = (log_p[:, 1:].exp() * (log_p[:, 1:] - log_u)).sum(-1)[real].mean() / math.log(2)
+        assert (kl < 0.02) if chosen is expected else (kl > 0.3), float(kl)
+
+
+def test_incremental_decoding_picks_the_rows_of_a_full_forward(per_language):
+    """fairseq-generate's path (decoder.forward with an incremental state, one
+    position at a time) scores as the full forward does."""
+    task, model, _ = per_language
+    sample = _valid_batch(task, 6)
+    net_input = sample["net_input"]
+    model.eval()
+    with torch.no_grad():
+        full = model(**net_input)[0]
+        encoder_out = model.encoder(net_input["src_tokens"], net_input["src_lengths"])
+        state, prev = {}, net_input["prev_output_tokens"]
+        steps = [
+            model.decoder.forward(prev[:, : t + 1], encoder_out, incremental_state=state)[0]
+            for t in range(prev.shape[1])
+        ]
+    real = prev != task.target_dictionary.pad()  # padding is attended differently
+    assert torch.allclose(torch.cat(steps, dim=1)[real], full[real], atol=1e-4)
+
+
+def _counts_file(data, tmp_path):
+    from fairseq_natbias.cli import count
+
+    path = tmp_path / "de.counts"
+    count.main(["--dict", str(data / "dict.de.txt"), "--text", str(data / "pieces/train.de"),
+                "--output", str(path)])  # fmt: skip
+    return path
+
+
+def test_a_counts_file_works_with_a_task_the_counter_does_not_know(data, tmp_path):
+    """The refusal names --natbias-init file: taken, the model builds and its
+    prior (the statistics', the criteria's) is the file's."""
+    from fairseq.data import Dictionary
+    from fairseq.tasks import FairseqTask
+
+    from fairseq_natbias.training_data import criterion_prior
+
+    class UnknownTask(FairseqTask):  # a user's own task: its targets are its business
+        def __init__(self, cfg, dictionary):
+            super().__init__(cfg)
+            self.dictionary = dictionary
+
+        source_dictionary = target_dictionary = property(lambda self: self.dictionary)
+
+    from fairseq_natbias.transformer_natbias import TransformerNatbiasModel
+
+    dictionary = Dictionary.load(str(data / "dict.de.txt"))
+    unknown = UnknownTask(SimpleNamespace(data=str(data)), dictionary)
+    _, stock_built, _ = build_in_process(data, tmp_path, "--task", "translation", "-s", "en",
+                                         "-t", "de")  # fmt: skip
+    args = SimpleNamespace(**{**vars(stock_built.natbias_args), "natbias_target_tokens": None})
+    with pytest.raises(NaturalBiasError, match="--natbias-init file --natbias-counts PATH"):
+        TransformerNatbiasModel.build_model(args, unknown)
+    args.natbias_init, args.natbias_counts = "file", str(_counts_file(data, tmp_path))
+    model = TransformerNatbiasModel.build_model(args, unknown)
+    file_prior = _text_log_unigram([data / "pieces/train.de"], dictionary)
+    assert torch.allclose(model.target_log_unigram, file_prior, atol=1e-5)
+    assert torch.equal(model.decoder.output_projection.bias.detach(), model.target_log_unigram)
+    assert torch.equal(criterion_prior(unknown, model, "train", "c"), model.target_log_unigram)
+
+
+def test_a_counts_file_of_dict_txt_gives_a_multilingual_model_its_prior(data, tmp_path):
+    """natbias-count --dict dict.de.txt knows no language token, which the task
+    adds: they count 0. Nothing is counted from the task (its training
+    split is gone)."""
+    copy = tmp_path / "data"
+    shutil.copytree(data, copy, ignore=shutil.ignore_patterns("train.*"))
+    file = _counts_file(data, tmp_path)
+    options = [*ONE_TO_MANY, *LANGTOKS, "--natbias-init", "file", "--natbias-counts", file]
+    task, model, criterion = build(copy, tmp_path, *options)
+    expected = _text_log_unigram([data / "pieces/train.de"], task.target_dictionary)
+    assert torch.allclose(model.target_log_unigram, expected, atol=1e-5)
+    langtok = task.data_manager.get_decoder_langtok("de", "tgt")
+    assert math.isclose(
+        expected[langtok].exp(), 1 / (16273 + len(task.target_dictionary)), rel_tol=1e-3
+    )
+
+
+REFUSALS = {
+    "a pair missing from the data": (
+        ["--lang-pairs", "en-de,de-fr", *LANGTOKS],
+        "no binarised target training split (looked for",
+    ),
+    "per-language without a language token": (
+        [*ONE_TO_MANY, "--natbias-prior", "per-language"],
+        "the decoder is not told which of ['de', 'fr'] to write: add --decoder-langtok",
+    ),
+    "per-language with a counts file": (
+        [
+            *ONE_TO_MANY,
+            *LANGTOKS,
+            "--natbias-prior",
+            "per-language",
+            "--natbias-init",
+            "file",
+            "--natbias-counts",
+            "x.counts",
+        ],  # fmt: skip
+        "--natbias-prior per-language with --natbias-init file",
+    ),
+    "order 2": ([*ONE_TO_MANY, *LANGTOKS, "--natbias-order", "2"], "use --natbias-order 1"),
+}
+
+
+@pytest.mark.parametrize("case", REFUSALS, ids=list(REFUSALS))
+def test_bad_input_is_refused_in_one_line_and_nothing_is_written(data, tmp_path, case):
+    options, message = REFUSALS[case]
+    argv = [data, "--user-dir", "fairseq_natbias", "--arch", "transformer_natbias"]
+    argv += [*TINY_MODEL, *TINY_TRAINING, "--save-dir", tmp_path / "ck", *task_args(*options)]
+    result = fairseq("fairseq-train", *argv, check=False)
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    (line,) = [line for line in result.stderr.splitlines() if "error:" in line]
+    assert line.startswith("fairseq-train: error: ") and message in line, line
+    assert not (tmp_path / "ck").exists() or not any((tmp_path / "ck").iterdir())
+
+
+def test_per_language_needs_a_task_with_target_languages(toy_bin, toy_lm_bin, tmp_path):
+    per_language = ["--natbias-prior", "per-language"]
+    with pytest.raises(NaturalBiasError, match="needs a task with several target languages"):
+        build_in_process(toy_bin, tmp_path, *per_language)
+    with pytest.raises(NaturalBiasError, match="not LanguageModelingTask"):
+        build_in_process(
+            toy_lm_bin, tmp_path, "--task", "language_modeling", *per_language,
+            arch="transformer_lm_natbias", model=TINY_LM + TINY_LM_TRAINING[:4],
+        )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def trained(data, tmp_path_factory):
+    """A per-language one-to-many model trained 12 updates, then resumed to 16."""
+    save = tmp_path_factory.mktemp("trained")
+    argv = [data, "--user-dir", "fairseq_natbias", "--arch", "transformer_natbias"]
+    argv += [*TINY_MODEL, *TINY_TRAINING, "--save-dir", save, "--share-all-embeddings"]
+    argv += [*task_args(*ONE_TO_MANY, *LANGTOKS), "--natbias-prior", "per-language"]
+    argv += ["--save-interval-updates", "6", "--keep-interval-updates", "3"]
+    first = fairseq("fairseq-train", *argv, "--max-update", "12")
+    resumed = fairseq("fairseq-train", *argv, "--max-update", "16")
+    return save, first.stdout + first.stderr, resumed.stdout + resumed.stderr
+
+
+def _generate(data, path, target, *extra):
+    result = fairseq(
+        "fairseq-generate", data, "--user-dir", "fairseq_natbias", "--path", path,
+        *task_args(*ONE_TO_MANY, *LANGTOKS), "--source-lang", "en", "--target-lang", target,
+        "--gen-subset", "test", "--beam", "2", "--max-len-b", "8", "--batch-size", "32",
+        "--cpu", "--required-batch-size-multiple", "1", *NO_LOADER_PROCESS, *extra,
+    )  # fmt: skip
+    return [line for line in result.stdout.splitlines() if line.startswith("H-")]
+
+
+@pytest.mark.training
+def test_it_trains_resumes_and_generates_each_direction(data, trained):
+    save, first, resumed = trained
+    assert re.search(r"Loaded checkpoint .*checkpoint_last\.pt \(epoch \d+ @ 12 updates\)", resumed)
+    assert "num_updates 16" in resumed
+    assert "bias_kl" in first and "kl_unigram" in first
+    de, fr = (_generate(data, save / "checkpoint_last.pt", lang) for lang in ("de", "fr"))
+    assert len(de) == len(fr) == 100 and de != fr
+
+
+@pytest.mark.training
+def test_averaged_and_ensembled_checkpoints_generate(data, trained, tmp_path):
+    save = trained[0]
+    averaged = tmp_path / "averaged.pt"
+    fairseq("natbias-average-checkpoints", "--inputs", save, "--num-update-checkpoints", "2",
+            "--output", averaged)  # fmt: skip
+    assert len(_generate(data, averaged, "de")) == 100
+    (twelve,) = save.glob("checkpoint_*_12.pt")
+    ensemble = f"{twelve}:{save / 'checkpoint_last.pt'}"
+    assert len(_generate(data, ensemble, "fr")) == 100
