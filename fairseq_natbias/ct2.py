@@ -2,7 +2,8 @@
 models by CTranslate2's FairseqConverter, read as the stock models they extend (its
 check goes by model name): b is the output projection's bias, and the gain is folded
 into its weight (g W, a new array: tied embeddings keep W). The bigram residual of
---natbias-order 2 is computed by no CTranslate2 layer: refused.
+--natbias-order 2 is computed by no CTranslate2 layer, nor a bias row per target
+language (--natbias-prior per-language) by its one projection bias: both refused.
 """
 
 import numpy as np
@@ -11,6 +12,7 @@ from fairseq.models import ARCH_MODEL_NAME_REGISTRY
 
 from fairseq_natbias.checkpoint_loading import read_checkpoint, saved_model_args
 from fairseq_natbias.natural_bias import check_natbias_checkpoint
+from fairseq_natbias.options import LANGUAGE_TOKENS
 from natbias.errors import NaturalBiasError
 from natbias.projection import NaturalBiasProjection
 
@@ -27,6 +29,12 @@ class NaturalBiasFairseqConverter(FairseqConverter):
             raise NaturalBiasError(
                 f"{self._model_path} has the bigram residual of --natbias-order 2, which no "
                 "CTranslate2 layer computes: only --natbias-order 1 models can be served"
+            )
+        if getattr(saved, LANGUAGE_TOKENS, None):
+            raise NaturalBiasError(
+                f"{self._model_path} has one bias row per target language (--natbias-prior "
+                "per-language), chosen per sentence, which a CTranslate2 model's one projection "
+                "bias cannot hold: serve it with fairseq, or train with --natbias-prior pooled"
             )
         name = ARCH_MODEL_NAME_REGISTRY[arch]
         ARCH_MODEL_NAME_REGISTRY[arch] = STOCK_MODEL[name]  # what CTranslate2's check reads

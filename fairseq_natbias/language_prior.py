@@ -5,10 +5,11 @@ the row of the language its decoder was told to write,
     logits_t = g W phi_t + b[row_t],
 
 each row starting as that language's log-unigram
-(:mod:`fairseq_natbias.multilingual`). The language is read off the
+(:mod:`fairseq_natbias.training_data`). The language is read off the
 decoder's input, causally: ``--decoder-langtok`` feeds the language token as
 the second input (after EOS), ``--lang-tok-replacing-bos-eos`` as the first;
-positions before it use row 0, the pooled prior. fairseq-generate forces the
+positions before it use row 0, the pooled prior (the position that
+predicts the language token, which the language rows do not count). fairseq-generate forces the
 same token (a prefix, or the first input), so it picks the same rows.
 
 fairseq calls ``decoder.forward`` directly and its output projection never
@@ -20,6 +21,7 @@ model's config (``natbias_language_tokens``), not in its state.
 import torch
 from fairseq.models.transformer import TransformerDecoderBase
 
+from fairseq_natbias import training_data
 from natbias.errors import NaturalBiasError
 
 ROWS_KEY = "natbias_prior_rows"  # each position's row, in the decoder's extra output
@@ -73,3 +75,36 @@ def attach_language_prior(decoder, language_tokens: list) -> None:
     token_rows[torch.tensor(language_tokens)] = torch.arange(1, len(language_tokens) + 1)
     decoder.__class__ = LanguagePriorDecoder
     decoder.register_buffer("token_rows", token_rows, persistent=False)
+
+
+def language_rows(task, per_language: bool) -> list:
+    """The token of each target language that selects its prior row (row k
+    for the k-th); refused where the decoder is never told the language.
+    One target language has a row too: the words' own unigram, without the
+    language token that row 0 predicts."""
+    if not training_data.is_multilingual(task):
+        if per_language:
+            raise NaturalBiasError(
+                f"--natbias-prior per-language needs a task with several target languages "
+                f"(--task translation_multi_simple_epoch), not {type(task).__name__}: drop it"
+            )
+        return []
+    tokens = training_data.target_language_tokens(task)
+    if not per_language or list(tokens.values()) == [None]:  # one language, never told: pooled
+        return []
+    if None in tokens.values():
+        raise NaturalBiasError(
+            f"--natbias-prior per-language: the decoder is not told which of {sorted(tokens)} "
+            "to write: add --decoder-langtok, or use --natbias-prior pooled"
+        )
+    return list(tokens.values())
+
+
+def language_symbols(task) -> list:
+    """The language tokens the task adds to the dictionaries it reads (a counts
+    file made from ``dict.LANG.txt`` lacks them)."""
+    if not training_data.is_multilingual(task):
+        return []
+    from fairseq.data.multilingual.multilingual_utils import get_lang_tok
+
+    return [get_lang_tok(lang, task.args.lang_tok_style) for lang in task.langs]

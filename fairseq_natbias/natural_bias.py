@@ -22,7 +22,7 @@ from typing import Optional
 
 import torch
 
-from fairseq_natbias import bigram_residual, language_prior, multilingual, task_hooks, training_data
+from fairseq_natbias import bigram_residual, language_prior, task_hooks, training_data
 from fairseq_natbias.checkpoint_loading import CheckpointError, not_a_checkpoint
 from fairseq_natbias.checkpoints import (
     check_saved_settings,
@@ -66,7 +66,7 @@ class NaturalBiasModel(KeepsFloat32):
             reconcile_with_checkpoint(args, *loading)
         if loading is None:  # which tokens select a per-language row (none: one prior)
             per_language = args.natbias_prior == "per-language"
-            setattr(args, LANGUAGE_TOKENS, multilingual.language_rows(task, per_language))
+            setattr(args, LANGUAGE_TOKENS, language_prior.language_rows(task, per_language))
         model = super().build_model(args, task)
         model._init_natbias(args, task, weights_will_be_loaded=loading is not None)
         return model
@@ -118,11 +118,14 @@ class NaturalBiasModel(KeepsFloat32):
         pairs = PairCounter(len(dictionary), dictionary.eos()) if args.natbias_order == 2 else None
         residual = None
         if args.natbias_init == "file":
-            symbols, added = training_data.symbols(dictionary), multilingual.language_symbols(task)
+            symbols, added = (
+                training_data.symbols(dictionary),
+                language_prior.language_symbols(task),
+            )
             counts = read_counts_file(args.natbias_counts, symbols, added)
             log_prior = log_unigram(counts, smoothing)
         elif getattr(args, LANGUAGE_TOKENS, None):  # row 0 pooled, then each target language
-            counts, by_language = multilingual.count_multilingual_targets(task, split)
+            counts, by_language = training_data.count_multilingual_targets(task, split)
             log_prior = torch.stack(
                 [log_unigram(c, smoothing) for c in (counts, *by_language.values())]
             )

@@ -4,6 +4,13 @@ models and the criteria count their unigram (with :mod:`natbias.counts`).
 translation (``--task translation`` and its kin)
     the target side, ``train.SRC-TGT.TGT`` (or the ``TGT-SRC`` order), EOS
     included (fairseq ends every sentence with one).
+translation_multi_simple_epoch
+    each pair's target side, with the language token ``--decoder-langtok``
+    prepends to every target; pairs weighted as the task samples them: with
+    sampling ratios r (``--sampling-method`` uniform or temperature,
+    ``--sampling-weights``) an epoch draws r_i / sum(r) of its sentences from
+    pair i, uniformly within it, so pair i's counts weigh r_i / n_i (n_i its
+    sentences); ``concat`` (the default) reads every sentence once.
 language_modeling (``fairseq-preprocess --only-source``)
     ``train.bin``: every token of the stream is a next-token target once.
     ``--add-bos-token`` adds one ``<s>`` per block (blocks found with
@@ -32,6 +39,9 @@ NO_SPLIT_FIX = (
     "binarise them with fairseq-preprocess --trainpref, or choose --natbias-init "
     "file --natbias-counts PATH, zero, or none"
 )
+
+
+MULTILINGUAL_FIX = "or give the bias from a counts file (--natbias-init file --natbias-counts PATH)"
 
 
 class MissingTrainingSplit(NaturalBiasError):
@@ -159,6 +169,60 @@ def _blocks(prefix, cfg) -> int:
     return len(_get_slice_indices_fast(sizes, mode, cfg.tokens_per_sample, 1))
 
 
+def is_multilingual(task) -> bool:
+    return hasattr(task, "data_manager") and hasattr(task, "lang_pairs")
+
+
+def target_language_tokens(task) -> dict:
+    """Each target language's token id as the decoder is given it (None without ``--decoder-langtok``)."""
+    spec = task.args.langtoks["main"][1]
+    langs = dict.fromkeys(pair.split("-")[1] for pair in task.lang_pairs)
+    return {lang: task.data_manager.get_decoder_langtok(lang, spec) for lang in langs}
+
+
+def _sampling_ratios(task, keys, sizes):
+    """The task's own sampling ratios, by its own rules (None: concatenated)."""
+    args = task.args
+    if args.sampling_weights_from_file:
+        from fairseq.data.multilingual.multilingual_utils import load_sampling_weights
+
+        weights = load_sampling_weights(args.sampling_weights_from_file)
+        return [weights[key] for key in keys]
+    if args.sampling_weights:
+        return [args.sampling_weights[key] for key in keys]
+    sample = task.data_manager.sampling_method.sampling_method_selector()
+    return None if sample is None else sample(sizes)
+
+
+def count_multilingual_targets(task, split: str) -> tuple[np.ndarray, dict]:
+    """The pooled counts (float, weighted as the task samples) and each target
+    language's (without its language token, which row 0 predicts)."""
+    args = task.args
+    if getattr(args, "extra_data", None) or getattr(args, "extra_lang_pairs", None):
+        raise NaturalBiasError(
+            "the natural bias counts the main data of --lang-pairs; --extra-data and "
+            f"--extra-lang-pairs are not counted: drop them, {MULTILINGUAL_FIX}"
+        )
+    dictionary = task.target_dictionary
+    tokens = target_language_tokens(task)
+    prepended = not args.lang_tok_replacing_bos_eos
+    pairs = [pair.split("-") for pair in task.lang_pairs]
+    counts = [
+        count_translation_targets(args.data, split, src, tgt, len(dictionary)) for src, tgt in pairs
+    ]
+    sizes = [int(c[dictionary.eos()]) for c in counts]  # every target ends with one EOS
+    ratios = _sampling_ratios(task, [f"main:{src}-{tgt}" for src, tgt in pairs], sizes)
+    pooled = np.zeros(len(dictionary))
+    by_language = {lang: np.zeros(len(dictionary)) for lang in tokens}
+    for (_, tgt), c, n, k in zip(pairs, counts, sizes, range(len(pairs))):
+        weight = 1.0 if ratios is None else ratios[k] / sum(ratios) / n
+        by_language[tgt] += weight * c
+        pooled += weight * c
+        if tokens[tgt] is not None and prepended:
+            pooled[tokens[tgt]] += weight * n
+    return pooled, by_language
+
+
 def task_config(task):
     """A task's options: ``task.cfg`` (dataclass tasks) or ``task.args`` (legacy ones)."""
     return getattr(task, "cfg", None) or getattr(task, "args", None)
@@ -169,15 +233,13 @@ def count_training_targets(task, split: str = "train", pairs=None) -> np.ndarray
     of its target dictionary; ``pairs`` (a :class:`natbias.bigram.PairCounter`)
     counts the bigrams in the same pass."""
     cfg = task_config(task)
-    from fairseq_natbias import multilingual  # imports this module
-
-    if multilingual.is_multilingual(task):
+    if is_multilingual(task):
         if pairs is not None:
             raise NaturalBiasError(
                 "--natbias-order 2 counts one target stream; the multilingual task samples "
                 "several: use --natbias-order 1"
             )
-        return multilingual.count_multilingual_targets(task, split)[0]
+        return count_multilingual_targets(task, split)[0]
     if getattr(cfg, "source_lang", None) and getattr(cfg, "target_lang", None):
         return count_translation_targets(
             cfg.data, split, cfg.source_lang, cfg.target_lang, len(task.target_dictionary), pairs

@@ -344,3 +344,15 @@ def test_averaged_and_ensembled_checkpoints_generate(data, trained, tmp_path):
     (twelve,) = save.glob("checkpoint_*_12.pt")
     ensemble = f"{twelve}:{save / 'checkpoint_last.pt'}"
     assert len(_generate(data, ensemble, "fr")) == 100
+
+
+@pytest.mark.training
+def test_ctranslate2_refuses_a_per_language_prior_in_one_line(data, trained, tmp_path):
+    from natbias.ct2_converter import main
+
+    arguments = ["--model_path", trained[0] / "checkpoint_last.pt", "--data_dir", data]
+    with pytest.raises(SystemExit) as stop:
+        main([*map(str, arguments), "--output_dir", str(tmp_path / "ct2")])
+    assert str(stop.value).startswith("natbias-ct2-converter: error: ")
+    assert "one bias row per target language" in str(stop.value) and "\n" not in str(stop.value)
+    assert not (tmp_path / "ct2").exists()
