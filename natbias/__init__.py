@@ -27,5 +27,7 @@ __version__ = "2.1.0"
 # The format of what a saved model records about its natural bias (fairseq
 # checkpoints and transformers configurations alike). Version 1 is the first;
 # 2 (natbias 2.1) keeps the gain and the bigram weight of shape (1,), not 0-d,
-# so that they can be sharded (natbias.legacy_scalars reads version 1).
-FORMAT_VERSION = 2
+# so that they can be sharded (natbias.legacy_scalars reads version 1); 3
+# (natbias 2.2) may hold one bias row per target language (fairseq's
+# --natbias-prior per-language), which 2.1 would misread: it refuses format 3.
+FORMAT_VERSION = 3

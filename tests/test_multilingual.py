@@ -203,6 +203,21 @@ def _counts_file(data, tmp_path):
     return path
 
 
+def test_the_bias_scale_scales_each_positions_row(per_language, monkeypatch):
+    """Generation-time lambda (natbias_bias_scale): g W phi + lambda b[row]."""
+    task, model, _ = per_language
+    net_input = _valid_batch(task, 4)["net_input"]
+    model.eval()
+    with torch.no_grad():
+        out = model(**net_input)
+        expected = (
+            out[0] - 0.5 * model.decoder.output_projection.bias[out[1][ROWS_KEY]]
+        ).log_softmax(-1)
+        monkeypatch.setattr(model.natbias_args, "natbias_bias_scale", 0.5, raising=False)
+        scaled = model.get_normalized_probs(model(**net_input), log_probs=True)
+    assert torch.allclose(scaled, expected, atol=1e-5)
+
+
 def test_a_counts_file_works_with_a_task_the_counter_does_not_know(data, tmp_path):
     """The refusal names --natbias-init file: taken, the model builds and its
     prior (the statistics', the criteria's) is the file's."""
