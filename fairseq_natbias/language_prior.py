@@ -4,13 +4,12 @@ the row of the language its decoder was told to write,
 
     logits_t = g W phi_t + b[row_t],
 
-each row starting as that language's log-unigram
-(:mod:`fairseq_natbias.training_data`). The language is read off the
-decoder's input, causally: ``--decoder-langtok`` feeds the language token as
-the second input (after EOS), ``--lang-tok-replacing-bos-eos`` as the first;
-positions before it use row 0, the pooled prior (the position that
-predicts the language token, which the language rows do not count). fairseq-generate forces the
-same token (a prefix, or the first input), so it picks the same rows.
+each row starting as that language's log-unigram (counted by
+:mod:`fairseq_natbias.training_data`). The language is read off the decoder's
+input, causally: ``--decoder-langtok`` feeds its token second (after EOS),
+``--lang-tok-replacing-bos-eos`` first; positions before it (the one that
+predicts the language token, which no language row counts) use row 0, the
+pooled prior. fairseq-generate forces the same token, so it picks the same rows.
 
 fairseq calls ``decoder.forward`` directly and its output projection never
 sees the input tokens, so (as for the bigram residual) the decoder's class is
@@ -41,21 +40,8 @@ class LanguagePriorDecoder(TransformerDecoderBase):
         rows[:, : seen.shape[1]] = seen
         return rows
 
-    def forward(
-        self,
-        prev_output_tokens,
-        encoder_out=None,
-        incremental_state=None,
-        features_only=False,
-        **kw,
-    ):
-        x, extra = super().forward(
-            prev_output_tokens,
-            encoder_out=encoder_out,
-            incremental_state=incremental_state,
-            features_only=True,
-            **kw,
-        )
+    def forward(self, prev_output_tokens, *args, features_only=False, **kwargs):
+        x, extra = super().forward(prev_output_tokens, *args, features_only=True, **kwargs)
         if features_only:
             return x, extra
         rows = self.prior_rows(prev_output_tokens)[:, -x.shape[1] :]  # incremental: the last

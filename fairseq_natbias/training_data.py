@@ -214,11 +214,11 @@ def count_multilingual_targets(task, split: str) -> tuple[np.ndarray, dict]:
     ratios = _sampling_ratios(task, [f"main:{src}-{tgt}" for src, tgt in pairs], sizes)
     pooled = np.zeros(len(dictionary))
     by_language = {lang: np.zeros(len(dictionary)) for lang in tokens}
-    for (_, tgt), c, n, k in zip(pairs, counts, sizes, range(len(pairs))):
+    for k, ((_, tgt), c, n) in enumerate(zip(pairs, counts, sizes)):
         weight = 1.0 if ratios is None else ratios[k] / sum(ratios) / n
         by_language[tgt] += weight * c
         pooled += weight * c
-        if tokens[tgt] is not None and prepended:
+        if tokens[tgt] is not None and prepended:  # the language token: every target's first
             pooled[tokens[tgt]] += weight * n
     return pooled, by_language
 
