@@ -79,11 +79,15 @@ def epoch_target_counts(task, vocab):
         ["--lang-pairs", "de-en,fr-en", *LANGTOKS, "--lang-tok-replacing-bos-eos"],  # an input
         ["--lang-pairs", "en-de,de-en,fr-en", "--lang-tok-style", "mbart", *LANGTOKS],
         ["--lang-pairs", "en-de,fr-en"],  # no language tokens
+        [*ONE_TO_MANY, *LANGTOKS, "--lang-dict", "{langs}"],
+        [*ONE_TO_MANY, *LANGTOKS, "--fixed-dictionary", "{data}/dict/dict.txt"],
     ],
-    ids=["one-to-many", "replacing-bos", "many-to-many-mbart", "no-langtok"],
+    ids=["one-to-many", "replacing-bos", "many-to-many-mbart", "no-langtok", "lang-dict", "fixed"],
 )
 def test_the_prior_counts_what_an_epochs_batches_hold(data, tmp_path, options):
     """Concatenated pairs (the task's default): exactly the targets of one epoch."""
+    (tmp_path / "langs.txt").write_text("fr\nen\nde\n")
+    options = [o.format(langs=tmp_path / "langs.txt", data=data) for o in options]
     task, model, _ = build(data, tmp_path, *options)
     vocab = len(task.target_dictionary)
     expected = count_training_targets(task)
