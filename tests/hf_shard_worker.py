@@ -10,7 +10,7 @@ directly, and logged by a real Trainer's callbacks, which it hands the model
 it was given, not FSDP1's wrapper), and what shows that the parameters
 really were sharded.
 
-    python -m torch.distributed.run --nproc_per_node 2 tests/hf_shard_worker.py DIR
+    python -m torch.distributed.run --nproc_per_node 2 tests/hf_shard_worker.py DIR [CASE ...]
 
 Every process takes a slice of the same global batch (tensor parallelism: the
 whole batch on each), and the loss is the token sum over the global batch's
@@ -349,10 +349,13 @@ def callbacks_as_the_trainer_builds_them(model, given, args) -> dict:
     return {"logged": state.log_history[-1], "refusal": refusal}
 
 
-def main(out: str) -> None:
+def main(out: str, only: list) -> None:
+    """Runs the cases named in ``only`` (every case if none)."""
     dist.init_process_group("gloo", timeout=timedelta(seconds=120))
     world, rank, out = dist.get_world_size(), dist.get_rank(), Path(out)
     for case, (family, engine) in CASES.items():
+        if only and case not in only:
+            continue
         torch.manual_seed(0)
         if engine == "fsdp2":
             result = run_fsdp2(family, world, out)
@@ -374,4 +377,4 @@ if __name__ == "__main__":
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("DS_ACCELERATOR", "cpu")  # DeepSpeed on the CPU, as the other cases
     natbias.hf.install()
-    main(sys.argv[1])
+    main(sys.argv[1], sys.argv[2:])
