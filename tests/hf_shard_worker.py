@@ -47,7 +47,7 @@ CASES = {
     "tp-llama": ("llama", "tp"),
     "meta-fsdp2-llama": ("llama", "meta-fsdp2"),
 }
-# DeepSpeed, where it is installed (tests/requirements: not in make install's);
+# DeepSpeed ZeRO-3 where DeepSpeed is installed (not by make install: docs/scaling.md),
 # the last case run.
 DEEPSPEED = importlib.util.find_spec("deepspeed") is not None
 if DEEPSPEED:

@@ -161,7 +161,7 @@ def test_deepspeed_zero_3_partitions_every_parameter_b_and_the_gain_included(sha
     """ZeRO-3 on DeepSpeed's CPU accelerator: rank 0 holds half of each
     parameter (rounded up); the statistics are gathered with GatheredParameters."""
     if "zero3-gpt2" not in sharded_runs:
-        pytest.skip("DeepSpeed is not installed (pip install deepspeed: tests/requirements)")
+        pytest.skip("DeepSpeed is not installed (.venv/bin/pip install deepspeed: docs/scaling.md)")
     shards = sharded_runs["zero3-gpt2"]["sharded"]
     names = {name for name, _ in worker.fresh_model("gpt2").named_parameters()}
     assert set(shards) == names and {"lm_head.bias", "lm_head.gain_param"} <= names
