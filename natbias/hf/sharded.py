@@ -60,6 +60,8 @@ def gathered(model: torch.nn.Module, wrapped: Optional[torch.nn.Module] = None):
 
 
 def _zero3_gathered(model: torch.nn.Module):
+    """ZeRO-3's partitions of the head (W, b, the gain) and of the model's own
+    parameters (``final_logits_bias``), whole on every process, read-only."""
     import deepspeed
 
     head = model.get_output_embeddings()
