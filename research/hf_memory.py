@@ -1,7 +1,8 @@
 """Peak memory that add_natural_bias adds to a GPT-2-small-sized model
 (transformers' GPT2Config() defaults: 12 layers, d 768, V 50,257, tied head),
-today's in-place add against 1.0's copy (its natbias package taken from git
-at the tag's commit), each in a fresh process, on the CPU.
+today's in-place add against 1.0's copy and the float64 copy of W that the
+measured start of the gain made after 2.1.0 (issue 94), each one's natbias
+package taken from git at its commit, each in a fresh process, on the CPU.
 
 The process's peak resident memory (VmHWM) is reset after the model is built
 (/proc/self/clear_refs), so what it reads after add_natural_bias is the peak
@@ -17,7 +18,13 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-V1_COMMIT = "2a077f4"  # 1.0.0, before the extra changed models in place
+# Each arm: its label and the commit its natbias package comes from (None: this tree).
+ARMS = (
+    ("1.0 (copy)", "2a077f4"),  # 1.0.0, before the extra changed models in place
+    # after 2.1.0, before issue 94: gain_start's F.linear(phi.double(), W.double())
+    ("before issue 94 (float64 copy of W)", "578f5cd"),
+    ("today (in place)", None),
+)
 
 
 def status(key):
@@ -48,8 +55,7 @@ def measure(package_root, warm_up):
     print(f"{parameters:.1f} {before:.1f} {peak:.1f} {natbias.__file__}")
 
 
-def run(arm, folder, warm_up):
-    package_root = str(REPO) if arm == "today" else str(folder)
+def run(package_root, warm_up):
     done = subprocess.run(
         [sys.executable, __file__, "--child", package_root] + ["--warm-up"] * warm_up,
         capture_output=True,
@@ -75,23 +81,25 @@ def main():
     if args.child:
         measure(args.child, args.warm_up)
         return
-    with tempfile.TemporaryDirectory() as folder:
-        archive = subprocess.run(
-            ["git", "-C", str(REPO), "archive", V1_COMMIT, "natbias"],
-            capture_output=True,
-            check=True,
-        ).stdout
-        subprocess.run(["tar", "-x", "-C", folder], input=archive, check=True)
-        rows = ["| add_natural_bias | parameters (MiB) | RSS before (MiB) | peak (MiB) | growth |"]
-        rows.append("|---|---|---|---|---|")
-        for arm in ("1.0 (copy)", "today (in place)"):
-            parameters, before, peak, where = run(arm.split()[0], folder, args.warm_up)
-            growth = peak - before
-            rows.append(
-                f"| {arm} | {parameters:.1f} | {before:.1f} | {peak:.1f} | "
-                f"{growth:+.1f} MiB ({100 * growth / parameters:.1f}% of the parameters) |"
-            )
-            assert where.startswith(str(REPO) if arm.startswith("today") else folder), where
+    rows = ["| add_natural_bias | parameters (MiB) | RSS before (MiB) | peak (MiB) | growth |"]
+    rows.append("|---|---|---|---|---|")
+    for arm, commit in ARMS:
+        with tempfile.TemporaryDirectory() as folder:
+            package_root = folder if commit else str(REPO)
+            if commit:
+                archive = subprocess.run(
+                    ["git", "-C", str(REPO), "archive", commit, "natbias"],
+                    capture_output=True,
+                    check=True,
+                ).stdout
+                subprocess.run(["tar", "-x", "-C", folder], input=archive, check=True)
+            parameters, before, peak, where = run(package_root, args.warm_up)
+            assert where.startswith(package_root), where
+        growth = peak - before
+        rows.append(
+            f"| {arm} | {parameters:.1f} | {before:.1f} | {peak:.1f} | "
+            f"{growth:+.1f} MiB ({100 * growth / parameters:.1f}% of the parameters) |"
+        )
     import torch
     import transformers
 

@@ -77,3 +77,21 @@ def test_a_logit_scale_scales_what_the_logits_see():
     assert contextual_scale(model, {"scale": 0.0625}) == pytest.approx(
         0.0625 * contextual_scale(model), rel=1e-12
     )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_w_phi_block_by_block_is_the_float64_product_of_a_copy(dtype):
+    """W phi a block of rows at a time (no copy of W) against the float64
+    product of a whole copy, as computed before: equal to 1e-12 relative
+    (float64 rounding, the sums' order); over several blocks and a partial last one."""
+    from natbias.hf.gain_start import BLOCK_ELEMENTS, contextual_logits
+
+    torch.manual_seed(0)
+    d = 200
+    weight = torch.randn(2 * BLOCK_ELEMENTS // d + 77, d).to(dtype)
+    phi = torch.randn(d).to(dtype)
+    before = torch.nn.functional.linear(phi.double(), weight.double())
+    ours = contextual_logits(weight, phi)
+    assert ours.dtype == torch.float64 and ours.shape == before.shape
+    torch.testing.assert_close(ours, before, rtol=1e-12, atol=1e-12)
+    assert ours.std().item() == pytest.approx(before.std().item(), rel=1e-12)

@@ -1,13 +1,16 @@
 """A natural-bias model trains sharded as it trains in one process: FSDP2
-(a causal and a sequence-to-sequence model), FSDP1, transformers' tensor
-parallelism, and a model built on the meta device, given the bias there,
-sharded, then materialised. 2 torchrun processes over gloo (CPU) against one
-process on the same global batch, from the same weights: the loss of every
-update, then b, the gain and W (relative 1e-5) and the bias statistics
-(computed by every process, logged by the main one). Each case also asserts
-that the parameters really were sharded, so that a silent fall-back to
-replication fails it. The runs: tests/hf_shard_worker.py."""
+(a causal and a sequence-to-sequence model), FSDP1 (with and without an
+auto-wrap policy), transformers' tensor parallelism, a model built on the
+meta device, given the bias there, sharded, then materialised, and DeepSpeed
+ZeRO-3 (where DeepSpeed is installed). 2 torchrun processes over gloo (CPU)
+against one process on the same global batch, from the same weights: the
+loss of every update, then b, the gain and W (relative 1e-5) and the bias
+statistics (computed by every process, and logged by a real Trainer's
+callbacks, which it hands the model it was given, not FSDP1's wrapper).
+Each case also asserts that the parameters really were sharded, so that a
+silent fall-back to replication fails it. The runs: tests/hf_shard_worker.py."""
 
+import os
 import subprocess
 import sys
 
@@ -34,8 +37,10 @@ def sharded_runs(tmp_path_factory):
         str(REPO / "tests" / "hf_shard_worker.py"),
         str(out),
     ]
+    # This tree's natbias, not the installed copy; DeepSpeed on its CPU accelerator.
+    env = {**os.environ, "PYTHONPATH": str(REPO), "DS_ACCELERATOR": "cpu"}
     # Under a timeout: a collective that only some processes reach hangs.
-    run = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=REPO)
+    run = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=REPO, env=env)
     assert run.returncode == 0, run.stderr[-3000:]
     return {case: torch.load(out / f"{case}.pt", weights_only=False) for case in worker.CASES}
 
@@ -63,9 +68,11 @@ def test_sharded_training_is_one_process_training(sharded_runs, case):
         assert sharded[name].shape == alone[name].shape
         assert relative(sharded[name], alone[name]) < RELATIVE, name
     # The statistics, computed on every process (b and W gathered, the
-    # probe's forward run by each), are one process's; the callback logs them.
+    # probe's forward run by each), are one process's; the Trainer logs them,
+    # its callbacks given the model it was given (not FSDP1's wrapper).
     assert sharded["stats"] == pytest.approx(alone["stats"], abs=1e-4)
-    assert {k: sharded["callback"][k] for k in alone["stats"]} == sharded["stats"]
+    logged = sharded["trainer"]["logged"]
+    assert {k: logged[k] for k in alone["stats"]} == pytest.approx(alone["stats"], abs=1e-4)
     assert sharded["stats"]["gain"] > 0.05  # trained: the gain moved from its start
 
 
@@ -89,9 +96,25 @@ def test_fsdp2_shards_every_parameter_b_and_the_gain_included(sharded_runs, case
 
 
 @pytest.mark.training
-def test_fsdp1_holds_half_the_flat_parameters(sharded_runs):
-    shards = sharded_runs["fsdp1-gpt2"]["sharded"]
+@pytest.mark.parametrize("case, wrappers", [("fsdp1-gpt2", 1), ("fsdp1-wrap-gpt2", 2)])
+def test_fsdp1_holds_half_the_flat_parameters(sharded_runs, case, wrappers):
+    shards = sharded_runs[case]["sharded"]
     assert shards["total"] // 2 <= shards["flat"] <= shards["total"] // 2 + 2
+    assert shards["wrappers"] == wrappers  # the root, and the block the policy wrapped
+
+
+@pytest.mark.training
+@pytest.mark.parametrize("case", list(worker.CASES))
+def test_a_callback_that_cannot_find_fsdp1s_wrapper_is_refused_in_one_line(sharded_runs, case):
+    """Given in ``callbacks=``, the callback has only the model the Trainer
+    hands it: under FSDP1 it is refused as training begins, naming
+    log_bias_statistics (which reads trainer.model_wrapped); elsewhere it runs."""
+    refusal = sharded_runs[case]["trainer"]["refusal"]
+    if worker.CASES[case][1].startswith("fsdp1"):
+        assert refusal.startswith("this model is sharded by FSDP1, whose wrapper cannot be found")
+        assert "natbias.hf.log_bias_statistics(trainer)" in refusal and "\n" not in refusal
+    else:
+        assert refusal == "not refused"
 
 
 @pytest.mark.training
@@ -133,12 +156,13 @@ def test_the_wrong_order_is_refused_in_one_line_naming_the_right_one(sharded_run
     assert all("\n" not in message for message in refusals.values())
 
 
-def test_the_statistics_refuse_deepspeed_zero_3s_partitions_in_one_line():
-    """ZeRO-3 marks its partitioned parameters with ``ds_id``; they are not gathered yet."""
-    from natbias.errors import NaturalBiasError
-    from natbias.hf.callback import statistics
-
-    model = worker.fresh_model("gpt2")
-    model.get_output_embeddings().bias.ds_id = 0
-    with pytest.raises(NaturalBiasError, match="^the bias statistics do not gather DeepSpeed"):
-        statistics(model)
+@pytest.mark.training
+def test_deepspeed_zero_3_partitions_every_parameter_b_and_the_gain_included(sharded_runs):
+    """ZeRO-3 on DeepSpeed's CPU accelerator: rank 0 holds half of each
+    parameter (rounded up); the statistics are gathered with GatheredParameters."""
+    if "zero3-gpt2" not in sharded_runs:
+        pytest.skip("DeepSpeed is not installed (.venv/bin/pip install deepspeed: docs/scaling.md)")
+    shards = sharded_runs["zero3-gpt2"]["sharded"]
+    names = {name for name, _ in worker.fresh_model("gpt2").named_parameters()}
+    assert set(shards) == names and {"lm_head.bias", "lm_head.gain_param"} <= names
+    assert all(local == -(-whole // 2) for local, whole in shards.values())

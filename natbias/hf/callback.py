@@ -19,19 +19,25 @@ Seq2SeqTrainer, TRL's); the callback composes with any of them.
 Only the main process computes them (``state.is_world_process_zero``), as
 only it reports: b, W and the gain are the same in every process under DDP,
 and the probe's forward runs on the main process's copy of the model. Where
-the model is sharded (FSDP, tensor parallelism: :mod:`natbias.hf.sharded`),
-every process gathers b, the gain and the norm of W, and runs the probe's
-forward, as each takes part in those collectives; the main process logs.
+the model is sharded (FSDP, tensor parallelism, DeepSpeed ZeRO-3:
+:mod:`natbias.hf.sharded`), every process gathers b, the gain and the norm
+of W, and runs the probe's forward, as each takes part in those
+collectives; the main process logs. The Trainer hands callbacks the model
+it was given, not FSDP1's wrapper around it: a callback added by
+:func:`log_bias_statistics` reads that wrapper from the trainer
+(``trainer.model_wrapped``); one given in ``callbacks=`` cannot, and under
+FSDP1 is refused in one line when training begins.
 """
 
 import warnings
+import weakref
 from typing import Optional
 
 import torch
 from transformers import TrainerCallback
 
 from natbias.counts import IGNORE_INDEX
-from natbias.hf.sharded import gathered, is_sharded
+from natbias.hf.sharded import check_reachable, gathered, is_sharded, runner
 from natbias.statistics import LN2, bias_statistics, divergence_sums
 
 
@@ -44,6 +50,16 @@ class BiasStatisticsCallback(TrainerCallback):
         self.probe = probe
         self.before_reporting = False  # placed ahead of the integrations
         self._warned = False
+        self._trainer = None  # a weak reference, set by log_bias_statistics
+
+    def wrapped(self):
+        """The model the trainer trains (its wrapper), where the callback knows the trainer."""
+        trainer = self._trainer() if self._trainer is not None else None
+        return getattr(trainer, "model_wrapped", None)
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        if model is not None and getattr(model, "natbias_log_prior", None) is not None:
+            check_reachable(model, self.wrapped())  # FSDP1 without its wrapper: refused now
 
     def on_log(self, args, state, control, model=None, logs=None, **kwargs):
         if model is None or logs is None or getattr(model, "natbias_log_prior", None) is None:
@@ -61,7 +77,7 @@ class BiasStatisticsCallback(TrainerCallback):
                 "add it with natbias.hf.log_bias_statistics(trainer) instead",
                 stacklevel=2,
             )
-        stats = statistics(model, self.probe)
+        stats = statistics(model, self.probe, self.wrapped())
         if not main:
             return
         logs.update(stats)
@@ -74,41 +90,45 @@ def log_bias_statistics(trainer, probe: Optional[dict] = None) -> BiasStatistics
     ``report_to`` integrations, so that they log the statistics too."""
     callback = BiasStatisticsCallback(probe)
     callback.before_reporting = True
+    callback._trainer = weakref.ref(trainer)
     trainer.callback_handler.callbacks.insert(0, callback)
     return callback
 
 
-def statistics(model, probe: Optional[dict] = None) -> dict:
+def statistics(model, probe: Optional[dict] = None, wrapped=None) -> dict:
     """The statistics of a natural-bias model, rounded as the Trainer logs
     them; bias_kl and bias_norm of b as the logits see it. Under sharding,
-    call it on every process."""
-    with gathered(model):
+    call it on every process; under FSDP1 with ``model`` inside its wrapper,
+    give the wrapper as ``wrapped`` (:mod:`natbias.hf.sharded`)."""
+    with gathered(model, wrapped):
         head = model.get_output_embeddings()
         stats = bias_statistics(
             model.bias_in_logits(), model.natbias_log_prior, head.weight, model.output_gain()
         )
     if probe is not None:
-        stats.update(probe_divergences(model, probe))
+        stats.update(probe_divergences(model, probe, runner(model, wrapped)))
     return {key: round(value, 4) for key, value in stats.items()}
 
 
 @torch.no_grad()
-def probe_divergences(model, batch: dict) -> dict:
-    """``kl_unigram`` and ``kl_uniform`` (bits) over the batch's target tokens."""
-    training = model.training
-    model.eval()
+def probe_divergences(model, batch: dict, run=None) -> dict:
+    """``kl_unigram`` and ``kl_uniform`` (bits) over the batch's target
+    tokens; the forward through ``run`` (``model``'s wrapper), if given."""
+    run = model if run is None else run
+    training = run.training
+    run.eval()
     try:
         device = next(model.parameters()).device
         inputs = {k: v.to(device) for k, v in batch.items() if k != "labels"}
         labels = batch["labels"].to(device)
-        logits = model(**inputs).logits
+        logits = run(**inputs).logits
         if not getattr(model.config, "is_encoder_decoder", False):
             logits, labels = logits[:, :-1], labels[:, 1:]
         kl_unigram, kl_uniform, tokens = divergence_sums(
             torch.log_softmax(logits.float(), -1), labels.ne(IGNORE_INDEX), model.natbias_log_prior
         )
     finally:
-        model.train(training)
+        run.train(training)
     tokens = max(tokens.item(), 1.0)
     return {
         "kl_unigram": kl_unigram.item() / tokens / LN2,

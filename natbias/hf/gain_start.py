@@ -23,17 +23,23 @@ position, and Var_p at another position can be a few times s².
 
 A model whose W phi cannot be measured (its weights on the meta device)
 starts at ``DEFAULT_GAIN_INIT``, as every model did before this was measured.
+
+W phi is computed in float64 a block of vocabulary rows at a time, so that
+the call never holds a copy of W (a float64 one of a 128k x 8,192 head
+would be 8 GiB): add_natural_bias stays in place in memory.
 """
 
 import math
 from typing import Optional
 
-import torch.nn.functional as F
+import torch
 
 from natbias.hf.logit_map import run_probe
 from natbias.projection import DEFAULT_GAIN_INIT
 
 START_KL = 1e-4  # nats
+# Entries of W copied to float64 at a time (2 MiB): a block of its rows.
+BLOCK_ELEMENTS = 1 << 18
 
 
 def initial_gain(scale: Optional[float]) -> float:
@@ -61,6 +67,17 @@ def contextual_scale(model, logit_map: Optional[dict] = None) -> Optional[float]
         return None
     phi = features[-1][0]
     phi = phi.reshape(-1, phi.shape[-1])[-1]  # the last position: the one a model predicts from
-    contextual = F.linear(phi.double(), head.weight.detach().double())
+    contextual = contextual_logits(head.weight.detach(), phi)
     scale = contextual.std().item() * (logit_map or {}).get("scale", 1.0)
     return scale if math.isfinite(scale) else None
+
+
+def contextual_logits(weight: torch.Tensor, phi: torch.Tensor) -> torch.Tensor:
+    """W phi in float64, ``BLOCK_ELEMENTS`` entries of W at a time: the
+    same numbers as ``F.linear(phi.double(), W.double())`` without a copy of W."""
+    phi = phi.to(weight.device, torch.float64)
+    rows = max(1, BLOCK_ELEMENTS // weight.shape[1])
+    out = torch.empty(weight.shape[0], dtype=torch.float64, device=weight.device)
+    for start in range(0, weight.shape[0], rows):
+        out[start : start + rows] = torch.mv(weight[start : start + rows].double(), phi)
+    return out
