@@ -33,7 +33,9 @@ WORK_DIR=${WORK_DIR-work/${SRC}_${TGT}} # everything the recipe makes
 # --- model and training ------------------------------------------------------------
 ARCH=${ARCH-transformer_natbias_iwslt_de_en}  # 6+6 layers, 4 heads, FFN 256 (sec. 4.1, IWSLT), d 256 (ours)
 MODEL_ARGS=${MODEL_ARGS-}               # extra model options [smoke: 2+2 layers, d 64, 2 heads]
-INITS=${INITS-"unigram zero none"}      # output-bias inits compared (sec. 4.1)
+INITS=${INITS-"unigram zero none"}      # output-bias inits compared (sec. 4.1); stock: fairseq's transformer (ARCH=transformer_natbias)
+MULTILINGUAL=${MULTILINGUAL-0}          # 1: one model over all PAIRS (translation_multi_simple_epoch), scored per direction
+NATBIAS_PRIOR=${NATBIAS_PRIOR-per-language}  # MULTILINGUAL=1: a bias row per target language (per-language) or one (pooled)
 SEEDS=${SEEDS-"1 2 3 4 5"}              # seeds per init (paper: 5) [smoke: 1 2]
 LR=${LR-5e-4}                           # peak learning rate (ours: fairseq's IWSLT'14 example) [smoke: 1e-3]
 WARMUP=${WARMUP-4000}                   # inverse-sqrt warm-up updates (ours: fairseq's) [smoke: 10]
