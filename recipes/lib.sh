@@ -444,7 +444,8 @@ prepare_multilingual() {
         rm -rf "$DIR/data-bin"
         [[ -z $OOD_TEST ]] || tests+=(ood)
         tools multilingual-bin --pairs $PAIRS --pieces "$spm" --tests "${tests[@]}" \
-            --out "$DIR/data-bin" --workers "$(nproc)"
+            --out "$DIR/data-bin" --workers "$(nproc)" >"$DIR/preprocess.log" 2>&1 ||
+            { tail "$DIR/preprocess.log" >&2; die "binarising failed: $DIR/preprocess.log"; }
         mark_done "$DIR/data-bin" "$stamp"
     else say "skip: $DIR/data-bin (done)"; fi
     touch "$DIR/.prepared"
@@ -630,6 +631,8 @@ run_recipe() {
     smoke_settings
     [[ -n $NGPUS ]] || NGPUS=$(detect_gpus)
     ((NGPUS > 0 || NNODES == 1)) || die "multi-node training needs GPUs (NGPUS > 0)"
+    [[ $MULTILINGUAL != 1 || -z $EXTERNAL_TEXT ]] ||
+        die "EXTERNAL_TEXT is counted for one target language, a MULTILINGUAL=1 model has several: unset EXTERNAL_TEXT"
     export PYTHONWARNINGS=${PYTHONWARNINGS:-ignore}
     mkdir -p "$WORK_DIR"
     WORK_DIR=$(cd "$WORK_DIR" && pwd)
@@ -654,7 +657,6 @@ run_each_pair() {
 # MULTILINGUAL=1: one model over PAIRS, scored and reported per direction.
 run_one_model() {
     local pair
-    [[ -z $EXTERNAL_TEXT ]] || die "EXTERNAL_TEXT counts one target language; MULTILINGUAL=1 models have several: unset it"
     SRC="" TGT="" DIR=$WORK_DIR/multilingual MODELS=$WORK_DIR/multilingual/$RUNS_NAME
     mkdir -p "$DIR"
     if has_step prepare; then prepare_multilingual; fi

@@ -14,7 +14,6 @@ multilingual recipe, recipes/multilingual/run.sh, calls it).
 import argparse
 import itertools
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -84,11 +83,13 @@ def binarise(pieces, out, tests=("test",), workers=1) -> None:
 
 
 def _preprocess(workers, *args) -> None:
-    tool = shutil.which("fairseq-preprocess") or Path(sys.executable).parent / "fairseq-preprocess"
-    command = [str(tool), "--workers", str(workers), *map(str, args)]
-    done = subprocess.run(command, capture_output=True, text=True)
-    if done.returncode:
-        sys.exit(f"prepare.py: error: fairseq-preprocess failed:\n{done.stderr[-2000:]}")
+    """fairseq-preprocess's own parser and main, in this process: one import
+    of fairseq for every pair."""
+    from fairseq import options
+    from fairseq_cli import preprocess
+
+    parser = options.get_preprocessing_parser()
+    preprocess.main(parser.parse_args(["--workers", str(workers), *map(str, args)]))
 
 
 def main(argv=None):
