@@ -418,6 +418,7 @@ prepare_direction() {
 }
 
 corpora() { for pair in $PAIRS; do corpus_of "${pair%-*}" "${pair#*-}"; done | sort -u; }
+lang_pairs() { echo $PAIRS | tr ' ' ,; }
 
 # MULTILINGUAL=1: every corpus staged as for one pair, one SentencePiece model
 # over all their training text, one dictionary, every pair binarised into
@@ -484,8 +485,8 @@ grid_runs() {
 # the encoder and the decoder; `task_args generate` adds the direction decoded.
 task_args() {
     if [[ $MULTILINGUAL == 1 ]]; then
-        TASK=(--task translation_multi_simple_epoch --lang-pairs "$(echo $PAIRS | tr ' ' ,)"
-            --encoder-langtok src --decoder-langtok)
+        TASK=(--task translation_multi_simple_epoch --lang-pairs "$(lang_pairs)"
+            --lang-dict "$DIR/data-bin/langs.txt" --encoder-langtok src --decoder-langtok)
         [[ ${1-} == generate ]] || return 0
     else
         TASK=(--task translation)
@@ -567,7 +568,7 @@ train_run() {
     train_args "$name" "$seed" "$run"
     printf '%q ' fairseq-train "${ARGS[@]}" >"$run/train.args"
     local how="resuming" ; [[ -f $run/checkpoint_last.pt ]] || how="training"
-    local what="$SRC-$TGT"; [[ $MULTILINGUAL != 1 ]] || what=$(echo $PAIRS | tr ' ' ,)
+    local what="$SRC-$TGT"; [[ $MULTILINGUAL != 1 ]] || what=$(lang_pairs)
     say "$how $what $name seed $seed on $(world_size) $( ((NGPUS > 0)) && echo GPU || echo CPU) worker(s), update-freq $(update_freq): $run/train.log"
     if ! launch "$run/train.log" "${ARGS[@]}" </dev/null; then
         tail -n 25 "$run/train.log" >&2
@@ -613,8 +614,8 @@ evaluate_run() {
 
 report() {
     [[ -d $RUNS ]] || return 0
-    local out=${RUNS%/*}/results.md title="$RECIPE_NAME $SRC→$TGT"
-    [[ $MULTILINGUAL != 1 ]] || title+=" (one model: $PAIRS)"
+    local out=$DIR/results.md title="$RECIPE_NAME $SRC→$TGT"
+    if [[ $MULTILINGUAL == 1 ]]; then out=$DIR/$SRC-$TGT/results.md title+=" (one model: $PAIRS)"; fi
     say "results: $out"
     tools table --runs "$RUNS" --output "$out" --title "$title" \
         --beam "$BEAM" --lenpen "$LENPEN" --order $INITS file

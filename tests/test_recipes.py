@@ -439,6 +439,7 @@ def test_multilingual_trains_one_model_over_the_pairs(multilingual):
         for setting in (
             "task='translation_multi_simple_epoch'",
             "lang_pairs='en-de,en-fr'",
+            f"lang_dict='{data}/langs.txt'",  # the tokens' order fixed: de, en, fr
             "encoder_langtok='src'",
             "decoder_langtok=True",
             "source_lang=None",  # trained on every pair
@@ -455,9 +456,10 @@ def test_multilingual_trains_one_model_over_the_pairs(multilingual):
     from fairseq.data import Dictionary
 
     state = torch.load(runs / "unigram" / "seed1" / "checkpoint_best.pt", weights_only=False)
-    # The task appends __de__, __en__, __fr__ (sorted) to the dictionary.
+    # The task appends __de__, __en__, __fr__ (langs.txt's order) to the dictionary.
     size = len(Dictionary.load(str(data / "dict.en.txt")))
-    langs = ["de", "en", "fr"]
+    langs = (data / "langs.txt").read_text().split()
+    assert langs == ["de", "en", "fr"]
     assert state["cfg"]["model"].natbias_language_tokens == [
         size + langs.index("de"),
         size + langs.index("fr"),
@@ -687,6 +689,7 @@ def test_multilingual_runs_pass_the_task_the_prior_and_stock(tmp_path):
     )
     unigram, none, stock, zero, generate = (a.split("\n") for a in out.strip("\n").split("\n===\n"))
     task = ["--task", "translation_multi_simple_epoch", "--lang-pairs", "en-de,en-fr",
+            "--lang-dict", f"{tmp_path}/data-bin/langs.txt",
             "--encoder-langtok", "src", "--decoder-langtok"]  # fmt: skip
     for args in (unigram, none, stock, zero):
         assert args[3 : 3 + len(task)] == task

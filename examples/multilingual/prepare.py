@@ -58,7 +58,9 @@ def prepare(raw, out, pairs, train_lines=None, eval_lines=None, vocab_size=4000)
 
 def binarise(pieces, out, tests=("test",), workers=1) -> None:
     """One dictionary over the training text of every pair, and each pair
-    binarised into ``out`` with it (``dict.LANG.txt`` for each language).
+    binarised into ``out`` with it (``dict.LANG.txt`` for each language), and
+    ``langs.txt``, the languages for ``--lang-dict`` (their tokens' order then
+    does not depend on ``--lang-pairs``).
     ``pieces`` maps ``(src, tgt)`` to the folder of its encoded text,
     ``{train,valid,<tests>}.LANG`` (the recipes keep one folder per corpus);
     ``tests`` become fairseq's splits test, test1, ..."""
@@ -77,8 +79,10 @@ def binarise(pieces, out, tests=("test",), workers=1) -> None:
             "--testpref", ",".join(str(folder / name) for name in tests),
             "--srcdict", dictionary, "--tgtdict", dictionary,
         )  # fmt: skip
-    for lang in {lang for pair in pieces for lang in pair}:
+    langs = sorted({lang for pair in pieces for lang in pair})
+    for lang in langs:
         shutil.copy(dictionary, out / f"dict.{lang}.txt")
+    (out / "langs.txt").write_text("".join(f"{lang}\n" for lang in langs), encoding="utf-8")
     joined.unlink()
 
 
