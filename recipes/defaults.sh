@@ -45,7 +45,7 @@ MAX_TOKENS=${MAX_TOKENS-4096}           # tokens per GPU (or CPU worker) per ste
 UPDATE_FREQ=${UPDATE_FREQ-}             # steps per update; empty: TOKENS_PER_UPDATE / (MAX_TOKENS x workers), rounded up
 MAX_EPOCH=${MAX_EPOCH-100}              # upper bound on epochs (0: none); early stopping ends runs sooner [smoke: 0 = none]
 MAX_UPDATE=${MAX_UPDATE-0}              # upper bound on updates (0: none) [smoke: 30]
-PATIENCE=${PATIENCE-10}                 # stop after N validations without a better BLEU (ours)
+PATIENCE=${PATIENCE-10}                 # stop after N validations without a better BLEU (ours; MULTILINGUAL=1: loss)
 SAVE_INTERVAL_UPDATES=${SAVE_INTERVAL_UPDATES-0}  # also validate and save every N updates (0: once per epoch) [smoke: 0]
 LOG_INTERVAL=${LOG_INTERVAL-100}        # training log every N updates [smoke: 5]
 FP16=${FP16-1}                          # mixed precision on GPUs (1/0)

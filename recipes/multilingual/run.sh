@@ -27,7 +27,7 @@ SPM_MODEL=${SPM_MODEL-afromt}           # afromt: the authors' model, one for al
 WORK_DIR=${WORK_DIR-work/multilingual}  # everything the recipe makes
 
 # --- model and training ------------------------------------------------------------
-ARCH=${ARCH-transformer_natbias}        # 6+6 layers, 8 heads (fairseq's base); sizes in MODEL_ARGS, which stock's transformer gets too
+ARCH=${ARCH-transformer_natbias}        # 6+6 layers, 8 heads (fairseq's base; ../afromt gives Rundi 4), sizes in MODEL_ARGS: stock's transformer gets the same
 MODEL_ARGS=${MODEL_ARGS-"--encoder-embed-dim 256 --decoder-embed-dim 256 --encoder-ffn-embed-dim 256 --decoder-ffn-embed-dim 256"}  # d 256 (ours), FFN 256 (sec. 4.1, AfroMT) [smoke: 2+2 layers, d 64, 2 heads]
 INITS=${INITS-"unigram stock"}          # the natural bias, and stock fairseq with the same task and sizes
 MULTILINGUAL=${MULTILINGUAL-1}          # one model over all PAIRS (translation_multi_simple_epoch), scored per direction
