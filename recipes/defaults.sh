@@ -33,7 +33,9 @@ WORK_DIR=${WORK_DIR-work/${SRC}_${TGT}} # everything the recipe makes
 # --- model and training ------------------------------------------------------------
 ARCH=${ARCH-transformer_natbias_iwslt_de_en}  # 6+6 layers, 4 heads, FFN 256 (sec. 4.1, IWSLT), d 256 (ours)
 MODEL_ARGS=${MODEL_ARGS-}               # extra model options [smoke: 2+2 layers, d 64, 2 heads]
-INITS=${INITS-"unigram zero none"}      # output-bias inits compared (sec. 4.1)
+INITS=${INITS-"unigram zero none"}      # output-bias inits compared (sec. 4.1); stock: fairseq's transformer (ARCH=transformer_natbias)
+MULTILINGUAL=${MULTILINGUAL-0}          # 1: one model over all PAIRS (translation_multi_simple_epoch), scored per direction
+NATBIAS_PRIOR=${NATBIAS_PRIOR-per-language}  # MULTILINGUAL=1: a bias row per target language (per-language) or one (pooled)
 SEEDS=${SEEDS-"1 2 3 4 5"}              # seeds per init (paper: 5) [smoke: 1 2]
 LR=${LR-5e-4}                           # peak learning rate (ours: fairseq's IWSLT'14 example) [smoke: 1e-3]
 WARMUP=${WARMUP-4000}                   # inverse-sqrt warm-up updates (ours: fairseq's) [smoke: 10]
@@ -43,7 +45,7 @@ MAX_TOKENS=${MAX_TOKENS-4096}           # tokens per GPU (or CPU worker) per ste
 UPDATE_FREQ=${UPDATE_FREQ-}             # steps per update; empty: TOKENS_PER_UPDATE / (MAX_TOKENS x workers), rounded up
 MAX_EPOCH=${MAX_EPOCH-100}              # upper bound on epochs (0: none); early stopping ends runs sooner [smoke: 0 = none]
 MAX_UPDATE=${MAX_UPDATE-0}              # upper bound on updates (0: none) [smoke: 30]
-PATIENCE=${PATIENCE-10}                 # stop after N validations without a better BLEU (ours)
+PATIENCE=${PATIENCE-10}                 # stop after N validations without a better BLEU (ours; MULTILINGUAL=1: loss)
 SAVE_INTERVAL_UPDATES=${SAVE_INTERVAL_UPDATES-0}  # also validate and save every N updates (0: once per epoch) [smoke: 0]
 LOG_INTERVAL=${LOG_INTERVAL-100}        # training log every N updates [smoke: 5]
 FP16=${FP16-1}                          # mixed precision on GPUs (1/0)

@@ -14,6 +14,11 @@
 #   <src>-<tgt>/runs/<init>/seed<k>/   checkpoints, train.log, test.hyp,
 #                              test.bleu.json, test.chrf.json (ood.* likewise)
 #   <src>-<tgt>/results.md     BLEU/chrF over inits, mean ± standard error
+# MULTILINGUAL=1 trains one model over PAIRS instead, under multilingual/:
+#   multilingual/spm/          one SentencePiece model, each corpus encoded
+#   multilingual/data-bin/     one dictionary, every pair binarised
+#   multilingual/runs/<init>/seed<k>/   checkpoints, train.log
+#   multilingual/<src>-<tgt>/  runs/<init>/seed<k>/test.* and results.md, per direction
 
 NATBIAS_RECIPES=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 NATBIAS_REPO=$(dirname "$NATBIAS_RECIPES")
@@ -333,20 +338,26 @@ stage_raw() {
 
 # One joint model for both languages (sec. 4.1, footnote 8), or SPM_MODEL.
 make_spm() {
-    local raw=$1 spm=$2 l1=$3 l2=$4 stamp model f
+    local raw=$1 spm=$2 l1=$3 l2=$4 stamp
     stamp="spm=${SPM_MODEL:-joint-$SPM_VOCAB}"
     is_done "$spm" "$stamp" && { say "skip: $spm (done)"; return 0; }
+    spm_model "$spm" "$raw/train.$l1" "$raw/train.$l2"
+    tools spm-encode --model "$spm/spm.model" --input "$raw"/*."$l1" "$raw"/*."$l2" --output-dir "$spm"
+    mark_done "$spm" "$stamp"
+}
+
+# spm_model DIR TEXT...: DIR/spm.model, trained on TEXT (SPM_MODEL empty) or SPM_MODEL's.
+spm_model() {
+    local spm=$1; shift
     mkdir -p "$spm"
     case $SPM_MODEL in
-        "") say "training a joint SentencePiece model ($SPM_VOCAB pieces) on $l1+$l2"
-            tools spm-train --input "$raw/train.$l1" "$raw/train.$l2" --prefix "$spm/spm" \
+        "") say "training a joint SentencePiece model ($SPM_VOCAB pieces) on $*"
+            tools spm-train --input "$@" --prefix "$spm/spm" \
                 --vocab-size "$SPM_VOCAB" --max-sentences "$SPM_SENTENCES" --threads "$(nproc)" ;;
         afromt) fetch_afromt "$WORK_DIR/download/afromt"
             cp "$WORK_DIR/download/afromt/spm_model.model" "$spm/spm.model" ;;
         *) cp "$SPM_MODEL" "$spm/spm.model" ;;
     esac
-    tools spm-encode --model "$spm/spm.model" --input "$raw"/*."$l1" "$raw"/*."$l2" --output-dir "$spm"
-    mark_done "$spm" "$stamp"
 }
 
 # The out-of-domain test, when there is one, becomes the split test1.
@@ -406,6 +417,42 @@ prepare_direction() {
     exec {lock}>&-
 }
 
+corpora() { for pair in $PAIRS; do corpus_of "${pair%-*}" "${pair#*-}"; done | sort -u; }
+lang_pairs() { echo $PAIRS | tr ' ' ,; }
+
+# MULTILINGUAL=1: every corpus staged as for one pair, one SentencePiece model
+# over all their training text, one dictionary, every pair binarised into
+# one data-bin (examples/multilingual/prepare.py's binarise).
+prepare_multilingual() {
+    local corpus raw spm=$DIR/spm stamp="spm=${SPM_MODEL:-joint-$SPM_VOCAB} pairs=$PAIRS" tests=(test)
+    if ((NODE_RANK > 0)); then wait_for "$DIR/.prepared"; return; fi
+    local lock
+    exec {lock}>"$WORK_DIR/.prepare.lock"
+    if command -v flock >/dev/null; then flock "$lock"; fi
+    for corpus in $(corpora); do stage_raw "$WORK_DIR/corpus/$corpus/raw" ${corpus/-/ }; done
+    if ! is_done "$spm" "$stamp"; then
+        local texts=()
+        for corpus in $(corpora); do texts+=("$WORK_DIR/corpus/$corpus/raw"/train.*); done
+        spm_model "$spm" "${texts[@]}"
+        for corpus in $(corpora); do
+            raw=$WORK_DIR/corpus/$corpus/raw
+            tools spm-encode --model "$spm/spm.model" --input "$raw"/* --output-dir "$spm/$corpus"
+        done
+        mark_done "$spm" "$stamp"
+    else say "skip: $spm (done)"; fi
+    if ! is_done "$DIR/data-bin" "$stamp"; then
+        say "binarising $PAIRS into $DIR/data-bin"
+        rm -rf "$DIR/data-bin"
+        [[ -z $OOD_TEST ]] || tests+=(ood)
+        tools multilingual-bin --pairs $PAIRS --pieces "$spm" --tests "${tests[@]}" \
+            --out "$DIR/data-bin" --workers "$(nproc)" >"$DIR/preprocess.log" 2>&1 ||
+            { tail "$DIR/preprocess.log" >&2; die "binarising failed: $DIR/preprocess.log"; }
+        mark_done "$DIR/data-bin" "$stamp"
+    else say "skip: $DIR/data-bin (done)"; fi
+    touch "$DIR/.prepared"
+    exec {lock}>&-
+}
+
 # --- the grid ----------------------------------------------------------------------------
 
 # Runs, in order: INITS, then `file` (App. A.7) when there are external counts,
@@ -433,16 +480,45 @@ grid_runs() {
     done
 }
 
+# The task's options: one pair (translation), or with MULTILINGUAL=1 every
+# pair of PAIRS in one model, each sentence's languages given as a token to
+# the encoder and the decoder; `task_args generate` adds the direction decoded.
+task_args() {
+    if [[ $MULTILINGUAL == 1 ]]; then
+        TASK=(--task translation_multi_simple_epoch --lang-pairs "$(lang_pairs)"
+            --lang-dict "$DIR/data-bin/langs.txt" --encoder-langtok src --decoder-langtok)
+        [[ ${1-} == generate ]] || return 0
+    else
+        TASK=(--task translation)
+    fi
+    TASK+=(--source-lang "$SRC" --target-lang "$TGT")
+}
+
+# The model's options: the natural bias with init INIT, or fairseq's own
+# transformer (stock) with the same sizes, which ARCH's presets do not spell out.
+model_args() {
+    local init=$1
+    if [[ $init == stock ]]; then
+        [[ $ARCH == transformer_natbias ]] ||
+            die "INITS=stock is fairseq's transformer at MODEL_ARGS's sizes: set ARCH=transformer_natbias (not the preset $ARCH) and the sizes in MODEL_ARGS"
+        MODEL=(--arch transformer)
+    else
+        MODEL=(--arch "$ARCH" --natbias-init "$init")
+        [[ $MULTILINGUAL != 1 || $init == none ]] || MODEL+=(--natbias-prior "$NATBIAS_PRIOR")
+    fi
+}
+
 # Fills the array ARGS with fairseq-train's arguments for one run.
 train_args() {
     local name=$1 seed=$2 run=$3 init=${1%-unireg} model=() extra=()
     init=${init%-unigram-ls}
     read -ra model <<<"$(recipe_model_args) $MODEL_ARGS"
     read -ra extra <<<"$TRAIN_ARGS"
-    ARGS=("$DIR/data-bin" --user-dir "$NATBIAS_REPO/fairseq_natbias"
-        --task translation --source-lang "$SRC" --target-lang "$TGT"
-        --arch "$ARCH" --share-all-embeddings ${model[@]+"${model[@]}"}
-        --natbias-init "$init" --seed "$seed" --save-dir "$run"
+    task_args
+    model_args "$init"
+    ARGS=("$DIR/data-bin" --user-dir "$NATBIAS_REPO/fairseq_natbias" "${TASK[@]}"
+        "${MODEL[@]}" --share-all-embeddings ${model[@]+"${model[@]}"}
+        --seed "$seed" --save-dir "$run"
         # sec. 4.1
         --dropout 0.1 --optimizer adam --adam-betas "(0.9, 0.997)"
         --label-smoothing 0.1
@@ -450,17 +526,18 @@ train_args() {
         --lr "$LR" --lr-scheduler inverse_sqrt --warmup-updates "$WARMUP"
         --warmup-init-lr 1e-07 --weight-decay "$WEIGHT_DECAY" --clip-norm 0.0
         --max-tokens "$MAX_TOKENS" --update-freq "$(update_freq)"
-        --max-epoch "$MAX_EPOCH" --max-update "$MAX_UPDATE"
-        # early stopping on validation BLEU (sec. 4.1)
-        --eval-bleu --eval-bleu-args "$(valid_generation)" --eval-bleu-detok space
-        --eval-bleu-remove-bpe sentencepiece
-        --best-checkpoint-metric bleu --maximize-best-checkpoint-metric --patience "$PATIENCE"
+        --max-epoch "$MAX_EPOCH" --max-update "$MAX_UPDATE" --patience "$PATIENCE"
         --save-interval-updates "$SAVE_INTERVAL_UPDATES" --keep-interval-updates 1
         --no-epoch-checkpoints --skip-invalid-size-inputs-valid-test
         # fairseq drops a last batch not a multiple of 8 (issue #5036): keep
         # every validation sentence.
         --required-batch-size-multiple 1
         --log-format simple --log-interval "$LOG_INTERVAL")
+    # Early stopping on validation BLEU (sec. 4.1); fairseq's multilingual
+    # task computes no BLEU while training: on validation loss there.
+    [[ $MULTILINGUAL == 1 ]] || ARGS+=(--eval-bleu --eval-bleu-args "$(valid_generation)"
+        --eval-bleu-detok space --eval-bleu-remove-bpe sentencepiece
+        --best-checkpoint-metric bleu --maximize-best-checkpoint-metric)
     if [[ $name == *-unireg ]]; then
         ARGS+=(--criterion unigram_regularized_cross_entropy
             --unigram-reg-weight "$UNIGRAM_REG_WEIGHT" --unigram-reg-updates "$UNIGRAM_REG_UPDATES")
@@ -485,13 +562,14 @@ valid_generation() {
 
 # A stopped run resumes: fairseq restores <run>/checkpoint_last.pt by itself.
 train_run() {
-    local name=$1 seed=$2 run=$RUNS/$1/seed$2
+    local name=$1 seed=$2 run=$MODELS/$1/seed$2
     if [[ -f $run/.done ]]; then say "skip: $run (trained)"; return 0; fi
     mkdir -p "$run"
     train_args "$name" "$seed" "$run"
     printf '%q ' fairseq-train "${ARGS[@]}" >"$run/train.args"
     local how="resuming" ; [[ -f $run/checkpoint_last.pt ]] || how="training"
-    say "$how $SRC-$TGT $name seed $seed on $(world_size) $( ((NGPUS > 0)) && echo GPU || echo CPU) worker(s), update-freq $(update_freq): $run/train.log"
+    local what="$SRC-$TGT"; [[ $MULTILINGUAL != 1 ]] || what=$(lang_pairs)
+    say "$how $what $name seed $seed on $(world_size) $( ((NGPUS > 0)) && echo GPU || echo CPU) worker(s), update-freq $(update_freq): $run/train.log"
     if ! launch "$run/train.log" "${ARGS[@]}" </dev/null; then
         tail -n 25 "$run/train.log" >&2
         die "training failed: $run/train.log"
@@ -504,13 +582,16 @@ train_run() {
 
 # Beam search with length normalisation (fairseq's --lenpen 1 divides by
 # length), detokenised by SentencePiece, scored by sacreBLEU against raw text.
+# evaluate_set RUN SET SUBSET REFERENCE MODEL: RUN/SET.* from MODEL/checkpoint_best.pt.
 evaluate_set() {
-    local run=$1 set=$2 subset=$3 ref=$4
+    local run=$1 set=$2 subset=$3 ref=$4 model=$5
     [[ -f $run/$set.chrf.json ]] && { say "skip: $run/$set (scored)"; return 0; }
     local device=(); ((NGPUS > 0)) || device=(--cpu)
+    mkdir -p "$run"
+    task_args generate
     fairseq-generate "$DIR/data-bin" --user-dir "$NATBIAS_REPO/fairseq_natbias" \
-        --source-lang "$SRC" --target-lang "$TGT" --gen-subset "$subset" \
-        --path "$run/checkpoint_best.pt" --beam "$BEAM" --lenpen "$LENPEN" \
+        "${TASK[@]}" --gen-subset "$subset" \
+        --path "$model/checkpoint_best.pt" --beam "$BEAM" --lenpen "$LENPEN" \
         --max-len-a "$MAX_LEN_A" --max-len-b "$MAX_LEN_B" --required-batch-size-multiple 1 \
         --remove-bpe sentencepiece --max-tokens "$MAX_TOKENS" ${device[@]+"${device[@]}"} \
         >"$run/$set.gen" 2>"$run/$set.gen.log" || { tail "$run/$set.gen.log" >&2; die "generation failed: $run"; }
@@ -520,20 +601,23 @@ evaluate_set() {
     say "$run/$set: $scores"
 }
 
+# The scores of a run go next to its model; with MULTILINGUAL=1 to each direction's folder.
 evaluate_run() {
-    local run=$RUNS/$1/seed$2 raw
-    [[ -f $run/.done ]] || { say "not trained yet: $run"; return 0; }
+    local run=$RUNS/$1/seed$2 model=$MODELS/$1/seed$2 raw
+    [[ -f $model/.done ]] || { say "not trained yet: $model"; return 0; }
     raw=$WORK_DIR/corpus/$(corpus_of "$SRC" "$TGT")/raw
-    evaluate_set "$run" test test "$raw/test.$TGT"
+    evaluate_set "$run" test test "$raw/test.$TGT" "$model"
     if [[ -f $DIR/data-bin/test1.$SRC-$TGT.$SRC.bin ]]; then
-        evaluate_set "$run" ood test1 "$raw/ood.$TGT"
+        evaluate_set "$run" ood test1 "$raw/ood.$TGT" "$model"
     fi
 }
 
 report() {
     [[ -d $RUNS ]] || return 0
-    say "results: $DIR/results.md"
-    tools table --runs "$RUNS" --output "$DIR/results.md" --title "$RECIPE_NAME $SRC→$TGT" \
+    local out=$DIR/results.md title="$RECIPE_NAME $SRC→$TGT"
+    if [[ $MULTILINGUAL == 1 ]]; then out=$DIR/$SRC-$TGT/results.md title+=" (one model: $PAIRS)"; fi
+    say "results: $out"
+    tools table --runs "$RUNS" --output "$out" --title "$title" \
         --beam "$BEAM" --lenpen "$LENPEN" --order $INITS file
 }
 
@@ -548,27 +632,56 @@ run_recipe() {
     smoke_settings
     [[ -n $NGPUS ]] || NGPUS=$(detect_gpus)
     ((NGPUS > 0 || NNODES == 1)) || die "multi-node training needs GPUs (NGPUS > 0)"
+    [[ $MULTILINGUAL != 1 || -z $EXTERNAL_TEXT ]] ||
+        die "EXTERNAL_TEXT is counted for one target language, a MULTILINGUAL=1 model has several: unset EXTERNAL_TEXT"
     export PYTHONWARNINGS=${PYTHONWARNINGS:-ignore}
     mkdir -p "$WORK_DIR"
     WORK_DIR=$(cd "$WORK_DIR" && pwd)
     say "$RECIPE_NAME: pairs '$PAIRS', steps '$STEPS', work dir $WORK_DIR"
-    local pair name seed
+    if [[ $MULTILINGUAL == 1 ]]; then run_one_model; else run_each_pair; fi
+    say "$RECIPE_NAME: done"
+}
+
+run_each_pair() {
+    local pair
     for pair in $PAIRS; do
         SRC=${pair%-*} TGT=${pair#*-}
-        DIR=$WORK_DIR/$SRC-$TGT RUNS=$WORK_DIR/$SRC-$TGT/$RUNS_NAME
+        DIR=$WORK_DIR/$SRC-$TGT RUNS=$WORK_DIR/$SRC-$TGT/$RUNS_NAME MODELS=$RUNS
         mkdir -p "$DIR"
         if has_step prepare; then prepare_direction; fi
-        if has_step train; then
-            [[ -f $DIR/.prepared ]] || die "no data for $SRC-$TGT yet: run STEPS=prepare first"
-            while read -r name seed; do train_run "$name" "$seed"; done < <(grid_runs)
-        fi
+        train_grid "$SRC-$TGT"
         ((NODE_RANK == 0)) || continue
-        if has_step evaluate; then
-            while read -r name seed; do evaluate_run "$name" "$seed"; done < <(grid_runs)
-        fi
-        if has_step report; then report; fi
+        evaluate_direction
     done
-    say "$RECIPE_NAME: done"
+}
+
+# MULTILINGUAL=1: one model over PAIRS, scored and reported per direction.
+run_one_model() {
+    local pair
+    SRC="" TGT="" DIR=$WORK_DIR/multilingual MODELS=$WORK_DIR/multilingual/$RUNS_NAME
+    mkdir -p "$DIR"
+    if has_step prepare; then prepare_multilingual; fi
+    train_grid "$PAIRS"
+    ((NODE_RANK == 0)) || return 0
+    for pair in $PAIRS; do
+        SRC=${pair%-*} TGT=${pair#*-} RUNS=$DIR/$pair/$RUNS_NAME
+        evaluate_direction
+    done
+}
+
+train_grid() {
+    local name seed
+    has_step train || return 0
+    [[ -f $DIR/.prepared ]] || die "no data for $1 yet: run STEPS=prepare first"
+    while read -r name seed; do train_run "$name" "$seed"; done < <(grid_runs)
+}
+
+evaluate_direction() {
+    local name seed
+    if has_step evaluate; then
+        while read -r name seed; do evaluate_run "$name" "$seed"; done < <(grid_runs)
+    fi
+    if has_step report; then report; fi
 }
 
 # --- settings: defaults.sh and run.sh --help -------------------------------------------

@@ -4,6 +4,8 @@
                  dropping empty / over-long / badly length-mismatched pairs
     spm-train    joint SentencePiece model on some text files
     spm-encode   text -> space-separated pieces, as fairseq-preprocess reads them
+    multilingual-bin  several pairs' pieces as one data-bin with one dictionary
+                 (examples/multilingual/prepare.py's binarise; runs fairseq-preprocess)
     score        hypotheses (H- lines) of fairseq-generate output in input order,
                  scored by sacreBLEU's command line (BLEU and chrF, its JSON)
     table        Markdown table of BLEU/chrF over inits (mean and standard error)
@@ -92,6 +94,16 @@ def cmd_spm_encode(args):
     from natbias.tools import sentencepiece_text
 
     sentencepiece_text.encode_files(args.model, args.input, args.output_dir)
+
+
+def cmd_multilingual_bin(args):
+    """Each pair's pieces from PIECES/<corpus> (its languages sorted, as lib.sh's corpus_of)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples" / "multilingual"))
+    from prepare import binarise
+
+    pairs = [tuple(pair.split("-")) for pair in args.pairs]
+    pieces = {pair: Path(args.pieces) / "-".join(sorted(pair)) for pair in pairs}
+    binarise(pieces, args.out, args.tests, args.workers)
 
 
 # --- evaluation --------------------------------------------------------------------
@@ -262,6 +274,14 @@ def main(argv=None):
     p.add_argument("--input", nargs="+", required=True)
     p.add_argument("--output-dir", required=True, help="encoded files keep their names (less .gz)")
     p.set_defaults(func=cmd_spm_encode)
+
+    p = sub.add_parser("multilingual-bin")
+    p.add_argument("--pairs", nargs="+", required=True, help="SRC-TGT ...")
+    p.add_argument("--pieces", required=True, help="folder of <l1>-<l2>/{train,valid,...}.LANG")
+    p.add_argument("--tests", nargs="+", default=["test"], help="test sets: test, test1, ...")
+    p.add_argument("--out", required=True, help="the data-bin to write")
+    p.add_argument("--workers", type=int, default=1)
+    p.set_defaults(func=cmd_multilingual_bin)
 
     p = sub.add_parser("score")
     p.add_argument("--generate-output", required=True)

@@ -40,8 +40,10 @@ INITS = ("unigram",)
 SEEDS = (1,)
 IWSLT = RECIPES / "iwslt14_de_en" / "run.sh"
 RECIPE_SCRIPTS = [
-    RECIPES / name / "run.sh" for name in ("iwslt14_de_en", "wmt14_de_en", "afromt", "template")
+    RECIPES / name / "run.sh"
+    for name in ("iwslt14_de_en", "wmt14_de_en", "afromt", "multilingual", "template")
 ]
+MULTILINGUAL = RECIPES / "multilingual" / "run.sh"
 DEFAULTS = RECIPES / "defaults.sh"
 # The template's "set these three" lines: blanks for the user to fill in, empty
 # like their defaults on purpose.
@@ -381,12 +383,166 @@ def test_template_needs_its_pair_and_data(tmp_path):
     assert "set SRC, TGT and RAW_DIR" in result.stderr
 
 
+# --- one model over several pairs (recipes/multilingual) on Multi30k ----------------
+
+ML_PAIRS = ("en-de", "en-fr")
+
+
+@pytest.fixture(scope="module")
+def multilingual(tmp_path_factory):
+    """recipes/multilingual/run.sh, SMOKE=1, on Multi30k: En->De and En->Fr as
+    one model, the natural bias (its default prior, one per target language)
+    and stock fairseq, seed 1; 1,000 pairs a direction, 10 updates, each
+    direction scored on 20 test sentences."""
+    skip_without("de", "en", "fr")
+    root = tmp_path_factory.mktemp("multilingual")
+    env = dict(
+        MULTI30K_RAW,
+        PAIRS=" ".join(ML_PAIRS),
+        WORK_DIR=root / "work",
+        SEEDS="1",
+        TRAIN_LINES="1000",
+        EVAL_LINES="20",
+        MAX_UPDATE="10",
+    )
+    result = run_recipe(MULTILINGUAL, env, cwd=root)
+    work = root / "work"
+    return SimpleNamespace(
+        env=env, root=root, work=work, dir=work / "multilingual", output=result.stderr
+    )
+
+
+def log_config(train_log):
+    return next(line for line in train_log.splitlines() if "'optimization':" in line)
+
+
+@pytest.mark.training
+def test_multilingual_trains_one_model_over_the_pairs(multilingual):
+    """One data-bin (one dictionary for every language), one model per init
+    trained by fairseq's multilingual task on both pairs; the natural bias
+    with one prior row per target language, selected by De's and Fr's
+    language tokens; stock fairseq's transformer beside it."""
+    data = multilingual.dir / "data-bin"
+    dicts = {lang: (data / f"dict.{lang}.txt").read_text() for lang in ("de", "en", "fr")}
+    assert dicts["de"] == dicts["en"] == dicts["fr"]
+    for pair in ML_PAIRS:
+        for lang in pair.split("-"):
+            for split in ("train", "valid", "test"):
+                assert (data / f"{split}.{pair}.{lang}.bin").is_file(), (split, pair, lang)
+    runs = multilingual.dir / "runs"
+    logs = {
+        init: (runs / init / "seed1" / "train.log").read_text() for init in ("unigram", "stock")
+    }
+    for init, log in logs.items():
+        assert "done training" in log, init
+        config = log_config(log)
+        for setting in (
+            "task='translation_multi_simple_epoch'",
+            "lang_pairs='en-de,en-fr'",
+            f"lang_dict='{data}/langs.txt'",  # the tokens' order fixed: de, en, fr
+            "encoder_langtok='src'",
+            "decoder_langtok=True",
+            "source_lang=None",  # trained on every pair
+            "'best_checkpoint_metric': 'loss'",  # no validation BLEU in this task
+        ):
+            assert setting in config, (init, setting)
+    assert "arch='transformer_natbias'" in log_config(logs["unigram"])
+    assert "natbias_prior='per-language'" in log_config(logs["unigram"])
+    assert "arch='transformer'" in log_config(logs["stock"])
+    assert "natbias_init=" not in log_config(logs["stock"])
+    for target in ("train.en-de.de", "train.en-fr.fr"):
+        assert re.search(rf"tokens counted in \S+/{re.escape(target)}\b", logs["unigram"]), target
+    import torch
+    from fairseq.data import Dictionary
+
+    state = torch.load(runs / "unigram" / "seed1" / "checkpoint_best.pt", weights_only=False)
+    # The task appends __de__, __en__, __fr__ (langs.txt's order) to the dictionary.
+    size = len(Dictionary.load(str(data / "dict.en.txt")))
+    langs = (data / "langs.txt").read_text().split()
+    assert langs == ["de", "en", "fr"]
+    assert state["cfg"]["model"].natbias_language_tokens == [
+        size + langs.index("de"),
+        size + langs.index("fr"),
+    ]
+    assert tuple(state["model"]["decoder.output_projection.bias"].shape) == (3, size + 3)
+
+
+@pytest.mark.training
+def test_multilingual_scores_each_direction(multilingual):
+    """Each direction is decoded by fairseq-generate from its own test split
+    (its references are that direction's target text) and scored with
+    sacreBLEU, signatures kept; a table per direction over the two models."""
+    for pair in ML_PAIRS:
+        src, tgt = pair.split("-")
+        corpus = "-".join(sorted((src, tgt)))
+        reference = (multilingual.work / "corpus" / corpus / "raw" / f"test.{tgt}").read_text()
+        references = reference.splitlines()
+        assert len(references) == 20
+        for init in ("unigram", "stock"):
+            run = multilingual.dir / pair / "runs" / init / "seed1"
+            gen = (run / "test.gen").read_text()
+            targets = dict(re.findall(r"^T-(\d+)\t(.*)$", gen, flags=re.M))
+            assert [targets[str(i)] for i in range(20)] == references, (pair, init)
+            assert all(s.startswith(f"__{src}__ ") for s in re.findall(r"^S-\d+\t(.*)$", gen, re.M))
+            hyps = (run / "test.hyp").read_text().splitlines()
+            assert len(hyps) == 20 and not any("__" in h or "\u2581" in h for h in hyps)
+            bleu = json.loads((run / "test.bleu.json").read_text())
+            chrf = json.loads((run / "test.chrf.json").read_text())
+            assert bleu["signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a")
+            assert "nc:6" in chrf["signature"]
+        results = multilingual.dir / pair / "results.md"
+        text = results.read_text()
+        assert f"## Multilingual {src}→{tgt} (one model: en-de en-fr)" in text
+        assert "BLEU signature: `nrefs:1|case:mixed" in text
+        rows = {
+            cells[0]: cells[1:]
+            for line in text.splitlines()
+            if line.startswith("| ")
+            for cells in [[c.strip() for c in line.strip("|").split("|")]]
+        }
+        for init in ("unigram", "stock"):
+            run = multilingual.dir / pair / "runs" / init / "seed1"
+            scores = [
+                f"{json.loads((run / f'test.{m}.json').read_text())['score']:.2f}"
+                for m in ("bleu", "chrf")
+            ]
+            assert rows[init] == ["1", *scores], (pair, init)
+
+
+@pytest.mark.training
+def test_multilingual_rerun_skips_and_a_stopped_run_resumes(multilingual):
+    result = run_recipe(MULTILINGUAL, multilingual.env, cwd=multilingual.root)
+    said = result.stderr
+    for step in (
+        "corpus/de-en/raw",
+        "corpus/en-fr/raw",
+        "multilingual/spm",
+        "multilingual/data-bin",
+    ):
+        assert f"skip: {multilingual.work / step} (done)" in said, step
+    assert said.count("(trained)") == 2 and said.count("(scored)") == 4
+    assert "training en-de,en-fr" not in said
+    run = multilingual.dir / "runs-resume" / "unigram" / "seed1"
+    run.mkdir(parents=True)
+    for name in ("checkpoint_last.pt", "train.log"):
+        shutil.copy(multilingual.dir / "runs" / "unigram" / "seed1" / name, run / name)
+    first = (run / "train.log").read_text()
+    env = dict(multilingual.env, STEPS="train", INITS="unigram", RUNS_NAME="runs-resume")
+    result = run_recipe(MULTILINGUAL, dict(env, MAX_UPDATE="11"), cwd=multilingual.root)
+    assert "resuming en-de,en-fr unigram seed 1" in result.stderr
+    resumed = (run / "train.log").read_text()[len(first) :]
+    assert re.search(r"Loaded checkpoint .*checkpoint_last\.pt \(epoch \d+ @ 10 updates\)", resumed)
+    assert "num_updates 11" in resumed and "done training" in resumed
+    assert "tokens counted" not in resumed  # the prior rows come from the checkpoint
+
+
 # --- the library, without training ------------------------------------------------
 
 
-def lib(snippet, tmp_path, env=None):
+def lib(snippet, tmp_path, env=None, check=True):
     """Run bash code with recipes/lib.sh sourced (which sets every setting of
-    defaults.sh not in the environment); returns stdout."""
+    defaults.sh not in the environment); returns stdout (the CompletedProcess
+    unless ``check``)."""
     result = subprocess.run(
         ["bash", "-c", f"set -euo pipefail; source {RECIPES / 'lib.sh'}\n{snippet}"],
         cwd=tmp_path,
@@ -395,6 +551,8 @@ def lib(snippet, tmp_path, env=None):
         text=True,
         timeout=120,
     )
+    if not check:
+        return result
     assert result.returncode == 0, result.stderr
     return result.stdout
 
@@ -515,6 +673,56 @@ def test_unigram_label_smoothing_runs_have_their_own_names_and_criterion(tmp_pat
     assert args[args.index("--label-smoothing") + 1] == "0.1"
 
 
+def test_multilingual_runs_pass_the_task_the_prior_and_stock(tmp_path):
+    """MULTILINGUAL=1: every pair to one fairseq-train (no direction, no
+    validation BLEU: the multilingual task computes none), NATBIAS_PRIOR to
+    the natural-bias runs (not to `none`, which has no bias), stock fairseq's
+    transformer without the plugin's options; fairseq-generate gets the
+    direction."""
+    show = 'train_args {} 1 run; printf "%s\\n" "${{ARGS[@]}}"; echo ==='
+    out = lib(
+        'DIR=$PWD NGPUS=0 MULTILINGUAL=1 PAIRS="en-de  en-fr" ARCH=transformer_natbias; '
+        + "; ".join(show.format(name) for name in ("unigram", "none", "stock"))
+        + '; NATBIAS_PRIOR=pooled; train_args zero 1 run; printf "%s\\n" "${ARGS[@]}"'
+        + '; echo ===; SRC=en TGT=fr; task_args generate; printf "%s\\n" "${TASK[@]}"',
+        tmp_path,
+    )
+    unigram, none, stock, zero, generate = (a.split("\n") for a in out.strip("\n").split("\n===\n"))
+    task = ["--task", "translation_multi_simple_epoch", "--lang-pairs", "en-de,en-fr",
+            "--lang-dict", f"{tmp_path}/data-bin/langs.txt",
+            "--encoder-langtok", "src", "--decoder-langtok"]  # fmt: skip
+    for args in (unigram, none, stock, zero):
+        assert args[3 : 3 + len(task)] == task
+        assert "--source-lang" not in args and "--eval-bleu" not in args
+        assert "--maximize-best-checkpoint-metric" not in args
+    assert unigram[unigram.index("--natbias-prior") + 1] == "per-language"
+    assert zero[zero.index("--natbias-prior") + 1] == "pooled"
+    assert "--natbias-prior" not in none and none[none.index("--natbias-init") + 1] == "none"
+    assert stock[stock.index("--arch") + 1] == "transformer"
+    assert not [a for a in stock if a.startswith("--natbias")]
+    assert generate == [*task, "--source-lang", "en", "--target-lang", "fr"]
+
+
+def test_multilingual_refusals_name_the_fix(tmp_path):
+    """Stock beside a preset (whose sizes fairseq's transformer lacks), and
+    counts from external text for a model with several target languages:
+    one line each, nothing trained or written."""
+    result = lib(
+        "DIR=$PWD MULTILINGUAL=1 PAIRS=en-de ARCH=transformer_natbias_iwslt_de_en; "
+        "train_args stock 1 run",
+        tmp_path,
+        check=False,
+    )
+    assert result.returncode != 0
+    assert "set ARCH=transformer_natbias" in result.stderr.strip().splitlines()[-1]
+    result = run_recipe(
+        MULTILINGUAL, {"EXTERNAL_TEXT": "c4", "WORK_DIR": tmp_path / "w"}, cwd=tmp_path, check=False
+    )
+    assert result.returncode != 0
+    assert "unset EXTERNAL_TEXT" in result.stderr.strip().splitlines()[-1]
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize(
     "script",
     RECIPE_SCRIPTS + [RECIPES / "lib.sh", DEFAULTS, RECIPES / "slurm.sbatch"],
@@ -536,7 +744,10 @@ def test_every_recipe_lists_every_setting():
         "TGT",
         "DIR",
         "RUNS",
+        "MODELS",
         "ARGS",
+        "TASK",
+        "MODEL",
         "DATASET",
         "RECIPE_NAME",
         "PYTHONPATH",

@@ -7,6 +7,8 @@ language, all the same), each pair binarised as ``train.SRC-TGT.{SRC,TGT}``.
 
 DIR holds ``train.LANG``, ``val.LANG``, ``test_2016_flickr.LANG`` (plain or
 .gz, line-aligned across languages, as Multi30k). A finished folder is kept.
+:func:`binarise` is the last step alone, for text already encoded (the
+multilingual recipe, recipes/multilingual/run.sh, calls it).
 """
 
 import argparse
@@ -49,29 +51,49 @@ def prepare(raw, out, pairs, train_lines=None, eval_lines=None, vocab_size=4000)
         )  # fmt: skip
     sentencepiece_text.train([text / f"train.{lang}" for lang in langs], out / "spm", vocab_size)
     sentencepiece_text.encode_files(out / "spm.model", sorted(text.iterdir()), pieces)
-    joined = pieces / "all"
-    joined.write_text("".join((pieces / f"train.{lang}").read_text() for lang in langs))
-    _preprocess("--only-source", "--trainpref", joined, "--destdir", out / "dict")
-    for src, tgt in pairs:
-        prefixes = [f"--{s}pref" for s in ("train", "valid", "test")]
-        _preprocess(
-            "--source-lang", src, "--target-lang", tgt, "--destdir", out,
-            *itertools.chain(*zip(prefixes, (pieces / s for s in SPLITS))),
-            "--srcdict", out / "dict/dict.txt", "--tgtdict", out / "dict/dict.txt",
-        )  # fmt: skip
-    for lang in langs:
-        shutil.copy(out / "dict/dict.txt", out / f"dict.{lang}.txt")
+    binarise({pair: pieces for pair in pairs}, out)
     (out / ".done").touch()
     return out
 
 
-def _preprocess(*args) -> None:
-    """fairseq-preprocess ARGS, in this process (no second start of torch and fairseq)."""
+def binarise(pieces, out, tests=("test",), workers=1) -> None:
+    """One dictionary over the training text of every pair, and each pair
+    binarised into ``out`` with it (``dict.LANG.txt`` for each language), and
+    ``langs.txt``, the languages for ``--lang-dict`` (their tokens' order then
+    does not depend on ``--lang-pairs``).
+    ``pieces`` maps ``(src, tgt)`` to the folder of its encoded text,
+    ``{train,valid,<tests>}.LANG`` (the recipes keep one folder per corpus);
+    ``tests`` become fairseq's splits test, test1, ..."""
+    out = Path(out)
+    train = dict.fromkeys(Path(d) / f"train.{lang}" for pair, d in pieces.items() for lang in pair)
+    joined = out / "dict" / "train.all"
+    joined.parent.mkdir(parents=True, exist_ok=True)
+    joined.write_text("".join(path.read_text(encoding="utf-8") for path in train), encoding="utf-8")
+    _preprocess(workers, "--only-source", "--trainpref", joined, "--destdir", out / "dict")
+    dictionary = out / "dict" / "dict.txt"
+    for (src, tgt), folder in pieces.items():
+        folder = Path(folder)
+        _preprocess(
+            workers, "--source-lang", src, "--target-lang", tgt, "--destdir", out,
+            "--trainpref", folder / "train", "--validpref", folder / "valid",
+            "--testpref", ",".join(str(folder / name) for name in tests),
+            "--srcdict", dictionary, "--tgtdict", dictionary,
+        )  # fmt: skip
+    langs = sorted({lang for pair in pieces for lang in pair})
+    for lang in langs:
+        shutil.copy(dictionary, out / f"dict.{lang}.txt")
+    (out / "langs.txt").write_text("".join(f"{lang}\n" for lang in langs), encoding="utf-8")
+    joined.unlink()
+
+
+def _preprocess(workers, *args) -> None:
+    """fairseq-preprocess's own parser and main, in this process: one import
+    of fairseq for every pair."""
     from fairseq import options
     from fairseq_cli import preprocess
 
     parser = options.get_preprocessing_parser()
-    preprocess.main(parser.parse_args(["--workers", "1", *map(str, args)]))
+    preprocess.main(parser.parse_args(["--workers", str(workers), *map(str, args)]))
 
 
 def main(argv=None):
