@@ -51,7 +51,7 @@ def prepare(raw, out, pairs, train_lines=None, eval_lines=None, vocab_size=4000)
         )  # fmt: skip
     sentencepiece_text.train([text / f"train.{lang}" for lang in langs], out / "spm", vocab_size)
     sentencepiece_text.encode_files(out / "spm.model", sorted(text.iterdir()), pieces)
-    binarise({pair: pieces for pair in pairs}, out)
+    binarise({tuple(pair): pieces for pair in pairs}, out)
     (out / ".done").touch()
     return out
 
