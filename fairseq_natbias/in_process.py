@@ -77,9 +77,8 @@ def validation_divergence(task, model, split="valid", max_tokens=4000):
                 rows = net_output[1].get(ROWS_KEY, torch.zeros_like(target))
                 prior = log_unigram.reshape(-1, log_unigram.shape[-1])
                 totals["unigram_ce"] -= prior[rows, target][mask].sum().item()
-                totals["kl_unigram"] += divergence_sums(log_p, mask, prior, prior_rows=rows)[
-                    0
-                ].item()
+                kl_sum = divergence_sums(log_p, mask, prior, prior_rows=rows)[0]
+                totals["kl_unigram"] += kl_sum.item()
     if tokens == 0:
         raise NaturalBiasError(
             f"the {split} split has no target tokens: give another --valid-subset"

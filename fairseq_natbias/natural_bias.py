@@ -118,11 +118,8 @@ class NaturalBiasModel(KeepsFloat32):
         pairs = PairCounter(len(dictionary), dictionary.eos()) if args.natbias_order == 2 else None
         residual = None
         if args.natbias_init == "file":
-            symbols, added = (
-                training_data.symbols(dictionary),
-                language_prior.language_symbols(task),
-            )
-            counts = read_counts_file(args.natbias_counts, symbols, added)
+            added = language_prior.language_symbols(task)  # a multilingual task's language tokens
+            counts = read_counts_file(args.natbias_counts, training_data.symbols(dictionary), added)
             log_prior = log_unigram(counts, smoothing)
         elif getattr(args, LANGUAGE_TOKENS, None):  # row 0 pooled, then each target language
             counts, by_language = training_data.count_multilingual_targets(task, split)
