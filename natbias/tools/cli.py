@@ -27,35 +27,6 @@ def add_tokenize_argument(parser, what: str = "word splitting") -> None:
     )
 
 
-def add_grid_arguments(parser, default_lambdas) -> None:
-    """``--lambdas`` (output-bias scales) and ``--taus`` (logit adjustments) of the sweeps."""
-    shown = " ".join(f"{value:g}" for value in default_lambdas)
-    parser.add_argument(
-        "--lambdas",
-        type=float,
-        nargs="+",
-        default=list(default_lambdas),
-        metavar="L",
-        help=f"output-bias scales in [0, 1] (default: {shown})",
-    )
-    parser.add_argument(
-        "--taus",
-        type=float,
-        nargs="+",
-        default=[0.0],
-        metavar="T",
-        help="logit adjustments (default: 0)",
-    )
-
-
-def split_passthrough(argv):
-    """``(own arguments, arguments after "--")``."""
-    if "--" in argv:
-        index = argv.index("--")
-        return argv[:index], argv[index + 1 :]
-    return argv, []
-
-
 def run_tool(prog: str, build_parser, run, argv=None) -> None:
     """A console script's main. Returns None: sys.exit would print anything else."""
     exit_on_bad_input(prog, run, build_parser().parse_args(argv))
