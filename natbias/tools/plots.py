@@ -110,21 +110,10 @@ def _widen(ax, points, min_span):
 PANEL_TITLE_WIDTH = 40
 
 
-def curve_panels(
-    panels: dict[str, list[dict]],
-    ylabel: str,
-    path: str,
-    logx: bool = True,
-    title: Optional[str] = None,
-    ylim: Optional[tuple[float, float]] = None,
-    xlabel: str = "training updates",
-    zero_line: bool = False,
-    legend_loc: str = "best",
-) -> str:
-    """``panels[dataset] = [{"label", "x", "mean", "low", "high"[, "mark": (x, y)]}, ...]``:
-    one line per init, low..high shaded, a dot at ``mark``; ``ylim`` shared by
-    every panel; ``zero_line``: a grey line at y = 0."""
-    fig, axes = grid(panels, path, sharey=ylim is not None)
+def curve_panels(panels: dict[str, list[dict]], ylabel: str, path: str, logx: bool = True) -> str:
+    """``panels[dataset] = [{"label", "x", "mean", "low", "high"}, ...]``: one
+    line per init, low..high shaded."""
+    fig, axes = grid(panels, path)
     colors = _label_colors(c["label"] for curves in panels.values() for c in curves)
     for ax, (dataset, curves) in zip(axes[0], panels.items()):
         for curve in curves:
@@ -133,18 +122,11 @@ def curve_panels(
             ax.fill_between(
                 curve["x"], curve["low"], curve["high"], color=color, alpha=0.25, linewidth=0
             )
-            if "mark" in curve:
-                mark_x, mark_y = curve["mark"]
-                ax.plot([mark_x], [mark_y], "o", color=color)
-        if ylim is not None:
-            ax.set_ylim(*ylim)
-        if zero_line:
-            ax.axhline(0.0, color="grey", linewidth=0.8)
         if logx:
             ax.set_xscale("log")
             ax.xaxis.set_minor_formatter(pyplot().NullFormatter())
-        ax.set_xlabel(xlabel)
+        ax.set_xlabel("training updates")
         ax.set_ylabel(ylabel)
         ax.set_title(textwrap.fill(dataset, PANEL_TITLE_WIDTH), fontsize="medium")
-        ax.legend(fontsize="small", loc=legend_loc)
-    return save(fig, path, title)
+        ax.legend(fontsize="small")
+    return save(fig, path)
