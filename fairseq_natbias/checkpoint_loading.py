@@ -70,9 +70,6 @@ if hasattr(torch.serialization, "add_safe_globals"):
     torch.serialization.add_safe_globals(FAIRSEQ_CHECKPOINT_GLOBALS)
 
 
-# --- the saved dictionary -----------------------------------------------------
-
-
 def require_file(path: str) -> None:
     if os.path.isdir(path):
         raise CheckpointError(

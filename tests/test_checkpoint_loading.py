@@ -1,4 +1,6 @@
-"""checkpoint_loading: the one reader of fairseq checkpoints, and its refusals.
+"""checkpoint_loading: the one reader of fairseq checkpoints, and its refusals,
+which the paper's analyses' readers built on it (examples/paper: frequency.py's
+read_with_fairseq, sweep.py's has_output_bias) give as well.
 Whether a checkpoint is one of the package's models (natural_bias.py):
 test_natural_bias.py.
 
