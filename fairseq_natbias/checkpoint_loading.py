@@ -70,9 +70,6 @@ if hasattr(torch.serialization, "add_safe_globals"):
     torch.serialization.add_safe_globals(FAIRSEQ_CHECKPOINT_GLOBALS)
 
 
-# --- the saved dictionary -----------------------------------------------------
-
-
 def require_file(path: str) -> None:
     if os.path.isdir(path):
         raise CheckpointError(
@@ -126,63 +123,3 @@ def saved_model_args(path: str):
     if cfg is not None and cfg.get("model") is not None:
         return cfg["model"]
     return state.get("args")
-
-
-def has_output_bias(path: str) -> bool:
-    """Whether the checkpoint's output layer has a bias; a file torch cannot
-    read is refused (CheckpointError), as fairseq would refuse it later."""
-    return "decoder.output_projection.bias" in read_checkpoint(path).get("model", {})
-
-
-# --- through fairseq ----------------------------------------------------------
-
-
-def read_with_fairseq(path: str, arg_overrides: dict) -> dict:
-    """fairseq's own reading (``checkpoint_utils.load_checkpoint_to_cpu``: the
-    state upgraded to this fairseq's format, ``arg_overrides`` applied), what
-    ``load_model_ensemble_and_task(..., state=)`` takes; this module's errors."""
-    from fairseq import checkpoint_utils
-
-    require_file(path)
-    try:
-        return checkpoint_utils.load_checkpoint_to_cpu(path, arg_overrides)
-    except Exception:
-        # Unpickling a file that is no checkpoint fails in any way (a text
-        # file: IndexError inside torch's weights-only unpickler). If torch
-        # cannot read the file either, read_checkpoint raises the refusal;
-        # if it can, the failure was fairseq's and goes on as it is.
-        read_checkpoint(path)
-        raise
-
-
-def load_hub(model_class, checkpoint: str, data: str, **overrides):
-    """fairseq's hub interface (``from_pretrained``) of ``checkpoint`` with the
-    data directory holding its dictionaries, in eval mode; ``overrides`` go to
-    ``from_pretrained`` (the model's settings, a BPE). A data directory it
-    cannot use is a CheckpointError too."""
-    if not os.path.isdir(data):
-        raise CheckpointError(
-            f"{data}: no such data directory; give the fairseq-preprocess "
-            "output the model was trained on (its dict.*.txt)"
-        )
-    folder, name = os.path.split(os.path.abspath(checkpoint))
-    try:
-        # An absolute data path: fairseq reads one starting with "." as
-        # relative to the checkpoint's folder.
-        hub = model_class.from_pretrained(
-            folder, name, data_name_or_path=os.path.abspath(data), **overrides
-        )
-    except FileNotFoundError as error:
-        raise CheckpointError(
-            f"{data}: {error.strerror or error}: {error.filename or ''}; "
-            "give the data directory the model was trained on"
-        ) from None
-    except RuntimeError as error:
-        if "size mismatch" not in str(error):
-            raise
-        raise CheckpointError(
-            f"mismatched dictionaries: {checkpoint} was trained with other dictionaries "
-            f"than those in {data}; use the data directory the model was trained on"
-        ) from None
-    hub.eval()
-    return hub

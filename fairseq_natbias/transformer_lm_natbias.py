@@ -54,31 +54,28 @@ def _dataclass_defaults(args):
         setattr(args, field.name, default)
 
 
-def _natbias_lm(fairseq_preset):
-    def architecture(args):
-        options.set_defaults(args)
-        fairseq_preset(args)
-        _dataclass_defaults(args)
-
-    return architecture
+def _natbias_lm(args, fairseq_preset):
+    options.set_defaults(args)
+    fairseq_preset(args)
+    _dataclass_defaults(args)
 
 
 @register_model_architecture("transformer_lm_natbias", "transformer_lm_natbias")
 def transformer_lm_natbias(args):
     """fairseq's ``transformer_lm``: d 512, FFN 2048, 6 layers, 8 heads, untied."""
-    _natbias_lm(transformer_lm.base_lm_architecture)(args)
+    _natbias_lm(args, transformer_lm.base_lm_architecture)
 
 
 @register_model_architecture("transformer_lm_natbias", "transformer_lm_natbias_gpt")
 def transformer_lm_natbias_gpt(args):
     """fairseq's ``transformer_lm_gpt``: d 768, FFN 3072, 12 layers, 12 heads, GELU."""
-    _natbias_lm(transformer_lm.transformer_lm_gpt)(args)
+    _natbias_lm(args, transformer_lm.transformer_lm_gpt)
 
 
 @register_model_architecture("transformer_lm_natbias", "transformer_lm_natbias_gpt2_small")
 def transformer_lm_natbias_gpt2_small(args):
     """fairseq's ``transformer_lm_gpt2_small``: d 1024, FFN 4096, 24 layers, 16 heads."""
-    _natbias_lm(transformer_lm.transformer_lm_gpt2_small)(args)
+    _natbias_lm(args, transformer_lm.transformer_lm_gpt2_small)
 
 
 @register_model_architecture("transformer_lm_natbias", "transformer_lm_natbias_tiny")
@@ -89,4 +86,4 @@ def transformer_lm_natbias_tiny(args):
     args.decoder_ffn_embed_dim = getattr(args, "decoder_ffn_embed_dim", None) or 256
     args.decoder_layers = getattr(args, "decoder_layers", None) or 2
     args.decoder_attention_heads = getattr(args, "decoder_attention_heads", None) or 4
-    _natbias_lm(transformer_lm.base_lm_architecture)(args)
+    _natbias_lm(args, transformer_lm.base_lm_architecture)

@@ -107,10 +107,6 @@ class BigramCounts:
     def vocab_size(self) -> int:
         return len(self.indptr) - 1
 
-    def row(self, previous: int):
-        span = slice(self.indptr[previous], self.indptr[previous + 1])
-        return self.indices[span], self.counts[span]
-
 
 def witten_bell_values(pairs: BigramCounts, log_p: np.ndarray) -> np.ndarray:
     """D[v, y] = log(1 + c(v, y) / (T(v) p(y))) for the seen pairs (module

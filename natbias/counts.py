@@ -52,10 +52,20 @@ def count_ids(
     """Counts (int64, one per id) of the ids in ``sequences``: an iterable of
     id sequences (lists, numpy arrays, torch tensors) or one array. Ids in
     ``ignore`` are skipped; any other id outside ``[0, vocab_size)`` is refused."""
+    kept = (c[~np.isin(c, ignore)] if len(ignore) else c for c in _chunks_of(sequences))
+    return _count_chunks(kept, vocab_size, "the token ids")
+
+
+def _count_chunks(chunks, vocab_size: int, where: str, pairs=None) -> np.ndarray:
+    """Counts of the ids of all ``chunks``; ``pairs`` (a :class:`natbias.bigram.PairCounter`)
+    counts each token's pair with the one before it in the same pass."""
     counts = np.zeros(vocab_size, dtype=np.int64)
-    for chunk in _chunks_of(sequences):
-        chunk = chunk[~np.isin(chunk, ignore)] if len(ignore) else chunk
-        counts += _bincount(chunk, vocab_size, "the token ids")
+    if pairs is not None:
+        pairs.start_stream()
+    for chunk in chunks:
+        counts += _bincount(chunk, vocab_size, where)
+        if pairs is not None:
+            pairs.add(chunk)
     return counts
 
 
@@ -154,14 +164,7 @@ def count_binarised(prefix: str, vocab_size: int, pairs=None) -> np.ndarray:
     """Token counts of one binarised split (``PREFIX.bin`` / ``PREFIX.idx``);
     with ``pairs`` (a :class:`natbias.bigram.PairCounter`) the same pass counts
     each token's pair with the one before it."""
-    counts = np.zeros(vocab_size, dtype=np.int64)
-    if pairs is not None:
-        pairs.start_stream()
-    for chunk in binarised_tokens(prefix):
-        counts += _bincount(chunk, vocab_size, prefix + ".bin")
-        if pairs is not None:
-            pairs.add(chunk)
-    return counts
+    return _count_chunks(binarised_tokens(prefix), vocab_size, prefix + ".bin", pairs)
 
 
 # --- text and counts files ----------------------------------------------------
@@ -178,19 +181,8 @@ def count_text(
     """Counts of space-separated tokenised text, one sentence a line, each
     ending in ``eos`` (as fairseq binarises it); ``index_of`` maps a piece to
     its id (the unknown id for pieces outside the vocabulary)."""
-    if pairs is not None:
-        pairs.start_stream()
-
-    def ids():
-        for line in lines:
-            yield [index_of(token) for token in line.split()] + [eos]
-
-    counts = np.zeros(vocab_size, dtype=np.int64)
-    for chunk in _chunks_of(ids()):
-        counts += _bincount(chunk, vocab_size, "the text")
-        if pairs is not None:
-            pairs.add(chunk)
-    return counts
+    ids = ([index_of(token) for token in line.split()] + [eos] for line in lines)
+    return _count_chunks(_chunks_of(ids), vocab_size, "the text", pairs)
 
 
 def write_counts_file(path: str, symbols: Sequence[str], counts: Sequence[int]) -> None:

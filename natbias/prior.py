@@ -13,7 +13,6 @@ import numpy as np
 import torch
 
 from natbias.errors import NaturalBiasError
-from natbias.statistics import LN2
 
 DEFAULT_SMOOTHING = 1.0
 
@@ -40,11 +39,3 @@ def log_unigram(counts: Sequence[int], alpha: float = DEFAULT_SMOOTHING) -> torc
         raise NaturalBiasError("counts must be one non-negative count per vocabulary entry")
     smoothed = torch.from_numpy(counts) + alpha
     return (smoothed.log() - smoothed.sum().log()).float()
-
-
-def cross_entropy_bits(log_prior: torch.Tensor, counts: Sequence[int]) -> float:
-    """The prior's cross-entropy on held-out ``counts``, bits a token: what a
-    model that predicts the prior everywhere scores (a fresh natural-bias
-    model's target)."""
-    counts = torch.as_tensor(np.asarray(counts), dtype=torch.float64)
-    return float(-(counts * log_prior.double()).sum() / counts.sum() / LN2)

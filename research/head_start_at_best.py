@@ -154,30 +154,32 @@ def markdown(rows, margin):
 
 def plot(rows, path):
     """The lead over updates (log x, from update 200), one panel per pair,
-    stock's mean best update marked on each setting's line."""
+    stock's mean best update marked on each setting's line; the y-axis
+    shared and fixed, a grey line at 0."""
     panels = {}
     for label, pair, _, summary, (grid, mean, stderr) in rows:
         keep = grid >= 200
         best = summary["stock_best_update"].mean
         panels.setdefault(f"Multi30k {pair}", []).append(
-            {
-                "label": label,
-                "x": grid[keep],
-                "mean": mean[keep],
-                "low": (mean - stderr)[keep],
-                "high": (mean + stderr)[keep],
-                "mark": (best, float(np.interp(best, grid, mean))),
-            }
+            (label, grid[keep], mean[keep], stderr[keep], (best, np.interp(best, grid, mean)))
         )
-    return plots.curve_panels(
-        panels,
-        "default − stock, valid NLL (bits)",
-        str(path),
-        ylim=(-0.45, 0.45),
-        zero_line=True,
-        legend_loc="upper left",
-        xlabel="training updates (dot: stock's mean best)",
-    )
+    fig, axes = plots.grid(panels, str(path), sharey=True)
+    colors = {}
+    for ax, (title, curves) in zip(axes[0], panels.items()):
+        for label, x, mean, stderr, mark in curves:
+            color = colors.setdefault(label, plots.color_of(len(colors)))
+            ax.plot(x, mean, label=label, color=color)
+            ax.fill_between(x, mean - stderr, mean + stderr, color=color, alpha=0.25, linewidth=0)
+            ax.plot(*mark, "o", color=color)
+        ax.set_ylim(-0.45, 0.45)
+        ax.axhline(0.0, color="grey", linewidth=0.8)
+        ax.set_xscale("log")
+        ax.xaxis.set_minor_formatter(plots.pyplot().NullFormatter())
+        ax.set_xlabel("training updates (dot: stock's mean best)")
+        ax.set_ylabel("default − stock, valid NLL (bits)")
+        ax.set_title(title, fontsize="medium")
+        ax.legend(fontsize="small", loc="upper left")
+    return plots.save(fig, str(path))
 
 
 def is_default_selection(args):

@@ -1,4 +1,6 @@
-"""checkpoint_loading: the one reader of fairseq checkpoints, and its refusals.
+"""checkpoint_loading: the one reader of fairseq checkpoints, and its refusals,
+which the paper's analyses' readers built on it (examples/paper: frequency.py's
+read_with_fairseq, sweep.py's has_output_bias) give as well.
 Whether a checkpoint is one of the package's models (natural_bias.py):
 test_natural_bias.py.
 
@@ -13,6 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from frequency import read_with_fairseq
+from sweep import has_output_bias
 from test_imports import import_graph, reachable
 
 from fairseq_natbias import checkpoint_loading
@@ -55,18 +59,15 @@ def test_the_configuration_comes_from_cfg_else_from_args(fixture_state, tmp_path
 
 
 def test_output_bias_is_read_from_the_state(fixture_state, tmp_path):
-    assert checkpoint_loading.has_output_bias(str(FIXTURE)) is True
+    assert has_output_bias(str(FIXTURE)) is True
     model = {
         k: v for k, v in fixture_state["model"].items() if k != "decoder.output_projection.bias"
     }
-    assert (
-        checkpoint_loading.has_output_bias(_saved(tmp_path, dict(fixture_state, model=model)))
-        is False
-    )
+    assert has_output_bias(_saved(tmp_path, dict(fixture_state, model=model))) is False
     garbage = tmp_path / "garbage.pt"
     garbage.write_bytes(b"not a checkpoint\n")
     with pytest.raises(CheckpointError, match="garbage.pt is not a fairseq checkpoint"):
-        checkpoint_loading.has_output_bias(str(garbage))
+        has_output_bias(str(garbage))
 
 
 def test_files_that_are_no_checkpoint_are_named_with_the_fix(tmp_path):
@@ -85,7 +86,7 @@ def test_files_that_are_no_checkpoint_are_named_with_the_fix(tmp_path):
         with pytest.raises(CheckpointError, match=message):
             checkpoint_loading.saved_model_args(path)
         with pytest.raises(CheckpointError, match=message):  # fairseq's own reading
-            checkpoint_loading.read_with_fairseq(path, {})
+            read_with_fairseq(path, {})
     # One line for the analysis tools (NaturalBiasError) and for fairseq-train's
     # model building, which reports ValueErrors without a traceback.
     assert issubclass(CheckpointError, NaturalBiasError) and issubclass(CheckpointError, ValueError)
@@ -93,10 +94,7 @@ def test_files_that_are_no_checkpoint_are_named_with_the_fix(tmp_path):
 
 def test_types_nobody_allow_listed_get_the_hint(fixture_state, tmp_path):
     dated = _saved(tmp_path, dict(fixture_state, when=datetime.date(2023, 7, 9)))
-    for read in (
-        checkpoint_loading.read_checkpoint,
-        lambda path: checkpoint_loading.read_with_fairseq(path, {}),
-    ):
+    for read in (checkpoint_loading.read_checkpoint, lambda path: read_with_fairseq(path, {})):
         with pytest.raises(
             CheckpointError,
             match="weights-only loading refused the checkpoint.*TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1",

@@ -4,11 +4,11 @@ import math
 
 import pytest
 from natbias_testing import console_script_help
+from sweep import read_generate_output
 
 from natbias.errors import NaturalBiasError
 from natbias.tools import cli as distinct_cli
 from natbias.tools import distinct
-from natbias.tools.generate_output import read_generate_output
 
 TEXTS = ["the cat the cat", "the dog"]
 

@@ -11,8 +11,6 @@ import torch
 import torch.nn.functional as F
 from natbias_testing import NO_LOADER_PROCESS, console_script_help, fairseq, train
 
-from fairseq_natbias.checkpoint_loading import has_output_bias
-
 GENERATE_ARGS = ["--beam", "2", "--batch-size", "20", "--max-len-a", "0", "--max-len-b", "12"]
 
 
@@ -274,7 +272,7 @@ def test_sweep_refuses_bad_settings_and_an_empty_test_set(
         SystemExit, match="examples/paper/sweep.py: error: the test split of .* is empty"
     ):
         sweep_cli.main([str(data), str(unigram_checkpoint), "--out-dir", str(tmp_path)])
-    assert has_output_bias(str(unigram_checkpoint)) is True
+    assert sweep_cli.has_output_bias(str(unigram_checkpoint)) is True
 
 
 def test_console_script_help():

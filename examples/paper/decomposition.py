@@ -18,7 +18,7 @@ from typing import NamedTuple, Optional
 
 import torch
 
-from fairseq_natbias.checkpoint_loading import load_hub
+from fairseq_natbias.checkpoint_loading import CheckpointError
 from fairseq_natbias.natural_bias import check_natbias_checkpoint  # re-exported for users
 from natbias.errors import NaturalBiasError
 
@@ -164,6 +164,39 @@ def _teacher_forcing(model, decoder, target, source):
     if source is not None:
         raise NaturalBiasError("a language model has no source: give the target alone")
     return target, {"src_tokens": shifted}
+
+
+def load_hub(model_class, checkpoint: str, data: str, **overrides):
+    """fairseq's hub interface (``from_pretrained``) of ``checkpoint`` with the
+    data directory holding its dictionaries, in eval mode; ``overrides`` go to
+    ``from_pretrained`` (the model's settings, a BPE). A data directory it
+    cannot use is a CheckpointError too."""
+    if not os.path.isdir(data):
+        raise CheckpointError(
+            f"{data}: no such data directory; give the fairseq-preprocess "
+            "output the model was trained on (its dict.*.txt)"
+        )
+    folder, name = os.path.split(os.path.abspath(checkpoint))
+    try:
+        # An absolute data path: fairseq reads one starting with "." as
+        # relative to the checkpoint's folder.
+        hub = model_class.from_pretrained(
+            folder, name, data_name_or_path=os.path.abspath(data), **overrides
+        )
+    except FileNotFoundError as error:
+        raise CheckpointError(
+            f"{data}: {error.strerror or error}: {error.filename or ''}; "
+            "give the data directory the model was trained on"
+        ) from None
+    except RuntimeError as error:
+        if "size mismatch" not in str(error):
+            raise
+        raise CheckpointError(
+            f"mismatched dictionaries: {checkpoint} was trained with other dictionaries "
+            f"than those in {data}; use the data directory the model was trained on"
+        ) from None
+    hub.eval()
+    return hub
 
 
 def load_model(checkpoint: str, data: str, sentencepiece_model: Optional[str] = None, **overrides):

@@ -69,12 +69,30 @@ class TokenScores:
         return (self.log_unigram[keep], self.sum_full[keep] / n, self.sum_without_bias[keep] / n)
 
 
+def read_with_fairseq(path: str, arg_overrides: dict) -> dict:
+    """fairseq's own reading (``checkpoint_utils.load_checkpoint_to_cpu``: the
+    state upgraded to this fairseq's format, ``arg_overrides`` applied), what
+    ``load_model_ensemble_and_task(..., state=)`` takes; checkpoint_loading's errors."""
+    from fairseq import checkpoint_utils
+
+    checkpoint_loading.require_file(path)
+    try:
+        return checkpoint_utils.load_checkpoint_to_cpu(path, arg_overrides)
+    except Exception:
+        # Unpickling a file that is no checkpoint fails in any way (a text
+        # file: IndexError inside torch's weights-only unpickler). If torch
+        # cannot read the file either, read_checkpoint raises the refusal;
+        # if it can, the failure was fairseq's and goes on as it is.
+        checkpoint_loading.read_checkpoint(path)
+        raise
+
+
 def load_checkpoint(path: str, data: str, split: str, use_cuda: bool):
     """Model, task and config of ``path`` with its data directory replaced by ``data``."""
     from fairseq import checkpoint_utils, tasks
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
-    state = checkpoint_loading.read_with_fairseq(path, {"data": data})
+    state = read_with_fairseq(path, {"data": data})
     cfg = state.get("cfg") or convert_namespace_to_omegaconf(state["args"])
     task = tasks.setup_task(cfg.task)
     # the embedding tables must have one row per entry of the data's dictionaries
@@ -391,8 +409,26 @@ def write_outputs(analysis: FrequencyAnalysis, out_dir: str) -> list[str]:
         }
         for s in analysis.scores
     ]
-    plot_path = plots.frequency_panels(columns, os.path.join(out_dir, "frequency.png"))
+    plot_path = frequency_panels(columns, os.path.join(out_dir, "frequency.png"))
     return [bins_path, tokens_path, plot_path]
+
+
+def frequency_panels(columns: list[dict], path: str) -> str:
+    """``columns = [{"label", "x", "full", "without_bias", "note"}, ...]``: upper row
+    with all parameters, lower row without the output bias (Fig. 4)."""
+    fig, axes = plots.grid(columns, path, rows=2, sharey="row")
+    rows = (("full", "all parameters"), ("without_bias", "bias dropped (W phi only)"))
+    for col, column in enumerate(columns):
+        for row, (key, row_title) in enumerate(rows):
+            ax = axes[row][col]
+            ax.plot(column["x"], column[key], "o-", color=plots.color_of(col), markersize=4)
+            if row == 1 and column.get("note"):
+                row_title = column["note"]
+            ax.set_title(f"{column['label']}: {row_title}", fontsize="medium")
+            ax.set_xlabel("log unigram probability (training data)")
+            if col == 0:
+                ax.set_ylabel("avg. log-probability of reference token")
+    return plots.save(fig, path)
 
 
 PROG = "examples/paper/frequency.py"

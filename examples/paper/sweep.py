@@ -36,11 +36,10 @@ import pipeline
 from quality import quality
 
 from fairseq_natbias import checkpoint_loading, plugin_dir
-from fairseq_natbias.checkpoint_loading import has_output_bias
 from fairseq_natbias.natural_bias import BIAS_SCALE, LOGIT_ADJUSTMENT
 from natbias.errors import NaturalBiasError
 from natbias.tools import cli, distinct, plots
-from natbias.tools.generate_output import read_generate_output
+from natbias.tools.generate_output import GeneratedSentence, parse_generate_output, read_text_lines
 
 STDERR_TAIL_LINES = 15
 COLUMNS = ("lambda", "tau", "BLEU", "chrF", "D1", "D2", "D3", "D4", "D", "sentences", "mean_length")
@@ -135,6 +134,20 @@ def run_generate(command: list[str], output_path: str) -> None:
             f"fairseq-generate failed (exit {result.returncode}):\n    {tail}\n"
             f"  command: {' '.join(command)}"
         )
+
+
+def read_generate_output(path: str) -> list[GeneratedSentence]:
+    """The sentences of one fairseq-generate output file, ordered by id."""
+    if not os.path.isfile(path):
+        raise NaturalBiasError(f"{path}: no such fairseq-generate output")
+    sentences = parse_generate_output(read_text_lines(path, "fairseq-generate's output"))
+    hypotheses = [sentences[i] for i in sorted(sentences) if sentences[i].hypothesis is not None]
+    if not hypotheses:
+        raise NaturalBiasError(
+            f"{path} holds no hypotheses (H-<id> lines): the test set is empty, or "
+            "this is not fairseq-generate output"
+        )
+    return hypotheses
 
 
 def score_output(path: str, tokenize: str = "13a") -> dict:
@@ -238,8 +251,35 @@ def write_tables(rows: list[dict], out_dir: str, name: str, columns, notes, metr
         if len({r["lambda"] for r in rows}) >= len({r["tau"] for r in rows})
         else ("tau", "lambda")
     )
-    paths.append(plots.sweep_panels(rows, *axes, metrics, os.path.join(out_dir, name + ".png")))
+    paths.append(sweep_panels(rows, *axes, metrics, os.path.join(out_dir, name + ".png")))
     return paths
+
+
+def sweep_panels(
+    rows: list[dict], x_key: str, line_key: str, metrics: Sequence[tuple[str, str]], path: str
+) -> str:
+    """One panel per ``(metric key, label)``; x = ``x_key``, one line per ``line_key``."""
+    fig, axes = plots.grid(rows, path, cols=len(metrics))
+    line_values = sorted({row[line_key] for row in rows})
+    for ax, (key, label) in zip(axes[0], metrics):
+        for i, value in enumerate(line_values):
+            points = sorted((r[x_key], r[key]) for r in rows if r[line_key] == value)
+            ax.plot(
+                [p[0] for p in points],
+                [p[1] for p in points],
+                "o-",
+                color=plots.color_of(i),
+                label=f"{_greek(line_key)} = {value:g}",
+            )
+        ax.set_xlabel(_greek(x_key))
+        ax.set_ylabel(label)
+        if len(line_values) > 1:
+            ax.legend(fontsize="small")
+    return plots.save(fig, path)
+
+
+def _greek(key: str) -> str:
+    return {"lambda": "λ (bias scale)", "tau": "τ (logit adjustment)"}.get(key, key)
 
 
 def write_sweep(rows: list[dict], out_dir: str) -> list[str]:
@@ -260,6 +300,42 @@ def write_sweep(rows: list[dict], out_dir: str) -> list[str]:
     return write_tables(rows, out_dir, "sweep", COLUMNS, notes, metrics)
 
 
+def add_grid_arguments(parser, default_lambdas) -> None:
+    """``--lambdas`` (output-bias scales) and ``--taus`` (logit adjustments) of the sweeps."""
+    shown = " ".join(f"{value:g}" for value in default_lambdas)
+    parser.add_argument(
+        "--lambdas",
+        type=float,
+        nargs="+",
+        default=list(default_lambdas),
+        metavar="L",
+        help=f"output-bias scales in [0, 1] (default: {shown})",
+    )
+    parser.add_argument(
+        "--taus",
+        type=float,
+        nargs="+",
+        default=[0.0],
+        metavar="T",
+        help="logit adjustments (default: 0)",
+    )
+
+
+def split_passthrough(argv):
+    """``(own arguments, arguments after "--")``."""
+    if "--" in argv:
+        index = argv.index("--")
+        return argv[:index], argv[index + 1 :]
+    return argv, []
+
+
+def has_output_bias(path: str) -> bool:
+    """Whether the checkpoint's output layer has a bias; a file torch cannot
+    read is refused (CheckpointError), as fairseq would refuse it later."""
+    state = checkpoint_loading.read_checkpoint(path)
+    return "decoder.output_projection.bias" in state.get("model", {})
+
+
 PROG = "examples/paper/sweep.py"
 
 
@@ -267,7 +343,7 @@ def build_parser():
     parser = cli.parser_for(PROG, __doc__)
     parser.add_argument("data", help="fairseq data directory (binarised)")
     parser.add_argument("checkpoint", help="model checkpoint (.pt)")
-    cli.add_grid_arguments(parser, default_lambdas=[1.0])
+    add_grid_arguments(parser, default_lambdas=[1.0])
     parser.add_argument("--gen-subset", default="test", help="split to translate (default: test)")
     cli.add_tokenize_argument(parser, "word splitting for distinct-n")
     parser.add_argument("--out-dir", required=True, help="directory for outputs and tables")
@@ -298,7 +374,7 @@ def run(args):
 
 
 def main(argv=None):
-    argv, generate_args = cli.split_passthrough(sys.argv[1:] if argv is None else argv)
+    argv, generate_args = split_passthrough(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     args.generate_args = generate_args
     cli.exit_on_bad_input(PROG, run, args)

@@ -23,8 +23,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import torch
+from decomposition import load_hub
 from quality import quality
-from sweep import BIAS_SCALE, LOGIT_ADJUSTMENT, Setting, settings, write_tables
+from sweep import BIAS_SCALE, LOGIT_ADJUSTMENT, Setting, add_grid_arguments, settings, write_tables
 
 from fairseq_natbias import checkpoint_loading
 from natbias.errors import NaturalBiasError
@@ -65,7 +66,7 @@ def load(checkpoint: str, data: str, setting: Setting):
             f"{data} has no dict.txt: give the language model's data directory "
             "(fairseq-preprocess --only-source output)"
         )
-    return checkpoint_loading.load_hub(
+    return load_hub(
         TransformerLanguageModelNatbias,
         checkpoint,
         data,
@@ -236,7 +237,7 @@ def build_parser():
     parser = cli.parser_for(PROG, __doc__)
     parser.add_argument("data", help="language-model data directory (binarised, dict.txt)")
     parser.add_argument("checkpoint", help="transformer_lm_natbias checkpoint (.pt)")
-    cli.add_grid_arguments(parser, default_lambdas=[0.0, 0.25, 0.5, 0.75, 1.0])
+    add_grid_arguments(parser, default_lambdas=[0.0, 0.25, 0.5, 0.75, 1.0])
     parser.add_argument(
         "--split", default="test", help="split to take prompts from (default: test)"
     )

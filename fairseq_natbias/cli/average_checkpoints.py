@@ -16,10 +16,12 @@ import os
 import re
 import sys
 
+from natbias.errors import NaturalBiasError
+
 PROG = "natbias-average-checkpoints"
 
 
-class AverageError(ValueError):
+class AverageError(NaturalBiasError):
     """Inputs that cannot be averaged; the message names the fix."""
 
 
@@ -112,12 +114,8 @@ def settings(path):
     """What an input's parameters mean: (arch, natural-bias settings as options text)."""
     from fairseq_natbias.checkpoints import saved_model_args
     from fairseq_natbias.options import STRUCTURAL, options_text
-    from natbias.errors import NaturalBiasError
 
-    try:
-        saved = saved_model_args(path)
-    except NaturalBiasError as error:  # missing, or no checkpoint: one line naming the fix
-        raise AverageError(str(error)) from None
+    saved = saved_model_args(path)  # a CheckpointError (missing, no checkpoint) names the fix
     if saved is None:
         raise AverageError(
             f"{path} holds no training configuration: give checkpoint_*.pt "
@@ -174,25 +172,18 @@ def check_same_parameters(first, path, params, first_path):
             )
 
 
-def load(path):
-    from fairseq_natbias.checkpoint_loading import CheckpointError, read_checkpoint
-
-    try:
-        return read_checkpoint(path)
-    except CheckpointError as error:
-        raise AverageError(str(error)) from None
-
-
 def average(paths):
     """The first checkpoint's state with each model tensor averaged over ``paths``."""
     import torch
 
+    from fairseq_natbias.checkpoint_loading import read_checkpoint
+
     check_same_settings(paths)
-    state = load(paths[0])
+    state = read_checkpoint(paths[0])
     first = state["model"]
     sums = {name: t.double() for name, t in first.items() if t.is_floating_point()}
     for path in paths[1:]:
-        params = load(path)["model"]
+        params = read_checkpoint(path)["model"]
         check_same_parameters(first, path, params, paths[0])
         for name, tensor in params.items():
             if name in sums:
@@ -227,7 +218,7 @@ def main(argv=None):
     try:
         paths = input_paths(args)
         state = average(paths)
-    except AverageError as error:
+    except NaturalBiasError as error:  # AverageError, or a CheckpointError naming the fix
         sys.exit(f"{PROG}: error: {error}")
     os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
     torch.save(state, args.output)

@@ -27,33 +27,11 @@ def add_tokenize_argument(parser, what: str = "word splitting") -> None:
     )
 
 
-def add_grid_arguments(parser, default_lambdas) -> None:
-    """``--lambdas`` (output-bias scales) and ``--taus`` (logit adjustments) of the sweeps."""
-    shown = " ".join(f"{value:g}" for value in default_lambdas)
+def add_max_updates_argument(parser, what: str) -> None:
+    """``--max-updates K`` (natbias-alc, natbias-report): the paper's 20000 by default."""
     parser.add_argument(
-        "--lambdas",
-        type=float,
-        nargs="+",
-        default=list(default_lambdas),
-        metavar="L",
-        help=f"output-bias scales in [0, 1] (default: {shown})",
+        "--max-updates", type=int, default=alc.PAPER_MAX_UPDATES, metavar="K", help=what
     )
-    parser.add_argument(
-        "--taus",
-        type=float,
-        nargs="+",
-        default=[0.0],
-        metavar="T",
-        help="logit adjustments (default: 0)",
-    )
-
-
-def split_passthrough(argv):
-    """``(own arguments, arguments after "--")``."""
-    if "--" in argv:
-        index = argv.index("--")
-        return argv[:index], argv[index + 1 :]
-    return argv, []
 
 
 def run_tool(prog: str, build_parser, run, argv=None) -> None:
@@ -102,12 +80,8 @@ def alc_parser():
         default="bleu",
         help="key of fairseq's validation lines: bleu (default), chrf, loss, ...",
     )
-    parser.add_argument(
-        "--max-updates",
-        type=int,
-        default=alc.PAPER_MAX_UPDATES,
-        metavar="K",
-        help="first K updates (default 20000, the paper's); 0: the whole curve",
+    add_max_updates_argument(
+        parser, "first K updates (default 20000, the paper's); 0: the whole curve"
     )
     parser.add_argument("--subset", default="valid", help="validation subset (default: valid)")
     return parser
@@ -146,13 +120,7 @@ test_chrf.png, alc_bleu.png, alc_chrf.png (those that have numbers).
 def report_parser():
     parser = parser_for("natbias-report", REPORT_DOC)
     parser.add_argument("runs", nargs="+", metavar="[NAME=]RUNS", help="run-grid root(s)")
-    parser.add_argument(
-        "--max-updates",
-        type=int,
-        default=alc.PAPER_MAX_UPDATES,
-        metavar="K",
-        help="ALC over the first K updates (default 20000); 0: all",
-    )
+    add_max_updates_argument(parser, "ALC over the first K updates (default 20000); 0: all")
     parser.add_argument("--out-dir", required=True, help="directory for report.md and plots")
     return parser
 

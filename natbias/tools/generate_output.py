@@ -4,7 +4,6 @@
 and is the one kept.
 """
 
-import os
 import re
 from dataclasses import dataclass, field
 from typing import Optional
@@ -54,17 +53,3 @@ def read_text_lines(path: str, what: str) -> list[str]:
         raise NaturalBiasError(
             f"{path} is not UTF-8 text (byte {error.start}); give {what}"
         ) from None
-
-
-def read_generate_output(path: str) -> list[GeneratedSentence]:
-    """The sentences of one fairseq-generate output file, ordered by id."""
-    if not os.path.isfile(path):
-        raise NaturalBiasError(f"{path}: no such fairseq-generate output")
-    sentences = parse_generate_output(read_text_lines(path, "fairseq-generate's output"))
-    hypotheses = [sentences[i] for i in sorted(sentences) if sentences[i].hypothesis is not None]
-    if not hypotheses:
-        raise NaturalBiasError(
-            f"{path} holds no hypotheses (H-<id> lines): the test set is empty, or "
-            "this is not fairseq-generate output"
-        )
-    return hypotheses

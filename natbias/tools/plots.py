@@ -6,7 +6,6 @@ import logging
 import math
 import os
 import textwrap
-from collections.abc import Sequence
 from typing import Optional
 
 from natbias.errors import NaturalBiasError
@@ -35,7 +34,7 @@ def pyplot():
 PANEL_SIZE = (4.0, 3.2)
 
 
-def _grid(items, path: str, rows: int = 1, cols: Optional[int] = None, sharey=False):
+def grid(items, path: str, rows: int = 1, cols: Optional[int] = None, sharey=False):
     """A figure of ``rows`` x ``cols`` (default: one per item) panels; nothing to draw is an error."""
     if not items:
         raise NaturalBiasError(f"nothing to plot for {path}")
@@ -59,7 +58,7 @@ def save(fig, path: str, title: Optional[str] = None) -> str:
     return path
 
 
-def _color(index: int):
+def color_of(index: int):
     return pyplot().get_cmap("tab10")(index % 10)
 
 
@@ -67,7 +66,7 @@ def _label_colors(labels) -> dict:
     """One colour per label (init), the same in every panel."""
     colors = {}
     for label in labels:
-        colors.setdefault(label, _color(len(colors)))
+        colors.setdefault(label, color_of(len(colors)))
     return colors
 
 
@@ -80,7 +79,7 @@ def errorbar_panels(
 ) -> str:
     """``panels[dataset] = [(init, mean, stderr), ...]``: a point with a standard-error
     bar per init; with ``min_span`` every y-axis spans at least that much (Fig. 2)."""
-    fig, axes = _grid(panels, path)
+    fig, axes = grid(panels, path)
     colors = _label_colors(p[0] for points in panels.values() for p in points)
     for ax, (dataset, points) in zip(axes[0], panels.items()):
         for i, (label, mean, stderr) in enumerate(points):
@@ -111,21 +110,10 @@ def _widen(ax, points, min_span):
 PANEL_TITLE_WIDTH = 40
 
 
-def curve_panels(
-    panels: dict[str, list[dict]],
-    ylabel: str,
-    path: str,
-    logx: bool = True,
-    title: Optional[str] = None,
-    ylim: Optional[tuple[float, float]] = None,
-    xlabel: str = "training updates",
-    zero_line: bool = False,
-    legend_loc: str = "best",
-) -> str:
-    """``panels[dataset] = [{"label", "x", "mean", "low", "high"[, "mark": (x, y)]}, ...]``:
-    one line per init, low..high shaded, a dot at ``mark``; ``ylim`` shared by
-    every panel; ``zero_line``: a grey line at y = 0."""
-    fig, axes = _grid(panels, path, sharey=ylim is not None)
+def curve_panels(panels: dict[str, list[dict]], ylabel: str, path: str, logx: bool = True) -> str:
+    """``panels[dataset] = [{"label", "x", "mean", "low", "high"}, ...]``: one
+    line per init, low..high shaded."""
+    fig, axes = grid(panels, path)
     colors = _label_colors(c["label"] for curves in panels.values() for c in curves)
     for ax, (dataset, curves) in zip(axes[0], panels.items()):
         for curve in curves:
@@ -134,63 +122,11 @@ def curve_panels(
             ax.fill_between(
                 curve["x"], curve["low"], curve["high"], color=color, alpha=0.25, linewidth=0
             )
-            if "mark" in curve:
-                mark_x, mark_y = curve["mark"]
-                ax.plot([mark_x], [mark_y], "o", color=color)
-        if ylim is not None:
-            ax.set_ylim(*ylim)
-        if zero_line:
-            ax.axhline(0.0, color="grey", linewidth=0.8)
         if logx:
             ax.set_xscale("log")
             ax.xaxis.set_minor_formatter(pyplot().NullFormatter())
-        ax.set_xlabel(xlabel)
+        ax.set_xlabel("training updates")
         ax.set_ylabel(ylabel)
         ax.set_title(textwrap.fill(dataset, PANEL_TITLE_WIDTH), fontsize="medium")
-        ax.legend(fontsize="small", loc=legend_loc)
-    return save(fig, path, title)
-
-
-def frequency_panels(columns: list[dict], path: str) -> str:
-    """``columns = [{"label", "x", "full", "without_bias", "note"}, ...]``: upper row
-    with all parameters, lower row without the output bias (Fig. 4)."""
-    fig, axes = _grid(columns, path, rows=2, sharey="row")
-    rows = (("full", "all parameters"), ("without_bias", "bias dropped (W phi only)"))
-    for col, column in enumerate(columns):
-        for row, (key, row_title) in enumerate(rows):
-            ax = axes[row][col]
-            ax.plot(column["x"], column[key], "o-", color=_color(col), markersize=4)
-            if row == 1 and column.get("note"):
-                row_title = column["note"]
-            ax.set_title(f"{column['label']}: {row_title}", fontsize="medium")
-            ax.set_xlabel("log unigram probability (training data)")
-            if col == 0:
-                ax.set_ylabel("avg. log-probability of reference token")
+        ax.legend(fontsize="small")
     return save(fig, path)
-
-
-def sweep_panels(
-    rows: list[dict], x_key: str, line_key: str, metrics: Sequence[tuple[str, str]], path: str
-) -> str:
-    """One panel per ``(metric key, label)``; x = ``x_key``, one line per ``line_key``."""
-    fig, axes = _grid(rows, path, cols=len(metrics))
-    line_values = sorted({row[line_key] for row in rows})
-    for ax, (key, label) in zip(axes[0], metrics):
-        for i, value in enumerate(line_values):
-            points = sorted((r[x_key], r[key]) for r in rows if r[line_key] == value)
-            ax.plot(
-                [p[0] for p in points],
-                [p[1] for p in points],
-                "o-",
-                color=_color(i),
-                label=f"{_greek(line_key)} = {value:g}",
-            )
-        ax.set_xlabel(_greek(x_key))
-        ax.set_ylabel(label)
-        if len(line_values) > 1:
-            ax.legend(fontsize="small")
-    return save(fig, path)
-
-
-def _greek(key: str) -> str:
-    return {"lambda": "λ (bias scale)", "tau": "τ (logit adjustment)"}.get(key, key)
