@@ -63,27 +63,36 @@ def attach_language_prior(decoder, language_tokens: list) -> None:
     decoder.register_buffer("token_rows", token_rows, persistent=False)
 
 
-def language_rows(task, per_language: bool) -> list:
+def language_rows(task, args) -> list:
     """The token of each target language that selects its prior row (row k
-    for the k-th); refused where the decoder is never told the language.
-    One target language has a row too: the words' own unigram, without the
-    language token that row 0 predicts."""
-    if not training_data.is_multilingual(task):
-        if per_language:
-            raise NaturalBiasError(
-                f"--natbias-prior per-language needs a task with several target languages "
-                f"(--task translation_multi_simple_epoch), not {type(task).__name__}: drop it"
-            )
+    for the k-th). ``per-language`` (the default) where the decoder is told
+    the language, else one pooled prior; asked for explicitly where it
+    cannot be, refused. One target language has a row too: the words' own
+    unigram, without the language token that row 0 predicts."""
+    if args.natbias_prior != "per-language":
         return []
-    tokens = training_data.target_language_tokens(task)
-    if not per_language or list(tokens.values()) == [None]:  # one language, never told: pooled
+    tokens = (
+        training_data.target_language_tokens(task) if training_data.is_multilingual(task) else {}
+    )
+    if list(tokens.values()) == [None]:  # one language, never told: the pooled prior is its own
         return []
+    obstacle = _per_language_obstacle(task, tokens, args)
+    if obstacle is None:
+        return list(tokens.values())
+    if "natbias_prior" in args.natbias_defaulted:  # the default where it applies: pooled here
+        return []
+    raise NaturalBiasError(f"--natbias-prior per-language: {obstacle}; or --natbias-prior pooled")
+
+
+def _per_language_obstacle(task, tokens: dict, args):
+    """Why the model cannot have a row per target language, or None."""
+    if not tokens:
+        return f"it needs a multilingual task (translation_multi_simple_epoch), not {type(task).__name__}"
     if None in tokens.values():
-        raise NaturalBiasError(
-            f"--natbias-prior per-language: the decoder is not told which of {sorted(tokens)} "
-            "to write: add --decoder-langtok, or use --natbias-prior pooled"
-        )
-    return list(tokens.values())
+        return f"the decoder is not told which of {sorted(tokens)} to write: add --decoder-langtok"
+    if args.natbias_order == 2 or args.natbias_init in ("file", "none"):
+        return "--natbias-order 2, --natbias-init file and none have no row per language"
+    return None
 
 
 def language_symbols(task) -> list:

@@ -65,8 +65,9 @@ class NaturalBiasModel(KeepsFloat32):
         if loading is not None and loading[0] != "config":
             reconcile_with_checkpoint(args, *loading)
         if loading is None:  # which tokens select a per-language row (none: one prior)
-            per_language = args.natbias_prior == "per-language"
-            setattr(args, LANGUAGE_TOKENS, language_prior.language_rows(task, per_language))
+            setattr(args, LANGUAGE_TOKENS, language_prior.language_rows(task, args))
+        per_language = bool(getattr(args, LANGUAGE_TOKENS, None))
+        args.natbias_prior = "per-language" if per_language else "pooled"  # as built
         model = super().build_model(args, task)
         model._init_natbias(args, task, weights_will_be_loaded=loading is not None)
         return model

@@ -37,7 +37,7 @@ STRUCTURAL = (
 DEFAULTS = {
     "natbias_init": "unigram",
     "natbias_order": 1,
-    "natbias_prior": "pooled",
+    "natbias_prior": "per-language",
     "natbias_counts": None,
     "natbias_smoothing": DEFAULT_SMOOTHING,
     "natbias_freeze": False,
@@ -73,8 +73,8 @@ def add_args(parser) -> None:
     add(
         "--natbias-prior",
         choices=PRIORS,
-        help="pooled (default): one prior over all target languages; per-language: one bias "
-        "row per target language, chosen by its language token (multilingual task)",
+        help="per-language (default where the decoder is told its target language): one bias "
+        "row per target language, chosen by its language token; pooled: one prior for all",
     )
     add(
         "--natbias-counts",
@@ -165,18 +165,6 @@ def check_args(args, splitting) -> None:
         raise NaturalBiasError(
             f"--natbias-counts is read with --natbias-init file only, not "
             f"--natbias-init {args.natbias_init}"
-        )
-    if args.natbias_prior == "per-language" and (
-        args.natbias_order == 2 or args.natbias_init in ("file", "none")
-    ):
-        asked = (
-            "--natbias-order 2"
-            if args.natbias_order == 2
-            else f"--natbias-init {args.natbias_init}"
-        )
-        raise NaturalBiasError(
-            f"--natbias-prior per-language with {asked}: a row per target language is counted "
-            "from the task's own pairs (order 1); use --natbias-prior pooled for that"
         )
     if args.natbias_order == 2 and args.natbias_init != "unigram":
         raise NaturalBiasError(

@@ -291,7 +291,7 @@ REFUSALS = {
             "--natbias-counts",
             "x.counts",
         ],  # fmt: skip
-        "--natbias-prior per-language with --natbias-init file",
+        "--natbias-prior per-language: --natbias-order 2, --natbias-init file and none have no row",
     ),
     "order 2": ([*ONE_TO_MANY, *LANGTOKS, "--natbias-order", "2"], "use --natbias-order 1"),
 }
@@ -309,9 +309,30 @@ def test_bad_input_is_refused_in_one_line_and_nothing_is_written(data, tmp_path,
     assert not (tmp_path / "ck").exists() or not any((tmp_path / "ck").iterdir())
 
 
+@pytest.mark.parametrize(
+    "options, rows",
+    [([*ONE_TO_MANY, *LANGTOKS], 3), (["--lang-pairs", "de-en,fr-en", *LANGTOKS], 2),
+     (ONE_TO_MANY, 1), ([*ONE_TO_MANY, *LANGTOKS, "--natbias-order", "2"], None)],
+    ids=["one-to-many", "many-to-one", "no-langtok", "order-2"],
+)  # fmt: skip
+def test_the_default_is_a_row_per_target_language_where_the_decoder_is_told_it(
+    data, tmp_path, options, rows
+):
+    """Where it cannot be (no language token, several targets), the default is
+    one pooled prior, not an error; the saved setting says which was built."""
+    if rows is None:  # order 2 falls back to pooled, which the multilingual task refuses
+        with pytest.raises(NaturalBiasError, match="use --natbias-order 1"):
+            build(data, tmp_path, *options)
+        return
+    _, model, _ = build(data, tmp_path, *options)
+    bias = model.decoder.output_projection.bias
+    assert (bias.shape[0] if bias.dim() == 2 else 1) == rows
+    assert model.natbias_args.natbias_prior == ("pooled" if rows == 1 else "per-language")
+
+
 def test_per_language_needs_a_task_with_target_languages(toy_bin, toy_lm_bin, tmp_path):
     per_language = ["--natbias-prior", "per-language"]
-    with pytest.raises(NaturalBiasError, match="needs a task with several target languages"):
+    with pytest.raises(NaturalBiasError, match="it needs a multilingual task"):
         build_in_process(toy_bin, tmp_path, *per_language)
     with pytest.raises(NaturalBiasError, match="not LanguageModelingTask"):
         build_in_process(
