@@ -1,0 +1,239 @@
+"""natbias.vllm with real vLLM (its CPU build, in .venv-vllm: `make vllm-env`):
+each family that vLLM has a class of its own for, tiny and built in code, saved
+by natbias.hf, is served with transformers' greedy tokens (20 prompts x 20
+tokens) and log-probabilities (within 1e-3 in float32); the per-request
+lambda * b equals transformers' BiasScaleLogitsProcessor; with b zeroed
+transformers gives other tokens (the control: these comparisons can fail).
+The families vLLM cannot serve are refused, saying why.
+
+vLLM runs in one subprocess (tests/vllm_worker.py) for all the families, the
+engine in that process, so each model costs seconds, not an engine's start."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+from hf_tiny import V, zipf_targets  # noqa: E402
+
+from natbias.hf import BiasScaleLogitsProcessor, add_natural_bias  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+VLLM_PYTHON = Path(os.environ.get("NATBIAS_VLLM_PYTHON", ROOT / ".venv-vllm" / "bin" / "python"))
+if not VLLM_PYTHON.exists():
+    pytest.skip(
+        f"vLLM's environment is absent ({VLLM_PYTHON}): `make vllm-env` builds it",
+        allow_module_level=True,
+    )
+
+# vLLM's CPU attention takes a head size of 64 or more: 2 heads of 64.
+DECODER = dict(
+    vocab_size=V,
+    hidden_size=128,
+    intermediate_size=256,
+    num_hidden_layers=1,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    max_position_embeddings=128,
+    bos_token_id=2,
+    eos_token_id=1,
+    pad_token_id=0,
+)
+GPT = dict(
+    vocab_size=V, n_embd=128, n_layer=1, n_head=2, n_positions=128, bos_token_id=2, eos_token_id=1
+)
+# family -> (configuration class, model class, settings): those vLLM has a class of its own for
+SERVED = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM", DECODER),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", DECODER),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(DECODER, head_dim=64)),
+    "mistral": ("MistralConfig", "MistralForCausalLM", DECODER),
+    "gemma": ("GemmaConfig", "GemmaForCausalLM", dict(DECODER, head_dim=64)),
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", dict(DECODER, head_dim=64)),  # soft cap
+    "cohere": ("CohereConfig", "CohereForCausalLM", DECODER),  # logit scale, tied head
+    "opt": ("OPTConfig", "OPTForCausalLM", dict(DECODER, ffn_dim=256, word_embed_proj_dim=128)),
+    "gpt2": ("GPT2Config", "GPT2LMHeadModel", GPT),  # tied head
+    "gptj": ("GPTJConfig", "GPTJForCausalLM", dict(GPT, rotary_dim=16)),  # b is the head's bias
+}
+# Generators natbias.hf takes that vLLM 0.32 has no class of its own for.
+REFUSED = {
+    "phi": ("PhiConfig", "PhiForCausalLM", DECODER),
+    "gpt_neox": ("GPTNeoXConfig", "GPTNeoXForCausalLM", DECODER),
+    "bart": (
+        "BartConfig",
+        "BartForConditionalGeneration",
+        dict(
+            vocab_size=V,
+            d_model=128,
+            encoder_attention_heads=2,
+            decoder_attention_heads=2,
+            encoder_layers=1,
+            decoder_layers=1,
+            encoder_ffn_dim=64,
+            decoder_ffn_dim=64,
+        ),
+    ),
+}
+B_SPREAD = {"gemma": 4.0, "gemma2": 4.0}
+PROMPTS = torch.randint(3, V, (20, 6), generator=torch.Generator().manual_seed(3)).tolist()
+STEPS = 20
+SCALES = (1.0, 0.5, 0.0)
+TOLERANCE = 1e-3  # nats, float32
+
+
+def build(family, table=SERVED):
+    config_class, model_class, settings = table[family]
+    config = getattr(transformers, config_class)(**settings)
+    torch.manual_seed(0)
+    return getattr(transformers, model_class)(config).eval()
+
+
+def natural_bias_model(family):
+    """A natural-bias model whose greedy output depends on all of W phi, g
+    and b: W scaled so that g W phi spreads the logits by about 2, g = 0.4,
+    b moved off the prior (N(0, 2^2) as the logits see it) as training moves it.
+    Gemma's tied head, its input scaled by sqrt(d), mostly repeats the input
+    token: a larger b there makes b decide some tokens (the control)."""
+    model = add_natural_bias(build(family), zipf_targets()).eval()
+    head = model.get_output_embeddings()
+    scale = (model.natbias_logit_map or {}).get("scale", 1.0)
+    with torch.no_grad():
+        head.gain_param.fill_(0.4 / head.gain_speed)
+        bias = model.output_bias()
+        bias.zero_()
+        logits = model(input_ids=torch.tensor(PROMPTS)).logits / scale
+        head.weight.mul_(2.0 / logits.std())
+        bias.copy_(
+            B_SPREAD.get(family, 2.0)
+            * torch.randn(V, generator=torch.Generator().manual_seed(1))
+            / scale
+        )
+    return model
+
+
+def greedy(model, processor=None):
+    """Greedy tokens and their log-probabilities (float32), step by step
+    over the whole sequence: transformers' forward, nothing cached."""
+    ids = torch.tensor(PROMPTS)
+    logprobs = []
+    with torch.no_grad():
+        for _ in range(STEPS):
+            scores = model(input_ids=ids).logits[:, -1].float()
+            if processor is not None:
+                scores = processor(ids, scores)
+            log_p = torch.log_softmax(scores, -1)
+            token = log_p.argmax(-1)
+            logprobs.append(log_p.gather(-1, token[:, None]))
+            ids = torch.cat([ids, token[:, None]], 1)
+    return ids[:, len(PROMPTS[0]) :].tolist(), torch.cat(logprobs, 1)
+
+
+@pytest.fixture(scope="module")
+def references(tmp_path_factory):
+    """family -> (saved directory, transformers' results)."""
+    root = tmp_path_factory.mktemp("vllm_models")
+    made = {}
+    for family in SERVED:
+        model = natural_bias_model(family)
+        model.save_pretrained(root / family)
+        tokens, logprobs = greedy(model)
+        scaled = {s: greedy(model, BiasScaleLogitsProcessor(model, s))[0] for s in SCALES}
+        with torch.no_grad():
+            model.output_bias().zero_()
+        made[family] = dict(
+            path=root / family,
+            tokens=tokens,
+            logprobs=logprobs,
+            scaled=scaled,
+            zeroed=greedy(model)[0],
+        )
+    for family in REFUSED:
+        add_natural_bias(build(family, REFUSED), zipf_targets()).save_pretrained(root / family)
+    return made
+
+
+def vllm_environment(tmp_path):
+    """vLLM's caches under the test's directory, its engine in the process."""
+    return dict(
+        os.environ,
+        VLLM_CACHE_ROOT=str(tmp_path / "vllm_cache"),
+        VLLM_CPU_KVCACHE_SPACE="1",
+        VLLM_ENABLE_V1_MULTIPROCESSING="0",
+        HF_HUB_OFFLINE="1",
+        TOKENIZERS_PARALLELISM="false",
+    )
+
+
+@pytest.fixture(scope="module")
+def served(references, tmp_path_factory):
+    """What vLLM generated for each family (one subprocess for all)."""
+    work = tmp_path_factory.mktemp("vllm_worker")
+    root = references["llama"]["path"].parent
+    spec = dict(
+        prompts=PROMPTS,
+        steps=STEPS,
+        scales=list(SCALES),
+        models=[dict(name=f, path=str(r["path"]), dtype="float32") for f, r in references.items()],
+        refused=[dict(name=f, path=str(root / f)) for f in REFUSED],
+    )
+    (work / "spec.json").write_text(json.dumps(spec))
+    run = subprocess.run(
+        [
+            str(VLLM_PYTHON),
+            str(Path(__file__).with_name("vllm_worker.py")),
+            "spec.json",
+            "out.json",
+        ],
+        cwd=work,
+        env=vllm_environment(work),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert run.returncode == 0, run.stderr[-4000:]
+    return json.loads((work / "out.json").read_text()), run.stderr
+
+
+@pytest.mark.parametrize("family", SERVED)
+def test_vllm_serves_the_greedy_tokens_and_log_probabilities_of_transformers(
+    family, references, served
+):
+    results, _ = served
+    result, reference = results[family], references[family]
+    assert "error" not in result, result.get("error")
+    assert result["tokens"] == reference["tokens"]
+    gap = (torch.tensor(result["logprobs"]) - reference["logprobs"]).abs().max().item()
+    assert gap < TOLERANCE, f"{family}: log-probabilities {gap:.2e} apart"
+
+
+@pytest.mark.parametrize("family", SERVED)
+def test_the_control_b_zeroed_gives_other_tokens(family, references):
+    """Without b transformers generates otherwise: vLLM serving a model
+    without its b (or lambda ignored) would fail the tests here."""
+    reference = references[family]
+    assert reference["zeroed"] != reference["tokens"]
+    assert reference["scaled"][0.0] != reference["tokens"]
+    assert reference["scaled"][0.5] != reference["tokens"]
+
+
+@pytest.mark.parametrize("family", SERVED)
+def test_lambda_b_per_request_equals_transformers_bias_scale_processor(family, references, served):
+    results, _ = served
+    result, reference = results[family], references[family]
+    assert "error" not in result, result.get("error")
+    assert result["scaled"]["1.0"] == result["tokens"]  # lambda = 1: the model as trained
+    for scale in SCALES:
+        assert result["scaled"][str(scale)] == reference["scaled"][scale], scale
+
+
+@pytest.mark.parametrize("family", REFUSED)
+def test_a_family_vllm_has_no_class_for_is_refused_saying_why(family, served):
+    results, log = served
+    assert "served" not in results[family]
+    stock = REFUSED[family][1]
+    assert f"cannot serve a natural-bias {stock}: " in log, log[-2000:]
