@@ -12,7 +12,6 @@ engine in that process, so each model costs seconds, not an engine's start."""
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -79,7 +78,6 @@ REFUSED = {
         ),
     ),
 }
-B_SPREAD = {"gemma": 4.0, "gemma2": 4.0}
 PROMPTS = torch.randint(3, V, (20, 6), generator=torch.Generator().manual_seed(3)).tolist()
 STEPS = 20
 SCALES = (1.0, 0.5, 0.0)
@@ -96,9 +94,10 @@ def build(family, table=SERVED):
 def natural_bias_model(family):
     """A natural-bias model whose greedy output depends on all of W phi, g
     and b: W scaled so that g W phi spreads the logits by about 2, g = 0.4,
-    b moved off the prior (N(0, 2^2) as the logits see it) as training moves it.
-    Gemma's tied head, its input scaled by sqrt(d), mostly repeats the input
-    token: a larger b there makes b decide some tokens (the control)."""
+    b moved off the prior as training moves it, by N(0, s^2) as the logits
+    see it, s half g W phi's typical lead of its first token over its
+    second (at least 2): a tied head's lead on the input token is large, and
+    b must overturn some to be seen (the control)."""
     model = add_natural_bias(build(family), zipf_targets()).eval()
     head = model.get_output_embeddings()
     scale = (model.natbias_logit_map or {}).get("scale", 1.0)
@@ -106,13 +105,10 @@ def natural_bias_model(family):
         head.gain_param.fill_(0.4 / head.gain_speed)
         bias = model.output_bias()
         bias.zero_()
-        logits = model(input_ids=torch.tensor(PROMPTS)).logits / scale
-        head.weight.mul_(2.0 / logits.std())
-        bias.copy_(
-            B_SPREAD.get(family, 2.0)
-            * torch.randn(V, generator=torch.Generator().manual_seed(1))
-            / scale
-        )
+        head.weight.mul_(2.0 / model(input_ids=torch.tensor(PROMPTS)).logits.std())
+        top = model(input_ids=torch.tensor(PROMPTS)).logits.topk(2, -1).values
+        spread = max(2.0, (top[..., 0] - top[..., 1]).median().item() / 2)
+        bias.copy_(spread * torch.randn(V, generator=torch.Generator().manual_seed(1)) / scale)
     return model
 
 
@@ -237,3 +233,126 @@ def test_a_family_vllm_has_no_class_for_is_refused_saying_why(family, served):
     assert "served" not in results[family]
     stock = REFUSED[family][1]
     assert f"cannot serve a natural-bias {stock}: " in log, log[-2000:]
+
+
+# --- the OpenAI-compatible server ---------------------------------------------------------
+
+
+def word_tokenizer():
+    """A word-level tokenizer over the V ids (w3, w4, ...), saved with the
+    model as a user's would be: the server reads it."""
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    names = {0: "<pad>", 1: "</s>", 2: "<s>"}
+    vocabulary = {names.get(i, f"w{i}"): i for i in range(V)}
+    word_level = Tokenizer(models.WordLevel(vocabulary, unk_token="w3"))
+    return PreTrainedTokenizerFast(
+        tokenizer_object=word_level,
+        pad_token="<pad>",
+        eos_token="</s>",
+        bos_token="<s>",
+        unk_token="w3",
+    )
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def post(url, body, timeout=300):
+    """(status, JSON body) of a POST, error statuses included."""
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(
+        url, json.dumps(body).encode(), {"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read() or b"{}")
+
+
+@pytest.fixture(scope="module")
+def server(references, served, tmp_path_factory):
+    """vLLM's OpenAI-compatible server (the module `vllm serve` starts: the
+    CPU build's `vllm` command fails) on the saved Llama, on 127.0.0.1."""
+    import time
+    import urllib.request
+
+    path = references["llama"]["path"]
+    word_tokenizer().save_pretrained(path)
+    work = tmp_path_factory.mktemp("vllm_server")
+    port = free_port()
+    env = dict(vllm_environment(work), VLLM_ENABLE_V1_MULTIPROCESSING="1")
+    command = [
+        str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", str(path),
+        "--served-model-name", "natbias-llama", "--host", "127.0.0.1", "--port", str(port),
+        "--dtype", "float32", "--max-model-len", "64", "--max-num-seqs", "64", "--enforce-eager",
+    ]  # fmt: skip
+    log = open(work / "server.log", "w")
+    process = subprocess.Popen(command, cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 600
+        while True:
+            assert process.poll() is None, (work / "server.log").read_text()[-4000:]
+            try:
+                with urllib.request.urlopen(f"{url}/health", timeout=5):
+                    break
+            except OSError:
+                assert time.time() < deadline, "the server did not start in 600 s"
+                time.sleep(1)
+        yield url
+    finally:
+        process.terminate()
+        try:
+            process.wait(60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+        log.close()
+
+
+def completion(prompt, **options):
+    body = dict(model="natbias-llama", prompt=prompt, max_tokens=STEPS, temperature=0.0)
+    body.update(ignore_eos=True, return_token_ids=True, **options)
+    return body
+
+
+def test_the_server_answers_64_concurrent_completions_with_the_offline_tokens(server, served):
+    """64 at once, a quarter of them with lambda = 0.5 (vllm_xargs)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    offline = served[0]["llama"]
+    bodies = [
+        completion(
+            PROMPTS[i % len(PROMPTS)],
+            **({"vllm_xargs": {"natbias_bias_scale": 0.5}} if i % 4 == 3 else {}),
+        )
+        for i in range(64)
+    ]
+    with ThreadPoolExecutor(64) as pool:
+        answers = list(pool.map(lambda body: post(f"{server}/v1/completions", body), bodies))
+    for i, (status, answer) in enumerate(answers):
+        assert status == 200, answer
+        expected = offline["scaled"]["0.5"] if i % 4 == 3 else offline["tokens"]
+        assert answer["choices"][0]["token_ids"] == expected[i % len(PROMPTS)], i
+
+
+def test_a_bad_request_gets_the_servers_error_and_the_server_goes_on(server, served):
+    too_long = completion(PROMPTS[0] * 20)  # 120 tokens, the model takes 64
+    status, answer = post(f"{server}/v1/completions", too_long)
+    assert status == 400 and "error" in answer, answer
+    status, answer = post(f"{server}/v1/completions", completion(PROMPTS[0], max_tokens="many"))
+    assert status == 400, answer
+    bad_scale = completion(PROMPTS[0], vllm_xargs={"natbias_bias_scale": "half"})
+    status, answer = post(f"{server}/v1/completions", bad_scale)
+    assert status == 400 and "natbias_bias_scale" in json.dumps(answer), answer
+    status, answer = post(f"{server}/v1/completions", completion(PROMPTS[1]))
+    assert status == 200 and answer["choices"][0]["token_ids"] == served[0]["llama"]["tokens"][1]

@@ -189,11 +189,26 @@ def register_architectures() -> None:
         modeling_auto.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES,
     )
     names = {n for mapping in mappings for n in mapping.values() if isinstance(n, str)}
+    in_process = _in_process_entry()
     for stock_name in sorted(served | names):
-        if stock_name.startswith(CLASS_PREFIX):
-            continue
-        name = CLASS_PREFIX + stock_name
-        ModelRegistry.register_model(name, f"{__name__}:{name}")
+        if not stock_name.startswith(CLASS_PREFIX):
+            name = CLASS_PREFIX + stock_name
+            ModelRegistry.models[name] = in_process(__name__, name)
+
+
+def _in_process_entry() -> type:
+    """vLLM's lazy ``module:class`` entry (``register_model`` makes one),
+    inspected in this process: vLLM inspects an entry in a new process
+    (importing vLLM, seconds to a minute) unless it has cached that module's
+    answer, which it has not for classes made at run time. Importing vLLM's
+    own model modules here is what its engine does anyway."""
+    from vllm.model_executor.models.registry import _LazyRegisteredModel, _ModelInfo
+
+    class InProcess(_LazyRegisteredModel):
+        def inspect_model_cls(self) -> _ModelInfo:
+            return _ModelInfo.from_model_cls(self.load_model_cls())
+
+    return InProcess
 
 
 def __getattr__(name: str):
