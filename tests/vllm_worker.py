@@ -6,9 +6,9 @@ what vLLM generated to a JSON file. It compares nothing: the tests do.
     python vllm_worker.py spec.json out.json
 
 spec: {"prompts": [[ids]], "steps": n, "scales": [lambda, ...],
-       "models": [{"name", "path", "dtype"}], "refused": [{"name", "path"}]}
+       "models": [{"name", "path", "dtype", "lora"?}], "refused": [{"name", "path"}]}
 out:  {name: {"tokens": [[ids]], "logprobs": [[float]],
-              "scaled": {lambda: [[ids]]}} or {"error": "..."}}
+              "scaled": {lambda: [[ids]]}, "lora"?: [[ids]]} or {"error": "..."}}
 """
 
 import json
@@ -16,8 +16,9 @@ import sys
 import traceback
 
 
-def generate(llm, prompts, steps, scale=None):
+def generate(llm, prompts, steps, scale=None, lora=None):
     from vllm import SamplingParams
+    from vllm.lora.request import LoRARequest
 
     extra = None if scale is None else {"natbias_bias_scale": scale}
     params = SamplingParams(
@@ -28,7 +29,10 @@ def generate(llm, prompts, steps, scale=None):
         detokenize=False,
         extra_args=extra,
     )
-    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    adapter = None if lora is None else LoRARequest("adapter", 1, lora)
+    outputs = llm.generate(
+        [{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False, lora_request=adapter
+    )
     tokens, logprobs = [], []
     for output in outputs:
         completion = output.outputs[0]
@@ -42,8 +46,11 @@ def generate(llm, prompts, steps, scale=None):
 def serve(model, spec):
     from vllm import LLM
 
+    lora = model.get("lora")
+    options = dict(enable_lora=True, max_lora_rank=8, max_loras=1) if lora else {}
     llm = LLM(
         model["path"],
+        **options,
         dtype=model["dtype"],
         skip_tokenizer_init=True,
         max_model_len=64,
@@ -57,7 +64,10 @@ def serve(model, spec):
             str(scale): generate(llm, spec["prompts"], spec["steps"], scale)[0]
             for scale in spec["scales"]
         }
-        return {"tokens": tokens, "logprobs": logprobs, "scaled": scaled}
+        result = {"tokens": tokens, "logprobs": logprobs, "scaled": scaled}
+        if lora:
+            result["lora"] = generate(llm, spec["prompts"], spec["steps"], lora=lora)[0]
+        return result
     finally:
         del llm
 

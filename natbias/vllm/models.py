@@ -5,8 +5,8 @@ vLLM first asks for it, as :mod:`natbias.hf.models` makes the transformers one.
 
 It differs from ``X`` in the logits alone. ``X`` computes them as
 ``logits_processor(head, phi)``: a matrix product with the head, then the
-family's soft cap (Gemma 2) or logit scale (Cohere). The mixin wraps that
-layer so that it computes ``W (g phi) + b`` before them, as the
+family's soft cap (Gemma 2) or logit scale (Cohere). The mixin makes that
+layer's product ``W (g phi) + b`` (:class:`NaturalBiasLogits`), as the
 natural-bias head of transformers does (:class:`natbias.projection.NaturalBiasProjection`):
 
 * b is the head's bias, sharded by the vocabulary as the head is under
@@ -30,38 +30,52 @@ from natbias.projection import GAIN_CAP
 BIAS, GAIN, PRIOR = "lm_head.bias", "lm_head.gain_param", "natbias_log_prior"
 
 
-class NaturalBiasLogits(nn.Module):
-    """vLLM's ``LogitsProcessor`` of the stock class, given ``g phi`` and b:
-    its matrix product adds b before its soft cap and scale."""
+class NaturalBiasLogits:
+    """Mixin placed before the stock class's ``LogitsProcessor`` (the
+    instance's class swapped): its matrix product with the head takes
+    ``g phi`` and adds b, before its soft cap and scale. vLLM's LoRA wraps
+    this layer and calls the same product (``_apply_head``)."""
 
-    def __init__(self, stock: nn.Module, head: nn.Module, own_bias: bool, gain: bool, dtype):
-        super().__init__()
-        self.stock = stock
-        self.bias = None
+    def install(self, head: nn.Module, own_bias: bool, gain_speed, dtype) -> None:
+        self.natbias_bias = None
         if own_bias:  # one entry per vocabulary entry of this shard, padding 0
-            self.bias = nn.Parameter(
+            self.natbias_bias = nn.Parameter(
                 torch.zeros(head.num_embeddings_per_partition, dtype=dtype), requires_grad=False
             )
-            self.bias.output_dim = 0
-            self.bias.weight_loader = head.weight_loader
-        self.gain_param = None
-        if gain:
-            self.gain_param = nn.Parameter(torch.zeros(1), requires_grad=False)
-            self.gain_param.weight_loader = _copy
-        self.gain_speed = None
-        self.scaled_gain = None  # g in the model's dtype, set once loaded
+            self.natbias_bias.output_dim = 0
+            self.natbias_bias.weight_loader = head.weight_loader
+        self.natbias_gain_param = None
+        if gain_speed is not None:
+            self.natbias_gain_param = nn.Parameter(torch.zeros(1), requires_grad=False)
+            self.natbias_gain_param.weight_loader = _copy
+        self.natbias_gain_speed = gain_speed
+        self.natbias_gain = None  # g, set once loaded
 
-    def set_gain(self, speed: float) -> None:
-        # g = min(|C u|, 1) in float32, then in phi's dtype as transformers casts it.
-        self.gain_speed = speed
-        self.scaled_gain = torch.clamp((self.gain_param.float() * speed).abs(), max=GAIN_CAP)
+    def set_gain(self) -> None:
+        # g = min(|C u|, 1) in float32, as transformers computes it (cast to phi's dtype where used).
+        gain = self.natbias_gain_param.float() * self.natbias_gain_speed
+        self.natbias_gain = torch.clamp(gain.abs(), max=GAIN_CAP)
 
-    def forward(self, lm_head, hidden_states, embedding_bias=None, skip_gather=False):
-        if self.scaled_gain is not None:
-            hidden_states = hidden_states * self.scaled_gain.to(hidden_states.dtype)
-        if self.bias is not None:
-            embedding_bias = self.bias
-        return self.stock(lm_head, hidden_states, embedding_bias, skip_gather)
+    def _apply_head(self, lm_head, hidden_states, embedding_bias):
+        if self.natbias_gain is not None:
+            hidden_states = hidden_states * self.natbias_gain.to(hidden_states.dtype)
+        if self.natbias_bias is not None:
+            embedding_bias = self.natbias_bias
+        return super()._apply_head(lm_head, hidden_states, embedding_bias)
+
+
+_LOGITS: dict = {}
+
+
+def natural_bias_logits(stock: nn.Module, head: nn.Module, own_bias: bool, gain_speed, dtype):
+    """The stock ``LogitsProcessor`` made a natural-bias one, in place."""
+    made = _LOGITS.get(type(stock))
+    if made is None:
+        made = type(f"NaturalBias{type(stock).__name__}", (NaturalBiasLogits, type(stock)), {})
+        _LOGITS[type(stock)] = made
+    stock.__class__ = made
+    stock.install(head, own_bias, gain_speed, dtype)
+    return stock
 
 
 def _copy(param: nn.Parameter, loaded: torch.Tensor) -> None:
@@ -77,12 +91,11 @@ class NaturalBiasCausalLM:
         settings = natural_bias_settings(config)
         head = _head(self)
         stock_bias = getattr(head, "bias", None) is not None  # GPT-J's: b is the stock bias
-        self.natbias_gain_speed = settings.get("gain_speed")
-        self.logits_processor = NaturalBiasLogits(
+        natural_bias_logits(
             self.logits_processor,
             head,
             own_bias=not stock_bias,
-            gain=self.natbias_gain_speed is not None,
+            gain_speed=settings.get("gain_speed"),
             dtype=vllm_config.model_config.dtype,
         )
 
@@ -92,13 +105,17 @@ class NaturalBiasCausalLM:
 
         def stock_weights():
             for name, tensor in weights:
-                if name == PRIOR or name == GAIN or (name == BIAS and logits.bias is not None):
+                if (
+                    name == PRIOR
+                    or name == GAIN
+                    or (name == BIAS and logits.natbias_bias is not None)
+                ):
                     kept[name] = tensor
                 else:
                     yield name, tensor
 
         loaded = set(super().load_weights(stock_weights()))
-        for key, param in ((BIAS, logits.bias), (GAIN, logits.gain_param)):
+        for key, param in ((BIAS, logits.natbias_bias), (GAIN, logits.natbias_gain_param)):
             if param is None:
                 continue
             if key not in kept:
@@ -108,8 +125,8 @@ class NaturalBiasCausalLM:
                 )
             param.weight_loader(param, kept[key].to(param.dtype))
             loaded.add(_name(self, param))
-        if logits.gain_param is not None:
-            logits.set_gain(self.natbias_gain_speed)
+        if logits.natbias_gain_param is not None:
+            logits.set_gain()
         return loaded
 
 
