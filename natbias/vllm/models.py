@@ -59,9 +59,12 @@ class NaturalBiasLogits:
     def _apply_head(self, lm_head, hidden_states, embedding_bias):
         if self.natbias_gain is not None:
             hidden_states = hidden_states * self.natbias_gain.to(hidden_states.dtype)
-        if self.natbias_bias is not None:
-            embedding_bias = self.natbias_bias
-        return super()._apply_head(lm_head, hidden_states, embedding_bias)
+        logits = super()._apply_head(lm_head, hidden_states, embedding_bias)
+        if self.natbias_bias is None:
+            return logits
+        # Added to the product, not given to it: vLLM's CPU kernels for a
+        # small head want a bias of another dtype than its larger ones do.
+        return logits + self.natbias_bias.to(logits.dtype)
 
 
 _LOGITS: dict = {}
