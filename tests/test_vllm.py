@@ -224,6 +224,14 @@ def served(references, tmp_path_factory):
         + [
             dict(name=f"{f}-bfloat16", path=str(references[f]["path"]), dtype="bfloat16")
             for f in BFLOAT16
+        ]
+        + [
+            dict(
+                name="llama-tp2",
+                path=str(references["llama"]["path"]),
+                dtype="float32",
+                tensor_parallel_size=2,
+            )
         ],
         refused=[dict(name=f, path=str(root / f)) for f in REFUSED],
     )
@@ -305,6 +313,16 @@ def test_a_lora_adapter_on_a_natural_bias_model_equals_transformers_with_it(refe
     result, reference = served[0]["llama"], references["llama"]
     assert result["lora"] == reference["lora"]
     assert reference["lora"] != reference["tokens"]
+
+
+def test_tensor_parallelism_2_equals_1(served):
+    """The Llama on two processes (b and W split by the vocabulary): the
+    tokens and log-probabilities of one, lambda * b too."""
+    one, two = served[0]["llama"], served[0]["llama-tp2"]
+    assert "error" not in two, two.get("error")
+    assert two["tokens"] == one["tokens"] and two["scaled"] == one["scaled"]
+    gap = (torch.tensor(two["logprobs"]) - torch.tensor(one["logprobs"])).abs().max().item()
+    assert gap < TOLERANCE
 
 
 # --- the OpenAI-compatible server ---------------------------------------------------------

@@ -6,12 +6,13 @@ what vLLM generated to a JSON file. It compares nothing: the tests do.
     python vllm_worker.py spec.json out.json
 
 spec: {"prompts": [[ids]], "steps": n, "scales": [lambda, ...],
-       "models": [{"name", "path", "dtype", "lora"?}], "refused": [{"name", "path"}]}
+       "models": [{"name", "path", "dtype", "lora"?, "tensor_parallel_size"?}], "refused": [{"name", "path"}]}
 out:  {name: {"tokens": [[ids]], "logprobs": [[float]],
               "scaled": {lambda: [[ids]]}, "lora"?: [[ids]]} or {"error": "..."}}
 """
 
 import json
+import os
 import sys
 import traceback
 
@@ -48,6 +49,10 @@ def serve(model, spec):
 
     lora = model.get("lora")
     options = dict(enable_lora=True, max_lora_rank=8, max_loras=1) if lora else {}
+    parallel = model.get("tensor_parallel_size", 1)
+    if parallel > 1:  # one core a process: vLLM binds by NUMA node, and this machine has one
+        options["tensor_parallel_size"] = parallel
+        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(map(str, range(parallel)))
     llm = LLM(
         model["path"],
         **options,
@@ -70,6 +75,7 @@ def serve(model, spec):
         return result
     finally:
         del llm
+        os.environ.pop("VLLM_CPU_OMP_THREADS_BIND", None)
 
 
 def refuse(model):
