@@ -1,13 +1,17 @@
 """natbias.vllm with real vLLM (its CPU build, in .venv-vllm: `make vllm-env`):
 each family that vLLM has a class of its own for, tiny and built in code, saved
 by natbias.hf, is served with transformers' greedy tokens (20 prompts x 20
-tokens) and log-probabilities (within 1e-3 in float32); the per-request
-lambda * b equals transformers' BiasScaleLogitsProcessor; with b zeroed
-transformers gives other tokens (the control: these comparisons can fail).
-The families vLLM cannot serve are refused, saying why.
+tokens) and log-probabilities (within 1e-3 in float32; bfloat16 to its
+rounding); the per-request lambda * b equals transformers'
+BiasScaleLogitsProcessor; a LoRA adapter equals transformers with it merged;
+tensor parallelism 2 equals 1; with b zeroed transformers gives other tokens
+(the control: these comparisons can fail). The families vLLM cannot serve are
+refused, saying why. vLLM's OpenAI-compatible server answers 64 concurrent
+requests with the offline tokens, and bad requests with its errors.
 
 vLLM runs in one subprocess (tests/vllm_worker.py) for all the families, the
-engine in that process, so each model costs seconds, not an engine's start."""
+engine in that process, so each model costs seconds, not an engine's start;
+the server is one more process."""
 
 import copy
 import json

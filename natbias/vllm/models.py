@@ -152,8 +152,8 @@ def _name(model: nn.Module, param: nn.Parameter) -> str:
     return next(name for name, p in model.named_parameters() if p is param)
 
 
-# transformers' stock classes whose vLLM class is served under another name,
-# and those vLLM runs through its Transformers backend only, or not at all.
+# Why a natural-bias generator is refused: vLLM runs its stock class through
+# its Transformers backend only (which builds its own head), or not at all.
 WHY_NOT = {
     "seq2seq": "vLLM runs no sequence-to-sequence class of this family",
     "causal": (
