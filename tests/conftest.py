@@ -9,6 +9,7 @@ from natbias_fixtures import *  # noqa: F403  (the fixtures, registered here)
 # two-minute module alone (xdist's own reordering goes by number of tests).
 LONGEST_FIRST = [
     "test_recipes.py",
+    "test_vllm.py",  # vLLM in a subprocess for all families, then its server: about 3 minutes
     "test_scale_out.py",
     "test_examples.py",
     "test_gpu_check.py",

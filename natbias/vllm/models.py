@@ -1,0 +1,245 @@
+"""vLLM's class of each family with the natural bias: ``NaturalBias<X>`` is
+``(NaturalBiasCausalLM, X)`` for vLLM's own class ``X`` of the stock
+architecture (``LlamaForCausalLM``, ``Gemma2ForCausalLM``, ...), made when
+vLLM first asks for it, as :mod:`natbias.hf.models` makes the transformers one.
+
+It differs from ``X`` in the logits alone. ``X`` computes them as
+``logits_processor(head, phi)``: a matrix product with the head, then the
+family's soft cap (Gemma 2) or logit scale (Cohere). The mixin makes that
+layer's product ``W (g phi) + b`` (:class:`NaturalBiasLogits`), as the
+natural-bias head of transformers does (:class:`natbias.projection.NaturalBiasProjection`):
+
+* b is the head's bias, sharded by the vocabulary as the head is under
+  tensor parallelism (where ``X``'s head has a bias of its own, GPT-J's,
+  b is that bias and ``X`` loads it);
+* g multiplies phi, so a head tied to the input embeddings stays tied;
+* the soft cap or the scale follow, as in the stock class.
+
+A saved architecture whose stock class vLLM has no class of its own for is
+refused in one line saying why (:func:`refusal`).
+"""
+
+import torch
+from torch import nn
+
+from natbias.errors import NaturalBiasError
+from natbias.hf.models import CLASS_PREFIX, natural_bias_settings
+from natbias.projection import GAIN_CAP
+
+# The keys natbias.hf saves beside the stock model's.
+BIAS, GAIN, PRIOR = "lm_head.bias", "lm_head.gain_param", "natbias_log_prior"
+
+
+class NaturalBiasLogits:
+    """Mixin placed before the stock class's ``LogitsProcessor`` (the
+    instance's class swapped): its matrix product with the head takes
+    ``g phi`` and adds b, before its soft cap and scale. vLLM's LoRA wraps
+    this layer and calls the same product (``_apply_head``)."""
+
+    def install(self, head: nn.Module, own_bias: bool, gain_speed, dtype) -> None:
+        self.natbias_bias = None
+        if own_bias:  # one entry per vocabulary entry of this shard, padding 0
+            self.natbias_bias = nn.Parameter(
+                torch.zeros(head.num_embeddings_per_partition, dtype=dtype), requires_grad=False
+            )
+            self.natbias_bias.output_dim = 0
+            self.natbias_bias.weight_loader = head.weight_loader
+        self.natbias_gain_param = None
+        if gain_speed is not None:
+            self.natbias_gain_param = nn.Parameter(torch.zeros(1), requires_grad=False)
+            self.natbias_gain_param.weight_loader = _copy
+        self.natbias_gain_speed = gain_speed
+        self.natbias_gain = None  # g, set once loaded
+
+    def set_gain(self) -> None:
+        # g = min(|C u|, 1) in float32, as transformers computes it (cast to phi's dtype where used).
+        gain = self.natbias_gain_param.float() * self.natbias_gain_speed
+        self.natbias_gain = torch.clamp(gain.abs(), max=GAIN_CAP)
+
+    def _apply_head(self, lm_head, hidden_states, embedding_bias):
+        if self.natbias_gain is not None:
+            hidden_states = hidden_states * self.natbias_gain.to(hidden_states.dtype)
+        logits = super()._apply_head(lm_head, hidden_states, embedding_bias)
+        if self.natbias_bias is None:
+            return logits
+        # Added to the product, not given to it: vLLM's CPU kernels for a
+        # small head want a bias of another dtype than its larger ones do.
+        return logits + self.natbias_bias.to(logits.dtype)
+
+
+_LOGITS: dict = {}
+
+
+def natural_bias_logits(stock: nn.Module, head: nn.Module, own_bias: bool, gain_speed, dtype):
+    """The stock ``LogitsProcessor`` made a natural-bias one, in place."""
+    made = _LOGITS.get(type(stock))
+    if made is None:
+        made = type(f"NaturalBias{type(stock).__name__}", (NaturalBiasLogits, type(stock)), {})
+        _LOGITS[type(stock)] = made
+    stock.__class__ = made
+    stock.install(head, own_bias, gain_speed, dtype)
+    return stock
+
+
+def _copy(param: nn.Parameter, loaded: torch.Tensor) -> None:
+    param.data.copy_(loaded.reshape(param.shape))
+
+
+class NaturalBiasCausalLM:
+    """Mixin placed before a vLLM causal language model class."""
+
+    def __init__(self, *, vllm_config, prefix: str = "", **kwargs):
+        super().__init__(vllm_config=vllm_config, prefix=prefix, **kwargs)
+        config = vllm_config.model_config.hf_config
+        settings = natural_bias_settings(config)
+        head = _head(self)
+        stock_bias = getattr(head, "bias", None) is not None  # GPT-J's: b is the stock bias
+        natural_bias_logits(
+            self.logits_processor,
+            head,
+            own_bias=not stock_bias,
+            gain_speed=settings.get("gain_speed"),
+            dtype=vllm_config.model_config.dtype,
+        )
+
+    def load_weights(self, weights):
+        logits = self.logits_processor
+        kept = {}
+
+        def stock_weights():
+            for name, tensor in weights:
+                if (
+                    name == PRIOR
+                    or name == GAIN
+                    or (name == BIAS and logits.natbias_bias is not None)
+                ):
+                    kept[name] = tensor
+                else:
+                    yield name, tensor
+
+        loaded = set(super().load_weights(stock_weights()))
+        for key, param in ((BIAS, logits.natbias_bias), (GAIN, logits.natbias_gain_param)):
+            if param is None:
+                continue
+            if key not in kept:
+                raise NaturalBiasError(
+                    f"the checkpoint has no {key}: it was not saved by natbias.hf "
+                    "(save_pretrained of a model given add_natural_bias)"
+                )
+            param.weight_loader(param, kept[key].to(param.dtype))
+            loaded.add(_name(self, param))
+        if logits.natbias_gain_param is not None:
+            logits.set_gain()
+        return loaded
+
+
+def _head(model: nn.Module) -> nn.Module:
+    """The module whose weight is W: the stock head, else the embeddings
+    (tied heads of Gemma 2 and Cohere use them directly); either is sharded
+    by the vocabulary alike."""
+    from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
+
+    head = getattr(model, "lm_head", None)
+    if isinstance(head, VocabParallelEmbedding):
+        return head
+    for module in model.modules():
+        if isinstance(module, VocabParallelEmbedding):
+            return module
+    raise NaturalBiasError(f"{type(model).__name__} has no vocabulary-parallel head in vLLM")
+
+
+def _name(model: nn.Module, param: nn.Parameter) -> str:
+    return next(name for name, p in model.named_parameters() if p is param)
+
+
+# Why a natural-bias generator is refused: vLLM runs its stock class through
+# its Transformers backend only (which builds its own head), or not at all.
+WHY_NOT = {
+    "seq2seq": "vLLM runs no sequence-to-sequence class of this family",
+    "causal": (
+        "vLLM has no class of its own for it (only its Transformers backend, "
+        "which cannot hold b and the gain)"
+    ),
+}
+
+
+def refusal(stock_name: str, seq2seq: bool) -> str:
+    import vllm
+
+    why = WHY_NOT["seq2seq" if seq2seq else "causal"]
+    export = (
+        "; natbias.hf.to_stock exports it, with b in its own bias slot, for engines that run the stock class"
+        if stock_name in EXPORTABLE
+        else ""
+    )
+    return f"vLLM {vllm.__version__} cannot serve a natural-bias {stock_name}: {why}{export}"
+
+
+EXPORTABLE = {"PhiForCausalLM", "GPTJForCausalLM", "CodeGenForCausalLM"}
+_MADE: dict = {}
+
+
+def natural_bias_class(stock_name: str) -> type:
+    """``NaturalBias<stock_name>`` over vLLM's class of that architecture."""
+    made = _MADE.get(stock_name)
+    if made is None:
+        from vllm.model_executor.models.registry import ModelRegistry
+
+        stock = ModelRegistry._try_load_model_cls(stock_name)
+        if stock is None:
+            raise NaturalBiasError(refusal(stock_name, seq2seq=False))
+        name = CLASS_PREFIX + stock_name
+        doc = f"vLLM's {stock.__name__} with the natural bias (natbias.vllm)."
+        made = type(name, (NaturalBiasCausalLM, stock), {"__module__": __name__, "__doc__": doc})
+        _MADE[stock_name] = made
+    return made
+
+
+def register_architectures() -> None:
+    """``NaturalBias<X>`` in vLLM's ``ModelRegistry`` for each text
+    generation architecture ``X`` vLLM has a class of its own for (served),
+    and for each generator transformers has that vLLM lacks (refused when
+    asked for, saying why), each a lazy ``module:class`` entry."""
+    from transformers.models.auto import modeling_auto
+    from vllm.model_executor.models.registry import _TEXT_GENERATION_MODELS, ModelRegistry
+
+    served = set(_TEXT_GENERATION_MODELS) & set(ModelRegistry.get_supported_archs())
+    mappings = (
+        modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        modeling_auto.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES,
+    )
+    names = {n for mapping in mappings for n in mapping.values() if isinstance(n, str)}
+    in_process = _in_process_entry()
+    for stock_name in sorted(served | names):
+        if not stock_name.startswith(CLASS_PREFIX):
+            name = CLASS_PREFIX + stock_name
+            ModelRegistry.models[name] = in_process(__name__, name)
+
+
+def _in_process_entry() -> type:
+    """vLLM's lazy ``module:class`` entry (``register_model`` makes one),
+    inspected in this process: vLLM inspects an entry in a new process
+    (importing vLLM, seconds to a minute) unless it has cached that module's
+    answer, which it has not for classes made at run time. Importing vLLM's
+    own model modules here is what its engine does anyway."""
+    from vllm.model_executor.models.registry import _LazyRegisteredModel, _ModelInfo
+
+    class InProcess(_LazyRegisteredModel):
+        def inspect_model_cls(self) -> _ModelInfo:
+            return _ModelInfo.from_model_cls(self.load_model_cls())
+
+    return InProcess
+
+
+def __getattr__(name: str):
+    """``NaturalBias<X>``, made (or refused) when vLLM first loads it."""
+    if not name.startswith(CLASS_PREFIX):
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from transformers.models.auto import modeling_auto
+    from vllm.model_executor.models.registry import _TEXT_GENERATION_MODELS
+
+    stock_name = name[len(CLASS_PREFIX) :]
+    if stock_name not in _TEXT_GENERATION_MODELS:
+        seq2seq = stock_name in modeling_auto.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES.values()
+        raise NaturalBiasError(refusal(stock_name, seq2seq))
+    return natural_bias_class(stock_name)

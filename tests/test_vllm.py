@@ -1,0 +1,452 @@
+"""natbias.vllm with real vLLM (its CPU build, in .venv-vllm: `make vllm-env`):
+each family that vLLM has a class of its own for, tiny and built in code, saved
+by natbias.hf, is served with transformers' greedy tokens (20 prompts x 20
+tokens) and log-probabilities (within 1e-3 in float32; bfloat16 to its
+rounding); the per-request lambda * b equals transformers'
+BiasScaleLogitsProcessor; a LoRA adapter equals transformers with it merged;
+tensor parallelism 2 equals 1; with b zeroed transformers gives other tokens
+(the control: these comparisons can fail). The families vLLM cannot serve are
+refused, saying why. vLLM's OpenAI-compatible server answers 64 concurrent
+requests with the offline tokens, and bad requests with its errors.
+
+vLLM runs in one subprocess (tests/vllm_worker.py) for all the families, the
+engine in that process, so each model costs seconds, not an engine's start;
+the server is one more process."""
+
+import copy
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+from hf_tiny import V, zipf_targets  # noqa: E402
+
+from natbias.hf import BiasScaleLogitsProcessor, add_natural_bias  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+VLLM_PYTHON = Path(os.environ.get("NATBIAS_VLLM_PYTHON", ROOT / ".venv-vllm" / "bin" / "python"))
+if os.environ.get("NATBIAS_VLLM_PYTHON") == "":
+    pytest.skip(
+        "the vLLM tests are turned off (NATBIAS_VLLM_PYTHON is empty)", allow_module_level=True
+    )
+if not VLLM_PYTHON.exists():
+    pytest.skip(
+        f"vLLM's environment is absent ({VLLM_PYTHON}): `make vllm-env` builds it",
+        allow_module_level=True,
+    )
+
+# vLLM's CPU attention takes a head size of 64 or more: 2 heads of 64.
+DECODER = dict(
+    vocab_size=V,
+    hidden_size=128,
+    intermediate_size=256,
+    num_hidden_layers=1,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    max_position_embeddings=128,
+    bos_token_id=2,
+    eos_token_id=1,
+    pad_token_id=0,
+)
+GPT = dict(
+    vocab_size=V, n_embd=128, n_layer=1, n_head=2, n_positions=128, bos_token_id=2, eos_token_id=1
+)
+# family -> (configuration class, model class, settings): those vLLM has a class of its own for
+SERVED = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM", DECODER),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", DECODER),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(DECODER, head_dim=64)),
+    "mistral": ("MistralConfig", "MistralForCausalLM", DECODER),
+    "gemma": ("GemmaConfig", "GemmaForCausalLM", dict(DECODER, head_dim=64)),
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", dict(DECODER, head_dim=64)),  # soft cap
+    "cohere": ("CohereConfig", "CohereForCausalLM", DECODER),  # logit scale, tied head
+    "opt": ("OPTConfig", "OPTForCausalLM", dict(DECODER, ffn_dim=256, word_embed_proj_dim=128)),
+    "gpt2": ("GPT2Config", "GPT2LMHeadModel", GPT),  # tied head
+    "gptj": ("GPTJConfig", "GPTJForCausalLM", dict(GPT, rotary_dim=16)),  # b is the head's bias
+}
+# Generators natbias.hf takes that vLLM 0.32 has no class of its own for.
+REFUSED = {
+    "phi": ("PhiConfig", "PhiForCausalLM", DECODER),
+    "gpt_neox": ("GPTNeoXConfig", "GPTNeoXForCausalLM", DECODER),
+    "bart": (
+        "BartConfig",
+        "BartForConditionalGeneration",
+        dict(
+            vocab_size=V,
+            d_model=128,
+            encoder_attention_heads=2,
+            decoder_attention_heads=2,
+            encoder_layers=1,
+            decoder_layers=1,
+            encoder_ffn_dim=64,
+            decoder_ffn_dim=64,
+        ),
+    ),
+}
+PROMPTS = torch.randint(3, V, (20, 6), generator=torch.Generator().manual_seed(3)).tolist()
+STEPS = 20
+SCALES = (1.0, 0.5, 0.0)
+TOLERANCE = 1e-3  # nats, float32
+# bfloat16 (vLLM's CPU build runs it with its own kernels): 8 bits of mantissa,
+# so logits of about 10 are rounded by about 0.05 and ties within that may
+# break otherwise; the rows that agree, their log-probabilities within 0.1.
+BFLOAT16 = ("llama", "qwen2", "gemma2", "gpt2")
+BFLOAT16_ROWS, BFLOAT16_TOLERANCE = 18, 0.1
+
+
+def build(family, table=SERVED):
+    config_class, model_class, settings = table[family]
+    config = getattr(transformers, config_class)(**settings)
+    torch.manual_seed(0)
+    return getattr(transformers, model_class)(config).eval()
+
+
+def natural_bias_model(family):
+    """A natural-bias model whose greedy output depends on all of W phi, g
+    and b: W scaled so that g W phi spreads the logits by about 2, g = 0.4,
+    b moved off the prior as training moves it, by N(0, s^2) as the logits
+    see it, s half g W phi's typical lead of its first token over its
+    second (at least 2): a tied head's lead on the input token is large, and
+    b must overturn some to be seen (the control)."""
+    model = add_natural_bias(build(family), zipf_targets()).eval()
+    head = model.get_output_embeddings()
+    scale = (model.natbias_logit_map or {}).get("scale", 1.0)
+    with torch.no_grad():
+        head.gain_param.fill_(0.4 / head.gain_speed)
+        bias = model.output_bias()
+        bias.zero_()
+        head.weight.mul_(2.0 / model(input_ids=torch.tensor(PROMPTS)).logits.std())
+        top = model(input_ids=torch.tensor(PROMPTS)).logits.topk(2, -1).values
+        spread = max(2.0, (top[..., 0] - top[..., 1]).median().item() / 2)
+        bias.copy_(spread * torch.randn(V, generator=torch.Generator().manual_seed(1)) / scale)
+    return model
+
+
+def greedy(model, processor=None):
+    """Greedy tokens and their log-probabilities (float32), step by step
+    over the whole sequence: transformers' forward, nothing cached."""
+    ids = torch.tensor(PROMPTS)
+    logprobs = []
+    with torch.no_grad():
+        for _ in range(STEPS):
+            scores = model(input_ids=ids).logits[:, -1].float()
+            if processor is not None:
+                scores = processor(ids, scores)
+            log_p = torch.log_softmax(scores, -1)
+            token = log_p.argmax(-1)
+            logprobs.append(log_p.gather(-1, token[:, None]))
+            ids = torch.cat([ids, token[:, None]], 1)
+    return ids[:, len(PROMPTS[0]) :].tolist(), torch.cat(logprobs, 1)
+
+
+def lora_adapter(path, directory):
+    """A PEFT LoRA adapter (rank 8 on the attention's queries and values,
+    random, written as PEFT saves one) for the saved model at ``path``, and
+    transformers' greedy tokens with it merged by hand: W + (alpha / r) B A."""
+    from safetensors.torch import save_file
+
+    from natbias.hf import from_pretrained
+
+    model = from_pretrained(path).eval()
+    generator = torch.Generator().manual_seed(5)
+    tensors = {}
+    for name in ("q_proj", "v_proj"):
+        linear = getattr(model.model.layers[0].self_attn, name)
+        key = f"base_model.model.model.layers.0.self_attn.{name}"
+        a = tensors[f"{key}.lora_A.weight"] = 0.3 * torch.randn(
+            8, linear.in_features, generator=generator
+        )
+        b = tensors[f"{key}.lora_B.weight"] = 0.3 * torch.randn(
+            linear.out_features, 8, generator=generator
+        )
+        with torch.no_grad():
+            linear.weight += (16 / 8) * b @ a
+    directory.mkdir()
+    save_file(tensors, directory / "adapter_model.safetensors")
+    config = dict(peft_type="LORA", task_type="CAUSAL_LM", r=8, lora_alpha=16, bias="none")
+    config.update(target_modules=["q_proj", "v_proj"], base_model_name_or_path=str(path))
+    (directory / "adapter_config.json").write_text(json.dumps(config))
+    return dict(lora_path=directory, lora=greedy(model)[0])
+
+
+@pytest.fixture(scope="module")
+def references(tmp_path_factory):
+    """family -> (saved directory, transformers' results)."""
+    root = tmp_path_factory.mktemp("vllm_models")
+    made = {}
+    for family in SERVED:
+        model = natural_bias_model(family)
+        model.save_pretrained(root / family)
+        tokens, logprobs = greedy(model)
+        scaled = {s: greedy(model, BiasScaleLogitsProcessor(model, s))[0] for s in SCALES}
+        bfloat16 = greedy(copy.deepcopy(model).to(torch.bfloat16)) if family in BFLOAT16 else None
+        with torch.no_grad():
+            model.output_bias().zero_()
+        made[family] = dict(
+            path=root / family,
+            tokens=tokens,
+            logprobs=logprobs,
+            scaled=scaled,
+            zeroed=greedy(model)[0],
+            bfloat16=bfloat16,
+        )
+    made["llama"].update(lora_adapter(made["llama"]["path"], root / "llama_lora"))
+    for family in REFUSED:
+        add_natural_bias(build(family, REFUSED), zipf_targets()).save_pretrained(root / family)
+    return made
+
+
+def vllm_environment(tmp_path):
+    """vLLM's caches under the test's directory, its engine in the process."""
+    return dict(
+        os.environ,
+        VLLM_CACHE_ROOT=str(tmp_path / "vllm_cache"),
+        VLLM_CPU_KVCACHE_SPACE="1",
+        VLLM_ENABLE_V1_MULTIPROCESSING="0",
+        HF_HUB_OFFLINE="1",
+        TOKENIZERS_PARALLELISM="false",
+    )
+
+
+@pytest.fixture(scope="module")
+def served(references, tmp_path_factory):
+    """What vLLM generated for each family (one subprocess for all)."""
+    work = tmp_path_factory.mktemp("vllm_worker")
+    root = references["llama"]["path"].parent
+    spec = dict(
+        prompts=PROMPTS,
+        steps=STEPS,
+        scales=list(SCALES),
+        models=[
+            dict(name=f, path=str(r["path"]), dtype="float32", lora=str(r.get("lora_path", "")))
+            for f, r in references.items()
+        ]
+        + [
+            dict(name=f"{f}-bfloat16", path=str(references[f]["path"]), dtype="bfloat16")
+            for f in BFLOAT16
+        ]
+        + [
+            dict(
+                name="llama-tp2",
+                path=str(references["llama"]["path"]),
+                dtype="float32",
+                tensor_parallel_size=2,
+            )
+        ],
+        refused=[dict(name=f, path=str(root / f)) for f in REFUSED],
+    )
+    (work / "spec.json").write_text(json.dumps(spec))
+    run = subprocess.run(
+        [
+            str(VLLM_PYTHON),
+            str(Path(__file__).with_name("vllm_worker.py")),
+            "spec.json",
+            "out.json",
+        ],
+        cwd=work,
+        env=vllm_environment(work),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert run.returncode == 0, run.stderr[-4000:]
+    return json.loads(
+        (work / "out.json").read_text()
+    ), run.stdout + run.stderr  # vLLM logs to stdout
+
+
+@pytest.mark.parametrize("family", SERVED)
+def test_vllm_serves_the_greedy_tokens_and_log_probabilities_of_transformers(
+    family, references, served
+):
+    results, _ = served
+    result, reference = results[family], references[family]
+    assert "error" not in result, result.get("error")
+    assert result["tokens"] == reference["tokens"]
+    gap = (torch.tensor(result["logprobs"]) - reference["logprobs"]).abs().max().item()
+    assert gap < TOLERANCE, f"{family}: log-probabilities {gap:.2e} apart"
+
+
+@pytest.mark.parametrize("family", BFLOAT16)
+def test_in_bfloat16_vllm_serves_transformers_tokens_to_bfloat16s_rounding(
+    family, references, served
+):
+    result, (tokens, logprobs) = served[0][f"{family}-bfloat16"], references[family]["bfloat16"]
+    assert "error" not in result, result.get("error")
+    same = [i for i, row in enumerate(tokens) if result["tokens"][i] == row]
+    assert len(same) >= BFLOAT16_ROWS, f"{len(same)} of {len(tokens)} rows the same"
+    gap = (torch.tensor(result["logprobs"])[same] - logprobs[same]).abs().max().item()
+    assert gap < BFLOAT16_TOLERANCE, f"{family}: log-probabilities {gap:.2e} apart"
+
+
+@pytest.mark.parametrize("family", SERVED)
+def test_the_control_b_zeroed_gives_other_tokens(family, references):
+    """Without b transformers generates otherwise: vLLM serving a model
+    without its b (or lambda ignored) would fail the tests here."""
+    reference = references[family]
+    assert reference["zeroed"] != reference["tokens"]
+    assert reference["scaled"][0.0] != reference["tokens"]
+    assert reference["scaled"][0.5] != reference["tokens"]
+
+
+@pytest.mark.parametrize("family", SERVED)
+def test_lambda_b_per_request_equals_transformers_bias_scale_processor(family, references, served):
+    results, _ = served
+    result, reference = results[family], references[family]
+    assert "error" not in result, result.get("error")
+    assert result["scaled"]["1.0"] == result["tokens"]  # lambda = 1: the model as trained
+    for scale in SCALES:
+        assert result["scaled"][str(scale)] == reference["scaled"][scale], scale
+
+
+@pytest.mark.parametrize("family", REFUSED)
+def test_a_family_vllm_has_no_class_for_is_refused_saying_why(family, served):
+    results, log = served
+    assert "served" not in results[family]
+    stock = REFUSED[family][1]
+    assert f"cannot serve a natural-bias {stock}: " in log, log[-2000:]
+
+
+def test_a_lora_adapter_on_a_natural_bias_model_equals_transformers_with_it(references, served):
+    """vLLM's LoRA (the natural-bias Llama's engine has it enabled) against
+    transformers with the adapter merged; the adapter changes the tokens."""
+    result, reference = served[0]["llama"], references["llama"]
+    assert result["lora"] == reference["lora"]
+    assert reference["lora"] != reference["tokens"]
+
+
+def test_tensor_parallelism_2_equals_1(served):
+    """The Llama on two processes (b and W split by the vocabulary): the
+    tokens and log-probabilities of one, lambda * b too."""
+    one, two = served[0]["llama"], served[0]["llama-tp2"]
+    assert "error" not in two, two.get("error")
+    assert two["tokens"] == one["tokens"] and two["scaled"] == one["scaled"]
+    gap = (torch.tensor(two["logprobs"]) - torch.tensor(one["logprobs"])).abs().max().item()
+    assert gap < TOLERANCE
+
+
+# --- the OpenAI-compatible server ---------------------------------------------------------
+
+
+def word_tokenizer():
+    """A word-level tokenizer over the V ids (w3, w4, ...), saved with the
+    model as a user's would be: the server reads it."""
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    names = {0: "<pad>", 1: "</s>", 2: "<s>"}
+    vocabulary = {names.get(i, f"w{i}"): i for i in range(V)}
+    word_level = Tokenizer(models.WordLevel(vocabulary, unk_token="w3"))
+    return PreTrainedTokenizerFast(
+        tokenizer_object=word_level,
+        pad_token="<pad>",
+        eos_token="</s>",
+        bos_token="<s>",
+        unk_token="w3",
+    )
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def post(url, body, timeout=300):
+    """(status, JSON body) of a POST, error statuses included."""
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(
+        url, json.dumps(body).encode(), {"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read() or b"{}")
+
+
+@pytest.fixture(scope="module")
+def server(references, served, tmp_path_factory):
+    """vLLM's OpenAI-compatible server (the module `vllm serve` starts: the
+    CPU build's `vllm` command fails) on the saved Llama, on 127.0.0.1."""
+    import time
+    import urllib.request
+
+    path = references["llama"]["path"]
+    word_tokenizer().save_pretrained(path)
+    work = tmp_path_factory.mktemp("vllm_server")
+    port = free_port()
+    env = dict(vllm_environment(work), VLLM_ENABLE_V1_MULTIPROCESSING="1")
+    command = [
+        str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", str(path),
+        "--served-model-name", "natbias-llama", "--host", "127.0.0.1", "--port", str(port),
+        "--dtype", "float32", "--max-model-len", "64", "--max-num-seqs", "64", "--enforce-eager",
+    ]  # fmt: skip
+    log = open(work / "server.log", "w")
+    process = subprocess.Popen(command, cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 600
+        while True:
+            assert process.poll() is None, (work / "server.log").read_text()[-4000:]
+            try:
+                with urllib.request.urlopen(f"{url}/health", timeout=5):
+                    break
+            except OSError:
+                assert time.time() < deadline, "the server did not start in 600 s"
+                time.sleep(1)
+        yield url
+    finally:
+        process.terminate()
+        try:
+            process.wait(60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+        log.close()
+
+
+def completion(prompt, **options):
+    body = dict(model="natbias-llama", prompt=prompt, max_tokens=STEPS, temperature=0.0)
+    body.update(ignore_eos=True, return_token_ids=True, **options)
+    return body
+
+
+def test_the_server_answers_64_concurrent_completions_with_the_offline_tokens(server, served):
+    """64 at once, a quarter of them with lambda = 0.5 (vllm_xargs)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    offline = served[0]["llama"]
+    bodies = [
+        completion(
+            PROMPTS[i % len(PROMPTS)],
+            **({"vllm_xargs": {"natbias_bias_scale": 0.5}} if i % 4 == 3 else {}),
+        )
+        for i in range(64)
+    ]
+    with ThreadPoolExecutor(64) as pool:
+        answers = list(pool.map(lambda body: post(f"{server}/v1/completions", body), bodies))
+    for i, (status, answer) in enumerate(answers):
+        assert status == 200, answer
+        expected = offline["scaled"]["0.5"] if i % 4 == 3 else offline["tokens"]
+        assert answer["choices"][0]["token_ids"] == expected[i % len(PROMPTS)], i
+
+
+def test_a_bad_request_gets_the_servers_error_and_the_server_goes_on(server, served):
+    too_long = completion(PROMPTS[0] * 20)  # 120 tokens, the model takes 64
+    status, answer = post(f"{server}/v1/completions", too_long)
+    assert status == 400 and "error" in answer, answer
+    status, answer = post(f"{server}/v1/completions", completion(PROMPTS[0], max_tokens="many"))
+    assert status == 400, answer
+    bad_scale = completion(PROMPTS[0], vllm_xargs={"natbias_bias_scale": "half"})
+    status, answer = post(f"{server}/v1/completions", bad_scale)
+    assert status == 400 and "natbias_bias_scale" in json.dumps(answer), answer
+    status, answer = post(f"{server}/v1/completions", completion(PROMPTS[1]))
+    assert status == 200 and answer["choices"][0]["token_ids"] == served[0]["llama"]["tokens"][1]

@@ -1,0 +1,107 @@
+"""Runs in vLLM's environment (.venv-vllm), for tests/test_vllm.py: one
+process serves each saved model with vllm.LLM in turn (the engine in this
+process: VLLM_ENABLE_V1_MULTIPROCESSING=0, seconds per model) and writes
+what vLLM generated to a JSON file. It compares nothing: the tests do.
+
+    python vllm_worker.py spec.json out.json
+
+spec: {"prompts": [[ids]], "steps": n, "scales": [lambda, ...],
+       "models": [{"name", "path", "dtype", "lora"?, "tensor_parallel_size"?}], "refused": [{"name", "path"}]}
+out:  {name: {"tokens": [[ids]], "logprobs": [[float]],
+              "scaled": {lambda: [[ids]]}, "lora"?: [[ids]]} or {"error": "..."}}
+"""
+
+import json
+import os
+import sys
+import traceback
+
+
+def generate(llm, prompts, steps, scale=None, lora=None):
+    from vllm import SamplingParams
+    from vllm.lora.request import LoRARequest
+
+    extra = None if scale is None else {"natbias_bias_scale": scale}
+    params = SamplingParams(
+        temperature=0.0,
+        max_tokens=steps,
+        ignore_eos=True,
+        logprobs=1,
+        detokenize=False,
+        extra_args=extra,
+    )
+    adapter = None if lora is None else LoRARequest("adapter", 1, lora)
+    outputs = llm.generate(
+        [{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False, lora_request=adapter
+    )
+    tokens, logprobs = [], []
+    for output in outputs:
+        completion = output.outputs[0]
+        tokens.append(list(completion.token_ids))
+        logprobs.append(
+            [step[t].logprob for t, step in zip(completion.token_ids, completion.logprobs)]
+        )
+    return tokens, logprobs
+
+
+def serve(model, spec):
+    from vllm import LLM
+
+    lora = model.get("lora")
+    options = dict(enable_lora=True, max_lora_rank=8, max_loras=1) if lora else {}
+    parallel = model.get("tensor_parallel_size", 1)
+    if parallel > 1:  # one core a process: vLLM binds by NUMA node, and this machine has one
+        options["tensor_parallel_size"] = parallel
+        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(map(str, range(parallel)))
+    llm = LLM(
+        model["path"],
+        **options,
+        dtype=model["dtype"],
+        skip_tokenizer_init=True,
+        max_model_len=64,
+        max_num_seqs=len(spec["prompts"]),
+        enforce_eager=True,
+        seed=0,
+    )
+    try:
+        tokens, logprobs = generate(llm, spec["prompts"], spec["steps"])
+        scaled = {
+            str(scale): generate(llm, spec["prompts"], spec["steps"], scale)[0]
+            for scale in spec["scales"]
+        }
+        result = {"tokens": tokens, "logprobs": logprobs, "scaled": scaled}
+        if lora:
+            result["lora"] = generate(llm, spec["prompts"], spec["steps"], lora=lora)[0]
+        return result
+    finally:
+        del llm
+        os.environ.pop("VLLM_CPU_OMP_THREADS_BIND", None)
+
+
+def refuse(model):
+    from vllm import LLM
+
+    try:
+        LLM(model["path"], skip_tokenizer_init=True, max_model_len=64, enforce_eager=True)
+    except Exception as error:  # what vLLM raises, whatever it is: the test reads it
+        return {"error": f"{type(error).__name__}: {error}"}
+    return {"served": True}
+
+
+def main(spec_path, out_path):
+    spec = json.load(open(spec_path))
+    results = {}
+    for model in spec["models"]:
+        try:
+            results[model["name"]] = serve(model, spec)
+        except Exception:
+            results[model["name"]] = {"error": traceback.format_exc()}
+        print(f"== {model['name']}: done", file=sys.stderr, flush=True)
+    for model in spec.get("refused", []):
+        results[model["name"]] = refuse(model)
+    with open(out_path, "w") as out:
+        json.dump(results, out)
+
+
+if __name__ == "__main__":  # vLLM starts processes that import this module
+    main(*sys.argv[1:3])
