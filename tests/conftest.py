@@ -1,6 +1,12 @@
-"""The fixtures of tests/natbias_fixtures.py, and the order the modules run in."""
+"""The fixtures of tests/natbias_fixtures.py, the order the modules run in,
+and the check that the run wrote nothing into the working tree."""
 
+import pytest
+import working_tree
 from natbias_fixtures import *  # noqa: F403  (the fixtures, registered here)
+from natbias_testing import REPO
+
+TREE_BEFORE = pytest.StashKey[set]()
 
 # The modules that take longest (measured with --durations), longest first.
 # `make test` runs with --dist loadscope --no-loadscope-reorder: xdist hands a
@@ -39,3 +45,22 @@ def pytest_collection_modifyitems(items):
         return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
 
     items.sort(key=rank)  # stable: within a module, and among the rest, the usual order
+
+
+# Tests write under their temporary directories only: the working tree after
+# the run holds nothing new but caches (tests/working_tree.py). Checked by the
+# controller (not each xdist worker), once every test has run.
+def pytest_sessionstart(session):
+    if not hasattr(session.config, "workerinput"):
+        session.config.stash[TREE_BEFORE] = working_tree.state(REPO)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    before = session.config.stash.get(TREE_BEFORE, None)
+    new = working_tree.added(before, working_tree.state(REPO)) if before is not None else []
+    if new:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        message = "the tests wrote into the working tree (use tmp_path): " + ", ".join(new)
+        if reporter:
+            reporter.write_sep("=", f"ERROR: {message}", red=True, bold=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
