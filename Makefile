@@ -59,8 +59,11 @@ $(VENV)/.installed: $(VENV)/.deps $(SOURCES)
 # The full suite: the real fairseq CLIs on tiny models, the transformers
 # extra, the recipes and examples (tests/), and the research scripts' own
 # tests (research/tests/).
+# --durations: the slowest tests printed at the end of every run, so that a
+# test that makes the suite slower is seen where it is added.
 test: install
-	$(PY) -m pytest tests research/tests -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder $(PYTEST_ARGS)
+	$(PY) -m pytest tests research/tests -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder \
+	    --durations=20 --durations-min=1 $(PYTEST_ARGS)
 
 # Every test that runs no training loop (those marked `training` left out).
 test-fast: install
