@@ -12,7 +12,7 @@ CACHES = {"__pycache__", ".pytest_cache", ".ruff_cache", ".venv"}
 
 def state(repo):
     """What is in the working tree: the lines of ``git status --porcelain
-    --ignored`` (a changed tracked file among them), and "++ PATH" for every
+    --ignored``, and "++ PATH" for every
     file and folder on disk, caches and .git left out (git shows no empty
     folder, the kind a test's ``output_dir="unused"`` leaves)."""
     lines = set()
@@ -37,8 +37,11 @@ def state(repo):
 
 
 def added(before, after):
-    """Entries of ``after`` that ``before`` lacks, caches left out."""
-    return sorted(line for line in after - before if not is_cache(line))
+    """New paths: entries of ``after`` that ``before`` lacks, untracked,
+    ignored or on disk, caches left out. A tracked file changed during the
+    run is not counted: that is someone editing while the tests run."""
+    new = after - before
+    return sorted(line for line in new if line[:3] in ("?? ", "!! ", "++ ") and not is_cache(line))
 
 
 def is_cache(line):
