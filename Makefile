@@ -95,10 +95,13 @@ vllm-lock:
 # tests (research/tests/).
 # The two environments' dependencies are installed side by side, then natbias
 # into vLLM's (each install builds natbias in this tree: one at a time).
+# --durations: the slowest tests printed at the end of every run, so that a
+# test that makes the suite slower is seen where it is added.
 test:
 	@$(MAKE) --no-print-directory -j2 install $(VLLM_VENV)/.deps
 	@$(MAKE) --no-print-directory vllm-env
-	$(PY) -m pytest tests research/tests -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder $(PYTEST_ARGS)
+	$(PY) -m pytest tests research/tests -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder \
+	    --durations=20 --durations-min=1 $(PYTEST_ARGS)
 
 # Every test that runs no training loop (those marked `training` left out).
 test-fast: install

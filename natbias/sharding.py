@@ -6,16 +6,17 @@ sharding: every process must take part, or the main process waits for ever.
 (Whole models, FSDP1 among them, in transformers: :mod:`natbias.hf.sharded`.)
 """
 
-import torch
+import sys
 
-try:  # torch >= 2.4; before it, no parameter can be a DTensor
-    from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
-except ImportError:  # pragma: no cover - old torch, or a build without torch.distributed
-    DTensor = Replicate = distribute_tensor = None
+import torch
 
 
 def is_dtensor(tensor) -> bool:
-    return DTensor is not None and isinstance(tensor, DTensor)
+    # No tensor is a DTensor until torch.distributed.tensor is imported (by
+    # FSDP2, tensor parallelism, distribute_tensor): it is not imported here,
+    # which would add a tenth to every fairseq command's start (sympy, fx).
+    module = sys.modules.get("torch.distributed.tensor")
+    return module is not None and isinstance(tensor, module.DTensor)
 
 
 def full(tensor: torch.Tensor) -> torch.Tensor:
@@ -31,6 +32,8 @@ def replicated_like(tensor: torch.Tensor, reference: torch.Tensor) -> torch.Tens
     over the mesh on the way back."""
     if not is_dtensor(reference) or is_dtensor(tensor):
         return tensor
+    from torch.distributed.tensor import DTensor, Replicate
+
     mesh = reference.device_mesh
     return DTensor.from_local(tensor, mesh, [Replicate()] * mesh.ndim, run_check=False)
 
@@ -41,6 +44,8 @@ def fill_(parameter: torch.Tensor, values: torch.Tensor) -> None:
     shard where it is a DTensor (a collective: call it on every process)."""
     values = values.to(torch.float32)
     if is_dtensor(parameter):
+        from torch.distributed.tensor import distribute_tensor
+
         values = distribute_tensor(
             values.to(parameter.to_local().device), parameter.device_mesh, parameter.placements
         )

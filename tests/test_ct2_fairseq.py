@@ -110,7 +110,9 @@ def test_a_translation_checkpoint_is_scored_by_ctranslate2_as_by_fairseq(
     model, task = fairseq_model(checkpoint, data)
     pairs = list(zip(lines_of(toy_text / "valid.src"), lines_of(toy_text / "valid.tgt")))
     expected = fairseq_scores(model, task, pairs)
-    translator = ctranslate2.Translator(convert(checkpoint, tmp_path / "ct2", data))
+    translator = ctranslate2.Translator(
+        convert(checkpoint, tmp_path / "ct2", data), intra_threads=1
+    )
     served = translator.score_batch([s for s, _ in pairs], [t for _, t in pairs])
     assert largest_difference([s.log_probs for s in served], expected) <= 1e-4
     gain = model.decoder.output_projection.gain()
@@ -118,7 +120,7 @@ def test_a_translation_checkpoint_is_scored_by_ctranslate2_as_by_fairseq(
     if not has_a_bias_to_zero(checkpoint):
         return
     zeroed = with_bias_zeroed(checkpoint, tmp_path / "zeroed.pt")
-    translator = ctranslate2.Translator(convert(zeroed, tmp_path / "zero", data))
+    translator = ctranslate2.Translator(convert(zeroed, tmp_path / "zero", data), intra_threads=1)
     served = translator.score_batch([s for s, _ in pairs], [t for _, t in pairs])
     assert largest_difference([s.log_probs for s in served], expected) > 0.05
 
@@ -147,12 +149,16 @@ def test_a_language_model_is_scored_by_ctranslate2_as_by_fairseq(
     model, task = fairseq_model(checkpoint, toy_lm_bin)
     sentences = lines_of(toy_text / "valid.tgt")
     expected = lm_scores(model, task, sentences)
-    generator = ctranslate2.Generator(convert(checkpoint, tmp_path / "ct2", toy_lm_bin))
+    generator = ctranslate2.Generator(
+        convert(checkpoint, tmp_path / "ct2", toy_lm_bin), intra_threads=1
+    )
     served = generator.score_batch([["</s>", *words, "</s>"] for words in sentences])
     assert largest_difference([s.log_probs for s in served], expected) <= 1e-4
     if has_a_bias_to_zero(checkpoint):
         zeroed = with_bias_zeroed(checkpoint, tmp_path / "zeroed.pt")
-        generator = ctranslate2.Generator(convert(zeroed, tmp_path / "zero", toy_lm_bin))
+        generator = ctranslate2.Generator(
+            convert(zeroed, tmp_path / "zero", toy_lm_bin), intra_threads=1
+        )
         served = generator.score_batch([["</s>", *words, "</s>"] for words in sentences])
         assert largest_difference([s.log_probs for s in served], expected) > 0.05
 
@@ -299,7 +305,9 @@ def test_the_language_models_token_scores_are_fairseq_eval_lms(
         assert [word for word, _ in expected[i]] == [*words, "</s>"]
 
     def largest_error(checkpoint, name):
-        generator = ctranslate2.Generator(convert(checkpoint, tmp_path / name, multi30k_lm_bin))
+        generator = ctranslate2.Generator(
+            convert(checkpoint, tmp_path / name, multi30k_lm_bin), intra_threads=1
+        )
         served = generator.score_batch([["</s>", *words, "</s>"] for words in sentences])
         return max(
             abs(ours - theirs)

@@ -258,7 +258,7 @@ def test_the_console_script_converts_a_saved_model_and_quantizes_it(tmp_path, ca
     assert greedy == transformers_greedy(model)
     sizes = {q: (tmp_path / q / "model.bin").stat().st_size for q in ("float32", "int8")}
     assert sizes["int8"] < 0.6 * sizes["float32"]  # the weights stored in a byte, not four
-    generator = ctranslate2.Generator(str(tmp_path / "int8"), compute_type="int8")
+    generator = ctranslate2.Generator(str(tmp_path / "int8"), compute_type="int8", intra_threads=1)
     assert generator.generate_batch([["<s>", "w5"]], max_length=3)[0].sequences_ids[0]
 
 

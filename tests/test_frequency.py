@@ -223,12 +223,13 @@ def _empty_split(data_dir, split="test"):
 
 
 @pytest.mark.training
-def test_bad_inputs_end_with_a_clear_message(checkpoints, toy_bin, fresh_copy):
+def test_bad_inputs_end_with_a_clear_message(checkpoints, toy_bin, fresh_copy, tmp_path):
+    unused = str(tmp_path / "unused")  # never written: each call is refused first
     data = fresh_copy(toy_bin)
     with open(data / "dict.tgt.txt", "a") as extra:
         extra.writelines(f"extra{i} 1\n" for i in range(8))
     with pytest.raises(SystemExit, match="mismatched dictionaries: .* target dictionary of 40"):
-        frequency_cli.main([str(data), "--model", str(checkpoints["zero"]), "--out-dir", "unused"])
+        frequency_cli.main([str(data), "--model", str(checkpoints["zero"]), "--out-dir", unused])
     shutil.copy(toy_bin / "dict.tgt.txt", data / "dict.tgt.txt")
     _empty_split(data)
     with pytest.raises(NaturalBiasError, match="test split of .* is empty"):
@@ -242,7 +243,7 @@ def test_bad_inputs_end_with_a_clear_message(checkpoints, toy_bin, fresh_copy):
                 "--gen-subset",
                 "valid2",
                 "--out-dir",
-                "unused",
+                unused,
             ]
         )
     # A dictionary given for a checkpoint: a bare IndexError from torch's
@@ -253,7 +254,7 @@ def test_bad_inputs_end_with_a_clear_message(checkpoints, toy_bin, fresh_copy):
         r"fairseq checkpoint \(not a torch.save archive\)",
     ):
         frequency_cli.main(
-            [str(toy_bin), "--model", str(toy_bin / "dict.tgt.txt"), "--out-dir", "unused"]
+            [str(toy_bin), "--model", str(toy_bin / "dict.tgt.txt"), "--out-dir", unused]
         )
 
 

@@ -265,7 +265,7 @@ def test_the_trainer_trains_with_the_loss_and_logs_the_statistics(tmp_path):
     assert logged[-1]["gain"] != pytest.approx(0.05, abs=1e-4)  # the gain moved
 
 
-def test_the_trainer_shifts_a_natural_bias_decoders_labels():
+def test_the_trainer_shifts_a_natural_bias_decoders_labels(tmp_path):
     """transformers' label_smoothing_factor shifts the labels of the causal
     LMs it knows by name: a natural-bias class joins them when it is made,
     and the Trainer's smoothed loss is then that of the shifted labels."""
@@ -275,7 +275,7 @@ def test_the_trainer_shifts_a_natural_bias_decoders_labels():
     assert MODEL_FOR_CAUSAL_LM_MAPPING_NAMES["natbias-gpt2"] == "NaturalBiasGPT2LMHeadModel"
     add_natural_bias(marian(), zipf_targets())  # a seq2seq model: not shifted
     assert "NaturalBiasMarianMTModel" not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values()
-    trainer, batch = _trainer(model, label_smoothing=0.1, out="unused")
+    trainer, batch = _trainer(model, label_smoothing=0.1, out=tmp_path)
     batch = {"input_ids": batch["labels"].clamp(min=0), "labels": batch["labels"]}
     with torch.no_grad():
         logits = model(input_ids=batch["input_ids"]).logits[:, :-1]

@@ -212,6 +212,7 @@ CORE_NEEDS = {
     "os",
     "re",
     "struct",
+    "sys",
     "typing",
     "weakref",
     "numpy",
