@@ -64,11 +64,10 @@ def attach_language_prior(decoder, language_tokens: list) -> None:
 
 
 def language_rows(task, args) -> list:
-    """The token of each target language that selects its prior row (row k
-    for the k-th). ``per-language`` (the default) where the decoder is told
-    the language, else one pooled prior; asked for explicitly where it
-    cannot be, refused. One target language has a row too: the words' own
-    unigram, without the language token that row 0 predicts."""
+    """The token of each target language that selects its row (row k for the
+    k-th): ``per-language`` (the default) where the decoder is told the
+    language, else one pooled prior (refused where asked for explicitly).
+    One target language has a row too: its words, not row 0's language token."""
     if args.natbias_prior != "per-language":
         return []
     tokens = (
@@ -92,7 +91,6 @@ def _per_language_obstacle(task, tokens: dict, args):
         return f"the decoder is not told which of {sorted(tokens)} to write: add --decoder-langtok"
     if args.natbias_order == 2 or args.natbias_init in ("file", "none"):
         return "--natbias-order 2, --natbias-init file and none have no row per language"
-    return None
 
 
 def language_symbols(task) -> list:
