@@ -48,7 +48,6 @@ and ``multilingual_<part>_valid_nll.png``.
 import argparse
 import json
 import os
-import shutil
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -71,8 +70,8 @@ from natbias.tools.stats import mean_stderr  # noqa: E402
 SETUPS = {"one-to-many": ["en-de", "en-fr"], "many-to-one": ["de-en", "fr-en"]}
 ARMS = {
     "stock": ["--arch", "transformer"],
-    "pooled": ["--arch", "transformer_natbias", "--natbias-prior", "pooled"],
     "per-language": ["--arch", "transformer_natbias", "--natbias-prior", "per-language"],
+    "pooled": ["--arch", "transformer_natbias", "--natbias-prior", "pooled"],
 }
 REFERENCE = "stock"
 PARTS = {"full": None, "n3000": 3000}  # training pairs per direction (None: all)
@@ -112,7 +111,7 @@ def add_direction_subsets(data, pairs):
         for other in pairs:
             for lang in other.split("-"):
                 stem = data / f"{subset}.{other}.{lang}"
-                if stem.with_suffix(stem.suffix + ".idx").exists():
+                if Path(f"{stem}.bin").exists() and Path(f"{stem}.bin").stat().st_size:
                     continue
                 if other == pair:
                     for ext in ("bin", "idx"):
@@ -121,6 +120,8 @@ def add_direction_subsets(data, pairs):
                 else:
                     builder = indexed_dataset.make_builder(f"{stem}.bin", impl="mmap")
                     builder.finalize(f"{stem}.idx")
+                    # numpy cannot map an empty file: a few bytes no item points to
+                    Path(f"{stem}.bin").write_bytes(bytes(8))
 
 
 def prepare_part(raw, work, part, vocab_size):
@@ -203,13 +204,42 @@ def generate_bleu(data, run_dir, setup, pair, checkpoint):
     src, tgt = pair.split("-")
     output = pipeline.run(
         [
-            *pipeline.tool("fairseq-generate"), str(data), "--user-dir", "fairseq_natbias",
-            "--task", "translation_multi_simple_epoch", "--lang-pairs", ",".join(SETUPS[setup]),
-            "--encoder-langtok", "src", "--decoder-langtok",
-            "--source-lang", src, "--target-lang", tgt, "--path", str(run_dir / checkpoint),
-            "--gen-subset", "test", "--beam", "5", "--lenpen", "1.0", "--max-len-a", "1.2",
-            "--max-len-b", "10", "--batch-size", "128", "--remove-bpe", "sentencepiece",
-            "--cpu", "--num-workers", "0", "--required-batch-size-multiple", "1",
+            *pipeline.tool("fairseq-generate"),
+            str(data),
+            "--user-dir",
+            "fairseq_natbias",
+            "--task",
+            "translation_multi_simple_epoch",
+            "--lang-pairs",
+            ",".join(SETUPS[setup]),
+            "--encoder-langtok",
+            "src",
+            "--decoder-langtok",
+            "--source-lang",
+            src,
+            "--target-lang",
+            tgt,
+            "--path",
+            str(run_dir / checkpoint),
+            "--gen-subset",
+            "test",
+            "--beam",
+            "5",
+            "--lenpen",
+            "1.0",
+            "--max-len-a",
+            "1.2",
+            "--max-len-b",
+            "10",
+            "--batch-size",
+            "128",
+            "--remove-bpe",
+            "sentencepiece",
+            "--cpu",
+            "--num-workers",
+            "0",
+            "--required-batch-size-multiple",
+            "1",
         ]  # fmt: skip
     )
     sentences = parse_generate_output(output.splitlines())
@@ -386,7 +416,7 @@ def plot(found, path, title):
     fig, axes = plots._grid(panels, str(path), rows=len(SETUPS), cols=3)
     for ax, (setup, key) in zip(axes.flat, panels):
         for color, arm in zip(("black", "tab:blue", "tab:red"), ARMS):
-            for i, (seed, record) in enumerate(found.get((setup, arm), [])):
+            for i, (_, record) in enumerate(found.get((setup, arm), [])):
                 if key in record["curves"]:
                     ax.plot(*curve(record, key), color=color, lw=1, label=None if i else arm)
         ax.set_title(f"{setup}: {'all directions' if key == 'all' else key}", fontsize=9)
@@ -479,10 +509,10 @@ def main(argv=None):
     parser.add_argument("--raw", type=Path, default=os.environ.get("NATBIAS_MULTI30K"))
     parser.add_argument("--results", type=Path, default=REPO / "research" / "results")
     parser.add_argument("--jobs", type=int, default=2, help="trainings side by side")
-    parser.add_argument("--dim", type=int, default=256, help="model width")
+    parser.add_argument("--dim", type=int, default=64, help="model width")
     parser.add_argument("--max-tokens", type=int, default=4096)
     parser.add_argument("--validate-every", type=int, default=50, help="full part")
-    parser.add_argument("--patience", type=int, default=5, help="n3000 part, validations")
+    parser.add_argument("--patience", type=int, default=4, help="n3000 part, validations")
     parser.add_argument("--cap", type=int, default=3000, help="n3000 part, updates")
     parser.add_argument("--no-bleu", dest="bleu", action="store_false")
     parser.add_argument("--summary-only", action="store_true", help="write the results only")
@@ -495,16 +525,17 @@ def main(argv=None):
     )
     if not args.summary_only:
         os.environ["OMP_NUM_THREADS"] = "1"
-        plan = []
-        for part in args.parts:
-            data = prepare_part(args.raw, args.work, part, args.vocab_size)
-            # Seed by seed, stock first in each: a study cut short still compares.
-            plan += [
-                (data, part, setup, arm, seed)
-                for seed in args.seeds
-                for setup in args.setups
-                for arm in args.arms
-            ]
+        data = {
+            part: prepare_part(args.raw, args.work, part, args.vocab_size) for part in args.parts
+        }
+        # Seed by seed, setup by setup, stock first: a study cut short still compares.
+        plan = [
+            (data[part], part, setup, arm, seed)
+            for seed in args.seeds
+            for setup in args.setups
+            for part in args.parts
+            for arm in args.arms
+        ]
         with ThreadPoolExecutor(max_workers=args.jobs) as pool:
             jobs = [
                 pool.submit(run_one, data, args.work, args.results, part, setup, arm, seed, args)
