@@ -308,15 +308,26 @@ def run_one(data, work, results, part, setup, arm, seed, args):
 # --- summary ------------------------------------------------------------------
 
 
-def load_records(results, part, seeds):
-    """``{(setup, arm): [(seed, record), ...]}`` of the kept records."""
+def load_records(results, part, seeds, work=None):
+    """``{(setup, arm): [(seed, record), ...]}`` of the kept records; with
+    ``work``, a run still training (or stopped unfinished) is read from its
+    log, marked ``unfinished``."""
     found = {}
     for setup in SETUPS:
         for arm in ARMS:
             for seed in seeds:
                 path = results / "runs" / f"multilingual_{part}" / setup / arm / f"seed{seed}.json"
+                run_dir = (work or Path()) / "runs" / part / setup / arm / f"seed{seed}"
                 if path.exists():
-                    found.setdefault((setup, arm), []).append((seed, json.loads(path.read_text())))
+                    record = json.loads(path.read_text())
+                elif work and (run_dir / "train.log").exists():
+                    try:
+                        record = {**run_record(run_dir, setup), "unfinished": True}
+                    except KeyError:  # not yet validated
+                        continue
+                else:
+                    continue
+                found.setdefault((setup, arm), []).append((seed, record))
     return found
 
 
@@ -330,13 +341,7 @@ def value_at(record, key, update):
 
 
 def cell(values, digits=3):
-    values = [v for v in values if v is not None]
-    if not values:
-        return "–"
-    if len(values) == 1:
-        return f"{values[0]:.{digits}f}"
-    mean, err = mean_stderr(values)
-    return f"{mean:.{digits}f} ± {err:.{digits}f}"
+    return mean_stderr([v for v in values if v is not None]).format(digits, False, "–")
 
 
 def reach_table(found, setup, horizon=1000):
@@ -349,10 +354,13 @@ def reach_table(found, setup, horizon=1000):
         "(per seed) | × stock's |",
         "|---|---|---|---|---|---|",
     ]
+    aims = []
     for key in keys:
         targets = [value_at(r, key, horizon) for _, r in stock]
         targets = [t for t in targets if t is not None]
         target = sum(targets) / len(targets) if targets else None
+        if target is not None:
+            aims.append(f"{key} {target:.3f}")
         for arm in ARMS:
             runs = found.get((setup, arm), [])
             if not runs:
@@ -360,7 +368,12 @@ def reach_table(found, setup, horizon=1000):
             at = [value_at(r, key, horizon) for _, r in runs]
             reach = [updates_to_reach(*curve(r, key), target) for _, r in runs] if target else []
             finite = [x for x in reach if x != float("inf")]
-            per_seed = ", ".join("never" if x == float("inf") else f"{x:.0f}" for x in reach)
+            per_seed = ", ".join(
+                (f"not by {r['last_update']}" if r.get("unfinished") else "never")
+                if x == float("inf")
+                else f"{x:.0f}"
+                for x, (_, r) in zip(reach, runs)
+            )
             ratio = (
                 f"{sum(finite) / len(finite) / horizon:.2f}×" if finite and len(finite) == len(reach)
                 else "–"
@@ -370,9 +383,12 @@ def reach_table(found, setup, horizon=1000):
             lines.append(
                 f"| {label} | {arm} | {seeds} | {cell(at)} | {per_seed or '–'} | {ratio} |"
             )
-    if target is None:
-        lines.append("")
-        lines.append("(stock not finished: no target yet)")
+    lines.append("")
+    lines.append(
+        f"Targets (stock's validation NLL at update {horizon:,}, mean over its seeds): "
+        + (", ".join(aims) if aims else "none yet (stock unfinished)")
+        + "."
+    )
     return lines
 
 
@@ -395,7 +411,10 @@ def converged_table(found, setup):
         cells = [cell([value_at(r, "all", r["best_update"]) for _, r in runs])]
         cells += [cell([value_at(r, p, r["best_update"]) for _, r in runs]) for p in pairs]
         cells += [cell([r["bleu"].get(p, {}).get("bleu") for _, r in runs], 2) for p in pairs]
-        where = ", ".join(f"{b} ({s})" for b, s in zip(best, stops))
+        where = ", ".join(
+            f"{b} ({s}{', unfinished' if r.get('unfinished') else ''})"
+            for b, s, (_, r) in zip(best, stops, runs)
+        )
         seeds = ", ".join(str(s) for s, _ in runs)
         lines.append(f"| {arm} | {seeds} | {where} | " + " | ".join(cells) + " |")
     return lines
@@ -429,8 +448,8 @@ def plot(found, path, title):
     plots.save(fig, str(path), title)
 
 
-def write_results(results, part, seeds, args, command):
-    found = load_records(results, part, seeds)
+def write_results(results, part, seeds, args, command, work=None):
+    found = load_records(results, part, seeds, work)
     if not found:
         return None
     done_seeds = sorted({s for runs in found.values() for s, _ in runs})
@@ -516,6 +535,11 @@ def main(argv=None):
     parser.add_argument("--cap", type=int, default=3000, help="n3000 part, updates")
     parser.add_argument("--no-bleu", dest="bleu", action="store_false")
     parser.add_argument("--summary-only", action="store_true", help="write the results only")
+    parser.add_argument(
+        "--with-unfinished",
+        action="store_true",
+        help="summaries include runs still training (from their logs, marked unfinished)",
+    )
     parser.add_argument("--vocab-size", type=int, default=4000)
     args = parser.parse_args(argv)
     if args.raw is None and not args.summary_only:
@@ -544,7 +568,8 @@ def main(argv=None):
             for job in jobs:
                 job.result()
     for part in args.parts:
-        out = write_results(args.results, part, args.seeds, args, command)
+        work = args.work if args.with_unfinished else None
+        out = write_results(args.results, part, args.seeds, args, command, work)
         if out:
             print(out.read_text())
 
