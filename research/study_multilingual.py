@@ -11,16 +11,20 @@ research/multilingual_step0.py): ``stock`` (``--arch transformer``),
 ``pooled`` (``--arch transformer_natbias --natbias-prior pooled``),
 ``per-language`` (``--natbias-prior per-language``); all else equal: label-
 smoothed cross-entropy 0.1, Adam, lr 1e-3 with an inverse-sqrt warm-up of 100
-updates (the studies' ``short`` schedule), ``--max-tokens 4096``, 2+2 layers.
+updates (the studies' ``short`` schedule), 2+2 layers. Defaults are what the
+2-core shared development machine could train by a deadline: d 64 and
+``--max-tokens 1024`` (at d 256 / 128 / 64 with 4,096 tokens an update took
+5-7 / 3.5-4.5 / 2.7-5.5 s there, two runs side by side under the other
+engineers' load: 1,000 updates an hour and more per run).
 
 Parts:
 
 ``full``   all 29,000 pairs per direction, 1,000 updates, validated every
-           ``--validate-every`` updates: the updates each arm needs to reach
+           ``--validate-every`` (100) updates: the updates each arm needs to reach
            stock's validation NLL at update 1,000, per direction and overall.
 ``n3000``  the first 3,000 pairs per direction, to convergence: validated
-           every 100 updates, fairseq's ``--patience`` on the overall
-           validation NLL, capped at ``--cap`` updates; the best checkpoint's
+           every 100 updates, fairseq's ``--patience`` (3 validations) on the
+           overall validation NLL, capped at ``--cap`` (2,500) updates; the best checkpoint's
            validation NLL per direction, and its BLEU per direction on
            test_2016_flickr (fairseq-generate, beam 5, sacreBLEU).
 
@@ -529,10 +533,10 @@ def main(argv=None):
     parser.add_argument("--results", type=Path, default=REPO / "research" / "results")
     parser.add_argument("--jobs", type=int, default=2, help="trainings side by side")
     parser.add_argument("--dim", type=int, default=64, help="model width")
-    parser.add_argument("--max-tokens", type=int, default=4096)
-    parser.add_argument("--validate-every", type=int, default=50, help="full part")
-    parser.add_argument("--patience", type=int, default=4, help="n3000 part, validations")
-    parser.add_argument("--cap", type=int, default=3000, help="n3000 part, updates")
+    parser.add_argument("--max-tokens", type=int, default=1024)
+    parser.add_argument("--validate-every", type=int, default=100, help="full part")
+    parser.add_argument("--patience", type=int, default=3, help="n3000 part, validations")
+    parser.add_argument("--cap", type=int, default=2500, help="n3000 part, updates")
     parser.add_argument("--no-bleu", dest="bleu", action="store_false")
     parser.add_argument("--summary-only", action="store_true", help="write the results only")
     parser.add_argument(
