@@ -355,8 +355,8 @@ def reach_table(found, setup, horizon=1000):
     stock = found.get((setup, REFERENCE), [])
     lines = [
         "| direction | arm | seeds | valid NLL at 1,000 | updates to reach stock's NLL at 1,000 "
-        "(per seed) | × stock's |",
-        "|---|---|---|---|---|---|",
+        "(per seed) | × stock's | test BLEU at 1,000 |",
+        "|---|---|---|---|---|---|---|",
     ]
     aims = []
     for key in keys:
@@ -382,10 +382,11 @@ def reach_table(found, setup, horizon=1000):
                 f"{sum(finite) / len(finite) / horizon:.2f}×" if finite and len(finite) == len(reach)
                 else "–"
             )  # fmt: skip
-            seeds = ", ".join(str(s) for s, _ in runs)
+            seeds = seeds_cell(runs)
             label = "all (both directions)" if key == "all" else key
+            bleu = cell([r["bleu"].get(key, {}).get("bleu") for _, r in runs], 2)
             lines.append(
-                f"| {label} | {arm} | {seeds} | {cell(at)} | {per_seed or '–'} | {ratio} |"
+                f"| {label} | {arm} | {seeds} | {cell(at)} | {per_seed or '–'} | {ratio} | {bleu} |"
             )
     lines.append("")
     lines.append(
@@ -394,6 +395,13 @@ def reach_table(found, setup, horizon=1000):
         + "."
     )
     return lines
+
+
+def seeds_cell(runs):
+    return ", ".join(
+        f"{s} (unfinished, at {r['last_update']})" if r.get("unfinished") else str(s)
+        for s, r in runs
+    )
 
 
 def converged_table(found, setup):
@@ -421,6 +429,8 @@ def converged_table(found, setup):
         )
         seeds = ", ".join(str(s) for s, _ in runs)
         lines.append(f"| {arm} | {seeds} | {where} | " + " | ".join(cells) + " |")
+    if len(lines) == 2:
+        lines.append("\n(no run yet)")
     return lines
 
 

@@ -79,13 +79,14 @@ def test_updates_to_reach_stocks_nll_at_1000_per_direction(study, tmp_path):
         "en-fr": [(500, 4.3), (1000, 4.0)],
     }
     _keep(tmp_path, "full", "one-to-many", "stock", 1, _record(stock, 1000))
-    _keep(tmp_path, "full", "one-to-many", "pooled", 1, _record(natbias, 1000))
+    bleu = {"en-de": {"bleu": 12.5, "bleu_signature": "s", "chrf_signature": "c"}}
+    _keep(tmp_path, "full", "one-to-many", "pooled", 1, _record(natbias, 1000, bleu))
     found = study.load_records(tmp_path, "full", [1, 2])
     table = "\n".join(study.reach_table(found, "one-to-many"))
-    assert "| all (both directions) | stock | 1 | 4.000 | 1000 | 1.00× |" in table
-    assert "| all (both directions) | pooled | 1 | 3.500 | 750 | 0.75× |" in table
-    assert "| en-de | pooled | 1 | 3.700 | 750 | 0.75× |" in table
-    assert "| en-fr | pooled | 1 | 4.000 | never | – |" in table
+    assert "| all (both directions) | stock | 1 | 4.000 | 1000 | 1.00× | – |" in table
+    assert "| all (both directions) | pooled | 1 | 3.500 | 750 | 0.75× | – |" in table
+    assert "| en-de | pooled | 1 | 3.700 | 750 | 0.75× | 12.50 |" in table
+    assert "| en-fr | pooled | 1 | 4.000 | never | – | – |" in table
     assert "all 4.000, en-de 4.200, en-fr 3.800" in table
 
 
@@ -101,7 +102,7 @@ def test_an_unfinished_run_is_read_from_its_log_and_marked(study, tmp_path):
     found = study.load_records(tmp_path, "full", [1], work)
     assert found[("one-to-many", "per-language")][0][1]["unfinished"]
     table = "\n".join(study.reach_table(found, "one-to-many"))
-    assert "| en-de | per-language | 1 | – | not by 50 | – |" in table
+    assert "| en-de | per-language | 1 (unfinished, at 50) | – | not by 50 | – | – |" in table
 
 
 def test_the_converged_table_reads_each_direction_at_the_overall_best(study, tmp_path):
