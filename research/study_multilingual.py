@@ -434,6 +434,33 @@ def converged_table(found, setup):
     return lines
 
 
+def target_tokens(data, pair):
+    """The validation targets' tokens of one direction as the criterion counts
+    them: each sentence's pieces and EOS, plus its language token."""
+    from fairseq.data import data_utils
+
+    tgt = pair.split("-")[1]
+    dataset = data_utils.load_indexed_dataset(str(data / f"valid.{pair}.{tgt}"), None, "mmap")
+    return int(dataset.sizes.sum()) + len(dataset)
+
+
+def consistency(found, data):
+    """The largest gap between the logged NLL of all directions and the
+    token-weighted mean of the directions' own (each logged to 3 decimals):
+    an independent check that each direction's split holds that direction alone."""
+    gaps = []
+    for (setup, _), runs in found.items():
+        weights = {pair: target_tokens(data, pair) for pair in SETUPS[setup]}
+        for _, record in runs:
+            for update, overall in record["curves"]["all"].items():
+                parts = [record["curves"][p].get(update) for p in weights]
+                if None in parts:
+                    continue
+                mean = sum(w * v for w, v in zip(weights.values(), parts)) / sum(weights.values())
+                gaps.append(abs(mean - overall))
+    return max(gaps) if gaps else None
+
+
 def signatures(found):
     for runs in found.values():
         for _, record in runs:
@@ -512,6 +539,26 @@ def write_results(results, part, seeds, args, command, work=None):
             "test_2016_flickr (1,000 sentences) of the best checkpoint, scored by sacreBLEU.",
             "",
         ]
+    if work is not None or args.work.exists():
+        data = (args.work or work) / ("data-full" if n is None else f"data-n{n}")
+        if data.exists():
+            gap = consistency(found, data)
+            lines += [
+                "Which sentences: fairseq's batch sampler for this task, under its default "
+                "`--required-batch-size-multiple 8`, leaves a remainder of each split out: "
+                "1,008 of each direction's 1,014 validation sentences are scored, and another "
+                "remainder of the split of all directions, so the NLL of all directions is not "
+                "exactly the token-weighted mean of the two directions' (largest gap over every "
+                f"validation of these runs: {gap:.3f} bits). Every arm is scored on the same "
+                "sentences. Checked with fairseq's own CLI on one checkpoint: `fairseq-validate "
+                "work/multilingual/data-full --user-dir fairseq_natbias --task "
+                "translation_multi_simple_epoch --lang-pairs en-de,en-fr --encoder-langtok src "
+                "--decoder-langtok --path <one-to-many stock seed1>/checkpoint_last.pt "
+                "--valid-subset valid_en_de --max-tokens 1024 --cpu` gives `nll_loss 6.08 | wpb "
+                "20371 | bsz 1008` (all 1,014 sentences hold 20,664 target tokens), the value "
+                "fairseq-train logged for en-de at update 1,000.",
+                "",
+            ]
     signed = signatures(found)
     if signed:
         lines += [f"sacreBLEU: `{signed[0]}`; chrF `{signed[1]}`.", ""]
