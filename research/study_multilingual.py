@@ -397,6 +397,12 @@ def reach_table(found, setup, horizon=1000):
     return lines
 
 
+def stopped_by(record):
+    if record.get("unfinished"):
+        return "unfinished"
+    return "patience" if record["stopped_early"] else "cap"
+
+
 def seeds_cell(runs):
     return ", ".join(
         f"{s} (unfinished, at {r['last_update']})" if r.get("unfinished") else str(s)
@@ -411,7 +417,8 @@ def converged_table(found, setup):
     head = " | ".join(f"valid NLL {p}" for p in pairs)
     bleu_head = " | ".join(f"BLEU {p}" for p in pairs)
     lines = [
-        f"| arm | seeds | best update (stopped at) | valid NLL all | {head} | {bleu_head} |",
+        f"| arm | seeds | best update (last update, stopped by) | valid NLL all | {head} | "
+        f"{bleu_head} |",
         "|---|---|---|---|" + "---|" * (2 * len(pairs)),
     ]
     for arm in ARMS:
@@ -423,10 +430,7 @@ def converged_table(found, setup):
         cells = [cell([value_at(r, "all", r["best_update"]) for _, r in runs])]
         cells += [cell([value_at(r, p, r["best_update"]) for _, r in runs]) for p in pairs]
         cells += [cell([r["bleu"].get(p, {}).get("bleu") for _, r in runs], 2) for p in pairs]
-        where = ", ".join(
-            f"{b} ({s}{', unfinished' if r.get('unfinished') else ''})"
-            for b, s, (_, r) in zip(best, stops, runs)
-        )
+        where = ", ".join(f"{b} ({s}, {stopped_by(r)})" for b, s, (_, r) in zip(best, stops, runs))
         seeds = ", ".join(str(s) for s, _ in runs)
         lines.append(f"| {arm} | {seeds} | {where} | " + " | ".join(cells) + " |")
     if len(lines) == 2:
@@ -522,6 +526,12 @@ def write_results(results, part, seeds, args, command, work=None):
         "direction), per direction from a split per direction logged by fairseq-train itself.",
         "",
     ]
+    if any(r.get("unfinished") for runs in found.values() for _, r in runs):
+        lines += [
+            "Runs marked unfinished were still training (or were stopped at the deadline) "
+            "when this file was written: their figures are those of their log so far.",
+            "",
+        ]
     for setup in SETUPS:
         lines += [f"## {setup} ({', '.join(SETUPS[setup])})", ""]
         if n is None:
@@ -605,9 +615,10 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.raw is None and not args.summary_only:
         parser.error("give --raw DIR (Multi30k) or set NATBIAS_MULTI30K")
-    command = "OMP_NUM_THREADS=1 .venv/bin/python research/study_multilingual.py " + " ".join(
-        argv if argv is not None else sys.argv[1:]
-    )
+    # The training command (a summary's own options left out: it trains nothing).
+    given = argv if argv is not None else sys.argv[1:]
+    kept = [a for a in given if a not in ("--summary-only", "--with-unfinished")]
+    command = "OMP_NUM_THREADS=1 .venv/bin/python research/study_multilingual.py " + " ".join(kept)
     if not args.summary_only:
         os.environ["OMP_NUM_THREADS"] = "1"
         data = {

@@ -121,7 +121,7 @@ def test_the_converged_table_reads_each_direction_at_the_overall_best(study, tmp
     table = "\n".join(study.converged_table(found, "many-to-one"))
     # mean ± standard error of 4.1 and 4.3: 4.2 ± 0.1
     assert (
-        "| stock | 1, 2 | 200 (300), 200 (300) | 4.100 ± 0.100 | 4.200 ± 0.100 | "
+        "| stock | 1, 2 | 200 (300, patience), 200 (300, patience) | 4.100 ± 0.100 | 4.200 ± 0.100 | "
         "4.000 ± 0.100 | 30.00 ± 0.00 | 35.00 ± 0.00 |" in table
     )
     assert study.signatures(found) == ("nrefs:1|tok:13a", "c")
