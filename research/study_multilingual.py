@@ -164,8 +164,28 @@ def training_arguments(data, run_dir, setup, arm, seed, part, args):
     return pipeline.train_command(data, run_dir, options, max_update), max_update
 
 
+def reopen(run_dir, cap, name):
+    """A finished n3000 run that its cap stopped (not its patience) trains on
+    to a higher ``cap``: its done mark and scores move to stopped<N>/ (kept),
+    fairseq resumes from checkpoint_last.pt (its patience count starts again)."""
+    log = run_dir / "train.log"
+    if not (run_dir / "done").exists():
+        return
+    lines = log.read_text(encoding="utf-8", errors="replace").splitlines()
+    last = max(curves_from_log(lines)[pair_of(ALL)])
+    if any(EARLY_STOP in line for line in lines) or last >= cap:
+        return
+    kept = run_dir / f"stopped{last}"
+    kept.mkdir(exist_ok=True)
+    for path in [run_dir / "done", *run_dir.glob("bleu_*.json"), *run_dir.glob("test_*.hyp")]:
+        path.replace(kept / path.name)
+    pipeline.say(f"{name}: its cap stopped it at update {last}: training on to {cap}")
+
+
 def train(data, run_dir, setup, arm, seed, part, args):
     name = f"{part} {setup} {arm} seed{seed}"
+    if PARTS[part] is not None:
+        reopen(run_dir, args.cap, name)
     if (run_dir / "done").exists():
         pipeline.say(f"{name}: trained before, skipped")
         return

@@ -151,3 +151,21 @@ def test_the_empty_validation_datasets_read_as_zero_sentences(study, tmp_path):
             [6, 7, 2],
             0,
         ]
+
+
+def test_a_run_its_cap_stopped_is_reopened_for_a_higher_cap_and_its_scores_kept(study, tmp_path):
+    capped, patient = tmp_path / "capped", tmp_path / "patient"
+    for run_dir, extra in ((capped, ""), (patient, study.EARLY_STOP)):
+        run_dir.mkdir()
+        curves = {"valid": [(100, 6.0), (200, 5.0)]}
+        (run_dir / "train.log").write_text("\n".join([*_log(curves), extra]) + "\n")
+        (run_dir / "done").touch()
+        (run_dir / "bleu_en-de.json").write_text("{}")
+    study.reopen(capped, 200, "capped")  # the cap it already reached: kept as it is
+    assert (capped / "done").exists()
+    study.reopen(capped, 400, "capped")
+    assert not (capped / "done").exists() and not (capped / "bleu_en-de.json").exists()
+    assert (capped / "stopped200" / "done").exists()
+    assert (capped / "stopped200" / "bleu_en-de.json").exists()
+    study.reopen(patient, 400, "patient")  # its patience stopped it: finished
+    assert (patient / "done").exists() and (patient / "bleu_en-de.json").exists()
