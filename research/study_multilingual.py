@@ -522,7 +522,8 @@ def write_results(results, part, seeds, args, command, work=None):
     title = (
         "Multilingual translation, all 29,000 pairs per direction, 1,000 updates"
         if n is None
-        else f"Multilingual translation, {n:,} pairs per direction, to convergence"
+        else f"Multilingual translation, {n:,} pairs per direction, patience {args.patience} "
+        f"capped at {args.cap:,} updates"
     )
     lines = [
         f"# {title} (issue 93)",
@@ -559,6 +560,16 @@ def write_results(results, part, seeds, args, command, work=None):
         else:
             lines += converged_table(found, setup)
         lines.append("")
+    capped = [r for runs in found.values() for _, r in runs if stopped_by(r) == "cap"]
+    if n is not None and capped:
+        total = sum(len(runs) for runs in found.values())
+        lines += [
+            f"**Not converged:** {len(capped)} of {total} runs were stopped by the cap with "
+            "their validation NLL still falling (best update = last update): these are the "
+            f"arms after {args.cap:,} updates on {n:,} pairs, not at convergence. A higher "
+            "`--cap` trains them on from their last checkpoint.",
+            "",
+        ]
     if n is not None:
         lines += [
             f"Training: validation every 100 updates, `--patience {args.patience}` on the "
