@@ -132,7 +132,8 @@ def write_table(rows, args):
         "# Multilingual models at update 0: bits per validation token",
         "",
         f"`python research/multilingual_step0.py --seeds {' '.join(map(str, args.seeds))}"
-        f" --vocab-size {args.vocab_size} --out {args.out}` (CPU). Multi30k, all 29,000 pairs "
+        f" --vocab-size {args.vocab_size} --out {args.out}`: the 2-core CPU development machine "
+        "(shared with other work; no timing is read). Multi30k, all 29,000 pairs "
         "per direction, joint SentencePiece; 2+2 layers, d 256, tied; "
         "`--encoder-langtok src --decoder-langtok`. `bits`: the words and EOS of each target "
         "language's validation sentences (1,014 a direction), mean over seeds (min–max); "
