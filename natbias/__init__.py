@@ -22,7 +22,7 @@ Built on it: ``fairseq_natbias`` (the fairseq plugin), ``natbias.hf``
 ``natbias.tools`` (log readers, ALC, reports and plots; no torch).
 """
 
-__version__ = "2.1.0"
+__version__ = "2.2.0"
 
 # The format of what a saved model records about its natural bias (fairseq
 # checkpoints and transformers configurations alike). Version 1 is the first;
