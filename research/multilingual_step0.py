@@ -30,15 +30,10 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "examples/multilingual"))
 from prepare import prepare  # noqa: E402
+from study_multilingual import ARMS, SETUPS  # noqa: E402  (the study's set-ups and arms)
 
 from fairseq_natbias.in_process import build_from_training_args  # noqa: E402
 
-SETUPS = {"one-to-many": ["en-de", "en-fr"], "many-to-one": ["de-en", "fr-en"]}
-ARMS = {
-    "stock": ["--arch", "transformer"],
-    "pooled": ["--arch", "transformer_natbias", "--natbias-prior", "pooled"],
-    "per-language": ["--arch", "transformer_natbias", "--natbias-prior", "per-language"],
-}
 MODEL = (
     "--encoder-layers 2 --decoder-layers 2 --encoder-embed-dim 256 --decoder-embed-dim 256 "
     "--encoder-ffn-embed-dim 512 --decoder-ffn-embed-dim 512 --encoder-attention-heads 4 "
