@@ -412,6 +412,7 @@ def reach_table(found, setup, horizon=1000):
     lines.append(
         f"Targets (stock's validation NLL at update {horizon:,}, mean over its seeds): "
         + (", ".join(aims) if aims else "none yet (stock unfinished)")
+        + ("; a stock seed above the mean never reaches it by then" if len(stock) > 1 else "")
         + "."
     )
     return lines
