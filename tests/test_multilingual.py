@@ -8,7 +8,6 @@ import math
 import re
 import shutil
 import sys
-from collections import Counter
 from types import SimpleNamespace
 
 import numpy as np
@@ -26,6 +25,7 @@ from natbias_testing import (
     build_in_process,
     fairseq,
     multi30k_has,
+    reference_log_unigram,
 )
 
 from fairseq_natbias.language_prior import ROWS_KEY
@@ -115,15 +115,9 @@ def test_the_prior_weighs_pairs_as_the_task_samples_them(data, tmp_path):
     assert abs(concatenated[de] / concatenated.sum() - share["epoch"]) > 0.05 * share["epoch"]
 
 
-def _text_log_unigram(paths, dictionary, extra=None):
-    """Add-one log unigram of pieces files, counted here (words + one EOS a line)."""
-    counts = Counter(extra or {})
-    for path in paths:
-        for line in path.read_text(encoding="utf-8").splitlines():
-            counts.update(dictionary.index(w) for w in line.split())
-            counts[dictionary.eos()] += 1
-    total = sum(counts.values()) + len(dictionary)
-    return torch.tensor([math.log((counts[i] + 1) / total) for i in range(len(dictionary))])
+def _reference(paths, dictionary, extra=None):
+    """The add-one log unigram of pieces files, counted in the test, as float32."""
+    return reference_log_unigram(paths, dictionary, extra=extra).float()
 
 
 @pytest.fixture(scope="module")
@@ -138,13 +132,10 @@ def test_each_row_is_its_languages_unigram_and_row_0_the_pooled_one(data, per_la
     dictionary, bias = task.target_dictionary, model.decoder.output_projection.bias
     tokens = {lang: task.data_manager.get_decoder_langtok(lang, "tgt") for lang in ("de", "fr")}
     pieces = data / "pieces"
-    pooled = _text_log_unigram(
+    pooled = _reference(
         [pieces / "train.de", pieces / "train.fr"], dictionary, {t: 600 for t in tokens.values()}
     )
-    expected = [
-        pooled,
-        *(_text_log_unigram([pieces / f"train.{lang}"], dictionary) for lang in tokens),
-    ]
+    expected = [pooled, *(_reference([pieces / f"train.{lang}"], dictionary) for lang in tokens)]
     assert torch.allclose(bias.detach(), torch.stack(expected), atol=1e-5)
     assert torch.equal(model.target_log_unigram, bias.detach())
 
@@ -248,7 +239,7 @@ def test_a_counts_file_works_with_a_task_the_counter_does_not_know(data, tmp_pat
         TransformerNatbiasModel.build_model(args, unknown)
     args.natbias_init, args.natbias_counts = "file", str(_counts_file(data, tmp_path))
     model = TransformerNatbiasModel.build_model(args, unknown)
-    file_prior = _text_log_unigram([data / "pieces/train.de"], dictionary)
+    file_prior = _reference([data / "pieces/train.de"], dictionary)
     assert torch.allclose(model.target_log_unigram, file_prior, atol=1e-5)
     assert torch.equal(model.decoder.output_projection.bias.detach(), model.target_log_unigram)
     assert torch.equal(criterion_prior(unknown, model, "train", "c"), model.target_log_unigram)
@@ -263,7 +254,7 @@ def test_a_counts_file_of_dict_txt_gives_a_multilingual_model_its_prior(data, tm
     file = _counts_file(data, tmp_path)
     options = [*ONE_TO_MANY, *LANGTOKS, "--natbias-init", "file", "--natbias-counts", file]
     task, model, criterion = build(copy, tmp_path, *options)
-    expected = _text_log_unigram([data / "pieces/train.de"], task.target_dictionary)
+    expected = _reference([data / "pieces/train.de"], task.target_dictionary)
     assert torch.allclose(model.target_log_unigram, expected, atol=1e-5)
     langtok = task.data_manager.get_decoder_langtok("de", "tgt")
     assert math.isclose(
