@@ -4,18 +4,22 @@ with ``--update-freq 2``, log the same ``train_inner`` lines and save the
 same b, gain and weights; a checkpoint written at the end of an epoch by
 either resumes on the other and goes on as it does on its own world size.
 Real fairseq-train processes on the toy corpus (an epoch is 3 updates),
-dropout 0.
+dropout 0, forked from one that imported fairseq (tests/forked_cli.py).
 
 Mid-epoch, fairseq 0.12 counts the batches each rank has read: a checkpoint
 written by N ranks resumed on M skips N/M times the batches it should
 (docs/scaling.md)."""
 
+import json
 import os
+import signal
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
-from natbias_testing import BIN, REPO, TINY_MODEL, TINY_TRAINING, free_port, log_records
+from natbias_testing import REPO, TINY_MODEL, TINY_TRAINING, free_port, log_records
 
 NOT_COMPARED = {"wps", "ups", "wall", "train_wall", "gb_free", "ppl"}  # timing; ppl = 2^nll_loss
 PRINTED = 1.1e-3  # one unit of the third decimal, the precision fairseq prints
@@ -68,7 +72,7 @@ CONFIGURATIONS = {
 
 def command(data, save_dir, extra):
     return [
-        str(BIN / "fairseq-train"), str(data), "--user-dir", "fairseq_natbias",
+        "fairseq-train", str(data), "--user-dir", "fairseq_natbias",
         "--arch", "transformer_natbias", *TINY_MODEL, *TINY_TRAINING, *SAME_BATCHES,
         *extra, "--save-dir", str(save_dir),
     ]  # fmt: skip
@@ -86,28 +90,37 @@ def ranks(data, save_dir, extra, world):
     return [command(data, save_dir, [*extra, *join, "--distributed-rank", r]) for r in "01"]
 
 
-def run_all(commands):
-    """Runs the commands side by side; rank 0's (each run's first) output."""
-    env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
-    started = [
-        subprocess.Popen(c, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        for c in commands
-    ]  # fmt: skip
+def run_all(commands, work, timeout=300):
+    """Runs the commands side by side, each a fairseq-train process forked
+    from one that imported fairseq (tests/forked_cli.py); their outputs."""
+    outputs = [work / f"{i}.log" for i in range(len(commands))]
+    spec = [dict(argv=c, output=str(o)) for c, o in zip(commands, outputs)]
+    (work / "spec.json").write_text(json.dumps(spec))
+    launcher = subprocess.Popen(
+        [sys.executable, str(Path(__file__).with_name("forked_cli.py")), str(work / "spec.json")],
+        cwd=REPO,
+        env=dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1"),
+        start_new_session=True,  # its forked processes in its group, stopped with it
+    )
     try:
-        outputs = [process.communicate(timeout=300)[0] for process in started]
+        launcher.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"the processes did not finish in {timeout} s") from None
     finally:
-        for process in started:
-            if process.poll() is None:
-                process.kill()
-    for process, output in zip(started, outputs):
-        assert process.returncode == 0, output[-3000:]
-    return outputs
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGKILL)
+            launcher.wait()
+    texts = [o.read_text() if o.exists() else "" for o in outputs]
+    assert launcher.returncode == 0, "\n".join(t[-3000:] for t in texts)
+    return texts
 
 
 def launch(plan, data, root, extra):
     """Each (name, world) of ``plan`` run side by side: rank 0's output by name."""
     commands = [ranks(data, root / f"{n}-{w}", [*extra(n), *more], w) for n, w, *more in plan]
-    outputs = iter(run_all([c for run in commands for c in run]))
+    work = root / f"launch-{len(list(root.glob('launch-*')))}"
+    work.mkdir()
+    outputs = iter(run_all([c for run in commands for c in run], work))
     logs = {}
     for (name, world, *_), run in zip(plan, commands):
         logs[name, world] = next(outputs)
@@ -181,3 +194,15 @@ def test_a_checkpoint_resumes_on_the_other_world_size_as_on_its_own(runs, writte
     assert_same_weights(
         root / f"from{written}-{world}/checkpoint_last.pt", root / "from1-1/checkpoint_last.pt"
     )
+
+
+def test_a_failed_process_stops_the_launch_and_its_peers(tmp_path):
+    """tests/forked_cli.py: a command that fails fails the launch, with its
+    error in its output, and a rank left waiting for a peer that will never
+    join is stopped rather than holding the test for the rendezvous timeout."""
+    waiting = command(tmp_path, tmp_path / "waits", ["--distributed-world-size", "2",
+        "--distributed-init-method", f"tcp://127.0.0.1:{free_port()}",
+        "--distributed-no-spawn", "--distributed-backend", "gloo", "--distributed-rank", "1"])  # fmt: skip
+    failing = command(tmp_path, tmp_path / "fails", ["--no-such-option"])
+    with pytest.raises(AssertionError, match="unrecognized arguments: --no-such-option"):
+        run_all([waiting, failing], tmp_path, timeout=60)

@@ -201,15 +201,18 @@ def references(tmp_path_factory):
 
 
 def vllm_environment(tmp_path):
-    """vLLM's caches under the test's directory, its engine in the process."""
-    return dict(
+    """vLLM's caches under the test's directory, its engine in the process;
+    the KV cache is sized by each engine's kv_cache_memory_bytes (the
+    environment's VLLM_CPU_KVCACHE_SPACE would override it)."""
+    environment = dict(
         os.environ,
         VLLM_CACHE_ROOT=str(tmp_path / "vllm_cache"),
-        VLLM_CPU_KVCACHE_SPACE="1",
         VLLM_ENABLE_V1_MULTIPROCESSING="0",
         HF_HUB_OFFLINE="1",
         TOKENIZERS_PARALLELISM="false",
     )
+    environment.pop("VLLM_CPU_KVCACHE_SPACE", None)
+    return environment
 
 
 @pytest.fixture(scope="module")
@@ -389,6 +392,7 @@ def server(references, served, tmp_path_factory):
         str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", str(path),
         "--served-model-name", "natbias-llama", "--host", "127.0.0.1", "--port", str(port),
         "--dtype", "float32", "--max-model-len", "64", "--max-num-seqs", "64", "--enforce-eager",
+        "--kv-cache-memory-bytes", str(64 << 20),
     ]  # fmt: skip
     log = open(work / "server.log", "w")
     process = subprocess.Popen(command, cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT)
