@@ -7,6 +7,8 @@ import sys
 import threading
 from pathlib import Path
 
+import fork_server
+
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 
@@ -506,16 +508,21 @@ def recipe_settings(script=None):
     return names
 
 
+def script_path():
+    """PATH for the scripts the tests run: fairseq's tools served by this
+    worker's fork server first (tests/fork_server.py), then the environment's."""
+    path = [str(BIN), os.environ.get("PATH", "")]
+    if fork_server.shims_enabled():
+        path.insert(0, str(fork_server.shim_directory(BIN)))
+    return os.pathsep.join(path)
+
+
 def recipe_env(env=None):
     """Smoke mode on CPU, the repository's fairseq on PATH, and none of the
     recipe settings of the caller's shell: only ``env``'s."""
     full_env = {k: v for k, v in os.environ.items() if k not in recipe_settings()}
     full_env.update(
-        PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
-        PYTHONWARNINGS="ignore",
-        OMP_NUM_THREADS="1",
-        SMOKE="1",
-        NGPUS="0",
+        PATH=script_path(), PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1", SMOKE="1", NGPUS="0"
     )
     full_env.update({k: str(v) for k, v in (env or {}).items()})
     return full_env

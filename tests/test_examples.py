@@ -22,7 +22,7 @@ from collections import Counter
 
 import pytest
 import torch
-from natbias_testing import BIN, MULTI30K, REPO
+from natbias_testing import MULTI30K, REPO, script_path
 
 EXAMPLES = REPO / "examples"
 SCRIPTS = {
@@ -63,11 +63,7 @@ def example_settings():
 
 def run_example(command, env=None, cwd=None, unset=()):
     clean = {k: v for k, v in os.environ.items() if k not in example_settings() and k not in unset}
-    clean.update(
-        PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
-        OMP_NUM_THREADS="1",
-        PYTHONWARNINGS="ignore",
-    )
+    clean.update(PATH=script_path(), OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
     clean.update({k: str(v) for k, v in (env or {}).items()})
     return subprocess.run(
         [str(c) for c in command],

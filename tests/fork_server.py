@@ -1,0 +1,204 @@
+"""fairseq's command-line tools for the scripts the tests run (the examples'
+and recipes' bash scripts), started in milliseconds instead of seconds.
+
+A fairseq process spends about 3 CPU-seconds importing torch, fairseq and
+what fairseq imports (scikit-learn, SciPy) before its first line of work, and
+the tests' tiny runs do about a second of work each. So one server process per
+pytest worker imports fairseq's command-line modules once; a script the tests
+run finds, first on its PATH, a small ``fairseq-train`` (and the others) that
+hands its command line, working directory, environment and its stdin, stdout
+and stderr to the server, which forks a process that runs the console
+script's own entry point with them and reports its exit status.
+
+Each command is still a process of its own; the server ran no torch kernel
+before the fork and OpenMP starts no thread there (OMP_NUM_THREADS=1), so the
+forked process starts clean and sets its own thread count from the command's
+OMP_NUM_THREADS. A signal to the small process is passed on; if it dies, the
+forked process is stopped. fairseq_natbias is not imported by the server: each
+command imports it through its --user-dir as a fresh process does.
+
+``NATBIAS_TESTS_SUBPROCESS=1`` runs the installed scripts instead.
+
+    python fork_server.py SOCKET     # the server (started by shim_directory)
+"""
+
+import array
+import atexit
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+TOOLS = ("fairseq-train", "fairseq-generate", "fairseq-preprocess", "fairseq-eval-lm")
+
+# What a script runs as ``fairseq-train``: Python isolated and without site (-IS) starts in
+# milliseconds; it needs nothing but the standard library.
+SHIM = """#!{python} -IS
+import array, json, os, signal, socket, sys
+connection = socket.socket(socket.AF_UNIX)
+connection.connect({address!r})
+request = json.dumps(dict(argv=sys.argv, cwd=os.getcwd(), env=dict(os.environ))).encode()
+streams = array.array("i", [0, 1, 2])
+connection.sendmsg([len(request).to_bytes(8, "big") + request],
+                   [(socket.SOL_SOCKET, socket.SCM_RIGHTS, streams)])
+reply = connection.makefile("rb")
+pid = int.from_bytes(reply.read(8), "big")
+for number in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+    signal.signal(number, lambda number, _: os.kill(pid, number))
+status = reply.read(4)
+if len(status) < 4:
+    sys.exit(f"{{sys.argv[0]}}: the process ended without an exit status (killed)")
+sys.exit(int.from_bytes(status, "big", signed=True))
+"""
+
+
+def shims_enabled():
+    return os.environ.get("NATBIAS_TESTS_SUBPROCESS") != "1"
+
+
+_SERVER = {}
+
+
+def shim_directory(bin_dir):
+    """A folder of small ``fairseq-*`` commands served by this pytest
+    worker's server (started on first use, stopped at exit); put it first
+    on a script's PATH. ``bin_dir``: the environment whose Python serves."""
+    if "dir" in _SERVER:
+        return _SERVER["dir"]
+    folder = Path(tempfile.mkdtemp(prefix="natbias-fork-"))
+    address = str(folder / "socket")
+    python = Path(bin_dir) / "python"
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    log = open(folder / "server.log", "w")
+    server = subprocess.Popen(
+        [str(python), str(Path(__file__).resolve()), address],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    deadline = time.time() + 120
+    while not os.path.exists(address):
+        if server.poll() is not None or time.time() > deadline:
+            raise RuntimeError(
+                f"the fork server did not start: {(folder / 'server.log').read_text()}"
+            )
+        time.sleep(0.05)
+    shims = folder / "bin"
+    shims.mkdir()
+    for tool in TOOLS:
+        (shims / tool).write_text(SHIM.format(python=python, address=address))
+        (shims / tool).chmod(0o755)
+
+    def stop():
+        server.kill()
+        server.wait()
+        log.close()
+        shutil.rmtree(folder, ignore_errors=True)
+
+    atexit.register(stop)
+    _SERVER["dir"] = shims
+    return shims
+
+
+# --- the server ------------------------------------------------------------------------
+
+
+def receive(connection):
+    """The request and the client's three standard streams (descriptors)."""
+    header, ancillary, _, _ = connection.recvmsg(8, socket.CMSG_LEN(3 * 4))
+    streams = array.array("i")
+    for level, kind, data in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            streams.frombytes(data[: len(data) - len(data) % 4])
+    length, body = int.from_bytes(header, "big"), b""
+    while len(body) < length:
+        body += connection.recv(length - len(body))
+    return json.loads(body), list(streams)
+
+
+def stop_when_client_dies(connection):
+    """The client never writes after its request: end of file means it died."""
+    if not connection.recv(1):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def run_command(connection, entries):
+    """In the forked process: the command as its own process would run it."""
+    import atexit as exits
+    import warnings
+
+    import torch
+
+    code = 1
+    try:
+        request, streams = receive(connection)
+        for target, stream in enumerate(streams):
+            os.dup2(stream, target)
+            os.close(stream)
+        connection.sendall(os.getpid().to_bytes(8, "big"))
+        threading.Thread(target=stop_when_client_dies, args=(connection,), daemon=True).start()
+        env = request["env"]
+        os.environ.clear()
+        os.environ.update(env)
+        os.chdir(request["cwd"])
+        sys.argv = request["argv"]
+        # sys.path as the console script's own process has it: its folder first, PYTHONPATH next
+        extra = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+        sys.path[:1] = [os.path.dirname(sys.argv[0]), *extra]
+        warnings.resetwarnings()
+        if env.get("PYTHONWARNINGS"):
+            warnings._processoptions(env["PYTHONWARNINGS"].split(","))
+        torch.set_num_threads(int(env.get("OMP_NUM_THREADS") or os.cpu_count()))
+        try:
+            entries[os.path.basename(sys.argv[0])]()
+            code = 0
+        except SystemExit as done:
+            if isinstance(done.code, str):
+                print(done.code, file=sys.stderr)
+            code = done.code if isinstance(done.code, int) else int(done.code is not None)
+        except BaseException:
+            sys.excepthook(*sys.exc_info())
+        exits._run_exitfuncs()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:
+                pass
+        try:
+            connection.sendall(code.to_bytes(4, "big", signed=True))
+        finally:
+            os._exit(code)
+
+
+def serve(address):
+    from importlib.metadata import entry_points
+
+    scripts = {e.name: e for e in entry_points(group="console_scripts")}
+    entries = {tool: scripts[tool].load() for tool in TOOLS}
+    sys.stdout.flush()
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(address + ".new")
+    listener.listen(64)
+    os.rename(address + ".new", address)  # the socket appears ready
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # forked commands reaped by the kernel
+    while True:
+        connection, _ = listener.accept()
+        if os.fork() == 0:
+            listener.close()
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the command waits on its own children
+            run_command(connection, entries)
+        connection.close()
+
+
+if __name__ == "__main__":
+    serve(sys.argv[1])
