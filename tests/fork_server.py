@@ -36,6 +36,8 @@ import threading
 import time
 from pathlib import Path
 
+from forked_cli import exit_status
+
 TOOLS = ("fairseq-train", "fairseq-generate", "fairseq-preprocess", "fairseq-eval-lm")
 
 # What a script runs as ``fairseq-train``: Python isolated and without site (-IS) starts in
@@ -158,15 +160,7 @@ def run_command(connection, entries):
         if env.get("PYTHONWARNINGS"):
             warnings._processoptions(env["PYTHONWARNINGS"].split(","))
         torch.set_num_threads(int(env.get("OMP_NUM_THREADS") or os.cpu_count()))
-        try:
-            entries[os.path.basename(sys.argv[0])]()
-            code = 0
-        except SystemExit as done:
-            if isinstance(done.code, str):
-                print(done.code, file=sys.stderr)
-            code = done.code if isinstance(done.code, int) else int(done.code is not None)
-        except BaseException:
-            sys.excepthook(*sys.exc_info())
+        code = exit_status(entries[os.path.basename(sys.argv[0])])
         exits._run_exitfuncs()
     finally:
         for stream in (sys.stdout, sys.stderr):

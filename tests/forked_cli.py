@@ -23,6 +23,22 @@ import sys
 from importlib.metadata import entry_points
 
 
+def exit_status(entry):
+    """Runs a console script's entry point and returns the status its own
+    process would exit with, printing what the interpreter would: a
+    SystemExit's message, or an uncaught error through sys.excepthook."""
+    try:
+        entry()
+    except SystemExit as done:
+        if isinstance(done.code, str):
+            print(done.code, file=sys.stderr)
+        return done.code if isinstance(done.code, int) else int(done.code is not None)
+    except BaseException:
+        sys.excepthook(*sys.exc_info())
+        return 1
+    return 0
+
+
 def run_child(argv, output, entry):
     """In the forked child: argv's console script, stdout and stderr into output."""
     code = 1
@@ -31,15 +47,7 @@ def run_child(argv, output, entry):
             os.dup2(log.fileno(), 1)
             os.dup2(log.fileno(), 2)
         sys.argv = list(argv)
-        try:
-            entry()
-            code = 0
-        except SystemExit as done:
-            if isinstance(done.code, str):
-                print(done.code, file=sys.stderr)
-            code = done.code if isinstance(done.code, int) else int(done.code is not None)
-        except BaseException:
-            sys.excepthook(*sys.exc_info())
+        code = exit_status(entry)
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
