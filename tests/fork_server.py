@@ -5,7 +5,8 @@ A fairseq process spends about 3 CPU-seconds importing torch, fairseq and
 what fairseq imports (scikit-learn, SciPy) before its first line of work, and
 the tests' tiny runs do about a second of work each. So one server process per
 pytest worker imports fairseq's command-line modules once; a script the tests
-run finds, first on its PATH, a small ``fairseq-train`` (and the others) that
+run finds, first on its PATH (or beside the Python it runs with:
+``served_python``), a small ``fairseq-train`` (and the others) that
 hands its command line, working directory, environment and its stdin, stdout
 and stderr to the server, which forks a process that runs the console
 script's own entry point with them and reports its exit status.
@@ -38,7 +39,16 @@ from pathlib import Path
 
 from forked_cli import exit_status
 
-TOOLS = ("fairseq-train", "fairseq-generate", "fairseq-preprocess", "fairseq-eval-lm")
+TOOLS = (
+    "fairseq-train",
+    "fairseq-generate",
+    "fairseq-preprocess",
+    "fairseq-eval-lm",
+    "natbias-step0",
+)
+# Imported by the server before it forks: fairseq's tools. Not this package's
+# (natbias-step0): a command imports fairseq_natbias itself, as a fresh process does.
+PRELOADED = TOOLS[:4]
 
 # What a script runs as ``fairseq-train``: Python isolated and without site (-IS) starts in
 # milliseconds; it needs nothing but the standard library.
@@ -99,6 +109,7 @@ def shim_directory(bin_dir):
     for tool in TOOLS:
         (shims / tool).write_text(SHIM.format(python=python, address=address))
         (shims / tool).chmod(0o755)
+    _SERVER["python"] = served_environment(folder / "env", shims)
 
     def stop():
         server.kill()
@@ -109,6 +120,34 @@ def shim_directory(bin_dir):
     atexit.register(stop)
     _SERVER["dir"] = shims
     return shims
+
+
+def served_python(bin_dir):
+    """A Python of this environment whose folder holds the served commands,
+    for scripts that look for fairseq's tools beside ``sys.executable``
+    (examples/paper/pipeline.py's ``tool``)."""
+    shim_directory(bin_dir)
+    return _SERVER["python"]
+
+
+def served_environment(root, shims):
+    """A virtual environment at ``root`` with this one's packages (a .pth file
+    adds its site-packages) and the served commands in its bin folder."""
+    import sysconfig
+
+    (root / "bin").mkdir(parents=True)
+    (root / "pyvenv.cfg").write_text(
+        f"home = {Path(sys._base_executable).parent}\ninclude-system-site-packages = false\n"
+    )
+    python = root / "bin" / "python"
+    python.symlink_to(Path(sys._base_executable).resolve())
+    site_packages = Path(sysconfig.get_path("purelib", vars={"base": str(root)}))
+    site_packages.mkdir(parents=True)
+    purelib = sysconfig.get_paths()["purelib"]
+    (site_packages / "environment.pth").write_text(f"import site; site.addsitedir({purelib!r})\n")
+    for tool in TOOLS:
+        (root / "bin" / tool).symlink_to(shims / tool)
+    return python
 
 
 # --- the server ------------------------------------------------------------------------
@@ -160,7 +199,8 @@ def run_command(connection, entries):
         if env.get("PYTHONWARNINGS"):
             warnings._processoptions(env["PYTHONWARNINGS"].split(","))
         torch.set_num_threads(int(env.get("OMP_NUM_THREADS") or os.cpu_count()))
-        code = exit_status(entries[os.path.basename(sys.argv[0])])
+        entry = entries[os.path.basename(sys.argv[0])]
+        code = exit_status(lambda: entry.load()())
         exits._run_exitfuncs()
     finally:
         for stream in (sys.stdout, sys.stderr):
@@ -178,7 +218,9 @@ def serve(address):
     from importlib.metadata import entry_points
 
     scripts = {e.name: e for e in entry_points(group="console_scripts")}
-    entries = {tool: scripts[tool].load() for tool in TOOLS}
+    entries = {tool: scripts[tool] for tool in TOOLS}
+    for tool in PRELOADED:
+        entries[tool].load()
     sys.stdout.flush()
     listener = socket.socket(socket.AF_UNIX)
     listener.bind(address + ".new")

@@ -517,6 +517,14 @@ def script_path():
     return os.pathsep.join(path)
 
 
+def script_python():
+    """The Python for the scripts the tests run that find fairseq's tools
+    beside ``sys.executable``: one whose folder holds the fork server's."""
+    if fork_server.shims_enabled():
+        return str(fork_server.served_python(BIN))
+    return sys.executable
+
+
 def recipe_env(env=None):
     """Smoke mode on CPU, the repository's fairseq on PATH, and none of the
     recipe settings of the caller's shell: only ``env``'s."""

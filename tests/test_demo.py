@@ -3,10 +3,9 @@
 import json
 import os
 import subprocess
-import sys
 
 import pytest
-from natbias_testing import REPO, write_multi30k_slice
+from natbias_testing import REPO, script_python, write_multi30k_slice
 
 SLICE = {"train": 3000, "val": 100, "test_2016_flickr": 50}
 # A few updates are enough for every step to run and write what is checked
@@ -26,10 +25,11 @@ def multi30k_slice(tmp_path_factory):
 
 def natbias_demo(data, output, **env):
     # One thread for the demo's fairseq processes, as for the tests' own
-    # (tests/conftest.py): the pytest workers already use every core.
+    # (tests/conftest.py): the pytest workers already use every core. Its
+    # fairseq tools are the fork server's (tests/fork_server.py).
     return subprocess.run(
         [
-            sys.executable,
+            script_python(),
             str(REPO / "examples/paper/demo.py"),
             "--data",
             str(data),

@@ -2,6 +2,7 @@
 tau log p_unigram, set through fairseq's --model-overrides, and examples/paper/sweep.py."""
 
 import math
+import sys
 from collections import Counter
 
 import numpy as np
@@ -9,7 +10,7 @@ import pytest
 import sweep as sweep_cli
 import torch
 import torch.nn.functional as F
-from natbias_testing import NO_LOADER_PROCESS, console_script_help, fairseq, train
+from natbias_testing import NO_LOADER_PROCESS, console_script_help, fairseq, script_python, train
 
 GENERATE_ARGS = ["--beam", "2", "--batch-size", "20", "--max-len-a", "0", "--max-len-b", "12"]
 
@@ -197,9 +198,11 @@ def _run_plain_generate_and_sweep(checkpoint, data, plain, out):
 
 @pytest.mark.training
 def test_sweep_runs_fairseq_generate_and_reports_quality_and_diversity(
-    unigram_checkpoint, toy_bin, tmp_path, capsys
+    unigram_checkpoint, toy_bin, tmp_path, capsys, monkeypatch
 ):
     out, plain = tmp_path / "sweep", tmp_path / "plain.txt"
+    # sweep.py runs the fairseq-generate beside sys.executable: the fork server's
+    monkeypatch.setattr(sys, "executable", script_python())
     _run_plain_generate_and_sweep(unigram_checkpoint, toy_bin, plain, out)
     assert "sacreBLEU BLEU signature: `nrefs:1|case:mixed" in capsys.readouterr().out
     as_trained = out / "generate.lambda1.tau0.txt"
