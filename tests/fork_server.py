@@ -37,7 +37,7 @@ import threading
 import time
 from pathlib import Path
 
-from forked_cli import exit_status
+from forked_cli import exit_status, import_first_step_modules
 
 TOOLS = (
     "fairseq-train",
@@ -221,6 +221,7 @@ def serve(address):
     entries = {tool: scripts[tool] for tool in TOOLS}
     for tool in PRELOADED:
         entries[tool].load()
+    import_first_step_modules()
     sys.stdout.flush()
     listener = socket.socket(socket.AF_UNIX)
     listener.bind(address + ".new")
