@@ -1,32 +1,35 @@
-"""fairseq's command-line tools for the scripts the tests run (the examples'
-and recipes' bash scripts), started in milliseconds instead of seconds.
+"""fairseq's command-line tools for the commands the tests run (the examples'
+and recipes' bash scripts, the ranks of tests/test_scale_out.py), started in
+milliseconds instead of seconds.
 
 A fairseq process spends about 3 CPU-seconds importing torch, fairseq and
 what fairseq imports (scikit-learn, SciPy) before its first line of work, and
-the tests' tiny runs do about a second of work each. So one server process per
-pytest worker imports fairseq's command-line modules once; a script the tests
-run finds, first on its PATH (or beside the Python it runs with:
-``served_python``), a small ``fairseq-train`` (and the others) that
-hands its command line, working directory, environment and its stdin, stdout
-and stderr to the server, which forks a process that runs the console
-script's own entry point with them and reports its exit status.
+the tests' tiny runs do about a second of work each. So one server process
+per test run (shared by its pytest workers) imports fairseq's command-line
+modules once; a command the tests run finds, first on its PATH (or beside the
+Python it runs with: ``served_python``), a small ``fairseq-train`` (and the
+others) that hands its command line, working directory, environment and its
+stdin, stdout and stderr to the server, which forks a process that runs the
+console script's own entry point with them and reports its exit status.
 
 Each command is still a process of its own; the server ran no torch kernel
 before the fork and OpenMP starts no thread there (OMP_NUM_THREADS=1), so the
 forked process starts clean and sets its own thread count from the command's
 OMP_NUM_THREADS. A signal to the small process is passed on; if it dies, the
 forked process is stopped. fairseq_natbias is not imported by the server: each
-command imports it through its --user-dir as a fresh process does.
+command imports it through its --user-dir as a fresh process does. The server
+stops when the pytest run that started it has ended.
 
 ``NATBIAS_TESTS_SUBPROCESS=1`` runs the installed scripts instead.
 
-    python fork_server.py SOCKET     # the server (started by shim_directory)
+    python fork_server.py NAME OWNER   # the server (started by shim_directory)
 """
 
 import array
-import atexit
+import importlib
 import json
 import os
+import select
 import shutil
 import signal
 import socket
@@ -37,25 +40,30 @@ import threading
 import time
 from pathlib import Path
 
-from forked_cli import exit_status, import_first_step_modules
-
 TOOLS = (
     "fairseq-train",
     "fairseq-generate",
     "fairseq-preprocess",
     "fairseq-eval-lm",
     "natbias-step0",
+    "natbias-count",
 )
 # Imported by the server before it forks: fairseq's tools. Not this package's
-# (natbias-step0): a command imports fairseq_natbias itself, as a fresh process does.
+# (natbias-step0, natbias-count): a command imports fairseq_natbias itself, as a
+# fresh process does.
 PRELOADED = TOOLS[:4]
+# What a fairseq command imports on its first steps rather than at its start,
+# imported before the fork too: torch's compiler (the first construction of a
+# torch.optim.Optimizer) and SymPy (the first shape check of torch's
+# multi-head attention). About 0.7 CPU-seconds a process.
+FIRST_STEP_MODULES = ("torch._dynamo", "torch.fx.experimental.symbolic_shapes")
 
 # What a script runs as ``fairseq-train``: Python isolated and without site (-IS) starts in
 # milliseconds; it needs nothing but the standard library.
 SHIM = """#!{python} -IS
 import array, json, os, signal, socket, sys
 connection = socket.socket(socket.AF_UNIX)
-connection.connect({address!r})
+connection.connect({address!r})  # an abstract name: no file
 request = json.dumps(dict(argv=sys.argv, cwd=os.getcwd(), env=dict(os.environ))).encode()
 streams = array.array("i", [0, 1, 2])
 connection.sendmsg([len(request).to_bytes(8, "big") + request],
@@ -79,47 +87,51 @@ _SERVER = {}
 
 
 def shim_directory(bin_dir):
-    """A folder of small ``fairseq-*`` commands served by this pytest
-    worker's server (started on first use, stopped at exit); put it first
-    on a script's PATH. ``bin_dir``: the environment whose Python serves."""
-    if "dir" in _SERVER:
-        return _SERVER["dir"]
-    folder = Path(tempfile.mkdtemp(prefix="natbias-fork-"))
-    address = str(folder / "socket")
-    python = Path(bin_dir) / "python"
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    log = open(folder / "server.log", "w")
-    server = subprocess.Popen(
-        [str(python), str(Path(__file__).resolve()), address],
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+    """A folder of small ``fairseq-*`` commands served by this test run's
+    server (started by the first pytest worker that asks; it stops when the
+    run has ended); put it first on a command's PATH. ``bin_dir``: the
+    environment whose Python serves."""
+    if "dir" not in _SERVER:
+        # xdist's workers share the run's id; their parent, the run, outlives them
+        worker = "PYTEST_XDIST_WORKER" in os.environ
+        run = os.environ.get("PYTEST_XDIST_TESTRUNUID") if worker else None
+        name = f"natbias-fork-{run or os.getpid()}"
+        folder = Path(tempfile.gettempdir()) / name
+        if not server_ready(folder):
+            start_server(bin_dir, name, os.getppid() if worker else os.getpid(), folder)
+        _SERVER.update(dir=folder / "bin", python=folder / "env" / "bin" / "python")
+    return _SERVER["dir"]
+
+
+def server_ready(folder):
+    """Whether the server of ``folder`` is serving (a crashed run's folder is not)."""
+    try:
+        return process_alive(int((folder / "ready").read_text()))
+    except (OSError, ValueError):
+        return False
+
+
+def start_server(bin_dir, name, owner, folder):
+    """Starts a server and waits for the run's server (that one, or another
+    worker's that took the name first) to be ready."""
+    log = Path(tempfile.mkstemp(prefix=f"{name}-", suffix=".log")[1])
+    with open(log, "w") as output:
+        server = subprocess.Popen(
+            [str(Path(bin_dir) / "python"), str(Path(__file__).resolve()), name, str(owner)],
+            env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore"),
+            stdin=subprocess.DEVNULL,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     deadline = time.time() + 120
-    while not os.path.exists(address):
-        if server.poll() is not None or time.time() > deadline:
-            raise RuntimeError(
-                f"the fork server did not start: {(folder / 'server.log').read_text()}"
-            )
+    while not server_ready(folder):
+        if server.poll() not in (None, 0) or time.time() > deadline:
+            raise RuntimeError(f"the fork server did not start: {log.read_text()}")
         time.sleep(0.05)
-    shims = folder / "bin"
-    shims.mkdir()
-    for tool in TOOLS:
-        (shims / tool).write_text(SHIM.format(python=python, address=address))
-        (shims / tool).chmod(0o755)
-    _SERVER["python"] = served_environment(folder / "env", shims)
-
-    def stop():
-        server.kill()
-        server.wait()
-        log.close()
-        shutil.rmtree(folder, ignore_errors=True)
-
-    atexit.register(stop)
-    _SERVER["dir"] = shims
-    return shims
+    if server.poll() is not None:
+        server.wait()  # another worker's server took the name: this one has ended
+    log.unlink()
 
 
 def served_python(bin_dir):
@@ -151,6 +163,22 @@ def served_environment(root, shims):
 
 
 # --- the server ------------------------------------------------------------------------
+
+
+def exit_status(entry):
+    """Runs a console script's entry point and returns the status its own
+    process would exit with, printing what the interpreter would: a
+    SystemExit's message, or an uncaught error through sys.excepthook."""
+    try:
+        entry()
+    except SystemExit as done:
+        if isinstance(done.code, str):
+            print(done.code, file=sys.stderr)
+        return done.code if isinstance(done.code, int) else int(done.code is not None)
+    except BaseException:
+        sys.excepthook(*sys.exc_info())
+        return 1
+    return 0
 
 
 def receive(connection):
@@ -214,28 +242,53 @@ def run_command(connection, entries):
             os._exit(code)
 
 
-def serve(address):
+def serve(name, owner):
     from importlib.metadata import entry_points
 
+    listener = socket.socket(socket.AF_UNIX)
+    try:
+        listener.bind("\0" + name)  # one server a run: the first to take the name
+    except OSError:
+        return
     scripts = {e.name: e for e in entry_points(group="console_scripts")}
     entries = {tool: scripts[tool] for tool in TOOLS}
     for tool in PRELOADED:
         entries[tool].load()
-    import_first_step_modules()
-    sys.stdout.flush()
-    listener = socket.socket(socket.AF_UNIX)
-    listener.bind(address + ".new")
+    for module in FIRST_STEP_MODULES:
+        importlib.import_module(module)
+    folder = Path(tempfile.gettempdir()) / name
+    shutil.rmtree(folder, ignore_errors=True)
+    shims = folder / "bin"
+    shims.mkdir(parents=True)
+    for tool in TOOLS:
+        (shims / tool).write_text(SHIM.format(python=sys.executable, address="\0" + name))
+        (shims / tool).chmod(0o755)
+    served_environment(folder / "env", shims)
     listener.listen(64)
-    os.rename(address + ".new", address)  # the socket appears ready
+    (folder / "ready").write_text(str(os.getpid()))
+    sys.stdout.flush()
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # forked commands reaped by the kernel
-    while True:
-        connection, _ = listener.accept()
-        if os.fork() == 0:
-            listener.close()
-            signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the command waits on its own children
-            run_command(connection, entries)
-        connection.close()
+    try:
+        while process_alive(owner):
+            if not select.select([listener], [], [], 1.0)[0]:
+                continue
+            connection, _ = listener.accept()
+            if os.fork() == 0:
+                listener.close()
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the command waits on its own
+                run_command(connection, entries)
+            connection.close()
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def process_alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 if __name__ == "__main__":
-    serve(sys.argv[1])
+    serve(sys.argv[1], int(sys.argv[2]))

@@ -4,22 +4,20 @@ with ``--update-freq 2``, log the same ``train_inner`` lines and save the
 same b, gain and weights; a checkpoint written at the end of an epoch by
 either resumes on the other and goes on as it does on its own world size.
 Real fairseq-train processes on the toy corpus (an epoch is 3 updates),
-dropout 0, forked from one that imported fairseq (tests/forked_cli.py).
+dropout 0, served by the run's fork server (tests/fork_server.py).
 
 Mid-epoch, fairseq 0.12 counts the batches each rank has read: a checkpoint
 written by N ranks resumed on M skips N/M times the batches it should
 (docs/scaling.md)."""
 
-import json
 import os
-import signal
 import subprocess
-import sys
-from pathlib import Path
+import time
 
+import fork_server
 import pytest
 import torch
-from natbias_testing import REPO, TINY_MODEL, TINY_TRAINING, free_port, log_records
+from natbias_testing import BIN, REPO, TINY_MODEL, TINY_TRAINING, free_port, log_records
 
 NOT_COMPARED = {"wps", "ups", "wall", "train_wall", "gb_free", "ppl"}  # timing; ppl = 2^nll_loss
 PRINTED = 1.1e-3  # one unit of the third decimal, the precision fairseq prints
@@ -91,28 +89,38 @@ def ranks(data, save_dir, extra, world):
 
 
 def run_all(commands, work, timeout=300):
-    """Runs the commands side by side, each a fairseq-train process forked
-    from one that imported fairseq (tests/forked_cli.py); their outputs."""
+    """Runs the commands side by side, each a fairseq-train process of its own
+    (forked by the fork server, tests/fork_server.py); their outputs. When one
+    fails the others are stopped: a rank would wait for it."""
+    tools = fork_server.shim_directory(BIN) if fork_server.shims_enabled() else BIN
+    env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
     outputs = [work / f"{i}.log" for i in range(len(commands))]
-    spec = [dict(argv=c, output=str(o)) for c, o in zip(commands, outputs)]
-    (work / "spec.json").write_text(json.dumps(spec))
-    launcher = subprocess.Popen(
-        [sys.executable, str(Path(__file__).with_name("forked_cli.py")), str(work / "spec.json")],
-        cwd=REPO,
-        env=dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1"),
-        start_new_session=True,  # its forked processes in its group, stopped with it
-    )
+    processes = []
+    for (tool, *arguments), output in zip(commands, outputs):
+        with open(output, "w") as log:
+            processes.append(
+                subprocess.Popen(
+                    [str(tools / tool), *arguments], cwd=REPO, env=env, stdout=log, stderr=log
+                )
+            )
+    deadline = time.time() + timeout
     try:
-        launcher.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        raise AssertionError(f"the processes did not finish in {timeout} s") from None
+        while any(p.poll() is None for p in processes) and not failed(processes):
+            if time.time() > deadline:
+                raise AssertionError(f"the processes did not finish in {timeout} s")
+            time.sleep(0.1)
     finally:
-        if launcher.poll() is None:
-            os.killpg(launcher.pid, signal.SIGKILL)
-            launcher.wait()
-    texts = [o.read_text() if o.exists() else "" for o in outputs]
-    assert launcher.returncode == 0, "\n".join(t[-3000:] for t in texts)
+        for process in processes:
+            if process.poll() is None:
+                process.kill()  # a served command's process is stopped with it
+            process.wait()
+    texts = [o.read_text() for o in outputs]
+    assert not failed(processes), "\n".join(t[-3000:] for t in texts)
     return texts
+
+
+def failed(processes):
+    return any(p.returncode not in (None, 0) for p in processes if p.poll() is not None)
 
 
 def launch(plan, data, root, extra):
@@ -197,8 +205,8 @@ def test_a_checkpoint_resumes_on_the_other_world_size_as_on_its_own(runs, writte
 
 
 def test_a_failed_process_stops_the_launch_and_its_peers(tmp_path):
-    """tests/forked_cli.py: a command that fails fails the launch, with its
-    error in its output, and a rank left waiting for a peer that will never
+    """run_all: a command that fails fails the launch, with its error in its
+    output, and a rank left waiting for a peer that will never
     join is stopped rather than holding the test for the rendezvous timeout."""
     waiting = command(tmp_path, tmp_path / "waits", ["--distributed-world-size", "2",
         "--distributed-init-method", f"tcp://127.0.0.1:{free_port()}",
