@@ -129,9 +129,8 @@ def start_server(bin_dir, name, owner, folder):
         if server.poll() not in (None, 0) or time.time() > deadline:
             raise RuntimeError(f"the fork server did not start: {log.read_text()}")
         time.sleep(0.05)
-    if server.poll() is not None:
-        server.wait()  # another worker's server took the name: this one has ended
     log.unlink()
+    _SERVER["process"] = server  # ended (another worker's took the name) or serving
 
 
 def served_python(bin_dir):
