@@ -11,12 +11,12 @@ PY  := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
 SOURCES := pyproject.toml $(shell find natbias fairseq_natbias -name '*.py' 2>/dev/null)
 PYTEST_ARGS ?=
-# The tests mostly wait on single-threaded fairseq subprocesses, whole
-# modules per worker (module fixtures built once). One worker more than the
-# 2 cores of the development machine keeps both busy while a worker waits
-# (on a lock, on a process starting): `make test` 414 s with 3 workers
-# against 441 s with 2, the same tree on that machine, nothing else running.
-TEST_WORKERS ?= 3
+# Whole modules per worker (module fixtures built once), one worker a core of
+# the 2-core development machine: with fairseq's tools forked from one server
+# (tests/fork_server.py) the cores stay busy, and a third worker only adds its
+# collection and contention: pytest 299 and 312 s with 2 workers against 316
+# and 316 s with 3, alternating runs of the same tree on that machine.
+TEST_WORKERS ?= 2
 # Multi30k for the demo, the examples and the tests: this project's machines
 # keep it in ../shared; elsewhere set NATBIAS_MULTI30K (or the demo downloads it).
 SHARED_MULTI30K := $(abspath ../shared/data/multi30k)

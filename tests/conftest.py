@@ -8,38 +8,38 @@ from natbias_testing import REPO
 
 TREE_BEFORE = pytest.StashKey[set]()
 
-# The modules that take longest, longest first (by CPU seconds per module
-# in a `make test` on 2 cores, after the CTranslate2 thread fix).
+# The modules that take longest, longest first (by seconds per module in a
+# `make test` on 2 cores, with fairseq's tools served by tests/fork_server.py).
 # `make test` runs with --dist loadscope --no-loadscope-reorder: xdist hands a
 # free worker the next module in collection order, so starting with the long
 # ones leaves short ones to fill the end instead of one worker finishing a
 # two-minute module alone (xdist's own reordering goes by number of tests).
 LONGEST_FIRST = [
-    "test_vllm.py",  # vLLM in a subprocess for all families, then its server: about 3 minutes
+    "test_vllm.py",  # vLLM in a subprocess for all families, then its server: about 2 minutes
     "test_examples.py",
-    "test_scale_out.py",
-    "test_recipes.py",
-    "test_gpu_check.py",
     "test_half_precision.py",
-    "test_demo.py",
+    "test_gpu_check.py",
+    "test_recipes.py",
     "test_hf_examples.py",
     "test_ct2_fairseq.py",
-    "test_multilingual.py",
-    "test_natural_bias.py",
     "test_transformer_natbias.py",
-    "test_logging_hook.py",
     "test_hf_families.py",
-    "test_hf_scale_out.py",
-    "test_generation_control.py",
     "test_transformer_lm_natbias.py",
-    "test_hf_logging.py",
-    "test_hf_sharding.py",
+    "test_logging_hook.py",
+    "test_multilingual.py",
+    "test_scale_out.py",
     "test_bigram_residual.py",
+    "test_hf_sharding.py",
+    "test_hf_logging.py",
+    "test_natural_bias.py",
+    "test_demo.py",
     "test_unigram_regularized_cross_entropy.py",
     "test_checkpoints.py",
+    "test_hf_scale_out.py",
     "test_ct2_hf.py",
     "test_install.py",
     "test_hf_export.py",
+    "test_generation_control.py",
     "test_init.py",
     "test_decomposition.py",
     "test_checkpoint_tools.py",
