@@ -51,7 +51,7 @@ TOOLS = (
 # Imported by the server before it forks: fairseq's tools. Not this package's
 # (natbias-step0, natbias-count): a command imports fairseq_natbias itself, as a
 # fresh process does.
-PRELOADED = TOOLS[:4]
+PRELOADED = [tool for tool in TOOLS if tool.startswith("fairseq-")]
 # What a fairseq command imports on its first steps rather than at its start,
 # imported before the fork too: torch's compiler (the first construction of a
 # torch.optim.Optimizer) and SymPy (the first shape check of torch's

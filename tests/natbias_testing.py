@@ -510,7 +510,7 @@ def recipe_settings(script=None):
 
 def script_path():
     """PATH for the scripts the tests run: fairseq's tools served by this
-    worker's fork server first (tests/fork_server.py), then the environment's."""
+    run's fork server first (tests/fork_server.py), then the environment's."""
     path = [str(BIN), os.environ.get("PATH", "")]
     if fork_server.shims_enabled():
         path.insert(0, str(fork_server.shim_directory(BIN)))

@@ -206,8 +206,8 @@ def test_a_checkpoint_resumes_on_the_other_world_size_as_on_its_own(runs, writte
 
 def test_a_failed_process_stops_the_launch_and_its_peers(tmp_path):
     """run_all: a command that fails fails the launch, with its error in its
-    output, and a rank left waiting for a peer that will never
-    join is stopped rather than holding the test for the rendezvous timeout."""
+    output, and a rank left waiting for a peer that will never join is
+    stopped rather than holding the test for the rendezvous timeout."""
     waiting = command(tmp_path, tmp_path / "waits", ["--distributed-world-size", "2",
         "--distributed-init-method", f"tcp://127.0.0.1:{free_port()}",
         "--distributed-no-spawn", "--distributed-backend", "gloo", "--distributed-rank", "1"])  # fmt: skip

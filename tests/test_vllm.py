@@ -24,6 +24,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 from hf_tiny import V, zipf_targets  # noqa: E402
+from vllm_worker import KV_CACHE  # noqa: E402  (what each engine of the worker takes)
 
 from natbias.hf import BiasScaleLogitsProcessor, add_natural_bias  # noqa: E402
 
@@ -392,7 +393,7 @@ def server(references, served, tmp_path_factory):
         str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", str(path),
         "--served-model-name", "natbias-llama", "--host", "127.0.0.1", "--port", str(port),
         "--dtype", "float32", "--max-model-len", "64", "--max-num-seqs", "64", "--enforce-eager",
-        "--kv-cache-memory-bytes", str(64 << 20),
+        "--kv-cache-memory-bytes", str(KV_CACHE),
     ]  # fmt: skip
     log = open(work / "server.log", "w")
     process = subprocess.Popen(command, cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT)

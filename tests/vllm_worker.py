@@ -107,10 +107,11 @@ def main(spec_path, out_path):
     spec = json.load(open(spec_path))
     results = {}
     for model in spec["models"]:
-        # vLLM collects garbage about 7 times per engine; with what is loaded
-        # so far (vLLM's modules, and the model classes the last engine
-        # imported) frozen out of the collector each collection is
-        # milliseconds, not 0.2 s.
+        # vLLM collects garbage about 7 times per engine and unfreezes the
+        # collector when an engine shuts down. With what is loaded so far
+        # (vLLM's modules, and the model classes the last engine imported)
+        # frozen again, the collections before the shutdown take milliseconds,
+        # not 0.2 s each.
         gc.freeze()
         try:
             results[model["name"]] = serve(model, spec)
