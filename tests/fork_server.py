@@ -1,24 +1,27 @@
-"""fairseq's command-line tools for the commands the tests run (the examples'
-and recipes' bash scripts, the ranks of tests/test_scale_out.py), started in
-milliseconds instead of seconds.
+"""fairseq's command-line tools and Python scripts for the commands the tests
+run (the examples' and recipes' bash scripts, the demo, the ranks of
+tests/test_scale_out.py), started in milliseconds instead of seconds.
 
 A fairseq process spends about 3 CPU-seconds importing torch, fairseq and
 what fairseq imports (scikit-learn, SciPy) before its first line of work, and
 the tests' tiny runs do about a second of work each. So one server process
 per test run (shared by its pytest workers) imports fairseq's command-line
-modules once; a command the tests run finds, first on its PATH (or beside the
-Python it runs with: ``served_python``), a small ``fairseq-train`` (and the
-others) that hands its command line, working directory, environment and its
-stdin, stdout and stderr to the server, which forks a process that runs the
-console script's own entry point with them and reports its exit status.
+modules once; a command the tests run finds, first on its PATH (or as
+``sys.executable``: ``served_python``), a small ``fairseq-train`` (and the
+others, and ``python``) that hands its command line, working directory,
+environment and its stdin, stdout and stderr to the server, which forks a
+process that runs the console script's own entry point, or the script
+``python`` was given, with them and reports its exit status.
 
 Each command is still a process of its own; the server ran no torch kernel
 before the fork and OpenMP starts no thread there (OMP_NUM_THREADS=1), so the
 forked process starts clean and sets its own thread count from the command's
 OMP_NUM_THREADS. A signal to the small process is passed on; if it dies, the
-forked process is stopped. fairseq_natbias is not imported by the server: each
-command imports it through its --user-dir as a fresh process does. The server
-stops when the pytest run that started it has ended.
+forked process is stopped. Neither this package nor transformers is imported
+by the server: a command imports them as a fresh process does (and reads
+the environment it was given first). ``python`` with anything but a script
+(-c, -m, an option) is the interpreter itself. The server stops when the
+pytest run that started it has ended.
 
 ``NATBIAS_TESTS_SUBPROCESS=1`` runs the installed scripts instead.
 
@@ -58,13 +61,15 @@ PRELOADED = [tool for tool in TOOLS if tool.startswith("fairseq-")]
 # multi-head attention). About 0.7 CPU-seconds a process.
 FIRST_STEP_MODULES = ("torch._dynamo", "torch.fx.experimental.symbolic_shapes")
 
-# What a script runs as ``fairseq-train``: Python isolated and without site (-IS) starts in
-# milliseconds; it needs nothing but the standard library.
+# What a script runs as ``fairseq-train`` (or ``python``): Python isolated and
+# without site (-IS) starts in milliseconds; it needs nothing but the standard library.
 SHIM = """#!{python} -IS
 import array, json, os, signal, socket, sys
+{prelude}
 connection = socket.socket(socket.AF_UNIX)
 connection.connect({address!r})  # an abstract name: no file
-request = json.dumps(dict(argv=sys.argv, cwd=os.getcwd(), env=dict(os.environ))).encode()
+request = dict(argv=argv, cwd=os.getcwd(), env=dict(os.environ), executable=executable)
+request = json.dumps(request).encode()
 streams = array.array("i", [0, 1, 2])
 connection.sendmsg([len(request).to_bytes(8, "big") + request],
                    [(socket.SOL_SOCKET, socket.SCM_RIGHTS, streams)])
@@ -74,9 +79,27 @@ for number in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
     signal.signal(number, lambda number, _: os.kill(pid, number))
 status = reply.read(4)
 if len(status) < 4:
-    sys.exit(f"{{sys.argv[0]}}: the process ended without an exit status (killed)")
+    sys.exit(f"{{argv[0]}}: the process ended without an exit status (killed)")
 sys.exit(int.from_bytes(status, "big", signed=True))
 """
+TOOL_PRELUDE = "argv, executable = sys.argv, None"
+# ``python SCRIPT ...``, ``python - ...`` (the script on stdin) and ``python -c
+# CODE ...`` are served; the interpreter itself runs anything else (-m, an
+# option first), and a script whose run depends on what the server's start
+# fixed: its hash seed, its streams' encoding, what it imports (-X
+# importtime), its memory allocator.
+UNSERVED_ENVIRONMENT = (
+    "PYTHONPROFILEIMPORTTIME", "PYTHONHASHSEED", "PYTHONIOENCODING", "PYTHONUTF8",
+    "PYTHONINSPECT", "PYTHONDEVMODE", "PYTHONMALLOC", "PYTHONTRACEMALLOC",
+)  # fmt: skip
+PYTHON_PRELUDE = """argv, executable = sys.argv[1:], sys.argv[0]
+script = argv[0] if argv else ""
+if script.startswith("-"):
+    served = script == "-" or script == "-c" and len(argv) > 1
+else:
+    served = os.path.isfile(script)
+if not served or {unserved!r} & set(os.environ):
+    os.execv({python!r}, [{python!r}, *argv])"""
 
 
 def shims_enabled():
@@ -99,7 +122,7 @@ def shim_directory(bin_dir):
         folder = Path(tempfile.gettempdir()) / name
         if not server_ready(folder):
             start_server(bin_dir, name, os.getppid() if worker else os.getpid(), folder)
-        _SERVER.update(dir=folder / "bin", python=folder / "env" / "bin" / "python")
+        _SERVER["dir"] = folder / "bin"
     return _SERVER["dir"]
 
 
@@ -134,31 +157,9 @@ def start_server(bin_dir, name, owner, folder):
 
 
 def served_python(bin_dir):
-    """A Python of this environment whose folder holds the served commands,
-    for scripts that look for fairseq's tools beside ``sys.executable``
-    (examples/paper/pipeline.py's ``tool``)."""
-    shim_directory(bin_dir)
-    return _SERVER["python"]
-
-
-def served_environment(root, shims):
-    """A virtual environment at ``root`` with this one's packages (a .pth file
-    adds its site-packages) and the served commands in its bin folder."""
-    import sysconfig
-
-    (root / "bin").mkdir(parents=True)
-    (root / "pyvenv.cfg").write_text(
-        f"home = {Path(sys._base_executable).parent}\ninclude-system-site-packages = false\n"
-    )
-    python = root / "bin" / "python"
-    python.symlink_to(Path(sys._base_executable).resolve())
-    site_packages = Path(sysconfig.get_path("purelib", vars={"base": str(root)}))
-    site_packages.mkdir(parents=True)
-    purelib = sysconfig.get_paths()["purelib"]
-    (site_packages / "environment.pth").write_text(f"import site; site.addsitedir({purelib!r})\n")
-    for tool in TOOLS:
-        (root / "bin" / tool).symlink_to(shims / tool)
-    return python
+    """The served ``python``, for scripts that look for fairseq's tools
+    beside ``sys.executable`` (examples/paper/pipeline.py's ``tool``)."""
+    return shim_directory(bin_dir) / "python"
 
 
 # --- the server ------------------------------------------------------------------------
@@ -199,6 +200,32 @@ def stop_when_client_dies(connection):
         os.kill(os.getpid(), signal.SIGKILL)
 
 
+def set_path(first, env):
+    """sys.path as a new process has it: the script's folder, then PYTHONPATH's."""
+    extra = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    sys.path[:1] = [first, *extra]
+
+
+def run_script(script, env):
+    """What ``python SCRIPT`` runs (``python -``: the script on stdin;
+    ``python -c CODE``), in a new ``__main__`` as the interpreter makes it."""
+    import types
+
+    main = types.ModuleType("__main__")
+    if script == "-c":
+        folder, filename, source = "", "<string>", sys.argv.pop(1)
+    elif script == "-":
+        folder, filename, source = "", "<stdin>", sys.stdin.read()
+    else:
+        folder, filename = os.path.dirname(os.path.realpath(script)), os.path.abspath(script)
+        source = Path(filename).read_bytes()  # compile reads an encoding declaration
+    if script != "-c":
+        main.__file__, main.__cached__ = filename, None
+    set_path(folder, env)
+    sys.modules["__main__"] = main
+    exec(compile(source, filename, "exec"), main.__dict__)
+
+
 def run_command(connection, entries):
     """In the forked process: the command as its own process would run it."""
     import atexit as exits
@@ -219,15 +246,17 @@ def run_command(connection, entries):
         os.environ.update(env)
         os.chdir(request["cwd"])
         sys.argv = request["argv"]
-        # sys.path as the console script's own process has it: its folder first, PYTHONPATH next
-        extra = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-        sys.path[:1] = [os.path.dirname(sys.argv[0]), *extra]
         warnings.resetwarnings()
         if env.get("PYTHONWARNINGS"):
             warnings._processoptions(env["PYTHONWARNINGS"].split(","))
         torch.set_num_threads(int(env.get("OMP_NUM_THREADS") or os.cpu_count()))
-        entry = entries[os.path.basename(sys.argv[0])]
-        code = exit_status(lambda: entry.load()())
+        if request["executable"]:  # python SCRIPT ...
+            sys.executable = request["executable"]
+            code = exit_status(lambda: run_script(sys.argv[0], env))
+        else:
+            set_path(os.path.dirname(os.path.realpath(sys.argv[0])), env)
+            entry = entries[os.path.basename(sys.argv[0])]
+            code = exit_status(lambda: entry.load()())
         exits._run_exitfuncs()
     finally:
         for stream in (sys.stdout, sys.stderr):
@@ -259,10 +288,11 @@ def serve(name, owner):
     shutil.rmtree(folder, ignore_errors=True)
     shims = folder / "bin"
     shims.mkdir(parents=True)
-    for tool in TOOLS:
-        (shims / tool).write_text(SHIM.format(python=sys.executable, address="\0" + name))
+    python = PYTHON_PRELUDE.format(python=sys.executable, unserved=set(UNSERVED_ENVIRONMENT))
+    for tool, prelude in [(tool, TOOL_PRELUDE) for tool in TOOLS] + [("python", python)]:
+        shim = SHIM.format(python=sys.executable, prelude=prelude, address="\0" + name)
+        (shims / tool).write_text(shim)
         (shims / tool).chmod(0o755)
-    served_environment(folder / "env", shims)
     listener.listen(64)
     (folder / "ready").write_text(str(os.getpid()))
     sys.stdout.flush()

@@ -141,9 +141,12 @@ def fairseq(tool, *args, cwd=None, check=True, env=None, in_process=True):
 
 def command_of(tool):
     """The start of the command line that runs ``tool``: an installed console
-    script, or a repository script (a path ending in .py) run by this Python."""
+    script (served by the run's fork server where it serves it), or a
+    repository script (a path ending in .py) run by this Python."""
     if tool.endswith(".py"):
         return [sys.executable, str(REPO / tool)]
+    if fork_server.shims_enabled() and tool in fork_server.TOOLS:
+        return [str(fork_server.shim_directory(BIN) / tool)]
     return [str(BIN / tool)]
 
 
@@ -519,7 +522,7 @@ def script_path():
 
 def script_python():
     """The Python for the scripts the tests run that find fairseq's tools
-    beside ``sys.executable``: one whose folder holds the fork server's."""
+    beside ``sys.executable``: the fork server's ``python``, beside its tools."""
     if fork_server.shims_enabled():
         return str(fork_server.served_python(BIN))
     return sys.executable

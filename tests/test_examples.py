@@ -17,12 +17,11 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 from collections import Counter
 
 import pytest
 import torch
-from natbias_testing import MULTI30K, REPO, script_path
+from natbias_testing import MULTI30K, REPO, script_path, script_python
 
 EXAMPLES = REPO / "examples"
 SCRIPTS = {
@@ -226,7 +225,7 @@ TABLE_ROW = re.compile(r"^\s*\d+\s+\S+((?:\s+-?\d+\.\d{4}){4})$")
 @pytest.mark.training
 def test_decompose_prints_the_identity_per_token(translation):
     _, work, _ = translation
-    result = succeeded(run_example([sys.executable, DECOMPOSE], {"WORK": work}))
+    result = succeeded(run_example([script_python(), DECOMPOSE], {"WORK": work}))
     rows = [
         [float(v) for v in m[1].split()]
         for m in map(TABLE_ROW.match, result.stdout.splitlines())
@@ -263,7 +262,7 @@ def test_decompose_a_reference_with_the_zero_model(translation):
     result = succeeded(
         run_example(
             [
-                sys.executable,
+                script_python(),
                 DECOMPOSE,
                 "--checkpoint",
                 work / "runs/zero/checkpoint_best.pt",
@@ -285,7 +284,7 @@ def test_decompose_a_reference_with_the_zero_model(translation):
 
 
 def test_decompose_missing_checkpoint(tmp_path):
-    result = run_example([sys.executable, DECOMPOSE, "--checkpoint", tmp_path / "none.pt"])
+    result = run_example([script_python(), DECOMPOSE, "--checkpoint", tmp_path / "none.pt"])
     assert_one_line_error(result, "decompose.py", "no such checkpoint")
 
 
@@ -494,7 +493,7 @@ def test_sampling_refuses_a_translation_checkpoint(translation, language_model):
     _, work = language_model
     result = run_example(
         [
-            sys.executable,
+            script_python(),
             EXAMPLES / "language_model/sample.py",
             "--checkpoint",
             translation_work / "runs/zero/checkpoint_best.pt",
@@ -627,7 +626,7 @@ def test_run_before_the_translation_example(name, tmp_path):
 
 
 def test_decompose_before_the_translation_example(tmp_path):
-    result = run_example([sys.executable, DECOMPOSE], {"WORK": tmp_path})
+    result = run_example([script_python(), DECOMPOSE], {"WORK": tmp_path})
     assert_one_line_error(
         result, "decompose.py", "no such checkpoint", "run examples/translation/run.sh first"
     )

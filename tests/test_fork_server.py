@@ -1,11 +1,13 @@
-"""tests/fork_server.py, which serves fairseq's tools to the scripts the tests
-run: a command gives what the installed script gives (output, exit status),
-and one whose caller dies is stopped."""
+"""tests/fork_server.py, which serves fairseq's tools and ``python`` to the
+scripts the tests run: a command gives what the installed script gives
+(output, exit status), a script runs as the interpreter runs it, and a
+command whose caller dies is stopped."""
 
 import os
 import signal
 import socket
 import subprocess
+import sys
 
 import fork_server
 import pytest
@@ -16,8 +18,8 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def run(command, env):
-    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+def run(command, env, **options):
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=120, **options)
 
 
 @pytest.fixture(scope="module")
@@ -37,6 +39,38 @@ def test_a_served_command_prints_and_exits_as_the_installed_script(env, tmp_path
     assert "unrecognized arguments: --no-such-option" in served.stderr
     helped = run(["bash", "-c", "fairseq-preprocess --help | head -1"], env)
     assert helped.stdout.startswith("usage: fairseq-preprocess")
+
+
+# What a script sees of how it was started, and whether torch was imported before it.
+PROBE = """\"\"\"The probe.\"\"\"
+import sys
+print(__name__, globals().get("__file__"), __doc__, sys.argv, sys.path[0], sys.executable)
+print("torch" in sys.modules, file=sys.stderr)
+sys.exit(3)
+"""
+
+
+def test_a_served_script_runs_as_the_interpreter_runs_it(env, tmp_path):
+    """From a file (through a link: sys.path[0] is the file's folder), from
+    stdin and -c: what the script sees is what the interpreter gives it, but
+    ``sys.executable``, the served ``python``; -m is the interpreter's own."""
+    (tmp_path / "scripts").mkdir()
+    (tmp_path / "scripts" / "probe.py").write_text(PROBE)
+    (tmp_path / "link.py").symlink_to(tmp_path / "scripts" / "probe.py")
+    served_python = str(fork_server.served_python(BIN))
+    for argv, stdin in (
+        (["link.py", "a b"], None),
+        (["-", "c"], PROBE),
+        (["-c", PROBE, "d"], None),
+    ):
+        served = run(["python", *argv], env, cwd=tmp_path, input=stdin)
+        itself = run([sys.executable, *argv], env, cwd=tmp_path, input=stdin)
+        assert served.returncode == itself.returncode == 3, served.stderr
+        assert served.stdout == itself.stdout.replace(sys.executable, served_python)
+        assert (served.stderr, itself.stderr) == ("True\n", "False\n")  # served: forked
+    (tmp_path / "probe.py").write_text("import sys; print('torch' in sys.modules)")
+    imports = run(["python", "-m", "probe"], env, cwd=tmp_path)
+    assert imports.stdout == "False\n"
 
 
 def test_a_command_whose_caller_dies_is_stopped(env, tmp_path):

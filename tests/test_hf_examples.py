@@ -5,10 +5,9 @@ them (subprocesses), a finished run skipped when run again."""
 import json
 import os
 import subprocess
-import sys
 
 import pytest
-from natbias_testing import BIN, REPO, write_multi30k_slice
+from natbias_testing import REPO, script_path, script_python, write_multi30k_slice
 
 pytest.importorskip("transformers")
 
@@ -37,7 +36,7 @@ TINY = [
 
 def run(script, *args):
     done = subprocess.run(
-        [sys.executable, str(EXAMPLE / script), *map(str, args)],
+        [script_python(), str(EXAMPLE / script), *map(str, args)],
         capture_output=True,
         text=True,
         cwd=REPO,
@@ -169,7 +168,7 @@ def test_run_sh_trains_the_arms_it_is_given_and_reports(translations, tmp_path):
         BATCH=16,
     )
     env = {**os.environ, "OMP_NUM_THREADS": "1", **{k: str(v) for k, v in settings.items()}}
-    env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"  # the test's python first
+    env["PATH"] = script_path()  # the test's python (served) first
     done = subprocess.run(
         ["bash", str(EXAMPLE / "run.sh")],
         env=env,

@@ -15,11 +15,11 @@ import pytest
 import torch
 from fairseq.logging import metrics
 from natbias_testing import (
-    BIN,
     REPO,
     TINY_MODEL,
     TINY_TRAINING,
     build_in_process,
+    command_of,
     first_sentences,
     free_port,
     log_records,
@@ -381,7 +381,7 @@ def _two_workers(data, save_dir, batch_size):
     """One fairseq-train process per rank, rendezvous over TCP (gloo, CPU)."""
     port = free_port()
     command = [
-        str(BIN / "fairseq-train"),
+        *command_of("fairseq-train"),
         data,
         "--user-dir",
         "fairseq_natbias",
