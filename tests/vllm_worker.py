@@ -1,7 +1,8 @@
 """Runs in vLLM's environment (.venv-vllm), for tests/test_vllm.py: one
 process serves each saved model with vllm.LLM in turn (the engine in this
-process: VLLM_ENABLE_V1_MULTIPROCESSING=0, seconds per model) and writes
-what vLLM generated to a JSON file. It compares nothing: the tests do.
+process: VLLM_ENABLE_V1_MULTIPROCESSING=0, seconds per model), each model's
+requests of every lambda in one batch, and writes what vLLM generated to a
+JSON file. It compares nothing: the tests do.
 
     python vllm_worker.py spec.json out.json
 
@@ -23,12 +24,12 @@ import traceback
 KV_CACHE = 64 << 20
 
 
-def generate(llm, prompts, steps, scale=None, lora=None):
+def sampling(steps, scale=None):
+    """Greedy, each token's log-probability; ``scale``: the request's lambda."""
     from vllm import SamplingParams
-    from vllm.lora.request import LoRARequest
 
     extra = None if scale is None else {"natbias_bias_scale": scale}
-    params = SamplingParams(
+    return SamplingParams(
         temperature=0.0,
         max_tokens=steps,
         ignore_eos=True,
@@ -36,18 +37,31 @@ def generate(llm, prompts, steps, scale=None, lora=None):
         detokenize=False,
         extra_args=extra,
     )
-    adapter = None if lora is None else LoRARequest("adapter", 1, lora)
+
+
+def generate(llm, prompts, runs, steps, lora=None):
+    """Every run's requests in one batch, as a server batches requests:
+    ``runs`` maps a name to its lambda (None: the model as saved); ``lora``:
+    the adapter's folder, for every request. name -> (tokens, log-probabilities
+    of the prompts in order)."""
+    from vllm.lora.request import LoRARequest
+
+    names = [name for name in runs for _ in prompts]
     outputs = llm.generate(
-        [{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False, lora_request=adapter
+        [{"prompt_token_ids": p} for p in prompts] * len(runs),
+        [sampling(steps, runs[name]) for name in names],
+        use_tqdm=False,
+        lora_request=LoRARequest("adapter", 1, lora) if lora else None,
     )
-    tokens, logprobs = [], []
-    for output in outputs:
+    results = {name: ([], []) for name in runs}
+    for name, output in zip(names, outputs):
         completion = output.outputs[0]
+        tokens, logprobs = results[name]
         tokens.append(list(completion.token_ids))
         logprobs.append(
             [step[t].logprob for t, step in zip(completion.token_ids, completion.logprobs)]
         )
-    return tokens, logprobs
+    return results
 
 
 def serve(model, spec):
@@ -59,26 +73,28 @@ def serve(model, spec):
     if parallel > 1:  # one core a process: vLLM binds by NUMA node, and this machine has one
         options["tensor_parallel_size"] = parallel
         os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(map(str, range(parallel)))
+    runs = {"tokens": None, **{str(scale): scale for scale in spec["scales"]}}
     llm = LLM(
         model["path"],
         **options,
         dtype=model["dtype"],
         skip_tokenizer_init=True,
         max_model_len=64,
-        max_num_seqs=len(spec["prompts"]),
+        max_num_seqs=len(spec["prompts"]) * len(runs),
         enforce_eager=True,
         seed=0,
         kv_cache_memory_bytes=KV_CACHE,
     )
     try:
-        tokens, logprobs = generate(llm, spec["prompts"], spec["steps"])
-        scaled = {
-            str(scale): generate(llm, spec["prompts"], spec["steps"], scale)[0]
-            for scale in spec["scales"]
-        }
-        result = {"tokens": tokens, "logprobs": logprobs, "scaled": scaled}
+        results = generate(llm, spec["prompts"], runs, spec["steps"])
+        tokens, logprobs = results.pop("tokens")
+        result = {"tokens": tokens, "logprobs": logprobs}
+        result["scaled"] = {name: generated for name, (generated, _) in results.items()}
         if lora:
-            result["lora"] = generate(llm, spec["prompts"], spec["steps"], lora=lora)[0]
+            # A batch of its own: vLLM 0.32's CPU build applies an adapter to
+            # every request of a batch that has one (docs/vllm.md).
+            adapted = generate(llm, spec["prompts"], {"lora": None}, spec["steps"], lora)
+            result["lora"] = adapted["lora"][0]
         return result
     finally:
         del llm
