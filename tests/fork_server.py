@@ -69,7 +69,8 @@ import array, json, os, signal, socket, sys
 {prelude}
 connection = socket.socket(socket.AF_UNIX)
 connection.connect({address!r})  # an abstract name: no file
-request = dict(argv=argv, cwd=os.getcwd(), env=dict(os.environ), executable=executable)
+request = dict(argv=argv, cwd=os.getcwd(), env=dict(os.environ), executable=executable,
+               unbuffered=unbuffered)
 request = json.dumps(request).encode()
 streams = array.array("i", [0, 1, 2])
 connection.sendmsg([len(request).to_bytes(8, "big") + request],
@@ -83,24 +84,27 @@ if len(status) < 4:
     sys.exit(f"{{argv[0]}}: the process ended without an exit status (killed)")
 sys.exit(int.from_bytes(status, "big", signed=True))
 """
-TOOL_PRELUDE = "argv, executable = sys.argv, None"
-# ``python SCRIPT ...``, ``python - ...`` (the script on stdin) and ``python -c
-# CODE ...`` are served; the interpreter itself runs anything else (-m, an
-# option first), and a script whose run depends on what the server's start
-# fixed: its hash seed, its streams' encoding, what it imports (-X
-# importtime), its memory allocator.
+TOOL_PRELUDE = "argv, executable, unbuffered = sys.argv, None, False"
+# ``python [-u] SCRIPT ...``, ``- ...`` (the script on stdin), ``-c CODE ...``
+# and ``-m MODULE ...`` are served; the interpreter itself runs anything else
+# (another option, the processes multiprocessing spawns), and a script whose
+# run depends on what the server's start fixed: its hash seed, its streams'
+# encoding, what it imports (-X importtime), its memory allocator.
 UNSERVED_ENVIRONMENT = (
     "PYTHONPROFILEIMPORTTIME", "PYTHONHASHSEED", "PYTHONIOENCODING", "PYTHONUTF8",
     "PYTHONINSPECT", "PYTHONDEVMODE", "PYTHONMALLOC", "PYTHONTRACEMALLOC",
 )  # fmt: skip
 PYTHON_PRELUDE = """argv, executable = sys.argv[1:], sys.argv[0]
-script = argv[0] if argv else ""
+unbuffered = argv[:1] == ["-u"]  # as torchrun starts its ranks
+script = argv[unbuffered] if argv[unbuffered:] else ""
 if script.startswith("-"):
-    served = script == "-" or script == "-c" and len(argv) > 1
+    served = script == "-" or script in ("-c", "-m") and len(argv) > unbuffered + 1
 else:
     served = os.path.isfile(script)
-if not served or {unserved!r} & set(os.environ):
-    os.execv({python!r}, [{python!r}, *argv])"""
+# multiprocessing's spawned processes read descriptors they inherit: not passed on here
+if not served or "--multiprocessing-fork" in argv or {unserved!r} & set(os.environ):
+    os.execv({python!r}, [{python!r}, *argv])
+argv = argv[unbuffered:]"""
 
 
 def shims_enabled():
@@ -209,10 +213,15 @@ def set_path(first, env):
 
 def run_script(script, env):
     """What ``python SCRIPT`` runs (``python -``: the script on stdin;
-    ``python -c CODE``), in a new ``__main__`` as the interpreter makes it."""
+    ``-c CODE``; ``-m MODULE``), in a new ``__main__`` as the interpreter makes it."""
+    import runpy
     import types
 
-    main = types.ModuleType("__main__")
+    main = sys.modules["__main__"] = types.ModuleType("__main__")
+    if script == "-m":
+        set_path(os.getcwd(), env)
+        runpy._run_module_as_main(sys.argv.pop(1))  # what the interpreter calls
+        return
     if script == "-c":
         folder, filename, source = "", "<string>", sys.argv.pop(1)
     elif script == "-":
@@ -223,8 +232,20 @@ def run_script(script, env):
     if script != "-c":
         main.__file__, main.__cached__ = filename, None
     set_path(folder, env)
-    sys.modules["__main__"] = main
     exec(compile(source, filename, "exec"), main.__dict__)
+
+
+def unbuffered_streams():
+    """sys.stdout and sys.stderr as ``python -u`` (or PYTHONUNBUFFERED) makes them."""
+    import io
+
+    for name, descriptor in (("stdout", 1), ("stderr", 2)):
+        stream = getattr(sys, name)
+        raw = io.FileIO(descriptor, "w", closefd=False)
+        unbuffered = io.TextIOWrapper(
+            raw, encoding=stream.encoding, errors=stream.errors, write_through=True
+        )
+        setattr(sys, name, unbuffered)
 
 
 def run_command(connection, entries):
@@ -251,6 +272,8 @@ def run_command(connection, entries):
         if env.get("PYTHONWARNINGS"):
             warnings._processoptions(env["PYTHONWARNINGS"].split(","))
         torch.set_num_threads(int(env.get("OMP_NUM_THREADS") or os.cpu_count()))
+        if request["unbuffered"] or env.get("PYTHONUNBUFFERED"):
+            unbuffered_streams()
         if request["executable"]:  # python SCRIPT ...
             sys.executable = request["executable"]
             code = exit_status(lambda: run_script(sys.argv[0], env))

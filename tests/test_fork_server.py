@@ -51,26 +51,30 @@ sys.exit(3)
 
 
 def test_a_served_script_runs_as_the_interpreter_runs_it(env, tmp_path):
-    """From a file (through a link: sys.path[0] is the file's folder), from
-    stdin and -c: what the script sees is what the interpreter gives it, but
-    ``sys.executable``, the served ``python``; -m is the interpreter's own."""
+    """From a file (through a link: sys.path[0] is the file's folder; -u, as
+    torchrun starts ranks), from stdin, -c and -m: what the script sees is
+    what the interpreter gives it, but ``sys.executable``, the served
+    ``python``; another option (-I), or a process multiprocessing spawns,
+    is the interpreter's own."""
     (tmp_path / "scripts").mkdir()
     (tmp_path / "scripts" / "probe.py").write_text(PROBE)
     (tmp_path / "link.py").symlink_to(tmp_path / "scripts" / "probe.py")
     served_python = str(fork_server.served_python(BIN))
     for argv, stdin in (
         (["link.py", "a b"], None),
+        (["-u", "link.py"], None),
         (["-", "c"], PROBE),
         (["-c", PROBE, "d"], None),
+        (["-m", "scripts.probe", "e"], None),
     ):
         served = run(["python", *argv], env, cwd=tmp_path, input=stdin)
         itself = run([sys.executable, *argv], env, cwd=tmp_path, input=stdin)
         assert served.returncode == itself.returncode == 3, served.stderr
         assert served.stdout == itself.stdout.replace(sys.executable, served_python)
         assert (served.stderr, itself.stderr) == ("True\n", "False\n")  # served: forked
-    (tmp_path / "probe.py").write_text("import sys; print('torch' in sys.modules)")
-    imports = run(["python", "-m", "probe"], env, cwd=tmp_path)
-    assert imports.stdout == "False\n"
+    imports = "import sys; print('torch' in sys.modules)"
+    for argv in (["-I", "-c", imports], ["-c", imports, "--multiprocessing-fork"]):
+        assert run(["python", *argv], env).stdout == "False\n"
 
 
 def test_a_command_whose_caller_dies_is_stopped(env, tmp_path):

@@ -6,7 +6,6 @@ import json
 import os
 import struct
 import subprocess
-import sys
 import warnings
 from pathlib import Path
 
@@ -16,6 +15,7 @@ import torch
 pytest.importorskip("transformers")
 pytest.importorskip("tensorboardX")
 from hf_tiny import build, zipf_targets  # noqa: E402
+from natbias_testing import script_python  # noqa: E402
 from transformers import Trainer, TrainingArguments  # noqa: E402
 
 import natbias.hf  # noqa: E402
@@ -110,7 +110,7 @@ def test_given_in_callbacks_it_warns_that_the_integrations_do_not_see_it(tmp_pat
 def test_under_torchrun_the_main_process_alone_logs_them(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{HERE}{os.pathsep}{HERE.parent}"}
     done = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone"]
+        [script_python(), "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone"]
         + [str(HERE / "hf_torchrun_statistics.py"), str(tmp_path)],
         env=env,
         capture_output=True,

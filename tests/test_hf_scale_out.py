@@ -7,7 +7,6 @@ resumes on 1. The runs themselves: tests/hf_scale_worker.py."""
 import json
 import os
 import subprocess
-import sys
 
 import pytest
 import torch
@@ -15,7 +14,7 @@ import torch
 pytest.importorskip("transformers")
 
 import hf_scale_worker as worker  # noqa: E402
-from natbias_testing import REPO, free_port  # noqa: E402
+from natbias_testing import REPO, free_port, script_python  # noqa: E402
 
 from natbias.hf import UnigramLabelSmoothingLoss  # noqa: E402
 
@@ -65,7 +64,7 @@ def test_accumulating_gradients_trains_the_model_one_batch_trains(tmp_path, natu
 
 def _torchrun(out, *args):
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=f"{REPO}:{REPO / 'tests'}")
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
+    command = [script_python(), "-m", "torch.distributed.run", "--nproc_per_node", "2"]
     command += ["--master_addr", "127.0.0.1", "--master_port", str(free_port())]
     command += [str(REPO / "tests/hf_scale_worker.py"), "--out", str(out), *args]
     run = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240)

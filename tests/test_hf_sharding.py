@@ -12,7 +12,6 @@ silent fall-back to replication fails it. The runs: tests/hf_shard_worker.py."""
 
 import os
 import subprocess
-import sys
 
 import pytest
 import torch
@@ -22,7 +21,7 @@ if not torch.distributed.is_available():
     pytest.skip("this torch has no torch.distributed", allow_module_level=True)
 
 import hf_shard_worker as worker  # noqa: E402
-from natbias_testing import REPO, free_port  # noqa: E402
+from natbias_testing import REPO, free_port, script_python  # noqa: E402
 
 RELATIVE = 1e-5
 
@@ -32,7 +31,7 @@ def sharded_runs(tmp_path_factory):
     """Every case, run once by 2 processes (rank 0's results by case)."""
     out = tmp_path_factory.mktemp("sharded")
     command = [
-        *(sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"),
+        *(script_python(), "-m", "torch.distributed.run", "--nproc_per_node", "2"),
         *("--master_port", str(free_port())),
         str(REPO / "tests" / "hf_shard_worker.py"),
         str(out),
