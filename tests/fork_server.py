@@ -1,6 +1,7 @@
 """fairseq's command-line tools and Python scripts for the commands the tests
-run (the examples' and recipes' bash scripts, the demo, the ranks of
-tests/test_scale_out.py), started in milliseconds instead of seconds.
+run (the examples' and recipes' bash scripts, the demo, torchrun and its
+ranks, the ranks of tests/test_scale_out.py), started in milliseconds
+instead of seconds.
 
 A fairseq process spends about 3 CPU-seconds importing torch, fairseq and
 what fairseq imports (scikit-learn, SciPy) before its first line of work, and
@@ -19,9 +20,9 @@ forked process starts clean and sets its own thread count from the command's
 OMP_NUM_THREADS. A signal to the small process is passed on; if it dies, the
 forked process is stopped. Neither this package nor transformers is imported
 by the server: a command imports them as a fresh process does (and reads
-the environment it was given first). ``python`` with anything but a script
-(-c, -m, an option) is the interpreter itself. The server stops when the
-pytest run that started it has ended.
+the environment it was given first). ``python`` with another option than
+-u, -c or -m is the interpreter itself. The server stops when the pytest
+run that started it has ended.
 
 ``NATBIAS_TESTS_SUBPROCESS=1`` runs the installed scripts instead.
 
