@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 
-from natbias_testing import BIN, REPO, top_level_imports
+from natbias_testing import BIN, REPO, script_python, top_level_imports
 
 import fairseq_natbias
 
@@ -135,7 +135,7 @@ def test_any_other_process_registers_on_import():
         " 'unigram_regularized_cross_entropy' in CRITERION_REGISTRY)"
     )
     out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+        [script_python(), "-c", code], capture_output=True, text=True, check=True
     ).stdout
     assert out.split() == ["True", "True", "True"]
 

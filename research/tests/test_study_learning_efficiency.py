@@ -541,13 +541,12 @@ def test_the_command_line_runs_as_users_run_it():
     """``python research/study_learning_efficiency.py`` from the repository
     root finds its parts (research/study/) and says its docstring as --help."""
     import subprocess
-    import sys
 
-    from natbias_testing import REPO
+    from natbias_testing import REPO, script_python
 
     script = REPO / "research" / "study_learning_efficiency.py"
     shown = subprocess.run(
-        [sys.executable, str(script.relative_to(REPO)), "--help"],
+        [script_python(), str(script.relative_to(REPO)), "--help"],
         cwd=REPO,
         capture_output=True,
         text=True,
