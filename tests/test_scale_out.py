@@ -14,10 +14,9 @@ import os
 import subprocess
 import time
 
-import fork_server
 import pytest
 import torch
-from natbias_testing import BIN, REPO, TINY_MODEL, TINY_TRAINING, free_port, log_records
+from natbias_testing import REPO, TINY_MODEL, TINY_TRAINING, command_of, free_port, log_records
 
 NOT_COMPARED = {"wps", "ups", "wall", "train_wall", "gb_free", "ppl"}  # timing; ppl = 2^nll_loss
 PRINTED = 1.1e-3  # one unit of the third decimal, the precision fairseq prints
@@ -92,7 +91,6 @@ def run_all(commands, work, timeout=300):
     """Runs the commands side by side, each a fairseq-train process of its own
     (forked by the fork server, tests/fork_server.py); their outputs. When one
     fails the others are stopped: a rank would wait for it."""
-    tools = fork_server.shim_directory(BIN) if fork_server.shims_enabled() else BIN
     env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
     outputs = [work / f"{i}.log" for i in range(len(commands))]
     processes = []
@@ -100,7 +98,7 @@ def run_all(commands, work, timeout=300):
         with open(output, "w") as log:
             processes.append(
                 subprocess.Popen(
-                    [str(tools / tool), *arguments], cwd=REPO, env=env, stdout=log, stderr=log
+                    [*command_of(tool), *arguments], cwd=REPO, env=env, stdout=log, stderr=log
                 )
             )
     deadline = time.time() + timeout

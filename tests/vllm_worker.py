@@ -92,7 +92,7 @@ def serve(model, spec):
         result["scaled"] = {name: generated for name, (generated, _) in results.items()}
         if lora:
             # A batch of its own: vLLM 0.32's CPU build applies an adapter to
-            # every request of a batch that has one (docs/vllm.md).
+            # every request of a batch that has one (docs/deployment.md, vLLM).
             adapted = generate(llm, spec["prompts"], {"lora": None}, spec["steps"], lora)
             result["lora"] = adapted["lora"][0]
         return result
