@@ -93,7 +93,7 @@ def validation_bits(model, path, sequence_length: int = SEQUENCE_LENGTH) -> floa
 def train_module(model, *, lr=4e-3, warmup=10, steps=100, batch=16, **parallel):
     """OLMo-core's train module for ``model``: its AdamW (weight decay 0.1,
     none on the embeddings, the head's b and gain), linear warm-up then
-    cosine; ``parallel``: its dp_config / tp_config."""
+    cosine (``warmup`` None: a constant rate); ``parallel``: its dp_config / tp_config."""
     from olmo_core.optim import AdamWConfig, CosWithWarmup, OptimGroupOverride
     from olmo_core.train.train_module import TransformerTrainModuleConfig
 
@@ -111,7 +111,7 @@ def train_module(model, *, lr=4e-3, warmup=10, steps=100, batch=16, **parallel):
                 )
             ],
         ),
-        scheduler=CosWithWarmup(warmup_steps=warmup),
+        scheduler=None if warmup is None else CosWithWarmup(warmup=warmup),
         **parallel,
     )
     return config.build(model, device=torch.device("cpu"))
@@ -127,7 +127,7 @@ def trainer(module, dataset, save_folder, steps, callbacks=(), batch=16, seed=0,
         seed=seed,
         num_workers=0,
         work_dir=str(save_folder) + "-data",
-    ).build(dataset)
+    ).build(dataset, dp_process_group=module.dp_process_group)
     config = TrainerConfig(
         save_folder=str(save_folder),
         save_overwrite=True,
