@@ -77,7 +77,13 @@ def head_state(model, natural=True) -> dict:
 
 
 def one_run(
-    paths, folder, steps=1, load_path=None, save_interval=None, initial=None, natural=True,
+    paths,
+    folder,
+    steps=1,
+    load_path=None,
+    save_interval=None,
+    initial=None,
+    natural=True,
     **parallel,
 ) -> dict:
     """A fresh model given the natural bias, trained ``steps`` updates by
@@ -95,15 +101,14 @@ def one_run(
     dataset = olmo_tiny.dataset_config([paths["train"]], f"{folder}-work").build()
     if natural:
         add_natural_bias(model, dataset)
-    micro = BATCH // (2 if "dp_config" in parallel and "tp_config" not in parallel else 1)  # each data-parallel process's share
+    micro = BATCH // (
+        2 if "dp_config" in parallel and "tp_config" not in parallel else 1
+    )  # each data-parallel process's share
     module = olmo_tiny.train_module(model, lr=LR, warmup=None, batch=micro, **parallel)
     if initial is None:
         torch.save(model.state_dict(), f"{folder}-initial.pt")
     else:
-        from torch.distributed.checkpoint.state_dict import (
-            StateDictOptions,
-            set_model_state_dict,
-        )
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
         state = torch.load(initial)
         set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True))

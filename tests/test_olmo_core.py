@@ -295,7 +295,9 @@ def gloo(token_files, tmp_path_factory):
 def test_two_gloo_processes_equal_one_within_1e_5(gloo, mode):
     single, runs, _ = gloo
     run = runs[mode]
-    print(f"{mode}: loss before {run['before'] - single['before']:+.2e}, after {run['after'] - single['after']:+.2e} (nats) off one process")
+    print(
+        f"{mode}: loss before {run['before'] - single['before']:+.2e}, after {run['after'] - single['after']:+.2e} (nats) off one process"
+    )
     assert abs(single["after"] - single["before"]) > 1e-4  # the update changes the loss
     assert run["before"] == pytest.approx(single["before"], abs=1e-5)
     assert run["after"] == pytest.approx(single["after"], abs=1e-5)
@@ -306,7 +308,9 @@ def test_two_gloo_processes_equal_one_within_1e_5(gloo, mode):
     # the statistics, gathered from the shards, as one process reports them
     for name, value in single["natbias"].items():
         assert run["natbias"][name] == pytest.approx(value, rel=1e-5, abs=1e-8), name
-    assert set(single["natbias"]) == {f"natbias/{n}" for n in ("bias_kl", "bias_norm", "weight_norm", "gain")}
+    assert set(single["natbias"]) == {
+        f"natbias/{n}" for n in ("bias_kl", "bias_norm", "weight_norm", "gain")
+    }
 
 
 def test_b_stays_float32_under_bf16_mixed_precision(gloo):
