@@ -71,6 +71,14 @@ def set_head_linear(model, linear) -> None:
     model.lm_head.w_out = linear
 
 
+def save_hf_model(save_dir, state, model, tokenizer=None) -> None:
+    """OLMo-core's conversion of a model's state to a transformers checkpoint
+    (imported here when called: it imports transformers)."""
+    from olmo_core.nn.hf.checkpoint import save_hf_model as save
+
+    save(save_dir, state, model, tokenizer)
+
+
 def uses_fused_loss(head) -> bool:
     return head.loss_implementation == LMLossImplementation.fused_linear
 
@@ -86,6 +94,7 @@ __all__ = [
     "check_version",
     "get_labels",
     "head_of",
+    "save_hf_model",
     "is_chunked",
     "set_head_linear",
     "uses_fused_loss",

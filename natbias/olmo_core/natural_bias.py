@@ -128,6 +128,7 @@ def add_natural_bias(
         linear.weight, log_prior, gain_init if gain else None, gain_speed if gain else None
     )
     projection.natbias_log_prior = log_prior
+    projection.natbias_counts = counts  # for the export to natbias.hf (natbias.olmo_core.export)
     projection.natbias_settings = {
         "format_version": FORMAT_VERSION,
         "written_by": f"natbias {__version__}",
