@@ -13,9 +13,11 @@ a user measures and what this test computes itself (docs/pretraining.md).
 - The callback's statistics reach OLMo-core's metrics, and it writes b into
   a stock head's bias before a fresh run.
 - Bad input is refused in one line, the model left as it was.
+- OLMo-core's transformers conversion, then natbias.hf: b and the gain kept,
+  greedy tokens identical to OLMo-core's generation module.
+(2 gloo processes: tests/test_olmo_core_scaling.py.)
 """
 
-import json
 import math
 import os
 import subprocess
@@ -26,7 +28,6 @@ import numpy as np
 import olmo_tiny
 import pytest
 import torch
-from natbias_testing import MULTI30K
 from torch import nn
 
 from natbias.errors import NaturalBiasError
@@ -41,10 +42,7 @@ REPO = TESTS.parent
 
 @pytest.fixture(scope="module")
 def token_files(tmp_path_factory):
-    if not (MULTI30K / "train.en.gz").exists():
-        pytest.skip(f"Multi30k not found at {MULTI30K} (set NATBIAS_MULTI30K)")
-    root = tmp_path_factory.mktemp("olmo_multi30k")
-    return olmo_tiny.write_token_files(MULTI30K, root)
+    return olmo_tiny.multi30k_token_files(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
@@ -112,6 +110,22 @@ def test_the_counts_are_the_targets_the_dataset_yields(tmp_path):
     assert len(dataset) == 20 + 15
     np.testing.assert_array_equal(count_targets(config, 1024), expected)
     np.testing.assert_array_equal(count_targets(dataset, 1024), expected)
+
+
+def test_label_masks_are_counted_as_get_labels_masks_them(tmp_path):
+    """A dataset with label masks: counted instance by instance, each
+    instance's ids but its first where its mask is true."""
+    rng = np.random.default_rng(2)
+    ids, mask = tmp_path / "ids.npy", tmp_path / "mask.npy"
+    tokens = rng.integers(0, 1000, 500).astype(np.uint16)
+    keep = rng.random(500) < 0.6
+    tokens.tofile(ids)
+    keep.astype(np.bool_).tofile(mask)
+    config = olmo_tiny.dataset_config([ids], tmp_path / "work", sequence_length=50)
+    config.label_mask_paths = [str(mask)]
+    instances = tokens.reshape(10, 50)[:, 1:], keep.reshape(10, 50)[:, 1:]
+    expected = np.bincount(instances[0][instances[1]], minlength=1024)
+    np.testing.assert_array_equal(count_targets(config, 1024), expected)
 
 
 PRESETS = {
@@ -249,6 +263,15 @@ def test_counts_from_another_tokenizer_are_refused(tmp_path):
     assert_untouched(model)
 
 
+def test_without_olmo_core_the_import_says_what_to_install_in_one_line():
+    code = "import sys; sys.modules['olmo_core'] = None; import natbias.olmo_core"
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    last = run.stderr.strip().splitlines()[-1]
+    assert run.returncode != 0 and last.startswith("natbias.errors.MissingExtraError")
+    assert "fairseq-natbias[olmo]" in last
+
+
 def test_an_olmo_core_version_outside_the_tested_range_is_refused():
     assert _compat.check_version("3.0.0") == "3.0.0"
     for version in ("3.1.0", "2.4.0", "4.0"):
@@ -261,83 +284,6 @@ def test_the_prior_is_the_cores():
     add_natural_bias(model, counts=counts, smoothing=0.5)
     assert torch.equal(model.natbias_log_prior, log_unigram(counts, 0.5))
     one_line_refusal(lambda: add_natural_bias(model, counts=counts), "already")
-
-
-# --- OLMo-core's own scaling: 2 gloo processes against 1 ------------------------
-
-# The variables a single-process OLMo-core run in this process sets for itself,
-# which would make the 2 processes' group a group of 1.
-LAUNCH_VARIABLES = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NUM_NODES"}
-LAUNCH_VARIABLES |= {"MASTER_ADDR", "MASTER_PORT"}
-
-
-@pytest.fixture(scope="module")
-def gloo(token_files, tmp_path_factory):
-    """One update on 1 process here; on 2 gloo processes under FSDP, HSDP
-    (2 replicas of 1 shard), TP, FSDP with bf16 parameters, and 2 updates
-    resumed from OLMo-core's checkpoint after the first, against 2 updates
-    without one (tests/olmo_gloo_worker.py), all from the same initial state."""
-    import olmo_gloo_worker
-
-    root = tmp_path_factory.mktemp("olmo_gloo")
-    paths = {name: str(path) for name, path in token_files.items()}
-    single = olmo_gloo_worker.one_run(paths, str(root / "single"))
-    initial, out = root / "single-initial.pt", root / "gloo.json"
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in LAUNCH_VARIABLES and not k.startswith("OLMO_")
-    }
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(TESTS), env.get("PYTHONPATH", "")])
-    env["OMP_NUM_THREADS"] = "1"
-    command = [sys.executable, str(TESTS / "olmo_gloo_worker.py"), paths["train"], paths["val"]]
-    command += [str(root / "gloo"), str(out), str(initial)]
-    run = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0, run.stderr[-4000:]
-    return single, json.loads(out.read_text()), torch.load(initial)
-
-
-@pytest.mark.parametrize("mode", ["fsdp", "hsdp", "tp"])
-def test_two_gloo_processes_equal_one_within_1e_5(gloo, mode):
-    single, runs, _ = gloo
-    run = runs[mode]
-    print(
-        f"{mode}: loss before {run['before'] - single['before']:+.2e}, after {run['after'] - single['after']:+.2e} (nats) off one process"
-    )
-    assert abs(single["after"] - single["before"]) > 1e-4  # the update changes the loss
-    assert run["before"] == pytest.approx(single["before"], abs=1e-5)
-    assert run["after"] == pytest.approx(single["after"], abs=1e-5)
-    np.testing.assert_allclose(run["bias"], single["bias"], atol=1e-5)
-    np.testing.assert_allclose(run["gain_param"], single["gain_param"], atol=1e-7)
-    local, whole = run["sharded"]
-    assert local == (whole if mode == "hsdp" else whole // 2)  # HSDP: 2 replicas of 1 shard
-    # the statistics, gathered from the shards, as one process reports them
-    for name, value in single["natbias"].items():
-        assert run["natbias"][name] == pytest.approx(value, rel=1e-5, abs=1e-8), name
-    assert set(single["natbias"]) == {
-        f"natbias/{n}" for n in ("bias_kl", "bias_norm", "weight_norm", "gain")
-    }
-
-
-def test_b_stays_float32_under_bf16_mixed_precision(gloo):
-    _, runs, initial = gloo
-    run = runs["fsdp_bf16"]
-    assert run["bias_dtype"] == "torch.float32" and run["sharded"][0] * 2 == run["sharded"][1]
-    b0 = initial["lm_head.w_out.bias"].double().numpy()
-    step = np.asarray(run["bias"]) - b0
-    rare = np.abs(b0) > 8  # where bfloat16's spacing is 0.0625: a step of lr = 0.01 would be lost
-    assert rare.sum() > 10 and (np.abs(step[rare]) > 1e-3).mean() > 0.9
-    assert np.abs(step).max() < 0.0625 / 2
-
-
-def test_olmo_cores_checkpoint_saves_and_resumes_the_natural_bias(gloo):
-    _, runs, _ = gloo
-    resumed, uninterrupted = runs["resumed"], runs["uninterrupted"]
-    assert resumed["step"] == uninterrupted["step"] == 2
-    assert resumed["after"] == pytest.approx(uninterrupted["after"], abs=1e-6)
-    np.testing.assert_allclose(resumed["bias"], uninterrupted["bias"], atol=1e-6)
-    np.testing.assert_allclose(resumed["gain_param"], uninterrupted["gain_param"], atol=1e-8)
-    assert resumed["natbias"] == pytest.approx(uninterrupted["natbias"], rel=1e-6)
 
 
 # --- the way out: OLMo-core's transformers conversion, then natbias.hf ----------

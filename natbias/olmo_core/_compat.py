@@ -62,9 +62,15 @@ def is_chunked(dataset) -> bool:
     )
 
 
+# The state-dict keys of the head's b and gain (its linear map is ``lm_head.w_out``).
+HEAD_BIAS_KEY, HEAD_GAIN_KEY = "lm_head.w_out.bias", "lm_head.w_out.gain_param"
+
+
 def head_of(model):
-    """The model's LM head (an ``LMHead``) and its linear map ``w_out``."""
-    return model.lm_head, model.lm_head.w_out
+    """The model's LM head (an ``LMHead``; None in a pipeline stage without
+    it) and its linear map ``w_out``."""
+    head = getattr(model, "lm_head", None)
+    return head, None if head is None else head.w_out
 
 
 def set_head_linear(model, linear) -> None:
@@ -93,6 +99,8 @@ __all__ = [
     "Transformer",
     "check_version",
     "get_labels",
+    "HEAD_BIAS_KEY",
+    "HEAD_GAIN_KEY",
     "head_of",
     "save_hf_model",
     "is_chunked",

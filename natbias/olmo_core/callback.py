@@ -43,7 +43,7 @@ NAMESPACE = "natbias"
 def statistics(model, log_prior: Optional[torch.Tensor] = None) -> dict:
     """``bias_kl``, ``bias_norm``, ``weight_norm`` and ``gain`` of the model's
     head (a collective where it is sharded: call it on every process)."""
-    head = model.lm_head.w_out
+    head = _compat.head_of(model)[1]
     if log_prior is None:
         log_prior = model.natbias_log_prior
     gain = head.gain() if hasattr(head, "gain") else None
@@ -66,7 +66,7 @@ class NaturalBiasCallback(_compat.Callback):
         self._log_prior = None
         if isinstance(model, NaturalBiasModel):
             return
-        linear = model.lm_head.w_out
+        linear = _compat.head_of(model)[1]
         if linear.bias is None:
             raise NaturalBiasError(
                 "the model's LM head has no bias: build it with LMHeadConfig(bias=True), or "

@@ -25,8 +25,6 @@ from natbias.olmo_core import _compat
 from natbias.olmo_core.natural_bias import NaturalBiasModel
 from natbias.sharding import is_dtensor
 
-NATBIAS_KEYS = ("lm_head.w_out.bias", "lm_head.w_out.gain_param")
-
 
 def to_hf(model, output_dir, tokenizer=None):
     """Writes ``model`` (an OLMo-core model given the natural bias, whole on
@@ -46,7 +44,8 @@ def to_hf(model, output_dir, tokenizer=None):
             "unsharded model on one process) before converting it"
         )
     state = {k: v.detach().float() for k, v in model.state_dict().items()}
-    trained = {key: state.pop(key) for key in NATBIAS_KEYS if key in state}
+    bias = state.pop(_compat.HEAD_BIAS_KEY)
+    gain = state.pop(_compat.HEAD_GAIN_KEY, None)
     settings = head.natbias_settings
     with tempfile.TemporaryDirectory() as stock_dir:
         _compat.save_hf_model(f"{stock_dir}/stock", state, model, tokenizer)
@@ -63,9 +62,9 @@ def to_hf(model, output_dir, tokenizer=None):
     )
     hf_head = hf_model.get_output_embeddings()
     with torch.no_grad():
-        hf_head.bias.copy_(trained["lm_head.w_out.bias"])
-        if "lm_head.w_out.gain_param" in trained:
-            hf_head.gain_param.copy_(trained["lm_head.w_out.gain_param"])
+        hf_head.bias.copy_(bias)
+        if gain is not None:
+            hf_head.gain_param.copy_(gain)
     Path(output_dir).mkdir(parents=True, exist_ok=True)
     hf_model.save_pretrained(output_dir)
     return hf_model

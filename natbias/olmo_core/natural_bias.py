@@ -150,9 +150,9 @@ def check_model(model):
         raise NaturalBiasError(f"this {name} has the natural bias already")
     if not isinstance(model, _compat.Transformer):
         raise NaturalBiasError(f"natbias.olmo_core takes an OLMo-core Transformer, not a {name}")
-    if getattr(model, "lm_head", None) is None:
-        raise NaturalBiasError(f"this {name} has no LM head (a pipeline stage without it?)")
     head, linear = _compat.head_of(model)
+    if head is None:
+        raise NaturalBiasError(f"this {name} has no LM head (a pipeline stage without it?)")
     if type(head) is not _compat.LMHead or type(linear) is not nn.Linear:
         raise NaturalBiasError(
             f"the {type(head).__name__}'s output is not the linear map W phi + b of the "
@@ -177,11 +177,11 @@ class NaturalBiasModel:
 
     @property
     def natbias_head(self) -> NaturalBiasProjection:
-        return self.lm_head.w_out
+        return _compat.head_of(self)[1]
 
     @property
     def natbias_log_prior(self) -> torch.Tensor:
-        return self.lm_head.w_out.natbias_log_prior
+        return self.natbias_head.natbias_log_prior
 
     def init_weights(self, *args, **kwargs):
         """OLMo-core's, then b and the gain again: its ``init_final_w_out``
