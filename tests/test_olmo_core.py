@@ -283,6 +283,12 @@ def test_the_prior_is_the_cores():
     model = olmo_tiny.model_1m(meta=False)
     add_natural_bias(model, counts=counts, smoothing=0.5)
     assert torch.equal(model.natbias_log_prior, log_unigram(counts, 0.5))
+    model.to(torch.bfloat16)  # b and u stay float32 where the model is cast
+    head = model.lm_head.w_out
+    assert (
+        head.weight.dtype == torch.bfloat16
+        and head.bias.dtype == head.gain_param.dtype == torch.float32
+    )
     one_line_refusal(lambda: add_natural_bias(model, counts=counts), "already")
 
 
