@@ -66,7 +66,7 @@ def summarise(runs: dict, args) -> str:
         "",
         "| seed | step 0 stock | step 0 natural | "
         + " | ".join(f"steps to stock's {m} ({s})" for m, s in marks.items())
-        + f" | end stock | end natural |",
+        + " | end stock | end natural |",
         "|---|---|---|" + "---|" * len(marks) + "---|---|",
     ]
     means = []
@@ -76,7 +76,9 @@ def summarise(runs: dict, args) -> str:
         reach = [steps_to_reach(n, s[step]) for step in marks.values()]
         row = [s[0], n[0], *reach, s[end], n[end]]
         means.append(row)
-        cells = [f"{v:.4f}" if isinstance(v, float) else ("-" if v is None else str(v)) for v in row]
+        cells = [
+            f"{v:.4f}" if isinstance(v, float) else ("-" if v is None else str(v)) for v in row
+        ]
         lines.append(f"| {seed} | " + " | ".join(cells) + " |")
     mean = []
     for column in zip(*means):
