@@ -103,9 +103,11 @@ test:
 	$(PY) -m pytest tests research/tests -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder \
 	    --durations=20 --durations-min=1 $(PYTEST_ARGS)
 
-# Every test that runs no training loop (those marked `training` left out).
+# Every test that runs no training loop (those marked `training` left out) and
+# starts no vLLM engine (NATBIAS_VLLM_PYTHON empty: tests/test_vllm.py skips).
 test-fast: install
-	$(PY) -m pytest tests research/tests -m "not training" -n 2 --dist loadscope $(PYTEST_ARGS)
+	NATBIAS_VLLM_PYTHON= $(PY) -m pytest tests research/tests -m "not training" -n 2 \
+	    --dist loadscope $(PYTEST_ARGS)
 
 lint: install
 	$(VENV)/bin/ruff check .

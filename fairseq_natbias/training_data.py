@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from natbias import head
 from natbias.counts import binarised_index, check_counts, count_binarised
 from natbias.errors import NaturalBiasError
 from natbias.prior import DEFAULT_SMOOTHING, log_unigram
@@ -194,7 +195,8 @@ def _sampled_sentences(task, keys, sizes):
         return None
     ratios = np.asarray(ratios, dtype=np.float64)
     total = task.args.virtual_data_size or default_virtual_size_func(
-        [range(n) for n in sizes], ratios  # fairseq's rule reads len() of each pair
+        [range(n) for n in sizes],
+        ratios,  # fairseq's rule reads len() of each pair
     )
     return total * ratios / ratios.sum()
 
@@ -284,7 +286,7 @@ def criterion_prior(task, model, split: str, criterion: str) -> torch.Tensor:
     else the training targets counted with add-one smoothing."""
     log_prior = getattr(model, "target_log_unigram", None)
     if log_prior is not None and torch.any(log_prior != 0):  # per-language: the pooled row
-        return log_prior.detach().float().cpu().reshape(-1, log_prior.shape[-1])[0]
+        return head.pooled_row(log_prior.detach().float().cpu())
     try:
         counts = count_training_targets(task, split)
     except MissingTrainingSplit as error:

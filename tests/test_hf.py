@@ -150,7 +150,8 @@ def test_a_newer_format_is_refused(tmp_path):
     model.config.natural_bias = {**model.config.natural_bias, "format_version": newer}
     model.save_pretrained(tmp_path)
     with pytest.raises(
-        NaturalBiasError, match=f"version {newer}; natbias .* reads version {FORMAT_VERSION}"
+        NaturalBiasError,
+        match=f"format {newer}; natbias .* reads format {FORMAT_VERSION} and earlier: upgrade",
     ):
         from_pretrained(tmp_path)
 

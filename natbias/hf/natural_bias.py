@@ -28,6 +28,7 @@ from transformers.models.auto.auto_factory import _get_model_class
 from natbias import FORMAT_VERSION, __version__
 from natbias.counts import check_counts, count_ids, read_counts_file
 from natbias.errors import NaturalBiasError
+from natbias.head import DEFAULT_GAIN_SPEED, check_gain
 from natbias.hf.gain_start import contextual_scale, initial_gain
 from natbias.hf.logit_map import check_starts_at_prior, initial_bias, measure_logit_map
 from natbias.hf.models import (
@@ -42,7 +43,6 @@ from natbias.hf.registry import GENERATOR_AUTO_CLASSES, register
 from natbias.hf.sharded import is_sharded
 from natbias.hf.targets import target_sequences
 from natbias.prior import DEFAULT_SMOOTHING, log_unigram
-from natbias.projection import DEFAULT_GAIN_SPEED, check_gain
 
 
 def count_targets(targets, vocab_size: int, causal: bool = False) -> np.ndarray:
