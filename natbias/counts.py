@@ -233,8 +233,11 @@ def read_counts_file(path: str, symbols: Sequence[str], added: Sequence[str] = (
 
 
 def check_counts(counts: Optional[np.ndarray], where: str) -> np.ndarray:
-    """``counts`` as int64, refusing what is not a count (NaN, infinite,
-    negative, not a number) and an empty corpus (nothing to estimate from)."""
+    """``counts`` as given: int64 where whole, float64 where fractional (a
+    weighted mixture: used exactly, never truncated). Refused: what is not a
+    count (NaN, infinite, negative, not a number), an empty corpus (nothing to
+    estimate from) and fractions summing to at most 1 (probabilities, whose
+    smoothed prior would be nearly uniform)."""
     values = np.asarray(counts)
     flat = values.reshape(-1)
     numeric = values.dtype.kind in "iuf"
@@ -244,6 +247,13 @@ def check_counts(counts: Optional[np.ndarray], where: str) -> np.ndarray:
             f"{where} hold {flat[bad[0]]} at entry {bad[0]}, which is not a count: pass "
             "one finite count >= 0 per vocabulary entry"
         )
+    if numeric and values.dtype.kind == "f" and np.any(flat != np.floor(flat)):
+        if flat.sum() <= 1.0 + 1e-6:
+            raise NaturalBiasError(
+                f"{where} sum to {flat.sum():.6g}: they look like probabilities, which "
+                "add-one smoothing would swamp; pass counts (how often each token occurs)"
+            )
+        return values.astype(np.float64)
     counts = values.astype(np.int64)
     if counts.sum() == 0:
         raise NaturalBiasError(

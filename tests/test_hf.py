@@ -309,3 +309,15 @@ def test_the_logits_processor_scales_the_bias_and_renormalises():
     assert torch.equal(plain, kept)
     with pytest.raises(NaturalBiasError, match="has no natural bias"):
         BiasScaleLogitsProcessor(gpt2(), 0.5)
+
+
+def test_fractional_counts_are_used_exactly_and_probabilities_refused():
+    """Counts are taken as given: a weighted mixture's fractional counts are
+    not truncated (2.2.0 made [0.4, 0.3, 2.9] into [0, 0, 2]), and a
+    probability vector, which add-one smoothing would swamp, is refused."""
+    counts = np.linspace(0.4, 9.7, V)
+    model = add_natural_bias(gpt2(), counts=counts)
+    expected = np.log((counts + 1) / (counts.sum() + V))
+    assert np.allclose(model.natbias_log_prior.numpy(), expected, atol=1e-6)
+    with pytest.raises(NaturalBiasError, match="sum to 1: they look like probabilities"):
+        add_natural_bias(gpt2(), counts=counts / counts.sum())
