@@ -320,6 +320,36 @@ def test_the_bias_scale_scales_each_positions_row(per_language, monkeypatch):
     assert torch.allclose(scaled, expected, atol=1e-5)
 
 
+def test_lambda_and_tau_act_on_each_positions_row_of_b_and_of_log_p(per_language, monkeypatch):
+    """g W phi + lambda b[row] - tau log p[row], computed here from the
+    decoder's features, with b moved off the prior by a ramp (as training
+    moves it), so that tau taking b, or a row from the wrong tensor, fails."""
+    import torch.nn.functional as F
+
+    task, model, _ = per_language
+    net_input = _valid_batch(task, 4)["net_input"]
+    projection, prior = model.decoder.output_projection, model.target_log_unigram
+    model.eval()
+    saved = projection.bias.detach().clone()
+    try:
+        with torch.no_grad():
+            projection.bias.add_(torch.linspace(-2.0, 2.0, saved.shape[-1]))
+            encoder_out = model.encoder(net_input["src_tokens"], net_input["src_lengths"])
+            prev = net_input["prev_output_tokens"]
+            phi, _ = model.decoder(prev, encoder_out, features_only=True)
+            rows = model.decoder.prior_rows(prev)
+            context = F.linear(phi * projection.gain(), projection.weight)
+            expected = (context + 0.5 * projection.bias[rows] - 0.7 * prior[rows]).log_softmax(-1)
+            monkeypatch.setattr(model.natbias_args, "natbias_bias_scale", 0.5, raising=False)
+            monkeypatch.setattr(model.natbias_args, "natbias_logit_adjustment", 0.7, raising=False)
+            scores = model.get_normalized_probs(model(**net_input), log_probs=True)
+    finally:
+        with torch.no_grad():
+            projection.bias.copy_(saved)
+    assert (rows[:, 1:] > 0).all()  # the language rows are in play, not only row 0
+    assert torch.allclose(scores, expected, atol=1e-5)
+
+
 def test_a_counts_file_works_with_a_task_the_counter_does_not_know(data, tmp_path):
     """The refusal names --natbias-init file: taken, the model builds and its
     prior (the statistics', the criteria's) is the file's."""
