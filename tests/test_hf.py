@@ -321,3 +321,22 @@ def test_fractional_counts_are_used_exactly_and_probabilities_refused():
     assert np.allclose(model.natbias_log_prior.numpy(), expected, atol=1e-6)
     with pytest.raises(NaturalBiasError, match="sum to 1: they look like probabilities"):
         add_natural_bias(gpt2(), counts=counts / counts.sum())
+
+
+def test_lambda_scales_b_as_trained_not_the_prior():
+    """With b moved off the prior by a ramp (as training moves it), the
+    processor's output is log_softmax(g W phi + lambda b), g W phi computed
+    here from the head's input."""
+    model = add_natural_bias(gpt2(), zipf_targets()).eval()
+    head, ids = model.get_output_embeddings(), inputs_for("gpt2")["input_ids"]
+    with torch.no_grad():
+        model.output_bias().add_(torch.linspace(-2.0, 2.0, V))
+        out = model(input_ids=ids, output_hidden_states=True)
+        context = torch.nn.functional.linear(
+            out.hidden_states[-1][:, -1] * head.gain(), head.weight
+        )
+        scores = torch.log_softmax(out.logits[:, -1], -1)
+        scaled = BiasScaleLogitsProcessor(model, 0.5)(None, scores)
+    assert not torch.allclose(model.output_bias(), model.natbias_log_prior, atol=0.1)
+    expected = torch.log_softmax(context + 0.5 * model.output_bias().detach(), -1)
+    torch.testing.assert_close(scaled, expected, atol=1e-5, rtol=1e-5)
