@@ -9,12 +9,13 @@ import of its parent package is not an edge.
 The layers, bottom up: the core ``natbias`` (torch and numpy only); the
 text-only tools ``natbias.tools`` (not even torch); the fairseq plugin
 ``fairseq_natbias`` and the transformers extra ``natbias.hf``, which know
-nothing of each other; on top, alone, ``natbias.ct2_converter``
+nothing of each other; on top, ``natbias.ct2_converter``
 (natbias-ct2-converter), the one converter to CTranslate2 for models of
-both frameworks. It is the one module that imports both, and only inside
-the function that converts each framework's models, so importing it (or
-running it on one framework's model) needs neither framework; nothing
-imports it.
+both frameworks, and ``natbias.frequency_tools`` (natbias-loss-by-frequency,
+natbias-frequency-bias: they score models of either framework). They are
+the modules that import both, and only inside the functions that handle
+each framework's models, so importing one (or running it on one framework's
+model) needs neither framework; nothing imports them.
 """
 
 import ast
@@ -28,6 +29,8 @@ ROOT = REPO / PACKAGE
 CORE = REPO / "natbias"
 # Above both frameworks (see the module's docstring); a console script's module.
 DISPATCHER = "natbias.ct2_converter"
+# Above both frameworks in the same way: the scripts that score models of either.
+FREQUENCY_TOOLS = "natbias.frequency_tools"
 
 
 def module_name(path: Path, root: Path = ROOT, package: str = PACKAGE) -> str:
@@ -226,7 +229,7 @@ def test_the_core_needs_no_framework_and_imports_no_layer_above(graph):
         for name in graph
         if name.startswith("natbias")
         and not name.startswith(("natbias.tools", "natbias.hf", "natbias.vllm"))
-        and name != DISPATCHER
+        and name not in (DISPATCHER, FREQUENCY_TOOLS)
     ]
     assert "natbias.counts" in core
     for name in core:
@@ -262,6 +265,16 @@ def test_the_dispatcher_imports_each_framework_only_where_it_converts_its_models
     assert "natbias.errors" in top
     assert not {name for name in top if name.startswith(frameworks)}, top
     assert not [name for name, imported in graph.items() if DISPATCHER in imported]
+
+
+def test_the_frequency_tools_import_each_framework_only_where_they_score_its_models(graph):
+    frameworks = ("fairseq", "transformers", "torch", "natbias.hf")
+    reached = reachable(graph, FREQUENCY_TOOLS)
+    assert "fairseq_natbias.scoring" in reached and "natbias.hf.scoring" in reached
+    top = top_level_imports(CORE / "frequency_tools.py")
+    assert "natbias.tools.by_frequency" in top
+    assert not {name for name in top if name.startswith(frameworks)}, top
+    assert not [name for name, imported in graph.items() if FREQUENCY_TOOLS in imported]
 
 
 def test_the_tools_import_neither_torch_nor_a_framework(graph):
