@@ -24,6 +24,7 @@ from natbias.errors import NaturalBiasError
 def load_causal_lm(path: str, use_cuda: bool = False):
     """The model (natural bias or stock) and tokenizer saved in folder ``path``."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as transformers_logging
 
     import natbias.hf  # noqa: F401  (registers the natural-bias classes with the Auto classes)
 
@@ -32,6 +33,7 @@ def load_causal_lm(path: str, use_cuda: bool = False):
             f"{path} is not a transformers model folder (no config.json); give a "
             "folder written by save_pretrained, or a fairseq checkpoint with --data"
         )
+    transformers_logging.disable_progress_bar()  # the tools print one line per error, or results
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path).eval()
     if use_cuda:
@@ -53,7 +55,8 @@ def check_same_vocabulary(first, second, paths: Sequence[str]) -> None:
         raise NaturalBiasError(
             f"models of different dictionaries: {paths[0]} ({vocabulary_size(model_a)} "
             f"outputs, {len(tok_a)} tokens) and {paths[1]} ({vocabulary_size(model_b)} outputs, "
-            f"{len(tok_b)} tokens); compare models trained with one tokenizer"
+            f"{len(tok_b)} tokens), their tokenizers map text to other ids; compare models "
+            "trained with one tokenizer"
         )
 
 

@@ -151,7 +151,8 @@ def kl_bits(p: np.ndarray, q: np.ndarray) -> float:
     p, q = np.asarray(p, np.float64), np.asarray(q, np.float64)
     p, q = p / p.sum(), q / q.sum()
     kept = p > 0
-    return float(np.sum(p[kept] * (np.log(p[kept]) - np.log(q[kept]))) / LN2)
+    kl = float(np.sum(p[kept] * (np.log(p[kept]) - np.log(q[kept]))) / LN2)
+    return max(0.0, kl)  # KL >= 0: no "-0.0000" from rounding
 
 
 def smoothed_unigram(train_counts: np.ndarray, alpha: float = 1.0) -> np.ndarray:
