@@ -4,10 +4,13 @@ against a hand computation; natbias-output-frequency end to end (text only)."""
 
 import csv
 import math
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
-from natbias_testing import fairseq
+from natbias_testing import REPO, fairseq, top_level_imports
 
 from natbias.errors import NaturalBiasError
 from natbias.tools import by_frequency, frequency_bias
@@ -204,3 +207,28 @@ def test_output_frequency_bad_bins_one_line(tmp_path, edges, message):
     assert result.returncode != 0
     (line,) = result.stderr.strip().splitlines()
     assert line.startswith("natbias-output-frequency: error: ") and message in line
+
+
+def test_output_frequency_and_the_helps_start_without_torch(tmp_path):
+    """natbias-output-frequency reads text only; the other two import a
+    framework only to score models, not for --help."""
+    (tmp_path / "gen.txt").write_text(GENERATED, encoding="utf-8")
+    (tmp_path / "train.txt").write_text("a a b\n", encoding="utf-8")
+    calls = [
+        f"output_main([{str(tmp_path / 'gen.txt')!r}, '--train-text', "
+        f"{str(tmp_path / 'train.txt')!r}, '--out-dir', {str(tmp_path / 'out')!r}])",
+        "loss_parser().format_help(); bias_parser().format_help()",
+    ]
+    for call in calls:
+        done = subprocess.run(
+            [sys.executable, "-c", f"from natbias.frequency_tools import *; {call}"],
+            cwd=REPO,
+            env=dict(os.environ, PYTHONPROFILEIMPORTTIME="1", PYTHONWARNINGS="ignore"),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        imported = top_level_imports(done.stderr)
+        assert "natbias" in imported and not imported & {"torch", "fairseq", "transformers"}
+    assert (tmp_path / "out" / "output_frequency.csv").is_file()
