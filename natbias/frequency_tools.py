@@ -103,15 +103,14 @@ def loss_parser():
 def score_fairseq_pair(args, progress):
     from fairseq_natbias import scoring
 
-    scored, counts = [], None
-    for path in (args.baseline, args.model):
+    paths = (args.baseline, args.model)
+    # both read (and their dictionaries checked) before either is scored
+    loaded = [scoring.load_checkpoint(p, args.data, args.gen_subset, use_cuda(args)) for p in paths]
+    scored = []
+    for path, (model, task, _) in zip(paths, loaded):
         progress(f"scoring the {args.gen_subset} split of {args.data} with {path}")
-        model, task, cfg = scoring.load_checkpoint(path, args.data, args.gen_subset, use_cuda(args))
-        if counts is None:
-            counts = scoring.training_counts(task, cfg)
-        elif len(task.target_dictionary) != len(counts):
-            raise NaturalBiasError(f"models of different dictionaries: {args.baseline}, {path}")
         scored.append(scoring.reference_log_probs(model, task, args.gen_subset, args.max_tokens))
+    counts = scoring.training_counts(*loaded[0][1:])
     (base, base_avg, n), (other, other_avg, _) = scored
     if sorted(base) != sorted(other) or any(
         not np.array_equal(base[i][0], other[i][0]) for i in base

@@ -283,3 +283,84 @@ def test_bin_edges_out_of_order_are_refused_before_a_model_is_read(
         "natbias-loss-by-frequency: error: bin edges out of order: 50 1; give strictly "
         "increasing lower bounds (e.g. 1 51 101)"
     ]
+
+
+def test_pairs_that_replace_nothing_are_counted_and_refused_in_one_line(
+    hf_models, toy_text, tmp_path
+):
+    _, unigram, _, _ = hf_models
+    pairs = [("t5 t6 t7", "t6 t5 t7"), ("t5 t6", "t5 t6 t6"), ("t1 t2", "t1 t3")]
+    result = fairseq(
+        "natbias-frequency-bias", write_pairs(tmp_path / "pairs.jsonl", pairs), unigram,
+        "--train-text", toy_text / "train.tgt", check=False,
+    )  # fmt: skip
+    assert result.returncode != 0
+    assert result.stderr.strip().splitlines() == [
+        "natbias-frequency-bias: error: 1 replacement pairs left of 3 (2 pairs skipped as no "
+        "replacement (1 added, 1 reordered)): ranking into thirds needs at least 3"
+    ]
+
+
+@pytest.mark.training
+def test_a_checkpoint_of_another_dictionary_is_refused_in_one_line(
+    translation_models, toy_bin, tmp_path
+):
+    state = torch.load(translation_models[0], map_location="cpu")
+    for key in ("decoder.embed_tokens.weight", "decoder.output_projection.weight"):
+        state["model"][key] = torch.cat([state["model"][key], state["model"][key][:4]])
+    torch.save(state, tmp_path / "other.pt")
+    result = fairseq(
+        "natbias-loss-by-frequency", translation_models[0], tmp_path / "other.pt",
+        "--data", toy_bin, "--out-dir", tmp_path, check=False,
+    )  # fmt: skip
+    assert result.returncode != 0
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("natbias-loss-by-frequency: error: mismatched dictionaries: ")
+    assert "trained with a target dictionary of" in line
+
+
+@pytest.mark.training
+def test_output_frequency_of_fairseq_generate_on_a_checkpoint(
+    translation_models, toy_bin, toy_text, tmp_path
+):
+    """fairseq-generate's own output (the unigram model: it repeats the most
+    frequent words) and natbias-count's counts file; the tokens counted here."""
+    from natbias_testing import NO_LOADER_PROCESS
+
+    generated = fairseq(
+        "fairseq-generate", *NO_LOADER_PROCESS, toy_bin, "--path", translation_models[1],
+        "--user-dir", "fairseq_natbias", "--beam", "2", "--max-len-b", "5", "--batch-size", "8",
+    ).stdout  # fmt: skip
+    (tmp_path / "gen.txt").write_text(generated, encoding="utf-8")
+    fairseq(
+        "natbias-count", "--dict", toy_bin / "dict.tgt.txt", "--data", toy_bin,
+        "--source-lang", "src", "--target-lang", "tgt", "--output", tmp_path / "train.counts",
+    )  # fmt: skip
+    fairseq(
+        "natbias-output-frequency", tmp_path / "gen.txt", "--counts", tmp_path / "train.counts",
+        "--edges", *EDGES, "--out-dir", tmp_path / "out",
+    )  # fmt: skip
+    train_counts = counted((toy_text / "train.tgt").read_text().splitlines())
+    produced, reference = Counter(), Counter()
+    for line in generated.splitlines():
+        kind, _, rest = line.partition("\t")
+        if kind.startswith("H-"):
+            produced.update(rest.split("\t")[1].split())
+        elif kind.startswith("T-"):
+            reference.update(rest.split())
+    test_lines = (toy_text / "test.tgt").read_text().splitlines()
+    assert reference == Counter(
+        word
+        for line in generated.splitlines()
+        if line.startswith("T-")
+        for word in test_lines[int(line.partition("\t")[0][2:])].split()
+    )
+    rows = read_csv(tmp_path / "out" / "output_frequency.csv")
+    bins = [(1, 20), (20, 100), (100, 10**9)]
+    for row, (low, high) in zip(rows, bins):
+        expected = [
+            sum(n for t, n in c.items() if low <= train_counts[t] < high)
+            for c in (produced, reference)
+        ]
+        assert [int(row["produced"]), int(row["reference"])] == expected
+    assert sum(int(r["produced"]) for r in rows) == sum(produced.values()) > 0
