@@ -176,16 +176,10 @@ def run_loss(args):
             f"KL(average prediction || training unigram) {kl:.4f} bits"
         )
     columns = ("bin", "tokens", "types", "median_difference_bits", "mean_difference_bits", "few")
-    paths = [
-        by_frequency.write_rows(rows, os.path.join(args.out_dir, "loss_by_frequency.csv")),
-        by_frequency.bin_plot(
-            rows,
-            "median_difference_bits",
-            "median loss difference (bits), model - baseline",
-            os.path.join(args.out_dir, "loss_by_frequency.png"),
-            0.0,
-        ),
-    ]
+    ylabel = "median loss difference (bits), model - baseline"
+    paths = by_frequency.write_bins(
+        rows, args.out_dir, "loss_by_frequency", "median_difference_bits", ylabel, 0.0
+    )
     print_written(paths, by_frequency.markdown_table(rows, columns))
     return rows
 
@@ -364,16 +358,8 @@ def run_output(args):
         f"{sum(produced.values())} tokens produced, {sum(reference.values())} in the "
         f"references, {len(hypotheses)} sentences"
     )
-    paths = [
-        by_frequency.write_rows(rows, os.path.join(args.out_dir, "output_frequency.csv")),
-        by_frequency.bin_plot(
-            rows,
-            "ratio",
-            "tokens produced / tokens in the references",
-            os.path.join(args.out_dir, "output_frequency.png"),
-            1.0,
-        ),
-    ]
+    ylabel = "tokens produced / tokens in the references"
+    paths = by_frequency.write_bins(rows, args.out_dir, "output_frequency", "ratio", ylabel, 1.0)
     print_written(
         paths, by_frequency.markdown_table(rows, ("bin", "produced", "reference", "ratio", "few"))
     )

@@ -255,26 +255,29 @@ def top_level_imports(path: Path) -> set:
     return names
 
 
-def test_the_dispatcher_imports_each_framework_only_where_it_converts_its_models(graph):
-    """natbias.ct2_converter reaches both natural-bias packages, but imports
-    them (and any framework) in functions only; nothing imports it."""
+@pytest.mark.parametrize(
+    "module, imported_first, uses",
+    [
+        (DISPATCHER, "natbias.errors", ("fairseq_natbias.ct2", "natbias.hf.ct2")),
+        (
+            FREQUENCY_TOOLS,
+            "natbias.tools.by_frequency",
+            ("fairseq_natbias.scoring", "natbias.hf.scoring"),
+        ),
+    ],
+)
+def test_the_dispatchers_import_each_framework_only_where_they_handle_its_models(
+    graph, module, imported_first, uses
+):
+    """natbias.ct2_converter and natbias.frequency_tools reach both
+    natural-bias packages, but import them (and any framework) in functions
+    only; nothing imports them."""
     frameworks = ("fairseq", "transformers", "torch", "ctranslate2", "natbias.hf")
-    reached = reachable(graph, DISPATCHER)
-    assert "fairseq_natbias.ct2" in reached and "natbias.hf.ct2" in reached
-    top = top_level_imports(CORE / "ct2_converter.py")
-    assert "natbias.errors" in top
+    assert set(uses) <= reachable(graph, module)
+    top = top_level_imports(CORE / f"{module.split('.')[-1]}.py")
+    assert imported_first in top
     assert not {name for name in top if name.startswith(frameworks)}, top
-    assert not [name for name, imported in graph.items() if DISPATCHER in imported]
-
-
-def test_the_frequency_tools_import_each_framework_only_where_they_score_its_models(graph):
-    frameworks = ("fairseq", "transformers", "torch", "natbias.hf")
-    reached = reachable(graph, FREQUENCY_TOOLS)
-    assert "fairseq_natbias.scoring" in reached and "natbias.hf.scoring" in reached
-    top = top_level_imports(CORE / "frequency_tools.py")
-    assert "natbias.tools.by_frequency" in top
-    assert not {name for name in top if name.startswith(frameworks)}, top
-    assert not [name for name, imported in graph.items() if FREQUENCY_TOOLS in imported]
+    assert not [name for name, imported in graph.items() if module in imported]
 
 
 def test_the_tools_import_neither_torch_nor_a_framework(graph):

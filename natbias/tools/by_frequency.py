@@ -172,6 +172,13 @@ def write_rows(rows: list[dict], path: str) -> str:
     return path
 
 
+def write_bins(rows: list[dict], out_dir: str, name: str, key: str, ylabel: str, line: float):
+    """``name``.csv (every column) and ``name``.png (``row[key]`` per bin, a
+    horizontal line at ``line``) in ``out_dir``; their paths."""
+    csv_path = write_rows(rows, os.path.join(out_dir, f"{name}.csv"))
+    return [csv_path, bin_plot(rows, key, ylabel, os.path.join(out_dir, f"{name}.png"), line)]
+
+
 def bin_plot(rows: list[dict], key: str, ylabel: str, path: str, reference_line: float) -> str:
     """A bar per bin of ``row[key]``, bins with few tokens hatched and named so."""
     fig, axes = plots.grid([rows], path)
