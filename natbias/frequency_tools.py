@@ -48,6 +48,9 @@ def add_model_arguments(parser):
 
 def framework(paths, args) -> str:
     """``fairseq`` (checkpoint files, --data) or ``transformers`` (model folders)."""
+    for path in paths:
+        if not os.path.exists(path):
+            raise NaturalBiasError(f"{path}: no such checkpoint file or model folder")
     kinds = {"fairseq" if os.path.isfile(p) else "transformers" for p in paths}
     if len(kinds) > 1:
         raise NaturalBiasError(
@@ -139,7 +142,7 @@ def score_transformers_pair(args, progress):
     model, tokenizer = loaded[0]
     counts = scoring.training_counts(model, tokenizer, args.counts, args.train_text)
     lines = [line for line in read_text_lines(args.text, "text, one sentence a line") if line]
-    sequences = scoring.encode(tokenizer, lines)
+    sequences = scoring.encode(tokenizer, model, lines)
     scored = []
     for path, (model, _) in zip((args.baseline, args.model), loaded):
         progress(f"scoring {len(lines)} lines of {args.text} with {path}")
@@ -240,7 +243,7 @@ def transformers_sentences(args):
 
     model, tokenizer = scoring.load_causal_lm(args.model, use_cuda(args))
     counts = scoring.training_counts(model, tokenizer, args.counts, args.train_text)
-    encode = lambda text: scoring.encode(tokenizer, [text])[0]  # noqa: E731
+    encode = lambda text: scoring.encode(tokenizer, model, [text])[0]  # noqa: E731
     return encode, lambda ids: scoring.sentence_log_probs(model, ids), counts
 
 

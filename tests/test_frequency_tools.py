@@ -364,3 +364,30 @@ def test_output_frequency_of_fairseq_generate_on_a_checkpoint(
         ]
         assert [int(row["produced"]), int(row["reference"])] == expected
     assert sum(int(r["produced"]) for r in rows) == sum(produced.values()) > 0
+
+
+@pytest.mark.training
+def test_a_translation_model_or_no_model_for_the_frequency_bias_is_refused_in_one_line(
+    translation_models, toy_bin, hf_models, tmp_path
+):
+    pairs = write_pairs(tmp_path / "pairs.jsonl", [("t1 t2", "t1 t3")] * 3)
+    for model, message in (
+        (translation_models[1], f"{translation_models[1]} is a translation model"),
+        (tmp_path / "missing.pt", f"{tmp_path / 'missing.pt'}: no such checkpoint file"),
+    ):
+        result = fairseq("natbias-frequency-bias", pairs, model, "--data", toy_bin, check=False)
+        assert result.returncode != 0
+        (line,) = result.stderr.strip().splitlines()
+        assert line.startswith(f"natbias-frequency-bias: error: {message}")
+
+
+def test_a_start_token_the_tokenizer_puts_first_is_context(hf_models):
+    """A tokenizer that opens with <s> (the model's BOS): not a token to predict."""
+    from natbias.hf import scoring
+
+    uniform, _, names, _ = hf_models
+    model, tokenizer = scoring.load_causal_lm(str(uniform))
+    assert scoring.encode(tokenizer, model, ["t1 t2"]) == [
+        [names.index("t1"), names.index("t2"), 1]
+    ]
+    assert scoring.encode(tokenizer, model, ["<s> t1"]) == [[names.index("t1"), 1]]

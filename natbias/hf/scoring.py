@@ -7,7 +7,8 @@ the training counts in the model's tokens. Natural logarithms.
 A line is read as the model was trained on it (examples/huggingface): its
 tokenizer's encoding (special tokens included, e.g. the closing ``</s>``),
 every token of it predicted after a start token, the model's
-``bos_token_id`` (its ``eos_token_id`` where it has none).
+``bos_token_id`` (its ``eos_token_id`` where it has none); a start token the
+tokenizer itself puts first is that context, not a token to predict.
 """
 
 import os
@@ -68,8 +69,12 @@ def start_token(model) -> int:
     return int(start)
 
 
-def encode(tokenizer, lines: Sequence[str]) -> list[list[int]]:
-    return [list(ids) for ids in tokenizer(list(lines))["input_ids"]]
+def encode(tokenizer, model, lines: Sequence[str]) -> list[list[int]]:
+    """Each line's encoding, less the start token where the tokenizer puts one
+    first (it is the context, not a token to predict)."""
+    start = start_token(model)
+    encoded = [list(ids) for ids in tokenizer(list(lines))["input_ids"]]
+    return [ids[1:] if ids and ids[0] == start else ids for ids in encoded]
 
 
 def _log_probs(model, sequences: Sequence[Sequence[int]], batch_size: int):
@@ -136,4 +141,4 @@ def training_counts(
         return read_counts_file(counts_file, [s if s is not None else "" for s in symbols])
     with open_text(train_text) as lines:
         text = [line.rstrip("\n") for line in lines]
-    return count_ids(encode(tokenizer, [line for line in text if line.strip()]), size)
+    return count_ids(encode(tokenizer, model, [line for line in text if line.strip()]), size)
