@@ -108,11 +108,14 @@ def score_fairseq_pair(args, progress):
 
     paths = (args.baseline, args.model)
     # both read (and their dictionaries checked) before either is scored
-    loaded = [scoring.load_checkpoint(p, args.data, args.gen_subset, use_cuda(args)) for p in paths]
+    cuda = use_cuda(args)
+    loaded = [scoring.load_checkpoint(p, args.data, args.gen_subset, cuda) for p in paths]
     scored = []
     for path, (model, task, _) in zip(paths, loaded):
         progress(f"scoring the {args.gen_subset} split of {args.data} with {path}")
-        scored.append(scoring.reference_log_probs(model, task, args.gen_subset, args.max_tokens))
+        scored.append(
+            scoring.reference_log_probs(model, task, args.gen_subset, args.max_tokens, cuda)
+        )
     counts = scoring.training_counts(*loaded[0][1:])
     (base, base_avg, n), (other, other_avg, _) = scored
     if sorted(base) != sorted(other) or any(
@@ -160,11 +163,8 @@ def score_transformers_pair(args, progress):
 def run_loss(args):
     by_frequency.check_edges(args.edges)  # before any model is loaded
     progress = progress_on_stderr(LOSS_PROG)
-    score = (
-        score_fairseq_pair
-        if framework([args.baseline, args.model], args) == "fairseq"
-        else (score_transformers_pair)
-    )
+    fairseq = framework([args.baseline, args.model], args) == "fairseq"
+    score = score_fairseq_pair if fairseq else score_transformers_pair
     ids, lp_base, lp_model, counts, averages = score(args, progress)
     rows = by_frequency.loss_difference_bins(
         ids, -lp_base / LN2, -lp_model / LN2, counts, args.edges, args.min_tokens
