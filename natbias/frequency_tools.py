@@ -14,7 +14,7 @@ from collections import Counter
 import numpy as np
 
 from natbias.counts import read_counts_by_symbol
-from natbias.errors import NaturalBiasError
+from natbias.errors import MissingExtraError, NaturalBiasError
 from natbias.tools import by_frequency, frequency_bias
 from natbias.tools.by_frequency import DEFAULT_EDGES, DEFAULT_MIN_TOKENS, LN2
 from natbias.tools.cli import parser_for, print_written, progress_on_stderr, run_tool
@@ -62,6 +62,24 @@ def framework(paths, args) -> str:
     return kind
 
 
+HF_MISSING = "transformers models need the [hf] extra: pip install 'fairseq-natbias[hf]'"
+
+
+def scoring_of(kind: str):
+    """fairseq_natbias.scoring or natbias.hf.scoring; a framework not installed
+    is bad input (one line naming the extra), not a traceback."""
+    try:
+        if kind == "fairseq":
+            from fairseq_natbias import scoring
+        else:
+            from natbias.hf import scoring
+    except MissingExtraError as error:
+        raise NaturalBiasError(str(error)) from None
+    except ImportError as error:
+        raise NaturalBiasError(f"{HF_MISSING} ({error})") from None
+    return scoring
+
+
 def use_cuda(args) -> bool:
     import torch
 
@@ -104,7 +122,7 @@ def loss_parser():
 
 
 def score_fairseq_pair(args, progress):
-    from fairseq_natbias import scoring
+    scoring = scoring_of("fairseq")
 
     paths = (args.baseline, args.model)
     # both read (and their dictionaries checked) before either is scored
@@ -136,7 +154,7 @@ def score_fairseq_pair(args, progress):
 
 
 def score_transformers_pair(args, progress):
-    from natbias.hf import scoring
+    scoring = scoring_of("transformers")
 
     if not args.text:
         raise NaturalBiasError("transformers models need --text, the text to score")
@@ -220,7 +238,7 @@ def bias_parser():
 
 
 def fairseq_sentences(args):
-    from fairseq_natbias import scoring
+    scoring = scoring_of("fairseq")
 
     model, task, cfg = scoring.load_checkpoint(args.model, args.data, None, use_cuda(args))
     if getattr(task, "tgt_dict", None) is not None:
@@ -239,7 +257,7 @@ def fairseq_sentences(args):
 
 
 def transformers_sentences(args):
-    from natbias.hf import scoring
+    scoring = scoring_of("transformers")
 
     model, tokenizer = scoring.load_causal_lm(args.model, use_cuda(args))
     counts = scoring.training_counts(model, tokenizer, args.counts, args.train_text)

@@ -232,3 +232,41 @@ def test_output_frequency_and_the_helps_start_without_torch(tmp_path):
         imported = top_level_imports(done.stderr)
         assert "natbias" in imported and not imported & {"torch", "fairseq", "transformers"}
     assert (tmp_path / "out" / "output_frequency.csv").is_file()
+
+
+def test_a_framework_not_installed_is_named_in_one_line(tmp_path):
+    """fairseq checkpoints without fairseq, transformers folders without
+    transformers: the extra to install, no traceback."""
+    for name in ("fairseq", "transformers"):
+        (tmp_path / "hidden" / name).mkdir(parents=True)
+        (tmp_path / "hidden" / name / "__init__.py").write_text("raise ImportError('hidden')\n")
+    (tmp_path / "ckpt.pt").write_bytes(b"")
+    (tmp_path / "folder").mkdir()
+    code = "\n".join(
+        [
+            "from natbias.frequency_tools import loss_main",
+            "for argv in ([CKPT, CKPT, '--data', OUT], [FOLDER, FOLDER, '--text', CKPT]):",
+            "    try:",
+            "        loss_main([*argv, '--out-dir', OUT])",
+            "    except SystemExit as stop:",
+            "        print(stop.code)",
+        ]
+    )
+    names = f"CKPT, FOLDER, OUT = {str(tmp_path / 'ckpt.pt')!r}, {str(tmp_path / 'folder')!r}, {str(tmp_path)!r}"
+    done = subprocess.run(
+        [sys.executable, "-c", f"{names}\n{code}"],
+        env=dict(os.environ, PYTHONPATH=f"{tmp_path / 'hidden'}:{REPO}", PYTHONWARNINGS="ignore"),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0 and not done.stderr, done.stderr[-2000:]
+    fairseq_line, hf_line = done.stdout.strip().splitlines()
+    assert fairseq_line.startswith(
+        "natbias-loss-by-frequency: error: fairseq_natbias needs fairseq"
+    )
+    assert hf_line.startswith(
+        "natbias-loss-by-frequency: error: transformers models need the [hf] extra: "
+        "pip install 'fairseq-natbias[hf]'"
+    )
