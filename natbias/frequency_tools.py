@@ -8,6 +8,7 @@ module sits above both frameworks, and a user of one needs not the other.
 """
 
 import functools
+import logging
 import os
 from collections import Counter
 
@@ -77,6 +78,7 @@ def scoring_of(kind: str):
         raise NaturalBiasError(str(error)) from None
     except ImportError as error:
         raise NaturalBiasError(f"{HF_MISSING} ({error})") from None
+    logging.getLogger().setLevel(logging.WARNING)  # fairseq's import lowers it to INFO
     return scoring
 
 
@@ -197,7 +199,7 @@ def run_loss(args):
             f"KL(average prediction || training unigram) {kl:.4f} bits"
         )
     columns = ("bin", "tokens", "types", "median_difference_bits", "mean_difference_bits", "few")
-    ylabel = "median loss difference (bits), model - baseline"
+    ylabel = "median loss difference (bits)\nmodel - baseline"
     paths = by_frequency.write_bins(
         rows, args.out_dir, "loss_by_frequency", "median_difference_bits", ylabel, 0.0
     )
@@ -379,7 +381,7 @@ def run_output(args):
         f"{sum(produced.values())} tokens produced, {sum(reference.values())} in the "
         f"references, {len(hypotheses)} sentences"
     )
-    ylabel = "tokens produced / tokens in the references"
+    ylabel = "tokens produced /\ntokens in the references"
     paths = by_frequency.write_bins(rows, args.out_dir, "output_frequency", "ratio", ylabel, 1.0)
     print_written(
         paths, by_frequency.markdown_table(rows, ("bin", "produced", "reference", "ratio", "few"))
