@@ -194,10 +194,8 @@ def write_counts_file(path: str, symbols: Sequence[str], counts: Sequence[int]) 
         out.writelines(f"{symbol}\t{int(count)}\n" for symbol, count in zip(symbols, counts))
 
 
-def read_counts_file(path: str, symbols: Sequence[str], added: Sequence[str] = ()) -> np.ndarray:
-    """Counts aligned to ``symbols`` (the vocabulary, in id order); a file
-    made for another vocabulary is refused. ``added``: symbols a task adds to
-    the dictionary it reads (language tokens), counted 0 where the file lacks them."""
+def read_counts_by_symbol(path: str) -> dict[str, int]:
+    """A counts file written by natbias-count, as ``{symbol: count}``."""
     if not os.path.isfile(path):
         raise NaturalBiasError(
             f"{path}: no such file; make a counts file with "
@@ -218,6 +216,14 @@ def read_counts_file(path: str, symbols: Sequence[str], added: Sequence[str] = (
                     f"{path}:{number}: expected 'symbol<TAB>count', got {line!r}"
                 )
             by_symbol[symbol] = int(count)
+    return by_symbol
+
+
+def read_counts_file(path: str, symbols: Sequence[str], added: Sequence[str] = ()) -> np.ndarray:
+    """Counts aligned to ``symbols`` (the vocabulary, in id order); a file
+    made for another vocabulary is refused. ``added``: symbols a task adds to
+    the dictionary it reads (language tokens), counted 0 where the file lacks them."""
+    by_symbol = read_counts_by_symbol(path)
     missing = [s for s in symbols if s not in by_symbol and s not in added]
     extra = sorted(set(by_symbol) - set(symbols))
     if missing or extra:

@@ -158,7 +158,14 @@ def main_of(tool):
 
     if tool.endswith(".py"):
         return import_module(Path(tool).stem).main
-    (entry,) = entry_points(group="console_scripts", name=tool)
+    installed = entry_points(group="console_scripts", name=tool)
+    if not installed:  # a script pyproject.toml names that this install predates
+        import tomllib
+
+        scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
+        module, _, function = scripts[tool].partition(":")
+        return getattr(import_module(module), function)
+    (entry,) = installed
     return entry.load()
 
 

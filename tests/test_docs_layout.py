@@ -8,8 +8,9 @@
   results file the row links, under research/results/.
 - The docs (docs/*.md) are the pages listed below, at most 1,800 lines in
   all (the project's budget for what a newcomer reads), the design page for
-  contributors (docs/design.md) among them; the changelog starts at the package's version, after the changes
-  not yet released, if any (an "Unreleased" section, on top).
+  contributors (docs/design.md) among them; the changelog starts at the
+  package's version, after the changes not yet released, if any (an
+  "Unreleased" section, on top).
 - No line of README.md or docs/*.md names an internal issue ("issue 36",
   "(#12)") or a date, the changelog's release headings aside.
 - Where the criterion is described, its prior art is credited.
