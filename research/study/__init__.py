@@ -9,8 +9,7 @@ the command line and its --help) in three parts, each a separate idea:
     the --train-pairs data size;
 ``study.runs``
     running them: fairseq-train's arguments, one run from start to test
-    score (resuming an interrupted run, reopening a stopped one for a higher
-    cap), the whole plan side by side, --time-updates, and the run records
+    score (resuming an interrupted run), the whole plan side by side, and the run records
     a summary reads (kept under --results/runs/);
 ``study.summary``
     summarising the finished runs: means over seeds, the Markdown tables,
