@@ -31,9 +31,7 @@ from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "research"))
-
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_overhead import Variant, pipeline, timed  # noqa: E402
 
 COMMON = (
@@ -128,15 +126,9 @@ def main(argv=None):
     parser.add_argument(
         "--workdir", default=os.path.join(tempfile.gettempdir(), "natbias-bench-bigram")
     )
-    parser.add_argument("--layers", type=int, default=6)
-    parser.add_argument("--dim", type=int, default=256)
-    parser.add_argument("--ffn", type=int, default=256)
-    parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--max-tokens", type=int, default=2048)
-    parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--updates", type=int, default=20)
-    parser.add_argument("--block", type=int, default=4, help="updates per arm in a row")
-    parser.add_argument("--threads", type=int, default=1)
+    sizes = {"layers": 6, "dim": 256, "ffn": 256, "heads": 4, "max-tokens": 2048}
+    for name, default in {**sizes, "warmup": 3, "updates": 20, "block": 4, "threads": 1}.items():
+        parser.add_argument(f"--{name}", type=int, default=default)  # block: updates per arm
     args = parser.parse_args(argv)
     multi30k = Path(args.multi30k)
     if not (multi30k / "train.de.gz").exists():

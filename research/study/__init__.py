@@ -19,3 +19,11 @@ the command line and its --help) in three parts, each a separate idea:
 research/ is put on sys.path by the script (as by combine_seeds.py), so
 the package is imported as ``study``.
 """
+
+import sys
+from pathlib import Path
+
+# study.arms and study.runs build on make demo's pipeline (examples/paper): on
+# the path for every script that imports the study (head_start_at_best.py,
+# reach_from_records.py, combine_seeds.py), not only for the study's own.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples" / "paper"))
