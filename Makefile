@@ -150,7 +150,6 @@ gpu-prep:
 	$(PY) research/gpu_check.py --prepare-only --multi30k $(GPU_PREP)/multi30k \
 	    --data $(GPU_PREP)/data
 	@rm -rf $(GPU_PREP)/data/text
-	$(PY) research/gpu_check_wheels.py $(GPU_PREP)/wheels
 	@# The install check: the wheels into an empty folder as on the machine, and
 	@# beside them (not in $(GPU_PREP)) PyYAML, numpy and packaging, which the machine has.
 	@if $(PY312) -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))' 2>/dev/null; then \
@@ -161,8 +160,8 @@ gpu-prep:
 	        --implementation cp $(GPU_PLATFORMS) -d $$machine/wheels pyyaml numpy packaging && \
 	    $(PY312) -m pip install -q --disable-pip-version-check --no-index --no-deps \
 	        --no-compile --target $$machine/site $$machine/wheels/*.whl && \
-	    PYTHONPATH=$$site:$$machine/site $(PY312) research/gpu_check_wheels.py --imports && \
+	    PYTHONPATH=$$site:$$machine/site $(PY312) -c 'import omegaconf, hydra, antlr4, bitarray, cffi' && \
 	    rm -rf $$site $$machine; \
-	else echo "gpu-prep: no CPython 3.12 here ($(PY312)): the wheels were checked by their" \
-	    "metadata only, not installed"; fi
+	else echo "gpu-prep: no CPython 3.12 here ($(PY312)): the wheels were not installed" \
+	    "to check them"; fi
 	@du -sh $(GPU_PREP)
