@@ -31,10 +31,12 @@ GAIN_CAP = 1.0
 
 
 def gain(gain_param: torch.Tensor, speed: float) -> torch.Tensor:
-    """g = min(|C u|, 1), in u's dtype (float32: the models keep u so). Where
-    C u would cross zero, early, while W phi is still noise, g turns back up
-    instead of changing sign; past 1 its gradient is 0 and the layer is the
-    paper's own ``W phi + b``."""
+    """g = min(|C u|, 1), in u's dtype (float32: the models keep u so). It
+    starts at 0.05, so that a fresh model predicts softmax(b), the unigram,
+    even where a random W phi is large; Adam moves u about one learning rate
+    an update, so g moves about C (20) and W phi regrows within tens of
+    updates. Where C u would cross zero g turns back up instead of changing
+    sign; past 1 its gradient is 0 and the layer is the paper's ``W phi + b``."""
     return torch.clamp((gain_param * speed).abs(), max=GAIN_CAP)
 
 

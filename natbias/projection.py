@@ -2,19 +2,9 @@
 
     p(y | y_<t) = softmax(W phi(y_<t) + b)_y                                (1)
 
-b starts as the log prior (:func:`natbias.prior.log_unigram`). g is the
-package's default init of the contextual logits, a learnt scalar gain held
-between 0 and 1::
-
-    logits = g W phi + b,        g = min(|C u|, 1),   u the learnt parameter
-
-It starts at ``DEFAULT_GAIN_INIT`` (0.05), so that a fresh model predicts
-softmax(b), the unigram, even where a random W phi is large; Adam, whose
-steps on u are about one learning rate whatever the gradient's scale, moves
-g about C learning rates per update (``DEFAULT_GAIN_SPEED`` C = 20), so the
-contextual logits regrow within tens of updates. Past g = 1 its gradient is 0
-and the model is the paper's own ``W phi + b``. g multiplies phi, not the
-logits: a (tokens x d) product, not a (tokens x |V|) one.
+b starts as the log prior (:func:`natbias.prior.log_unigram`); g, a learnt
+gain that starts at 0.05, is :func:`natbias.head.gain`. g multiplies phi,
+not the logits: a (tokens x d) product, not a (tokens x |V|) one.
 
 :class:`NaturalBiasProjection` shares the weight W it is given (tied
 embeddings stay tied); its state keys are ``weight``, ``bias`` and
