@@ -38,15 +38,23 @@ install: $(VENV)/.installed
 # replaced by one line saying why it is harmless.
 TORCHAUDIO_NOTE := == note: pip check names torchaudio (declared by fairseq) as missing: left out on purpose, text never imports it (docs/installation.md)
 
-$(VENV)/.deps: requirements.txt Makefile
+# OLMo-core 3.0 (requirements-olmo.txt, --no-deps) declares older filelock,
+# and its cached-path older huggingface-hub and rich, than transformers 5 and
+# this environment have; natbias.olmo_core is tested with the newer ones.
+OLMO_KNOWN := -e '^ai2-olmo-core .* filelock' -e '^cached-path ' -e '^botocore .* python-dateutil'
+OLMO_NOTE := == note: pip check names OLMo-core's filelock<4 and cached-path's huggingface-hub<2, rich<14 (botocore: python-dateutil<3): newer versions kept on purpose, natbias.olmo_core is tested with them (requirements-olmo.txt)
+
+$(VENV)/.deps: requirements.txt requirements-olmo.txt Makefile
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@echo "== installing torch ($(TORCH_SPEC)), requirements, then fairseq ($(FAIRSEQ_SPEC), --no-deps) into $(VENV)"
 	@$(PY) -c "import torch" 2>/dev/null || $(PIP) install --no-warn-conflicts "$(TORCH_SPEC)"
 	$(PIP) install --no-warn-conflicts -r requirements.txt setuptools wheel
 	$(PIP) install --no-deps "$(FAIRSEQ_SPEC)"
+	$(PIP) install --no-deps -r requirements-olmo.txt
 	@check=$$($(PY) -m pip check 2>&1); \
-	printf '%s\n' "$$check" | grep -v -e 'requires torchaudio' -e '^No broken requirements' -e '^$$' || true; \
-	case "$$check" in *'requires torchaudio'*) echo "$(TORCHAUDIO_NOTE)";; esac
+	printf '%s\n' "$$check" | grep -v -e 'requires torchaudio' -e '^No broken requirements' -e '^$$' $(OLMO_KNOWN) || true; \
+	case "$$check" in *'requires torchaudio'*) echo "$(TORCHAUDIO_NOTE)";; esac; \
+	case "$$check" in *'cached-path'*|*'ai2-olmo-core'*) echo "$(OLMO_NOTE)";; esac
 	@touch $@
 
 # A regular (not editable) install: fairseq resolves `--user-dir

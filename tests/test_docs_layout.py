@@ -38,6 +38,7 @@ PAGES = {
     "checkpoints",
     "half_precision",
     "huggingface",
+    "pretraining",
     "deployment",
     "scaling",
     "results",

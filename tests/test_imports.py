@@ -228,7 +228,9 @@ def test_the_core_needs_no_framework_and_imports_no_layer_above(graph):
         name
         for name in graph
         if name.startswith("natbias")
-        and not name.startswith(("natbias.tools", "natbias.hf", "natbias.vllm"))
+        and not name.startswith(
+            ("natbias.tools", "natbias.hf", "natbias.vllm", "natbias.olmo_core")
+        )
         and name not in (DISPATCHER, FREQUENCY_TOOLS)
     ]
     assert "natbias.counts" in core
@@ -237,7 +239,7 @@ def test_the_core_needs_no_framework_and_imports_no_layer_above(graph):
             m
             for m in reachable(graph, name)
             if not m.startswith("natbias")
-            or m.startswith(("natbias.tools", "natbias.hf", "natbias.vllm"))
+            or m.startswith(("natbias.tools", "natbias.hf", "natbias.vllm", "natbias.olmo_core"))
         }
         assert not upward, f"{name} imports {sorted(upward)}"
         path = package_modules(CORE, "natbias")[name]
@@ -319,10 +321,11 @@ def test_the_installed_code_stays_small():
     three frequency tools, about 930 lines, were installed, and the head's
     mathematics written once in natbias.head, about 60 lines more than the
     engines' copies it replaced), the code of the optional
-    extras aside (transformers: natbias/hf; CTranslate2: the converter's two
-    modules, which need ctranslate2): the demo's pipeline and the paper's
-    analyses live in examples/paper."""
+    extras aside (transformers: natbias/hf; OLMo-core: natbias/olmo_core;
+    CTranslate2: the converter's two modules, which need ctranslate2): the
+    demo's pipeline and the paper's analyses live in examples/paper."""
     extras = [*(CORE / "hf").rglob("*.py"), *(CORE / "vllm").rglob("*.py")]
+    extras += [*(CORE / "olmo_core").rglob("*.py")]
     extras += [CORE / "ct2_converter.py", ROOT / "ct2.py"]
     installed = [p for p in [*ROOT.rglob("*.py"), *CORE.rglob("*.py")] if p not in extras]
     too_long = {

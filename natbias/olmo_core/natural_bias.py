@@ -1,0 +1,219 @@
+"""One call that gives an OLMo-core ``Transformer`` the natural bias, in place.
+
+    model = TransformerConfig.olmo2_30M(vocab_size=...).build(init_device="meta")
+    add_natural_bias(model, dataset)        # b = log p of the dataset's targets, g small
+    train_module = train_module_config.build(model)   # parallelised, then init_weights
+    ...                                     # OLMo-core's Trainer as usual
+
+The head's linear map ``lm_head.w_out`` becomes a
+:class:`natbias.projection.NaturalBiasProjection` around the same weight
+Parameter: logits ``g W phi + b``, b the smoothed log-unigram
+(:func:`natbias.prior.log_unigram`) of the tokens OLMo-core trains the model
+to predict (:func:`count_targets`), the gain g starting at the core's 0.05.
+Ids the tokenizer never produces (the vocabulary padded to a multiple of
+128) count 0 and get add-alpha's finite floor, never -inf.
+
+The model's class becomes its natural-bias subclass, which puts b and g back
+after OLMo-core's ``init_weights`` (whose ``init_final_w_out`` zeroes every
+head bias) and keeps the one-entry gain whole on every process under
+tensor parallelism (ColwiseParallel would split it by the vocabulary).
+Add the natural bias before the train module shards the model; a model
+built on the meta device takes it there, and gets its values in
+``init_weights``.
+"""
+
+from collections.abc import Sequence
+from typing import Optional
+
+import numpy as np
+import torch
+from torch import nn
+
+from natbias import FORMAT_VERSION, __version__
+from natbias.counts import CHUNK_TOKENS, check_counts, count_ids
+from natbias.errors import NaturalBiasError
+from natbias.olmo_core import _compat
+from natbias.prior import DEFAULT_SMOOTHING, log_unigram
+from natbias.projection import (
+    DEFAULT_GAIN_INIT,
+    DEFAULT_GAIN_SPEED,
+    NaturalBiasProjection,
+    check_gain,
+)
+from natbias.sharding import is_dtensor
+
+
+def count_targets(dataset, vocab_size: int) -> np.ndarray:
+    """Counts (one per id of the model's ``vocab_size``) of the tokens OLMo-core
+    trains on ``dataset`` to predict: every token of every instance but its
+    first (``olmo_core.data.utils.get_labels`` shifts the ids left), from the
+    files as the dataset reads them (a mixture's share of each file, the
+    remainder that fills no instance left out). ``dataset``: a built numpy
+    dataset or its config (``NumpyFSLDatasetConfig``, ...); a dataset whose
+    instances are not plain chunks (label masks, instance filters, padded
+    or packed documents) is counted instance by instance, through
+    ``get_labels``."""
+    if isinstance(dataset, _compat.NumpyDatasetConfig):
+        dataset = dataset.build()
+    if not isinstance(dataset, _compat.NumpyDatasetBase):
+        raise NaturalBiasError(
+            f"natbias.olmo_core counts an OLMo-core numpy dataset or its config, not a "
+            f"{type(dataset).__name__}: give counts= for anything else"
+        )
+    if dataset.vocab_size > vocab_size:
+        raise NaturalBiasError(
+            f"the dataset's tokenizer has {dataset.vocab_size} ids, the model's output layer "
+            f"{vocab_size}: the counts are from another tokenizer than the model's"
+        )
+    where = "the token files"
+    if _compat.is_chunked(dataset):
+        counts = np.zeros(vocab_size, dtype=np.int64)
+        length = dataset.sequence_length
+        for path, (start, end) in zip(dataset.paths, dataset.offsets):
+            tokens = np.memmap(path, dtype=dataset.dtype, mode="r")[: (end - start) * length]
+            step = max(length, CHUNK_TOKENS // length * length)
+            chunks = (tokens[i : i + step] for i in range(0, tokens.size, step))
+            counts += count_ids(chunks, vocab_size) - count_ids(tokens[::length], vocab_size)
+        return check_counts(counts, where)
+    labels = (
+        _compat.get_labels({k: torch.as_tensor(v)[None] for k, v in _tensors(dataset[i]).items()})
+        for i in range(len(dataset))
+    )
+    return check_counts(count_ids(labels, vocab_size), where)
+
+
+def _tensors(instance: dict) -> dict:
+    return {k: v for k, v in instance.items() if isinstance(v, (torch.Tensor, np.ndarray))}
+
+
+def add_natural_bias(
+    model,
+    dataset=None,
+    *,
+    counts: Optional[Sequence[int]] = None,
+    smoothing: float = DEFAULT_SMOOTHING,
+    gain: bool = True,
+    gain_init: Optional[float] = None,
+    gain_speed: float = DEFAULT_GAIN_SPEED,
+):
+    """Gives the OLMo-core ``Transformer`` ``model`` the natural bias in place
+    and returns it. The prior comes from exactly one of ``dataset`` (an
+    OLMo-core numpy dataset or its config: :func:`count_targets`) and
+    ``counts`` (one per id of the model's output layer). ``gain=False``
+    leaves W phi as it is (g = 1); otherwise g starts at ``gain_init``
+    (the core's 0.05 by default)."""
+    head, linear = check_model(model)
+    vocab_size = linear.weight.shape[0]
+    if (dataset is None) == (counts is None):
+        raise NaturalBiasError("give the prior as exactly one of dataset and counts")
+    if dataset is not None:
+        counts = count_targets(dataset, vocab_size)
+    elif np.shape(counts) != (vocab_size,):
+        shape = np.shape(counts)
+        raise NaturalBiasError(
+            f"{shape[0] if shape else 0} counts for an output layer of {vocab_size}: the "
+            "counts are from another tokenizer (give one count per id of the model's vocabulary)"
+        )
+    counts = check_counts(counts, "the counts")
+    log_prior = log_unigram(counts, smoothing)
+    if gain:
+        gain_init = DEFAULT_GAIN_INIT if gain_init is None else gain_init
+        check_gain(gain_init, gain_speed)
+        if _compat.uses_fused_loss(head):
+            raise NaturalBiasError(
+                "the head's fused_linear loss reads W and b without the gain: use the "
+                "default loss implementation, or add_natural_bias(..., gain=False)"
+            )
+    projection = NaturalBiasProjection(
+        linear.weight, log_prior, gain_init if gain else None, gain_speed if gain else None
+    )
+    projection.natbias_log_prior = log_prior
+    projection.natbias_counts = counts  # for the export to natbias.hf (natbias.olmo_core.export)
+    projection.natbias_settings = {
+        "format_version": FORMAT_VERSION,
+        "written_by": f"natbias {__version__}",
+        "smoothing": float(smoothing),
+        "prior_tokens": int(counts.sum()),
+        "gain_init": float(gain_init) if gain else None,
+        "gain_speed": float(gain_speed) if gain else None,
+    }
+    _compat.set_head_linear(model, projection)
+    model.__class__ = natural_bias_class(type(model))
+    return model
+
+
+def check_model(model):
+    """The model's head and its linear map, where the natural bias can be
+    added; anything else refused in one line saying why."""
+    name = type(model).__name__
+    if isinstance(model, NaturalBiasModel):
+        raise NaturalBiasError(f"this {name} has the natural bias already")
+    if not isinstance(model, _compat.Transformer):
+        raise NaturalBiasError(f"natbias.olmo_core takes an OLMo-core Transformer, not a {name}")
+    head, linear = _compat.head_of(model)
+    if head is None:
+        raise NaturalBiasError(f"this {name} has no LM head (a pipeline stage without it?)")
+    if type(head) is not _compat.LMHead or type(linear) is not nn.Linear:
+        raise NaturalBiasError(
+            f"the {type(head).__name__}'s output is not the linear map W phi + b of the "
+            "default LMHead: the natural bias is its b"
+        )
+    if getattr(model, "tie_word_embeddings", False):
+        raise NaturalBiasError(
+            "this model ties its LM head to the embeddings, which OLMo-core refuses with a "
+            "head bias: build it with tie_word_embeddings=False"
+        )
+    if any(is_dtensor(p) for p in model.parameters()) or getattr(model, "tp_enabled", False):
+        raise NaturalBiasError(
+            "this model is sharded already: add the natural bias before the train module "
+            "parallelises it (build on the meta device, add_natural_bias, then build the "
+            "train module)"
+        )
+    return head, linear
+
+
+class NaturalBiasModel:
+    """The part of a natural-bias model that OLMo-core's own methods need."""
+
+    @property
+    def natbias_head(self) -> NaturalBiasProjection:
+        return _compat.head_of(self)[1]
+
+    @property
+    def natbias_log_prior(self) -> torch.Tensor:
+        return self.natbias_head.natbias_log_prior
+
+    def init_weights(self, *args, **kwargs):
+        """OLMo-core's, then b and the gain again: its ``init_final_w_out``
+        zeroes the head's bias."""
+        generator = super().init_weights(*args, **kwargs)
+        self.natbias_head.reset_parameters()
+        return generator
+
+    def apply_tp(self, tp_mesh, *args, **kwargs):
+        """OLMo-core's, with the gain whole on every process."""
+        super().apply_tp(tp_mesh, *args, **kwargs)
+        head = self.natbias_head
+        if getattr(head, "gain_param", None) is not None and is_dtensor(head.gain_param):
+            from torch.distributed.tensor import DTensor, Replicate
+
+            whole = head.gain_param.full_tensor().detach()
+            head.gain_param = nn.Parameter(
+                DTensor.from_local(whole, tp_mesh, [Replicate()], run_check=False)
+            )
+
+
+_CLASSES: dict = {}
+
+
+def natural_bias_class(stock: type) -> type:
+    """The natural-bias subclass of an OLMo-core model class (made once)."""
+    if issubclass(stock, NaturalBiasModel):
+        return stock
+    if stock not in _CLASSES:
+        _CLASSES[stock] = type(
+            f"NaturalBias{stock.__name__}",
+            (NaturalBiasModel, stock),
+            {"__module__": __name__, "__qualname__": f"NaturalBias{stock.__name__}"},
+        )
+    return _CLASSES[stock]
