@@ -32,6 +32,8 @@ LONGEST_FIRST = [
     "test_scale_out.py",
     "test_bigram_residual.py",
     "test_hf_sharding.py",
+    "test_olmo_core_scaling.py",  # OLMo-core on 2 gloo processes: 7 short Trainer runs
+    "test_olmo_core.py",
     "test_hf_logging.py",
     "test_natural_bias.py",
     "test_demo.py",

@@ -32,14 +32,10 @@ from torch import nn
 from natbias import FORMAT_VERSION, __version__
 from natbias.counts import CHUNK_TOKENS, check_counts, count_ids
 from natbias.errors import NaturalBiasError
+from natbias.head import DEFAULT_GAIN_INIT, DEFAULT_GAIN_SPEED, check_gain
 from natbias.olmo_core import _compat
 from natbias.prior import DEFAULT_SMOOTHING, log_unigram
-from natbias.projection import (
-    DEFAULT_GAIN_INIT,
-    DEFAULT_GAIN_SPEED,
-    NaturalBiasProjection,
-    check_gain,
-)
+from natbias.projection import NaturalBiasProjection
 from natbias.sharding import is_dtensor
 
 
