@@ -152,3 +152,17 @@ in_id_order() {
     grep '^D-' "$1" | cut -c3- | LC_ALL=C sort -n -k1,1 | cut -f3 >"$2.part"
     mv "$2.part" "$2"
 }
+
+# generate_test DATA_BIN RUN: fairseq-generate of RUN/checkpoint_best.pt on the test split,
+# beam $BEAM, into RUN/test.gen and, in sentence order, RUN/test.hyp.
+# --required-batch-size-multiple 1: fairseq 0.12 drops a last partial batch otherwise.
+# --max-len-a/-b: a barely trained model would otherwise ramble up to 200 tokens.
+generate_test() {
+    local data_bin=$1 run=$2
+    logged "$run/generate.log" fairseq-generate "$data_bin" --user-dir fairseq_natbias \
+        --path "$run/checkpoint_best.pt" --gen-subset test --beam "$BEAM" --lenpen 1 \
+        --max-len-a 1.2 --max-len-b 10 --batch-size 128 --required-batch-size-multiple 1 \
+        --remove-bpe sentencepiece --num-workers 0
+    mv "$run/generate.log" "$run/test.gen"
+    in_id_order "$run/test.gen" "$run/test.hyp"
+}

@@ -26,8 +26,8 @@ from fairseq_natbias.options import (
     STRUCTURAL,
     options_text,
 )
-from natbias import FORMAT_VERSION, __version__
 from natbias.errors import NaturalBiasError
+from natbias.head import check_format_version
 
 logger = logging.getLogger(__name__)
 
@@ -55,12 +55,7 @@ def retired_settings(saved) -> list:
 
 def check_saved_settings(saved, where: str) -> None:
     """Refuse, in one line, a saved config this version cannot build."""
-    version = getattr(saved, FORMAT_KEY, None)
-    if version is not None and version > FORMAT_VERSION:
-        raise NaturalBiasError(
-            f"{where} records natural-bias format {version}; fairseq-natbias "
-            f"{__version__} reads format {FORMAT_VERSION}: upgrade it"
-        )
+    check_format_version(getattr(saved, FORMAT_KEY, None), where)
     retired = retired_settings(saved)
     if retired:
         raise NaturalBiasError(

@@ -6,7 +6,6 @@ into its weight (g W, a new array: tied embeddings keep W). The bigram residual 
 language (--natbias-prior per-language) by its one projection bias: both refused.
 """
 
-import numpy as np
 from ctranslate2.converters import FairseqConverter
 from fairseq.models import ARCH_MODEL_NAME_REGISTRY
 
@@ -14,7 +13,7 @@ from fairseq_natbias.checkpoint_loading import read_checkpoint, saved_model_args
 from fairseq_natbias.natural_bias import check_natbias_checkpoint
 from fairseq_natbias.options import LANGUAGE_TOKENS
 from natbias.errors import NaturalBiasError
-from natbias.projection import NaturalBiasProjection
+from natbias.head import fold_gain, gain
 
 STOCK_MODEL = {"transformer_natbias": "transformer", "transformer_lm_natbias": "transformer_lm"}
 
@@ -42,17 +41,14 @@ class NaturalBiasFairseqConverter(FairseqConverter):
             spec = super()._load()
         finally:
             ARCH_MODEL_NAME_REGISTRY[arch] = name
-        gain = saved_gain(read_checkpoint(self._model_path)["model"], saved)
-        if gain != 1.0:
-            spec.decoder.projection.weight = spec.decoder.projection.weight * np.float32(gain)
+        g = saved_gain(read_checkpoint(self._model_path)["model"], saved)
+        spec.decoder.projection.weight = fold_gain(spec.decoder.projection.weight, g)
         return spec
 
 
 def saved_gain(model_state: dict, saved) -> float:
-    """g of a saved model by the projection's own formula; 1 without a gain."""
+    """g of a saved model; 1 without a gain."""
     param = model_state.get("decoder.output_projection.gain_param")
     if param is None:
         return 1.0
-    projection = NaturalBiasProjection(param.new_zeros(1, 1), gain_speed=saved.natbias_gain_speed)
-    projection.gain_param.data = param.reshape(projection.gain_param.shape).float()
-    return float(projection.gain().detach())
+    return float(gain(param.float(), saved.natbias_gain_speed).reshape(()))

@@ -32,6 +32,7 @@ from fairseq_natbias.checkpoints import (
 )
 from fairseq_natbias.logging_hook import TARGET_MASK_KEY, BiasDivergenceHook
 from fairseq_natbias.options import COUNTED_MARKER, LANGUAGE_TOKENS, check_args
+from natbias import head
 from natbias.bigram import PairCounter, witten_bell_residual
 from natbias.counts import count_text, read_counts_file
 from natbias.errors import NaturalBiasError
@@ -139,7 +140,7 @@ class NaturalBiasModel(KeepsFloat32):
                 *witten_bell_residual(table, log_prior), counts=torch.from_numpy(table.counts)
             )
         if args.natbias_weight_init == "paper":
-            reference = log_prior.reshape(-1, log_prior.shape[-1])[0].norm().item()
+            reference = head.pooled_row(log_prior).norm().item()
             paper_weight_init_(self.decoder.output_projection.weight, reference)
         setattr(args, COUNTED_MARKER, int(counts.sum()))
         return log_prior, bias, residual
@@ -231,16 +232,18 @@ class NaturalBiasModel(KeepsFloat32):
                 f"{BIAS_SCALE}={scale:g} / {LOGIT_ADJUSTMENT}={adjust:g} are "
                 "generation-time settings (--model-overrides), refused in training"
             )
-        logits, prior = net_output[0], self.target_log_unigram
+        rows = net_output[1].get(language_prior.ROWS_KEY)  # per-language: each position's row
         bias = self.decoder.output_projection.bias
-        if prior.dim() == 2:  # one row per target language: each position's
-            rows = net_output[1][language_prior.ROWS_KEY]
-            prior, bias = prior[rows], None if bias is None else bias[rows]
-        if bias is not None and scale != 1.0:
-            logits = logits + (scale - 1.0) * bias.to(logits.dtype)
-        if adjust != 0.0:
-            logits = logits - adjust * prior.to(logits.dtype)
-        return (logits, *net_output[1:])
+        shift = head.generation_shift(
+            None if bias is None else head.bias_rows(bias, rows),
+            scale,
+            head.bias_rows(self.target_log_unigram, rows),
+            adjust,
+        )
+        if shift is None:  # lambda on a model without b
+            return net_output
+        logits = net_output[0]
+        return (logits + shift.to(logits.dtype), *net_output[1:])
 
 
 def check_natbias_checkpoint(path: str):

@@ -5,8 +5,8 @@ import argparse
 
 from natbias import FORMAT_VERSION
 from natbias.errors import NaturalBiasError
+from natbias.head import DEFAULT_GAIN_INIT, DEFAULT_GAIN_SPEED, check_gain
 from natbias.prior import DEFAULT_SMOOTHING, check_smoothing
-from natbias.projection import DEFAULT_GAIN_INIT, DEFAULT_GAIN_SPEED, check_gain
 
 BIAS_INITS = ("unigram", "zero", "none", "file")
 WEIGHT_INITS = ("gain", "fairseq", "paper")

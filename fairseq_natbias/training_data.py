@@ -8,9 +8,13 @@ translation_multi_simple_epoch
     each pair's target side, with the language token ``--decoder-langtok``
     prepends to every target; pairs weighted as the task samples them: with
     sampling ratios r (``--sampling-method`` uniform or temperature,
-    ``--sampling-weights``) an epoch draws r_i / sum(r) of its sentences from
-    pair i, uniformly within it, so pair i's counts weigh r_i / n_i (n_i its
-    sentences); ``concat`` (the default) reads every sentence once.
+    ``--sampling-weights``) the task draws S r_i / sum(r) of its S sentences
+    from pair i, uniformly within it (S: ``--virtual-data-size``, else
+    fairseq's own rule, about the corpus's size), so each of pair i's n_i
+    sentences counts S r_i / sum(r) / n_i times: the counts are the targets
+    of the sampled data, on the corpus's own scale, and add-one smoothing
+    weighs as much as for one pair. ``concat`` (the default) reads every
+    sentence once.
 language_modeling (``fairseq-preprocess --only-source``)
     ``train.bin``: every token of the stream is a next-token target once.
     ``--add-bos-token`` adds one ``<s>`` per block (blocks found with
@@ -28,6 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from natbias import head
 from natbias.counts import binarised_index, check_counts, count_binarised
 from natbias.errors import NaturalBiasError
 from natbias.prior import DEFAULT_SMOOTHING, log_unigram
@@ -180,6 +185,22 @@ def target_language_tokens(task) -> dict:
     return {lang: task.data_manager.get_decoder_langtok(lang, spec) for lang in langs}
 
 
+def _sampled_sentences(task, keys, sizes):
+    """How many sentences the task draws from each pair in one pass over its
+    sampled data, by its own rules (None: concatenated, each sentence once)."""
+    from fairseq.data.multilingual.sampled_multi_dataset import default_virtual_size_func
+
+    ratios = _sampling_ratios(task, keys, sizes)
+    if ratios is None:
+        return None
+    ratios = np.asarray(ratios, dtype=np.float64)
+    total = task.args.virtual_data_size or default_virtual_size_func(
+        [range(n) for n in sizes],
+        ratios,  # fairseq's rule reads len() of each pair
+    )
+    return total * ratios / ratios.sum()
+
+
 def _sampling_ratios(task, keys, sizes):
     """The task's own sampling ratios, by its own rules (None: concatenated)."""
     args = task.args
@@ -211,11 +232,11 @@ def count_multilingual_targets(task, split: str) -> tuple[np.ndarray, dict]:
         count_translation_targets(args.data, split, src, tgt, len(dictionary)) for src, tgt in pairs
     ]
     sizes = [int(c[dictionary.eos()]) for c in counts]  # every target ends with one EOS
-    ratios = _sampling_ratios(task, [f"main:{src}-{tgt}" for src, tgt in pairs], sizes)
+    sampled = _sampled_sentences(task, [f"main:{src}-{tgt}" for src, tgt in pairs], sizes)
     pooled = np.zeros(len(dictionary))
     by_language = {lang: np.zeros(len(dictionary)) for lang in tokens}
     for k, ((_, tgt), c, n) in enumerate(zip(pairs, counts, sizes)):
-        weight = 1.0 if ratios is None else ratios[k] / sum(ratios) / n
+        weight = 1.0 if sampled is None else sampled[k] / n  # each sentence's expected draws
         by_language[tgt] += weight * c
         pooled += weight * c
         if tokens[tgt] is not None and prepended:  # the language token: every target's first
@@ -265,7 +286,7 @@ def criterion_prior(task, model, split: str, criterion: str) -> torch.Tensor:
     else the training targets counted with add-one smoothing."""
     log_prior = getattr(model, "target_log_unigram", None)
     if log_prior is not None and torch.any(log_prior != 0):  # per-language: the pooled row
-        return log_prior.detach().float().cpu().reshape(-1, log_prior.shape[-1])[0]
+        return head.pooled_row(log_prior.detach().float().cpu())
     try:
         counts = count_training_targets(task, split)
     except MissingTrainingSplit as error:

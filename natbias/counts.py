@@ -194,10 +194,8 @@ def write_counts_file(path: str, symbols: Sequence[str], counts: Sequence[int]) 
         out.writelines(f"{symbol}\t{int(count)}\n" for symbol, count in zip(symbols, counts))
 
 
-def read_counts_file(path: str, symbols: Sequence[str], added: Sequence[str] = ()) -> np.ndarray:
-    """Counts aligned to ``symbols`` (the vocabulary, in id order); a file
-    made for another vocabulary is refused. ``added``: symbols a task adds to
-    the dictionary it reads (language tokens), counted 0 where the file lacks them."""
+def read_counts_by_symbol(path: str) -> dict[str, int]:
+    """A counts file written by natbias-count, as ``{symbol: count}``."""
     if not os.path.isfile(path):
         raise NaturalBiasError(
             f"{path}: no such file; make a counts file with "
@@ -218,6 +216,14 @@ def read_counts_file(path: str, symbols: Sequence[str], added: Sequence[str] = (
                     f"{path}:{number}: expected 'symbol<TAB>count', got {line!r}"
                 )
             by_symbol[symbol] = int(count)
+    return by_symbol
+
+
+def read_counts_file(path: str, symbols: Sequence[str], added: Sequence[str] = ()) -> np.ndarray:
+    """Counts aligned to ``symbols`` (the vocabulary, in id order); a file
+    made for another vocabulary is refused. ``added``: symbols a task adds to
+    the dictionary it reads (language tokens), counted 0 where the file lacks them."""
+    by_symbol = read_counts_by_symbol(path)
     missing = [s for s in symbols if s not in by_symbol and s not in added]
     extra = sorted(set(by_symbol) - set(symbols))
     if missing or extra:
@@ -233,8 +239,11 @@ def read_counts_file(path: str, symbols: Sequence[str], added: Sequence[str] = (
 
 
 def check_counts(counts: Optional[np.ndarray], where: str) -> np.ndarray:
-    """``counts`` as int64, refusing what is not a count (NaN, infinite,
-    negative, not a number) and an empty corpus (nothing to estimate from)."""
+    """``counts`` as given: int64 where whole, float64 where fractional (a
+    weighted mixture: used exactly, never truncated). Refused: what is not a
+    count (NaN, infinite, negative, not a number), an empty corpus (nothing to
+    estimate from) and fractions summing to at most 1 (probabilities, whose
+    smoothed prior would be nearly uniform)."""
     values = np.asarray(counts)
     flat = values.reshape(-1)
     numeric = values.dtype.kind in "iuf"
@@ -244,6 +253,13 @@ def check_counts(counts: Optional[np.ndarray], where: str) -> np.ndarray:
             f"{where} hold {flat[bad[0]]} at entry {bad[0]}, which is not a count: pass "
             "one finite count >= 0 per vocabulary entry"
         )
+    if numeric and values.dtype.kind == "f" and np.any(flat != np.floor(flat)):
+        if flat.sum() <= 1.0 + 1e-6:
+            raise NaturalBiasError(
+                f"{where} sum to {flat.sum():.6g}: they look like probabilities, which "
+                "add-one smoothing would swamp; pass counts (how often each token occurs)"
+            )
+        return values.astype(np.float64)
     counts = values.astype(np.int64)
     if counts.sum() == 0:
         raise NaturalBiasError(

@@ -2,19 +2,9 @@
 
     p(y | y_<t) = softmax(W phi(y_<t) + b)_y                                (1)
 
-b starts as the log prior (:func:`natbias.prior.log_unigram`). g is the
-package's default init of the contextual logits, a learnt scalar gain held
-between 0 and 1::
-
-    logits = g W phi + b,        g = min(|C u|, 1),   u the learnt parameter
-
-It starts at ``DEFAULT_GAIN_INIT`` (0.05), so that a fresh model predicts
-softmax(b), the unigram, even where a random W phi is large; Adam, whose
-steps on u are about one learning rate whatever the gradient's scale, moves
-g about C learning rates per update (``DEFAULT_GAIN_SPEED`` C = 20), so the
-contextual logits regrow within tens of updates. Past g = 1 its gradient is 0
-and the model is the paper's own ``W phi + b``. g multiplies phi, not the
-logits: a (tokens x d) product, not a (tokens x |V|) one.
+b starts as the log prior (:func:`natbias.prior.log_unigram`); g, a learnt
+gain that starts at 0.05, is :func:`natbias.head.gain`. g multiplies phi,
+not the logits: a (tokens x d) product, not a (tokens x |V|) one.
 
 :class:`NaturalBiasProjection` shares the weight W it is given (tied
 embeddings stay tied); its state keys are ``weight``, ``bias`` and
@@ -32,22 +22,17 @@ materialised: ``to_empty``, then its initialisation, which calls
 """
 
 import logging
-import math
 from typing import Optional
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from natbias import legacy_scalars
+from natbias import head, legacy_scalars
 from natbias.errors import NaturalBiasError
 from natbias.sharding import fill_, replicated_like
 
 logger = logging.getLogger(__name__)
-
-DEFAULT_GAIN_INIT = 0.05
-DEFAULT_GAIN_SPEED = 20.0
-GAIN_CAP = 1.0
 
 
 class KeepsFloat32(nn.Module):
@@ -141,15 +126,14 @@ class NaturalBiasProjection(KeepsFloat32, nn.Linear):
             check_bias(bias, self.out_features)
             bias = bias.detach().to("cpu", torch.float32).clone()
         self.gain_speed = None if gain_speed is None else float(gain_speed)
-        if self.gain_speed is not None:
-            gain_init = DEFAULT_GAIN_INIT if gain_init is None else gain_init
-            check_gain(gain_init, self.gain_speed)
         # Kept on the CPU for reset_parameters: a model built on the meta
         # device has no values until it is materialised.
         self.initial_values = {"bias": bias, "gain_param": None}
         self.bias = self._parameter(bias)
         if self.gain_speed is not None:
-            initial_gain = torch.full((1,), gain_init / self.gain_speed, device="cpu")
+            initial_gain = torch.full(
+                (1,), head.initial_gain_param(gain_init, self.gain_speed), device="cpu"
+            )
             self.initial_values["gain_param"] = initial_gain
             self.gain_param = self._parameter(initial_gain)
         # Set on the meta device; a forward before reset_parameters is refused.
@@ -170,12 +154,10 @@ class NaturalBiasProjection(KeepsFloat32, nn.Linear):
         self.awaiting_values = False
 
     def gain(self) -> Optional[torch.Tensor]:
-        """g = min(|C u|, 1); None without a gain. Where C u would cross zero,
-        early, while W phi is still noise, g turns back up instead of
-        changing sign."""
+        """g (:func:`natbias.head.gain`); None without a gain."""
         if self.gain_speed is None:
             return None
-        return torch.clamp((self.gain_param * self.gain_speed).abs(), max=GAIN_CAP)
+        return head.gain(self.gain_param, self.gain_speed)
 
     def forward(self, features: torch.Tensor, rows: Optional[torch.Tensor] = None) -> torch.Tensor:
         """``rows`` (the features' leading shape): which row of a bias with one
@@ -192,12 +174,7 @@ class NaturalBiasProjection(KeepsFloat32, nn.Linear):
             features = _ScaleByGain.apply(features, gain, self.gain_speed * self.in_features)
         bias = None if self.bias is None else self.bias.to(features.dtype)
         if bias is not None and bias.dim() == 2:
-            if rows is None:
-                raise NaturalBiasError(
-                    "this output layer has one bias row per target language: call it with "
-                    "the rows (the decoder does), or export one language's row"
-                )
-            return F.linear(features, self.weight) + bias[rows]
+            return F.linear(features, self.weight) + head.bias_rows(bias, rows)
         return F.linear(features, self.weight, bias)
 
     def _float32_device(self) -> torch.device:
@@ -214,20 +191,6 @@ def check_bias(values: torch.Tensor, vocab_size: int) -> None:
         raise NaturalBiasError(
             f"the bias has {tuple(values.shape)} entries, the output layer "
             f"{vocab_size}: count with the model's own vocabulary"
-        )
-
-
-def check_gain(gain_init: float, speed: float) -> None:
-    for name, value in (("gain init", gain_init), ("gain speed", speed)):
-        if isinstance(value, bool) or not (
-            isinstance(value, (int, float)) and math.isfinite(value) and value > 0
-        ):
-            raise NaturalBiasError(f"the {name} must be a finite number > 0, got {value!r}")
-    if gain_init >= GAIN_CAP:
-        raise NaturalBiasError(
-            f"the gain init {gain_init:g} is not below the gain's cap of "
-            f"{GAIN_CAP:g}: start it below (default {DEFAULT_GAIN_INIT:g}), "
-            "or train without the gain for g = 1"
         )
 
 

@@ -111,14 +111,11 @@ def multi30k_setup(args):
     import translate  # the example's data, tokenizer and model
 
     work = Path(args.work)
-    options = translate.parse_args(["--data", args.multi30k])
-    tokenizer = translate.train_tokenizer(
-        translate.read_split(args.multi30k, "train", "de")
-        + translate.read_split(args.multi30k, "train", "en"),
-        8000,
-        work / "tokenizer",
-    )
-    train, _, _ = translate.tokenised(tokenizer, args.multi30k, "train", options, 0)
+    pairs = translate.load_pairs(translate.parse_args(["--data", args.multi30k]), work)
+    texts = list(pairs["train"]["source"]) + list(pairs["train"]["target"])
+    tokenizer = translate.train_tokenizer(texts, 8000, work / "tokenizer")
+    columns = ["source", "target"]
+    train = pairs["train"].map(translate.tokenise(tokenizer), batched=True, remove_columns=columns)
 
     def collator(model):  # decoder inputs from the labels, as the example's
         return transformers.DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100)

@@ -1,59 +1,24 @@
-"""Issue 18's GPU check in one command: does the default train under half
-precision as stock fairseq does, at the IWSLT preset, on a CUDA GPU?
+"""Issue 18's GPU check, behind docs/results.md's "Half precision"
+(results/gpu_check_h100.md): does the default train under half precision as
+stock fairseq does? How to run it on a lent GPU: research/studies/gpu_check.md.
 
     python research/gpu_check.py --multi30k DIR --workdir work/gpu_check
 
-(any Python with torch, fairseq and this package importable: a virtual
-environment, or packages installed with ``pip install --target`` and found
-through PYTHONPATH; research/studies/gpu_check.md gives the device command,
-``make gpu-prep`` the wheels and data it carries.)
-
-What it runs (through the real fairseq; Multi30k De-En, joint SentencePiece
-8k, fairseq-preprocess --joined-dictionary, as fairseq_natbias/pipeline.py
-prepares it for the demo and the study; --data DIR reuses data prepared
-before, e.g. by ``--prepare-only``):
-
-* ``--arch transformer_natbias_iwslt_de_en`` (the default) and stock
-  ``--arch transformer`` given the preset's sizes (6+6 layers, d 256, FFN
-  256, 4 heads: the same network), both ``--share-all-embeddings``, the
-  paper's optimiser and regularisation with a 100-update warm-up (so that
-  the gain can reach its working range within the run), --max-update updates
-  (300) in fp32 (reference) and each of ``--fp16``, ``--bf16``, ``--amp``
-  (--precisions picks). Per precision the arms alternate, default, stock,
-  stock, default (--rounds times), then one default run with
-  --no-natbias-logging (the hook's share of memory and time), and at fp16
-  and bf16 one with ``--natbias-order 2`` (the bigram residual, added in
-  float32: does it train in half precision, at what cost). fp16 and amp
-  start at loss scale 65536 and try to grow it every 25 clean updates, so
-  both arms must find their level and keep finding it;
-* each training in a child process, research/gpu_check_child.py, that
-  calls ``fairseq_cli.train.cli_main()`` and reports the peak GPU memory of
-  training and of validation apart;
-* a ``torchrun --standalone`` run (default, --fp16, --torchrun-updates
-  updates) with 2 processes where the machine has 2 GPUs, else 1 (the table
-  says which); ``fairseq-generate --fp16`` (beam 5) on the first fp16
-  default's checkpoint_best.pt, printing fairseq's BLEU line. Both come with
-  fp16 (fp32 with --smoke) in --precisions, right after its trainings.
-
-The tools are found however they were installed (fairseq_natbias.pipeline.
-tool: the script beside this Python, else ``python -m``); a command that
-cannot start or fails is one line in the table.
-
-It writes WORKDIR/gpu_check.md and WORKDIR/results.json after every step
-(and copies them, with the logs as logs.tar.gz, to --copy-to DIR); the
-targets are explained in research/gpu_check_report.py. A finished step is
-kept and not run again (a run whose options changed is run again); an
-interrupted one starts again from scratch, because a resumed run's timing and
-peak memory would not compare with an uninterrupted one's. --time-budget S
-leaves out the runs that would end after S seconds (their rows say so). The
-exit status is 1 when a step failed or was left out.
-
-The data must be on the machine (GPU machines may have no internet):
---multi30k DIR, else $NATBIAS_MULTI30K, else ../shared/data/multi30k.
-Without a CUDA GPU the script stops in one line, unless given --smoke: a CPU
-run of the same steps with a tiny model, fp32 only, 2 updates, default and
-stock once (--rounds 0), torchrun with one process, fairseq-generate on the
-CPU (what tests/test_gpu_check.py runs).
+The default (``--arch transformer_natbias_iwslt_de_en``) and stock ``--arch
+transformer`` at the registered preset's sizes train through the real fairseq
+on Multi30k De-En (SentencePiece 8k), a 100-update warm-up, in fp32, --fp16,
+--bf16 and --amp: per precision default, stock, stock, default (--rounds times;
+0: default, stock), then the default with --no-natbias-logging (the hook's
+share). fp16 and amp start at loss scale 65536 and try to grow every 25 clean
+updates. Each training is a child (this script with --child) that reports the
+peak GPU memory of training and of validation apart. After fp16's: torchrun, and
+fairseq-generate --fp16 on the first default's checkpoint. WORKDIR/gpu_check.md
+and results.json follow every step (and --copy-to, so that a call stopped at its
+limit keeps them); a step finished with the same options is skipped. Without
+CUDA it stops in one line, unless --smoke (tiny, CPU, fp32, 2 updates).
+Targets, default against stock: loss scale minimum and final level (the highest
+scale of the last FINAL_WINDOW updates) >= stock's, overflow steps <= stock's,
+training peak <= TARGET_RATIO; s/update (median 1/ups) and the rest: no target.
 """
 
 import argparse
@@ -61,156 +26,177 @@ import json
 import os
 import re
 import shutil
+import statistics
 import sys
+import tarfile
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parent
+REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "examples" / "paper"))  # make demo's pipeline
-sys.path.insert(0, str(HERE))
 
-import gpu_check_report as report  # noqa: E402
-import multi30k as data_fetch  # noqa: E402
-import pipeline  # noqa: E402
+import multi30k as data_fetch
+import pipeline
 
-from fairseq_natbias import plugin_dir  # noqa: E402
-from natbias.tools import fairseq_logs  # noqa: E402
+from natbias.tools import fairseq_logs
 
-CHILD = HERE / "gpu_check_child.py"
-ARMS = {
-    "default": ["--arch", "transformer_natbias_iwslt_de_en"],
-    "stock": ["--arch", "transformer"],
-    "hookoff": ["--arch", "transformer_natbias_iwslt_de_en", "--no-natbias-logging"],
-    "order2": ["--arch", "transformer_natbias_iwslt_de_en", "--natbias-order", "2"],
-}
-# The bigram residual (issue 39) is added to the logits in float32 whatever
-# the model's precision: one run of it per half precision in which that
-# matters (fp16's range, bf16's mantissa).
-ORDER2_PRECISIONS = ("fp16", "bf16")
-# The package's IWSLT preset, given to both arms so that stock builds the same
-# network (the ratios compare like with like); fairseq's own
-# transformer_iwslt_de_en is d 512, FFN 1024.
-IWSLT_PRESET_SIZES = [
-    "--encoder-layers",
-    "6",
-    "--decoder-layers",
-    "6",
-    "--encoder-embed-dim",
-    "256",
-    "--decoder-embed-dim",
-    "256",
-    "--encoder-ffn-embed-dim",
-    "256",
-    "--decoder-ffn-embed-dim",
-    "256",
-    "--encoder-attention-heads",
-    "4",
-    "--decoder-attention-heads",
-    "4",
-]
-# Loss scaling that can fail: fp16's scale starts at 128 and grows after 2^14
-# clean updates, AMP's (torch's GradScaler) after 2,000, so in 300 updates
-# either could only fall. Both start at 65536 here, far above where the
-# gradients fit, and try to grow every 25 clean updates. fairseq 0.12's
-# AMPOptimizer takes its initial scale from --fp16-init-scale and, when
-# --amp-scale-window is given at all, its growth interval from
-# --amp-init-scale (fairseq/optim/amp_optimizer.py), hence the AMP options.
+PRESET = "transformer_natbias_iwslt_de_en"
+ARMS = {"default": ["--arch", PRESET], "stock": ["--arch", "transformer"]}
+ARMS["hookoff"] = [*ARMS["default"], "--no-natbias-logging"]
+# By default fp16's scale starts at 128 and AMP's grows after 2,000 clean updates: in
+# 300 updates either could only fall. fairseq 0.12's AMP takes its growth from --amp-init-scale.
 LOSS_SCALING = {
-    "fp16": ["--fp16-init-scale", "65536", "--fp16-scale-window", "25"],
-    "amp": ["--fp16-init-scale", "65536", "--amp-scale-window", "25", "--amp-init-scale", "25"],
+    "fp16": "--fp16-init-scale 65536 --fp16-scale-window 25".split(),
+    "amp": "--fp16-init-scale 65536 --amp-scale-window 25 --amp-init-scale 25".split(),
 }
-PRECISIONS = {
-    "fp32": [],
-    "fp16": ["--fp16", *LOSS_SCALING["fp16"]],
-    "bf16": ["--bf16"],
-    "amp": ["--amp", *LOSS_SCALING["amp"]],
-}
-# The paper's optimiser and regularisation (sec. 4.1, as in the recipes) with
-# a 100-update warm-up instead of 4,000: with 4,000 the learning rates of 300
-# updates sum to 0.0057, so the gain (g moves about 20 learning rates per
-# update) could not leave 0.05 for more than 0.16; with 100 they sum to 0.098.
+PRECISIONS = {"fp32": [], "fp16": ["--fp16", *LOSS_SCALING["fp16"]], "bf16": ["--bf16"]}
+PRECISIONS["amp"] = ["--amp", *LOSS_SCALING["amp"]]
 SCHEDULE = [
-    "--optimizer",
-    "adam",
-    "--adam-betas",
+    *"--optimizer adam --adam-betas".split(),
     "(0.9, 0.98)",
-    "--lr",
-    "5e-4",
-    "--lr-scheduler",
-    "inverse_sqrt",
-    "--warmup-updates",
-    "100",
-    "--warmup-init-lr",
-    "1e-07",
-    "--criterion",
-    "label_smoothed_cross_entropy",
-    "--label-smoothing",
-    "0.1",
-    "--dropout",
-    "0.3",
-    "--weight-decay",
-    "0.0001",
-    "--max-tokens",
-    "4096",
+    *"--lr 5e-4 --lr-scheduler inverse_sqrt --warmup-updates 100 --warmup-init-lr 1e-07".split(),
+    *"--criterion label_smoothed_cross_entropy --label-smoothing 0.1 --dropout 0.3".split(),
+    *"--weight-decay 0.0001 --max-tokens 4096".split(),
 ]
-TINY_MODEL = [
-    "--encoder-layers",
-    "1",
-    "--decoder-layers",
-    "1",
-    "--encoder-embed-dim",
-    "32",
-    "--decoder-embed-dim",
-    "32",
-    "--encoder-ffn-embed-dim",
-    "64",
-    "--decoder-ffn-embed-dim",
-    "64",
-    "--encoder-attention-heads",
-    "2",
-    "--decoder-attention-heads",
-    "2",
-]
-LOG_INTERVAL = report.LOG_INTERVAL
+SIZE_KEYS = ("layers", "embed_dim", "ffn_embed_dim", "attention_heads")
+TINY = {"layers": 1, "embed_dim": 32, "ffn_embed_dim": 64, "attention_heads": 2}
+TARGET_RATIO = 1.02  # training peak memory, default/stock
+FINAL_WINDOW = 50  # updates at the end whose highest loss scale is the final level
+CHILD_MARK = "gpu_check child: "
 
 
 def say(message):
     print(f"[gpu_check {time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
-# --- checks before any work ------------------------------------------------------
+def sizes(smoke):
+    """Both arms' sizes as options: the registered preset's (--smoke: tiny ones)."""
+    values = TINY
+    if not smoke:
+        from fairseq.models import ARCH_CONFIG_REGISTRY
+
+        import fairseq_natbias  # noqa: F401  (registers the preset)
+
+        preset = argparse.Namespace()
+        ARCH_CONFIG_REGISTRY[PRESET](preset)
+        values = {key: getattr(preset, f"encoder_{key}") for key in SIZE_KEYS}
+    keys = [(side, key) for side in ("encoder", "decoder") for key in SIZE_KEYS]
+    return [f"--{side}-{key.replace('_', '-')}={values[key]}" for side, key in keys]
 
 
-def require_gpu(smoke):
-    """Stop in one line on a machine without CUDA, unless this is the smoke run."""
+class PeakMemory:
+    """Peak allocation by phase. fairseq 0.12's Trainer resets the peak after every
+    update: it is folded into a running maximum before each reset, and validation
+    (fairseq_cli.train.validate) kept apart."""
+
+    def __init__(self, cuda):
+        self.cuda, self.reset = cuda, cuda.reset_peak_memory_stats  # the real one, kept
+        self.peaks, self.phase = {"train": 0, "valid": 0}, "train"
+
+    def fold(self, phase=None):
+        self.peaks[self.phase] = max(self.peaks[self.phase], int(self.cuda.max_memory_allocated()))
+        self.phase = phase or self.phase
+
+    def reset_peak_memory_stats(self, *args, **kwargs):
+        self.fold()
+        return self.reset(*args, **kwargs)
+
+    def around_validation(self, validate):
+        def validate_measured(*args, **kwargs):
+            self.reset_peak_memory_stats()
+            self.phase = "valid"
+            try:
+                return validate(*args, **kwargs)
+            finally:
+                self.fold("train")
+                self.reset()
+
+        return validate_measured
+
+    def finish(self):
+        self.fold()
+        return dict(self.peaks)
+
+
+def without_implied_tpu(parse, argv):
+    """fairseq 0.12 turns --bf16 into --tpu (torch_xla): tpu as the command line says."""
+
+    def parse_without_implied_tpu(*args, **kwargs):
+        parsed = parse(*args, **kwargs)
+        parsed.tpu = "--tpu" in argv
+        return parsed
+
+    return parse_without_implied_tpu
+
+
+def child(arguments):
+    import fairseq_cli.train  # isort: skip  (first: its import sets fairseq's log format)
+    import fairseq
+    import fairseq.options
     import torch
 
-    if not smoke and not torch.cuda.is_available():
-        raise SystemExit(
-            f"gpu_check: no CUDA GPU: torch {torch.__version__} sees none; run this "
-            "on a machine with a CUDA GPU, or add --smoke for the CPU smoke run"
-        )
+    argv = json.loads(arguments)
+    sys.argv = ["fairseq-train", *argv]
+    parse = fairseq.options.parse_args_and_arch
+    fairseq.options.parse_args_and_arch = without_implied_tpu(parse, argv)
+    memory = PeakMemory(torch.cuda) if torch.cuda.is_available() and "--cpu" not in argv else None
+    if memory:
+        torch.cuda.reset_peak_memory_stats = memory.reset_peak_memory_stats
+        fairseq_cli.train.validate = memory.around_validation(fairseq_cli.train.validate)
+    fairseq_cli.train.cli_main()
+    peaks = memory.finish() if memory else {}
+    report = {"device": torch.cuda.get_device_name() if memory else None}
+    report.update(peak_train_bytes=peaks.get("train"), peak_valid_bytes=peaks.get("valid"))
+    report.update(torch=torch.__version__, fairseq=fairseq.__version__)
+    print(CHILD_MARK + json.dumps(report), flush=True)
 
 
-def raw_data(folder):
-    """The Multi30k folder, checked here: there is no download to fall back on."""
-    try:
-        data_fetch.check_folder(folder, data_fetch.LANGS, "--multi30k")
-    except data_fetch.DataError as error:
-        raise SystemExit(f"gpu_check: {error} (or set NATBIAS_MULTI30K)") from None
-    return Path(folder)
+# --- reading the logs ---------------------------------------------------------------------
+
+# fairseq 0.12's notes of an overflowed step: FP16Optimizer's (the update is
+# skipped) and AMPOptimizer's (the batch is tried again, then maybe dropped).
+OVERFLOW_SCALE = re.compile(r"overflow detected.*setting (?:loss )?scale to(?: to)?:? ([-+.\deE]+)")
+ERROR_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception|Interrupt|Exit)\b(:|$)")
 
 
-# --- the plan -----------------------------------------------------------------------------
+def summarise_log(lines):
+    """A training's figures from fairseq's lines and the child's report."""
+    records = fairseq_logs.parse_lines(lines)
+    inner = [r for r in records if r.tag == fairseq_logs.TRAIN_INNER]
+    valid = [r.values for r in records if r.tag == fairseq_logs.VALID]
+    logged = [(r.num_updates, r.values["loss_scale"]) for r in inner if "loss_scale" in r.values]
+    notes = [float(m[1]) for line in lines for m in [OVERFLOW_SCALE.search(line)] if m]
+    end = logged[-1][0] if logged else 0
+    scale = logged and {
+        "first": logged[0][1],
+        "min": min([s for _, s in logged] + notes),
+        "final_level": max(s for u, s in logged if u > end - FINAL_WINDOW),
+        "last": logged[-1][1],
+    }
+    ups = [1 / r.values["ups"] for r in inner if r.values.get("ups")]
+    gains = [r.values["gain"] for r in inner if "gain" in r.values]
+    reports = [json.loads(line[len(CHILD_MARK) :]) for line in lines if line.startswith(CHILD_MARK)]
+    return {
+        "updates": max((r.num_updates for r in records if r.num_updates), default=0),
+        "loss_scale": scale or None,
+        "overflow_steps": sum("overflow detected" in line for line in lines),
+        "gain": gains[-1] if gains else None,
+        "seconds_per_update": round(statistics.median(ups), 6) if ups else None,
+        "final_valid_loss": valid[-1].get("loss") if valid else None,
+        **(reports[-1] if reports else {}),
+    }
+
+
+def error_line(lines):
+    """The last exception line other than torchrun's banner, else the last line."""
+    lines = [line.strip() for line in lines if line.strip()]
+    errors = [line for line in lines if ERROR_LINE.match(line) and "ChildFailedError" not in line]
+    return errors[-1] if errors else (lines[-1] if lines else "no output")
 
 
 def plan(precisions, rounds):
-    """(name, precision, arm, index) of each training: per precision the arms
-    alternate default, stock, stock, default (``rounds`` times; 0: default,
-    stock once, as --smoke does), then one default run without the logging
-    hook and, at fp16 and bf16, one with ``--natbias-order 2``."""
+    """(name, precision, arm, index) of each training."""
     runs = []
     for precision in precisions:
         count = {"default": 0, "stock": 0}
@@ -219,308 +205,252 @@ def plan(precisions, rounds):
                 count[arm] += 1
                 runs.append((f"{precision} {arm} {count[arm]}", precision, arm, count[arm]))
         runs.append((f"{precision} hookoff 1", precision, "hookoff", 1))
-        if precision in ORDER2_PRECISIONS:
-            runs.append((f"{precision} order2 1", precision, "order2", 1))
     return runs
 
 
-def generated_precision(smoke):
-    """The precision of the default run whose checkpoint fairseq-generate
-    reads and the torchrun run uses."""
-    return "fp32" if smoke else "fp16"
-
-
 def training_arguments(data_bin, run_dir, arm, precision, max_update, smoke, keep_checkpoint):
-    """fairseq-train's arguments for one run."""
-    options = [
-        *ARMS[arm],
-        "--share-all-embeddings",
-        *PRECISIONS[precision],
-        *SCHEDULE,
-        "--seed",
-        "1",
-        "--log-format",
-        "simple",
-        "--no-progress-bar",
-        "--log-interval",
-        "1" if smoke else str(LOG_INTERVAL),
-    ]
-    options += ["--cpu", "--num-workers", "0", *TINY_MODEL] if smoke else IWSLT_PRESET_SIZES
-    # Only the checkpoint that fairseq-generate reads is written: an IWSLT
-    # checkpoint with Adam's state is about half a GiB.
-    options += (
-        ["--no-epoch-checkpoints", "--no-last-checkpoints"] if keep_checkpoint else ["--no-save"]
-    )
+    from fairseq_natbias import plugin_dir
+
+    options = [*ARMS[arm], "--share-all-embeddings", *PRECISIONS[precision], *SCHEDULE]
+    options += ["--seed", "1", "--log-format", "simple", "--no-progress-bar", *sizes(smoke)]
+    options += ["--log-interval", "1", "--cpu", "--num-workers", "0"] if smoke else []
+    options += [] if smoke else ["--log-interval", "10"]
+    # Only the checkpoint fairseq-generate reads is written (an IWSLT one: ~0.5 GiB).
+    options += ["--no-epoch-checkpoints", "--no-last-checkpoints"] if keep_checkpoint else []
+    options += [] if keep_checkpoint else ["--no-save"]
     arguments = pipeline.train_command(data_bin, run_dir, options, max_update)
-    # Absolute, so that the child finds the plugin from any working directory.
-    arguments[arguments.index("--user-dir") + 1] = plugin_dir()
+    arguments[arguments.index("--user-dir") + 1] = plugin_dir()  # from any directory
     return [str(a) for a in arguments]
 
 
-LAUNCHERS = {
-    # One process, so that it is the one whose peak memory is read.
+LAUNCHERS = {  # python: one process, the one whose peak memory is read
     "python": lambda arguments, processes: [
-        sys.executable,
-        str(CHILD),
+        *[sys.executable, str(Path(__file__).resolve()), "--child"],
         json.dumps([*arguments, "--distributed-world-size", "1"]),
     ],
-    # --standalone: a rendezvous on a free local port, none to set up.
     "torchrun": lambda arguments, processes: [
         *pipeline.tool("torchrun"),
-        "--standalone",
-        f"--nproc_per_node={processes}",
-        "-m",
-        "fairseq_cli.train",
-        *arguments,
-        "--distributed-world-size",
-        str(processes),
+        *["--standalone", f"--nproc_per_node={processes}", "-m", "fairseq_cli.train"],
+        *[*arguments, "--distributed-world-size", str(processes)],
     ],
+    "generate": lambda arguments, processes: [*pipeline.tool("fairseq-generate"), *arguments],
 }
 
 
-def launch(command, log_path, on_line=None):
-    """pipeline.run, with a failure, or a command that cannot start, as the
-    line that says why (None when it succeeded) and the output's lines."""
+def run_step(name, launcher, arguments, run_dir, results, save, processes=1, **extra):
+    """One step (a training or fairseq-generate), or its record from an earlier call
+    with the same launcher and arguments; a failed one is tried again."""
+    record = {"launcher": launcher, "arguments": arguments, **extra}
+    earlier = results.get(name) or {}
+    if {k: earlier.get(k) for k in record} == record and finished([earlier]):
+        say(f"{name}: finished before, skipped")
+        return earlier
+    if run_dir.exists():
+        say(f"{name}: removing the earlier attempt in {run_dir}; starting from scratch")
+        shutil.rmtree(run_dir)
+    run_dir.mkdir(parents=True)
+    say(f"{name}: {launcher} (log: {run_dir / 'step.log'})")
     lines = []
 
     def keep(line):
         lines.append(line.rstrip("\n"))
-        if on_line:
-            on_line(lines[-1])
+        if "overflow detected" in line or " | valid | " in line:
+            say(f"{name}: {lines[-1].split(' | ')[-1]}")
 
     try:
-        pipeline.run(command, log_path=log_path, on_line=keep)
+        pipeline.run(LAUNCHERS[launcher](arguments, processes), run_dir / "step.log", keep)
     except SystemExit:  # pipeline.run's way of saying the command failed
-        return report.error_line(lines), lines
-    except OSError as error:  # it did not start: no such file, not executable
-        return f"could not start {command[0]}: {error}", lines
-    return None, lines
-
-
-# --- the runs ------------------------------------------------------------------------
-
-
-def train(name, launcher, arguments, run_dir, steps, max_update, processes=1):
-    """One training (fairseq-train ``arguments`` started by ``launcher``), or
-    its result from an earlier invocation with the same arguments; a failed
-    run is recorded with its error line, and tried again next time."""
-    earlier = steps.results.get(name)
-    if (
-        earlier
-        and "failed" not in earlier
-        and "left_out" not in earlier
-        and earlier.get("launcher") == launcher
-        and earlier.get("arguments") == arguments
-    ):
-        say(f"{name}: finished before, skipped")
-        return earlier
-    record = {"launcher": launcher, "arguments": arguments}
-    why = steps.over_budget()
-    if why:
-        say(f"{name}: left out, {why}")
-        steps.done(name, dict(record, left_out=why), 0.0)
-        return steps.results[name]
-    if run_dir.exists():  # an interrupted or failed attempt, or other options
-        say(f"{name}: removing the earlier attempt in {run_dir}; starting from scratch")
-        shutil.rmtree(run_dir)
-    run_dir.mkdir(parents=True)
-    say(f"{name}: {max_update} updates with {launcher} (log: {run_dir / 'train.log'})")
-    times, started = [], time.monotonic()
-
-    def on_line(line):
-        times.append(time.monotonic())  # when the line arrived: seconds per update
-        report_progress(name, line, max_update)
-
-    failed, lines = launch(
-        LAUNCHERS[launcher](arguments, processes), run_dir / "train.log", on_line
-    )
-    if failed:
-        record["failed"] = failed
-        say(f"{name}: FAILED: {failed}")
-    else:
-        record.update(report.summarise_log(lines, times))
-        record.update(report.child_report(lines))
-        say(
-            f"{name}: done, {report.number(record['seconds_per_update'], '{:.4f}')} s/update, "
-            f"{record['overflow_steps']} overflow steps"
-        )
-    if launcher == "torchrun":
-        record["processes"] = processes
-        record["ranks"] = sorted(
-            {int(m[1]) for line in lines for m in [TORCHRUN_RANK.search(line)] if m}
-        )
+        record["failed"] = error_line(lines)
+    except OSError as error:  # it did not start
+        record["failed"] = f"could not start {launcher}: {error}"
+    if "failed" not in record and launcher == "generate":
+        bleu = [line[line.index("Generate ") :] for line in lines if "BLEU4 = " in line]
+        record["bleu_line"] = bleu[-1] if bleu else "no BLEU line in fairseq-generate's output"
+    elif "failed" not in record:
+        record.update(summarise_log(lines), processes=processes)
+    say(f"{name}: FAILED: {record['failed']}" if "failed" in record else f"{name}: done")
     record["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
-    record["seconds"] = round(time.monotonic() - started, 1)
-    steps.done(name, record, record["seconds"])
+    results[name] = record
+    save(results)
     return record
 
 
-# fairseq's distributed_init logs this once per rank that joined the process group.
-TORCHRUN_RANK = re.compile(r"initialized host \S+ as rank (\d+)")
+GENERATE = "--gen-subset test --beam 5 --remove-bpe sentencepiece --batch-size 128 --max-len-a 1.2 --max-len-b 10"
 
 
-def report_progress(name, line, max_update):
-    """A progress line every 50 updates, at each validation and each overflow."""
-    if "overflow detected" in line:
-        say(f"{name}: {line.split(' | ')[-1]}")
-        return
-    record = fairseq_logs.parse_line(line)
-    if record is None or record.num_updates is None:
-        return
-    if record.tag == fairseq_logs.VALID:
-        say(f"{name}: update {record.num_updates}, valid loss {record.values.get('loss')}")
-    elif record.tag == fairseq_logs.TRAIN_INNER and (
-        record.num_updates % 50 == 0 or record.num_updates == max_update
-    ):
-        scale = record.values.get("loss_scale")
-        say(
-            f"{name}: update {record.num_updates}/{max_update}, loss {record.values.get('loss')}"
-            + (f", loss scale {scale:g}" if scale is not None else "")
-        )
+def run_all(args, data_bin, work, results):
+    """Every training of the plan; torchrun and fairseq-generate right after the fp16
+    runs (fp32 with --smoke), so that a call stopped at its limit has them."""
+    import torch
+
+    from fairseq_natbias import plugin_dir
+
+    done, precision = {}, "fp32" if args.smoke else "fp16"
+    steps = (results, lambda results: save(args, work, results))
+    runs = plan(args.precisions, args.rounds)
+    last = next((name for name, p, *_ in reversed(runs) if p == precision), None)
+    for name, run_precision, arm, index in runs:
+        run_dir = work / "runs" / f"{run_precision}-{arm}-{index}"
+        keep = (run_precision, arm, index) == (precision, "default", 1)
+        options = (arm, run_precision, args.max_update, args.smoke, keep)
+        arguments = training_arguments(data_bin, run_dir, *options)
+        done[name] = run_step(name, "python", arguments, run_dir, *steps)
+        if name != last:
+            continue
+        run_dir = work / "runs" / f"torchrun-{precision}-default"
+        options = ("default", precision, args.torchrun_updates, args.smoke, False)
+        arguments = training_arguments(data_bin, run_dir, *options)
+        gpus = 1 if args.smoke else min(2, max(1, torch.cuda.device_count()))
+        done["torchrun"] = run_step("torchrun", "torchrun", arguments, run_dir, *steps, gpus)
+        source = done[f"{precision} default 1"]
+        if finished([source]):  # generated again when the checkpoint is new
+            checkpoint = run_dir.parent / f"{precision}-default-1" / "checkpoint_best.pt"
+            arguments = [str(data_bin), "--user-dir", plugin_dir(), "--path", str(checkpoint)]
+            arguments += [*GENERATE.split(), "--cpu" if args.smoke else "--fp16"]
+            trained = {"checkpoint_trained": source["finished"]}
+            done["generate"] = run_step(
+                "generate", "generate", arguments, work / "generate", *steps, **trained
+            )
+    return done
 
 
-def generate(data_bin, checkpoint, run_dir, steps, smoke, trained):
-    """fairseq-generate on ``checkpoint`` (beam 5), its BLEU line kept; done
-    again when the training it reads was (``trained``: its finishing time)."""
-    earlier = steps.results.get("generate")
-    if earlier and earlier.get("checkpoint_trained") == trained and "failed" not in earlier:
-        say("generate: finished before, skipped")
-        return earlier
-    run_dir.mkdir(parents=True, exist_ok=True)
-    say(f"generate: beam 5 on the test set, {checkpoint}")
-    arguments = [
-        str(data_bin),
-        "--user-dir",
-        plugin_dir(),
-        "--path",
-        str(checkpoint),
-        "--gen-subset",
-        "test",
-        "--beam",
-        "5",
-        "--remove-bpe",
-        "sentencepiece",
-        "--batch-size",
-        "128",
-        # An undertrained model rambles until fairseq's 200-token limit.
-        "--max-len-a",
-        "1.2",
-        "--max-len-b",
-        "10",
-        *(["--cpu"] if smoke else ["--fp16"]),
+def finished(records):
+    return [r for r in records if r and "failed" not in r]
+
+
+def number(value, form="{:g}"):
+    return "—" if value is None else form.format(value)
+
+
+def scale_cells(default, stock):
+    """Loss scale: default's min and final level >= stock's, overflow steps <= stock's."""
+    worst = []
+    for records in (default, stock):
+        scales = [r["loss_scale"] for r in records if r.get("loss_scale")]
+        if len(scales) < len(records) or not scales:
+            return ["n/a (no loss scaling)"] * 3
+        worst.append([min(s["min"] for s in scales), min(s["final_level"] for s in scales)])
+        worst[-1].append(max(r["overflow_steps"] for r in records))
+    verdicts = [
+        better(ours, theirs) == ours for ours, theirs, better in zip(*worst, (max, max, min))
     ]
-    record = {"checkpoint_trained": trained, "command": arguments}
-    log = run_dir / "generate.log"
-    log.unlink(missing_ok=True)
-    started = time.monotonic()
-    try:
-        command = [*pipeline.tool("fairseq-generate"), *arguments]
-    except OSError as error:
-        failed, lines = f"could not find fairseq-generate: {error}", []
-    else:
-        failed, lines = launch(command, log)
-    if failed:
-        record["failed"] = failed
-    else:
-        record["bleu_line"] = report.bleu_line(lines)
-    steps.done("generate", record, time.monotonic() - started)
-    return record
+    return [f"{a:g} vs {b:g}: {'pass' if ok else 'FAIL'}" for a, b, ok in zip(*worst, verdicts)]
 
 
-# --- the table's text around the figures -----------------------------------------------
+def ratio_cell(ours, theirs, key, target=None):
+    """The ratio of two arms' figures (memory: the highest run; time: the median)."""
+    values = [[r.get(key) for r in records] for records in (ours, theirs)]
+    if not (ours and theirs) or any(None in v for v in values):
+        return "—"
+    pick = statistics.median if key == "seconds_per_update" else max
+    ratio = pick(values[0]) / pick(values[1])
+    return f"{ratio:.3f}" + ("" if target is None else f": {'pass' if ratio <= target else 'FAIL'}")
 
 
-def header(args):
-    data = f"{args.data} (prepared before)" if args.data else "prepared in WORKDIR/data"
-    sizes = " ".join(TINY_MODEL) if args.smoke else " ".join(IWSLT_PRESET_SIZES)
-    return [
-        f"- data: Multi30k De-En, joint SentencePiece ({args.vocab_size} pieces), "
-        f"fairseq-preprocess --joined-dictionary; {data}",
-        f"- default `{' '.join(ARMS['default'])}`, stock `{' '.join(ARMS['stock'])}`, "
-        f"hook off `{' '.join(ARMS['hookoff'])}`; all `{sizes} --share-all-embeddings`",
-        f"- {args.max_update} updates, `{' '.join(SCHEDULE)} --seed 1`; per precision "
-        + (f"default, stock, stock, default ({args.rounds}x)" if args.rounds else "default, stock")
-        + ", then hook off",
-        "- loss scaling: fp16 `"
-        + " ".join(LOSS_SCALING["fp16"])
-        + "`, amp `"
-        + " ".join(LOSS_SCALING["amp"])
-        + "` (growth interval 25: fairseq takes it from "
-        "--amp-init-scale)",
+RUN_COLUMNS = "precision | arm | run | device | updates | loss scale: first | min | final level | last | overflow steps | gain | s/update (1/ups) | training peak (MiB) | validation peak (MiB) | final valid loss"
+ARM_COLUMNS = "precision | loss scale min | loss scale final level | overflow steps | training peak, default/stock | s/update, default/stock | validation peak, default/stock | training peak, default/hook off | validation peak, default/hook off"
+
+
+def run_row(precision, arm, index, record, smoke):
+    cells = [precision, arm, str(index)]
+    if not finished([record]):
+        why = f"FAILED: {record['failed']}" if record else "not run"
+        return "| " + " | ".join([*cells, why]) + " |" + " |" * (RUN_COLUMNS.count("|") - 3)
+    scale, overflows = record["loss_scale"] or {}, str(record["overflow_steps"])
+    cells += ["CPU smoke" if smoke else (record.get("device") or "CPU"), str(record["updates"])]
+    cells += [number(scale.get(k)) for k in ("first", "min", "final_level", "last")]
+    cells += [overflows, number(record.get("gain"), "{:.3f}")]
+    cells += [number(record["seconds_per_update"], "{:.4f}")]
+    for key in ("peak_train_bytes", "peak_valid_bytes"):
+        cells.append(number(record.get(key) and record[key] / 2**20, "{:.0f}"))
+    return "| " + " | ".join([*cells, number(record["final_valid_loss"], "{:.3f}")]) + " |"
+
+
+def table(args, results):
+    """The report: every run, then default against stock and against the hook off."""
+    runs, precision = plan(args.precisions, args.rounds), "fp32" if args.smoke else "fp16"
+    records = [results.get(name) for name, *_ in runs]
+    found = {
+        k: ", ".join(sorted({str(r[k]) for r in records if r and r.get(k)}))
+        for k in ("device", "torch", "fairseq")
+    }
+    if "torchrun" in results:
+        runs.append(("torchrun", precision, "torchrun", 1))
+        records.append(results["torchrun"])
+    by_precision = {}
+    for (_, run_precision, arm, _), record in zip(runs, records):
+        by_precision.setdefault(run_precision, {}).setdefault(arm, []).append(record)
+    arms = []
+    for run_precision, records_of in by_precision.items():
+        default, stock, off = (finished(records_of.get(a, [])) for a in ARMS)
+        cells = scale_cells(default, stock) if default and stock else ["—"] * 3
+        cells.append(ratio_cell(default, stock, "peak_train_bytes", TARGET_RATIO))
+        cells += [ratio_cell(default, stock, k) for k in ("seconds_per_update", "peak_valid_bytes")]
+        cells += [ratio_cell(default, off, k) for k in ("peak_train_bytes", "peak_valid_bytes")]
+        arms.append(f"| {run_precision} | " + " | ".join(cells) + " |")
+    device = "CPU smoke (testing the script)" if args.smoke else found["device"]
+    arm_text = "; ".join(f"{arm} `{' '.join(options)}`" for arm, options in ARMS.items())
+    scaling = f"fp16 `{' '.join(LOSS_SCALING['fp16'])}`, amp `{' '.join(LOSS_SCALING['amp'])}`"
+    generated = results.get("generate") or {"failed": "not run"}
+    generated = generated.get("bleu_line") or f"FAILED: {generated['failed']}"
+    lines = [
+        "# GPU check (issue 18): the default against stock fairseq in half precision",
+        "",
+        f"- device: {device}; torch {found['torch']}; fairseq {found['fairseq']}",
+        f"- data: Multi30k De-En, joint SentencePiece ({args.vocab_size} pieces); {args.data or 'WORKDIR/data'}",
+        f"- {arm_text}; all `{' '.join(sizes(args.smoke))} --share-all-embeddings`",
+        f"- {args.max_update} updates, `{' '.join(SCHEDULE)} --seed 1`; {scaling}",
         f"- command: `{' '.join(['python', 'research/gpu_check.py', *args.argv])}`",
+        "",
+        f"| {RUN_COLUMNS} |",
+        "|---" * (RUN_COLUMNS.count("|") + 1) + "|",
+        *(run_row(p, a, i, r, args.smoke) for (_, p, a, i), r in zip(runs, records)),
+        "",
+        f"| {ARM_COLUMNS} |",
+        "|---" * (ARM_COLUMNS.count("|") + 1) + "|",
+        *arms,
+        "",
+        f"torchrun: `torchrun --nproc_per_node=N` of the default ({args.torchrun_updates} updates, "
+        "N = 2 with 2 GPUs, else 1: no process group then), its row above.",
+        "",
+        f"fairseq-generate (beam 5, --{precision} default 1's checkpoint): `{generated}`",
     ]
+    return "\n".join(lines) + "\n"
 
 
-# --- main ---------------------------------------------------------------------------------
+def save(args, work, results):
+    """results.json and the table, after every step (and copied with the logs to
+    --copy-to: a call stopped at its limit keeps them)."""
+    (work / "results.json.part").write_text(json.dumps(results, indent=1))
+    (work / "results.json.part").replace(work / "results.json")  # whole or not at all
+    (work / "gpu_check.md").write_text(text := table(args, results))
+    if args.copy_to:
+        (out := Path(args.copy_to)).mkdir(parents=True, exist_ok=True)
+        for name in ("gpu_check.md", "results.json"):
+            shutil.copyfile(work / name, out / name)
+        with tarfile.open(out / "logs.tar.gz.part", "w:gz") as archive:
+            for log in sorted(work.glob("**/*.log")):
+                archive.add(log, arcname=str(log.relative_to(work)))
+        (out / "logs.tar.gz.part").replace(out / "logs.tar.gz")
+    return text
 
 
 def parse_args(argv):
-    parser = argparse.ArgumentParser(
-        prog="gpu_check.py",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument(
-        "--multi30k",
-        default=os.environ.get("NATBIAS_MULTI30K", "../shared/data/multi30k"),
-        help="folder of Multi30k's raw files (default: $NATBIAS_MULTI30K, else %(default)s)",
-    )
-    parser.add_argument("--workdir", default="work/gpu_check")
-    parser.add_argument(
-        "--data",
-        help="the prepared data's folder (SentencePiece, "
-        "data-bin): reused as it is, prepared there if absent "
-        "(default: WORKDIR/data)",
-    )
-    parser.add_argument(
-        "--prepare-only",
-        action="store_true",
-        help="prepare the data (--data) and stop; needs no GPU",
-    )
-    parser.add_argument(
-        "--precisions",
-        nargs="+",
-        choices=list(PRECISIONS),
-        default=list(PRECISIONS),
-        metavar="P",
-        help="which of fp32 fp16 bf16 amp (default: all; --smoke: fp32)",
-    )
-    parser.add_argument(
-        "--rounds",
-        type=int,
-        help="rounds of default, stock, stock, default per precision "
-        "(default: 1; 0, --smoke's default: default, stock once)",
-    )
-    parser.add_argument(
-        "--max-update", type=int, help="updates per run (default: 300; 2 with --smoke)"
-    )
-    parser.add_argument("--torchrun-updates", type=int, help="(default: 50; 2 with --smoke)")
-    parser.add_argument(
-        "--vocab-size",
-        type=int,
-        default=8000,
-        help="SentencePiece pieces (default: %(default)s); prepared data is reused as it is",
-    )
-    parser.add_argument(
-        "--time-budget",
-        type=float,
-        metavar="SECONDS",
-        help="leave out the steps that would end after SECONDS (counted "
-        "from the start; a step's length guessed as the longest so far)",
-    )
-    parser.add_argument(
-        "--copy-to",
-        metavar="DIR",
-        help="after every step, copy the table, results.json and the logs (logs.tar.gz) here too",
-    )
-    parser.add_argument(
-        "--smoke",
-        action="store_true",
-        help="CPU run of the script itself: tiny model, fp32, 2 updates",
-    )
+    raw = argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(prog="gpu_check.py", description=__doc__, formatter_class=raw)
+    add = parser.add_argument
+    add("--multi30k", default=os.environ.get("NATBIAS_MULTI30K", "../shared/data/multi30k"))
+    add("--workdir", default="work/gpu_check")
+    add("--data", help="the prepared data's folder, reused as it is (default: WORKDIR/data)")
+    add("--prepare-only", action="store_true", help="prepare --data and stop; needs no GPU")
+    add("--precisions", nargs="+", choices=list(PRECISIONS), default=list(PRECISIONS))
+    for option in ("--rounds", "--max-update", "--torchrun-updates"):  # defaults below
+        add(option, type=int)
+    add("--vocab-size", type=int, default=8000)
+    add("--copy-to", metavar="DIR", help="copy the table, results and logs here after each step")
+    add("--smoke", action="store_true", help="the script itself on the CPU: tiny model, fp32")
     args = parser.parse_args(argv)
-    if args.smoke:
-        args.precisions = ["fp32"]
+    args.precisions = ["fp32"] if args.smoke else args.precisions
     args.rounds = args.rounds if args.rounds is not None else (0 if args.smoke else 1)
     args.max_update = args.max_update or (2 if args.smoke else 300)
     args.torchrun_updates = args.torchrun_updates or (2 if args.smoke else 50)
@@ -528,143 +458,40 @@ def parse_args(argv):
     return args
 
 
-def torchrun_processes(smoke):
-    """2 where the machine has 2 GPUs or more, else 1 (on the CPU: 1)."""
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--child"]:
+        return child(argv[1])
+    args = parse_args(argv)
+    try:
+        data_fetch.check_folder(args.multi30k, data_fetch.LANGS, "--multi30k")
+    except data_fetch.DataError as error:
+        raise SystemExit(f"gpu_check: {error} (or set NATBIAS_MULTI30K)") from None
+    if args.prepare_only and not args.data:
+        raise SystemExit("gpu_check: --prepare-only needs --data DIR")
     import torch
 
-    return 1 if smoke else min(2, max(1, torch.cuda.device_count()))
-
-
-def run_all(args, data_bin, work, steps):
-    """Every training of the plan, the torchrun run and fairseq-generate;
-    name -> record. Each step's result is saved as it ends. The torchrun run
-    and fairseq-generate follow the fp16 runs directly, so that a time
-    budget leaves out later precisions' runs rather than them."""
-    done, precision = {}, generated_precision(args.smoke)
-    runs = plan(args.precisions, args.rounds)
-    # the name of the generated precision's last training (None if absent)
-    last_of_precision = next((name for name, p, *_ in reversed(runs) if p == precision), None)
-    for name, run_precision, arm, index in runs:
-        run_dir = work / "runs" / f"{run_precision}-{arm}-{index}"
-        keep = (run_precision, arm, index) == (precision, "default", 1)
-        arguments = training_arguments(
-            data_bin, run_dir, arm, run_precision, args.max_update, args.smoke, keep
+    if not (args.prepare_only or args.smoke or torch.cuda.is_available()):
+        raise SystemExit(
+            f"gpu_check: no CUDA GPU: torch {torch.__version__} sees none; run this "
+            "on a machine with a CUDA GPU, or add --smoke for the CPU smoke run"
         )
-        done[name] = train(name, "python", arguments, run_dir, steps, args.max_update)
-        if name == last_of_precision:
-            torchrun_and_generate(args, precision, data_bin, work, steps, done)
-    return done
-
-
-def torchrun_and_generate(args, precision, data_bin, work, steps, done):
-    """The torchrun run (default, ``precision``) and fairseq-generate on the
-    first default run of ``precision``; their records go into ``done``."""
-    run_dir = work / "runs" / f"torchrun-{precision}-default"
-    arguments = training_arguments(
-        data_bin, run_dir, "default", precision, args.torchrun_updates, args.smoke, False
-    )
-    done["torchrun"] = train(
-        "torchrun",
-        "torchrun",
-        arguments,
-        run_dir,
-        steps,
-        args.torchrun_updates,
-        torchrun_processes(args.smoke),
-    )
-    source = done[f"{precision} default 1"]
-    if "failed" in source or "left_out" in source:
-        return
-    if steps.over_budget():
-        steps.done("generate", {"left_out": steps.over_budget()}, 0.0)
-    else:
-        checkpoint = work / "runs" / f"{precision}-default-1" / "checkpoint_best.pt"
-        done["generate"] = generate(
-            data_bin, checkpoint, work / "generate", steps, args.smoke, source["finished"]
-        )
-        say(f"generate: {done['generate'].get('bleu_line') or 'FAILED'}")
-
-
-def table(args, results):
-    precision = generated_precision(args.smoke)
-    source = results.get(f"{precision} default 1")
-    generated = results.get("generate")
-    why_not = (
-        f"{precision} is not in --precisions"
-        if precision not in args.precisions
-        else "its training has not finished"
-        if source is None or "failed" in source or "left_out" in source
-        else (generated or {}).get("left_out", "not yet")
-    )
-    if generated and "left_out" in generated:
-        generated = None
-    ran = precision in args.precisions
-    extra = [
-        report.torchrun_line(
-            results.get("torchrun") if ran else None,
-            args.torchrun_updates,
-            precision,
-            "not yet" if ran else f"{precision} is not in --precisions",
-        ),
-        "",
-        report.generate_line(generated, precision, why_not),
-        "",
-        report.HOW_MEASURED,
-    ]
-    if "bf16" in args.precisions:
-        extra += ["", report.BF16_NOTE]
-    if args.smoke:
-        extra += [
-            "",
-            "fp16, bf16, amp: skipped (--smoke runs on the CPU, where fairseq's "
-            "half-precision training needs CUDA)",
-        ]
-    return report.markdown(
-        plan(args.precisions, args.rounds), results, header(args), extra, args.smoke
-    )
-
-
-def prepare(args, raw, work):
+    work = Path(args.workdir).resolve()
     folder = Path(args.data).resolve() if args.data else work / "data"
     try:
-        return pipeline.prepare(raw, folder, args.vocab_size)
+        data_bin = pipeline.prepare(Path(args.multi30k), folder, args.vocab_size)
     except OSError as error:  # fairseq-preprocess could not start
         raise SystemExit(f"gpu_check: preparing the data failed: {error}") from None
-
-
-def main(argv=None):
-    args = parse_args(argv)
-    raw = raw_data(args.multi30k)
     if args.prepare_only:
-        if not args.data:
-            raise SystemExit("gpu_check: --prepare-only needs --data DIR")
-        say(f"data ready in {prepare(args, raw, None)}")
-        return
-    require_gpu(args.smoke)
-    work = Path(args.workdir).resolve()
+        return say(f"data ready in {data_bin}")
     work.mkdir(parents=True, exist_ok=True)
-    os.environ["PYTHONUNBUFFERED"] = "1"  # the children's lines arrive as written: timing
-    results_path = work / "results.json"
-    results = json.loads(results_path.read_text()) if results_path.exists() else {}
-    steps = report.Steps(
-        work, results, args.time_budget, args.copy_to, lambda results: table(args, results)
-    )
-    data_bin = prepare(args, raw, work)
-    done = run_all(args, data_bin, work, steps)
-    print("\n" + steps.save())
-    say(
-        f"table in {work / 'gpu_check.md'}, results in {results_path}"
-        + (f", copied to {args.copy_to}" if args.copy_to else "")
-    )
-    failed = [name for name, record in done.items() if "failed" in record]
-    names = [name for name, *_ in plan(args.precisions, args.rounds)] + ["torchrun", "generate"]
-    left_out = [name for name in names if "left_out" in results.get(name, {})]
-    if failed or left_out:
-        raise SystemExit(
-            f"gpu_check: failed: {', '.join(failed) or 'none'}; left out: "
-            f"{', '.join(left_out) or 'none'}; see the logs in {work}/runs "
-            f"and {work}/generate"
-        )
+    os.environ["PYTHONUNBUFFERED"] = "1"
+    results = json.loads(path.read_text()) if (path := work / "results.json").exists() else {}
+    done = run_all(args, data_bin, work, results)
+    print("\n" + save(args, work, results))
+    missed = [name for name, record in done.items() if not finished([record])]
+    if missed:
+        raise SystemExit(f"gpu_check: failed or left out: {', '.join(missed)}; logs in {work}")
 
 
 if __name__ == "__main__":

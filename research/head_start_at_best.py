@@ -194,12 +194,8 @@ def is_default_selection(args):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pairs", nargs="+", default=DEFAULT_PAIRS)
-    parser.add_argument(
-        "--setting",
-        nargs="+",
-        default=DEFAULT_SETTINGS,
-        help="LABEL=SETTING:ARM, one line each in the table and the plot",
-    )
+    setting = "LABEL=SETTING:ARM, one line each in the table and the plot"
+    parser.add_argument("--setting", nargs="+", default=DEFAULT_SETTINGS, help=setting)
     parser.add_argument(
         "--margin",
         type=float,

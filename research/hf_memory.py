@@ -71,12 +71,11 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--out", help="also write the table here")
-    parser.add_argument(
-        "--warm-up",
-        action="store_true",
-        help="run the stock model on one token before the reset: the add's own growth, "
-        "without the first forward's one-time allocations (add_natural_bias runs two)",
+    warm_up = (
+        "run the stock model on one token before the reset: the add's own growth, "
+        "without the first forward's one-time allocations (add_natural_bias runs two)"
     )
+    parser.add_argument("--warm-up", action="store_true", help=warm_up)
     args = parser.parse_args()
     if args.child:
         measure(args.child, args.warm_up)

@@ -14,10 +14,15 @@ where the target language's unigram is the reference:
                     own training unigram (add-one), counted here from the text
     unigram_pooled  ... under the pooled unigram of all target sides
 
+Each natural-bias arm is measured as the task concatenates the pairs and
+under temperature sampling (``--sampling``; T = 5): the pairs are of equal
+size, so the two must give the same prior (natbias 2.2.0's did not: issue 102).
+
     python research/multilingual_step0.py --seeds 1 2 3 --out research/results/multilingual_step0.md
 """
 
 import argparse
+import itertools
 import json
 import math
 import os
@@ -41,6 +46,12 @@ MODEL = (
 ).split()
 
 
+SAMPLING = {
+    "concat": [],
+    "temperature-5": ["--sampling-method", "temperature", "--sampling-temperature", "5"],
+}
+
+
 def task_args(data, pairs):
     return [
         str(data), "--task", "translation_multi_simple_epoch", "--lang-pairs", ",".join(pairs),
@@ -59,9 +70,9 @@ def text_unigram(paths, dictionary):
     return torch.tensor([math.log((counts[i] + 1) / total) for i in range(len(dictionary))])
 
 
-def measure(data, pairs, arm, seed):
+def measure(data, pairs, arm, seed, sampling="concat"):
     """Bits per target token by target language: the model's, and the references'."""
-    argv = [*task_args(data, pairs), *ARMS[arm], *MODEL, "--seed", str(seed)]
+    argv = [*task_args(data, pairs), *SAMPLING[sampling], *ARMS[arm], *MODEL, "--seed", str(seed)]
     argv += ["--user-dir", str(REPO / "fairseq_natbias"), "--save-dir", os.devnull]
     _, task, model = build_from_training_args(argv)
     dictionary = task.target_dictionary
@@ -105,6 +116,13 @@ def main(argv=None):
     parser.add_argument("--raw", type=Path, default=os.environ.get("NATBIAS_MULTI30K"))
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--vocab-size", type=int, default=4000)
+    parser.add_argument(
+        "--sampling",
+        nargs="+",
+        choices=SAMPLING,
+        default=list(SAMPLING),
+        help="how the task draws the pairs (stock is measured once, concatenated)",
+    )
     parser.add_argument("--out", type=Path, help="markdown results file")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
@@ -113,10 +131,13 @@ def main(argv=None):
                    vocab_size=args.vocab_size)  # fmt: skip
     rows = []
     for setup, setup_pairs in SETUPS.items():
-        for arm in ARMS:
+        for arm, sampling in itertools.product(ARMS, args.sampling):
+            if arm == "stock" and sampling != "concat":  # no prior: sampling cannot change it
+                continue
             for seed in args.seeds:
-                for lang, r in measure(data, setup_pairs, arm, seed).items():
-                    rows.append({"setup": setup, "arm": arm, "seed": seed, "lang": lang, **r})
+                for lang, r in measure(data, setup_pairs, arm, seed, sampling).items():
+                    row = {"setup": setup, "arm": arm, "sampling": sampling, "seed": seed}
+                    rows.append({**row, "lang": lang, **r})
                     print(json.dumps(rows[-1]), flush=True)
     if args.out:
         write_table(rows, args)
@@ -133,19 +154,22 @@ def write_table(rows, args):
         "`--encoder-langtok src --decoder-langtok`. `bits`: the words and EOS of each target "
         "language's validation sentences (1,014 a direction), mean over seeds (min–max); "
         "`langtok`: the language token each sentence starts with (forced by fairseq-generate), "
-        "bits a sentence. References: the language's own training unigram and the pooled one.",
+        "bits a sentence. References: the language's own training unigram and the pooled one. "
+        "`sampling`: as the task concatenates the pairs, or `--sampling-method temperature "
+        "--sampling-temperature 5`.",
         "",
-        "| setup | target | arm | bits | − own unigram | langtok | own unigram | pooled unigram |",
-        "|---|---|---|---|---|---|---|---|",
+        "| setup | target | arm | sampling | bits | − own unigram | langtok | own unigram "
+        "| pooled unigram |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
-    keys = sorted({(r["setup"], r["lang"], r["arm"]) for r in rows}, key=lambda k: (k[0], k[1]))
-    for setup, lang, arm in keys:
-        group = [r for r in rows if (r["setup"], r["lang"], r["arm"]) == (setup, lang, arm)]
+    key = lambda r: (r["setup"], r["lang"], r["arm"], r["sampling"])  # noqa: E731
+    for setup, lang, arm, sampling in sorted(dict.fromkeys(map(key, rows)), key=lambda k: k[:2]):
+        group = [r for r in rows if key(r) == (setup, lang, arm, sampling)]
         bits = [r["bits"] for r in group]
         mean = sum(bits) / len(bits)
         lt = sum(r["langtok"] for r in group) / len(group)
         lines.append(
-            f"| {setup} | {lang} | {arm} | {mean:.3f} ({min(bits):.3f}–{max(bits):.3f}) | "
+            f"| {setup} | {lang} | {arm} | {sampling} | {mean:.3f} ({min(bits):.3f}–{max(bits):.3f}) | "
             f"{mean - group[0]['unigram_own']:+.3f} | {lt:.2f} | {group[0]['unigram_own']:.3f} | "
             f"{group[0]['unigram_pooled']:.3f} |"
         )

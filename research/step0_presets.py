@@ -1,33 +1,23 @@
-"""Step 0 (the paper's Fig. 1 at update 0) for every preset the package
-registers: a freshly built model, with the package's DEFAULT natural-bias
-settings, should predict the unigram, so its validation NLL before any update
-should be the unigram's own cross-entropy on the same tokens (issue 19, item 3:
-within 0.3 bits).
+"""Step 0 of every preset the package registers, behind docs/results.md's
+"every registered preset, tied or untied, starts within 0.04 bits of the
+unigram" (research/results/step0_presets.md): a freshly built model with the
+package's default natural-bias settings should predict the unigram, so its
+validation NLL before any update should be the unigram's own cross-entropy on
+the same tokens (issue 19, item 3: within 0.3 bits).
 
-The presets are read from fairseq's architecture registry after importing the
-plugin (every name starting with ``transformer_natbias`` or
-``transformer_lm_natbias``), so a preset added later is measured without
-editing this script. Each is built as ``fairseq-train`` would build it
-(:func:`fairseq_natbias.in_process.build_from_training_args`, seed 1, CPU) on
-Multi30k prepared by the package's pipeline (``examples/paper/pipeline.py``, as
-research/study_learning_efficiency.py prepares it):
-
-* translation presets: De-En, joint SentencePiece 8k, one joined dictionary;
-  untied (no sharing option) and tied (``--share-all-embeddings``);
-* language-model presets: Multi30k English, SentencePiece 8k, blocks of 64
-  tokens; untied, and tied (``--share-decoder-input-output-embed``) unless the
-  preset ties by itself (then that one row).
-
-Measured with natbias-step0's library function
-(:func:`fairseq_natbias.in_process.validation_divergence`) on the validation
-split: the NLL at update 0, the unigram's cross-entropy on the same target
-tokens and the mean KL(model || unigram), in bits per target token; and the
-parameter count. Rows are cached in WORKDIR/step0_presets.json, so a second
-run measures only what is missing.
+The presets are read from fairseq's registry (every name starting with
+``transformer_natbias`` or ``transformer_lm_natbias``), so a preset added later
+is measured without editing this script. Each is built as fairseq-train would
+build it (seed 1, CPU) on Multi30k as the study prepares it: translation
+presets on De-En (joint SentencePiece 8k), untied and tied
+(``--share-all-embeddings``); language-model presets on English (SentencePiece
+8k, 64-token blocks), untied, and tied unless the preset ties by itself.
+Measured with natbias-step0's function (``validation_divergence``): the NLL at
+update 0, the unigram's cross-entropy and KL(model || unigram), in bits per
+target token, and the parameters. Rows are cached in
+WORKDIR/step0_presets.json, so a second run measures only what is missing.
 
     .venv/bin/python research/step0_presets.py --workdir /tmp/step0_presets
-    .venv/bin/python research/step0_presets.py --workdir /tmp/step0_presets \\
-        --prepared /tmp/study    # reuse the study's data-bin where complete
 """
 
 import argparse
@@ -38,7 +28,6 @@ import platform
 import shlex
 import sys
 import time
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -104,9 +93,6 @@ def say(message):
     print(f"[step0-presets {time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
-# --- presets ----------------------------------------------------------------------
-
-
 def presets():
     """(arch, task name) of every registered natbias preset, translation first."""
     from fairseq.models import ARCH_MODEL_REGISTRY, FairseqEncoderDecoderModel
@@ -149,9 +135,6 @@ def tying(model_cfg):
         if getattr(model_cfg, name, False):
             return "--" + name.replace("_", "-")
     return None
-
-
-# --- measuring --------------------------------------------------------------------
 
 
 def measure(arch, task, request, data_bin, save_dir):
@@ -208,35 +191,20 @@ def measure_preset(arch, task, data_bin, save_dir, known=None, on_row=None):
     return rows
 
 
-# --- data -----------------------------------------------------------------------
-
-
 def complete(task, data_bin):
     return all((data_bin / name).exists() for name in task.needed)
 
 
 def data_for(task, args):
-    """The task's data-bin: --prepared's when complete, else prepared (or
-    found prepared) in --workdir by the package's pipeline."""
-    if args.prepared:
-        reused = Path(args.prepared).resolve() / task.folder / "data-bin"
-        if complete(task, reused):
-            say(f"{task.name}: using the prepared {reused}")
-            return reused
-        say(f"{task.name}: no complete data-bin at {reused}, preparing my own")
+    """The task's data-bin, prepared (or found prepared) in --workdir."""
     work = Path(args.workdir).resolve() / task.folder
-    if not complete(task, work / "data-bin"):
-        raw = Path(args.multi30k)
-        if not has_all_files(raw, task.langs):
-            raise SystemExit(
-                f"step0_presets: no Multi30k {'-'.join(task.langs)} at {raw}; "
-                "give --multi30k DIR or set NATBIAS_MULTI30K"
-            )
+    if not complete(task, work / "data-bin") and not has_all_files(Path(args.multi30k), task.langs):
+        raise SystemExit(
+            f"step0_presets: no Multi30k {'-'.join(task.langs)} at {args.multi30k}; "
+            "give --multi30k DIR or set NATBIAS_MULTI30K"
+        )
     work.mkdir(parents=True, exist_ok=True)
     return task.prepare(Path(args.multi30k), work)
-
-
-# --- cache and table ----------------------------------------------------------------
 
 
 def load_cache(path, data_bins):
@@ -253,34 +221,25 @@ def save_cache(path, rows):
     temporary.replace(path)
 
 
-COLUMNS = (
-    "preset",
-    "task",
-    "tying",
-    "parameters",
-    "NLL at update 0 (bits)",
-    "unigram cross-entropy (bits)",
-    "difference (bits)",
-    f"within {WITHIN_BITS} bits",
-    "KL(model ‖ unigram) (bits)",
-    "seconds (build + measure)",
-)
+COLUMNS = {  # header: the row's cell
+    "preset": "{preset}",
+    "task": "{task}",
+    "tying": "{tying}",
+    "parameters": "{parameters:,}",
+    "NLL at update 0 (bits)": "{nll:.3f}",
+    "unigram cross-entropy (bits)": "{unigram_ce:.3f}",
+    "difference (bits)": "{difference:+.3f}",
+    f"within {WITHIN_BITS} bits": "{verdict}",
+    "KL(model ‖ unigram) (bits)": "{kl_unigram:.3f}",
+    "seconds (build + measure)": "{seconds:.0f}",
+}
 
 
 def table_row(row):
-    cells = (
-        row["preset"],
-        row["task"],
-        row["tying"],
-        f"{row['parameters']:,}",
-        f"{row['nll']:.3f}",
-        f"{row['unigram_ce']:.3f}",
-        f"{row['difference']:+.3f}",
-        "yes" if row["within"] else "**no**",
-        f"{row['kl_unigram']:.3f}",
-        f"{row['seconds']:.0f}",
+    verdict = "yes" if row["within"] else "**no**"
+    return (
+        "| " + " | ".join(cell.format(**row, verdict=verdict) for cell in COLUMNS.values()) + " |"
     )
-    return "| " + " | ".join(cells) + " |"
 
 
 def markdown(rows, command, data, threads, note):
@@ -320,9 +279,6 @@ def markdown(rows, command, data, threads, note):
     return "\n".join(head + [table_row(row) for row in rows] + foot) + "\n"
 
 
-# --- main -----------------------------------------------------------------------
-
-
 def parse_arguments():
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -335,40 +291,10 @@ def parse_arguments():
         default="work/step0_presets",
         help="prepared data and the cache of measured rows",
     )
-    parser.add_argument(
-        "--prepared",
-        help="a study workdir (e.g. /tmp/study) whose "
-        "de-en/data-bin and lm-en/data-bin are used where complete",
-    )
     parser.add_argument("--output", default=str(REPO / "research/results/step0_presets.md"))
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument(
-        "--note",
-        help="said after the machine in the table (e.g. what "
-        "else ran, which makes the seconds noisy)",
-    )
+    parser.add_argument("--note", help="said after the machine in the table")
     return parser.parse_args()
-
-
-# Third-party notices repeated at every build or batch; each is harmless here
-# (pytest.ini says why, one by one).
-NOTICES = (
-    r"(?s).*validated against ConfigStore schema",
-    r"(?s).*version_base parameter",
-    r"(?s).*deprecated keyword in package header",
-    r"(?s).*strict flag in the compose",
-    r"hydra\.experimental",
-    r"`torch\.jit\.script` is deprecated",
-    r"'pin_memory' argument",
-    r"Support for mismatched key_padding_mask",
-)
-
-
-def quiet():
-    """Progress lines only: fairseq logs every build at INFO."""
-    logging.disable(logging.INFO)
-    for notice in NOTICES:
-        warnings.filterwarnings("ignore", message=notice)
 
 
 def main():
@@ -377,7 +303,7 @@ def main():
     import torch
 
     torch.set_num_threads(args.threads)
-    quiet()
+    logging.disable(logging.INFO)  # fairseq logs every build at INFO
     found = presets()
     say(f"{len(found)} presets: {', '.join(arch for arch, _ in found)}")
     data = {name: data_for(TASKS[name], args) for name in sorted({t for _, t in found})}

@@ -41,9 +41,6 @@ schedules (``--schedule``)
     ``paper``  lr 5e-4, inverse-sqrt warm-up 4,000 updates from 1e-7 (the
                paper's sec. 4.1 schedule, as in the recipes)
 
---untied drops the embedding sharing (an untied output projection); its runs
-and results are named ``<schedule>-untied``.
-
 --preset iwslt trains the paper's IWSLT size instead of the small model
 (translation): ``transformer_natbias_iwslt_de_en`` (sec. 4.1: 6+6 layers, 4
 heads, FFN 256; d = 256, the package's choice) against stock fairseq's
@@ -62,8 +59,9 @@ test_2017_flickr. "Updates to reach" then aims at stock's best validation
 NLL, and its ratio is to stock's update of that best. Runs and results are
 named ``<schedule>-converge``. ``--patience 0`` trains every arm for the same
 budget, --max-update, instead: the fair comparison, since patience 6 stopped
-stock while it was still improving (research/studies/convergence.md); a run
-an earlier patience or a lower cap stopped trains on to the new budget.
+stock while it was still improving (research/studies/convergence.md). (Until
+issue 103 a run an earlier patience or a lower cap stopped trained on to the new
+budget, and --untied and --time-updates existed: in git history at 98d5798.)
 
 Measured per run, validating every --validate-every updates:
 
@@ -123,7 +121,6 @@ from study.arms import (  # noqa: E402,F401
     EPOCHS_NEVER,
     PRESETS,
     SCHEDULES,
-    TYING_OPTIONS,
     Arm,
     LanguageModel,
     Translation,
@@ -131,15 +128,7 @@ from study.arms import (  # noqa: E402,F401
     first_pairs,
     vocabulary_for,
 )
-from study.runs import (  # noqa: E402,F401
-    EARLY_STOP,
-    collect_runs,
-    reopen_to_train_on,
-    time_updates,
-    timing_arguments,
-    train_all,
-    training_arguments,
-)
+from study.runs import collect_runs, train_all, training_arguments  # noqa: E402,F401
 from study.summary import (  # noqa: E402,F401
     from_update,
     markdown_converged,
@@ -181,8 +170,7 @@ def main():
     parser.add_argument(
         "--max-update",
         type=int,
-        help="updates per run (default 1000; with --converge, the cap: 12000; "
-        "a --converge run its cap stopped trains on to a higher cap)",
+        help="updates per run (default 1000; with --converge, the cap: 12000)",
     )
     parser.add_argument("--max-tokens", type=int, default=1500)
     parser.add_argument(
@@ -224,19 +212,6 @@ def main():
     )
     parser.add_argument("--results", help="also copy the table and plots to this folder")
     parser.add_argument(
-        "--untied",
-        action="store_true",
-        help="untied output projection (no embedding sharing); runs and "
-        "results are named <schedule>-untied",
-    )
-    parser.add_argument(
-        "--time-updates",
-        type=int,
-        metavar="N",
-        help="no study: time N updates of each arm (no validation, no "
-        "checkpoint) and print seconds per update, to plan a study",
-    )
-    parser.add_argument(
         "--train-pairs",
         type=int,
         metavar="N",
@@ -268,8 +243,6 @@ def main():
     if args.preset:
         task.use_preset(args.preset)
     task.device = args.device
-    if args.untied:
-        task.options = [o for o in task.options if o not in TYING_OPTIONS]
     if args.converge:
         task.options = [
             *converge_options(task.options, task.loss_key),
@@ -289,7 +262,6 @@ def main():
         raw = first_pairs(raw, work / "raw", langs, args.train_pairs)
     setting = args.setting = (
         args.schedule
-        + ("-untied" if args.untied else "")
         + (f"-{args.preset}" if args.preset else "")
         + ("-converge" if args.converge else "")
         + ("-cuda" if args.device == "cuda" else "")
@@ -297,9 +269,6 @@ def main():
     study_dir = work / setting
     os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(args.threads)
     data_bin = task.prepare(raw, work)
-    if args.time_updates:
-        time_updates(task, data_bin, arms, args)
-        return
     if not args.summarise_only:
         train_all(task, data_bin, work, study_dir, arms, args.seeds, args)
     archive = Path(args.results) / "runs" / f"{task.folder}_{setting}" if args.results else None

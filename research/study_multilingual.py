@@ -1,49 +1,31 @@
 """Issue 93, item 4: the natural bias in fairseq's multilingual translation
-(``--task translation_multi_simple_epoch``), trained through the real
-fairseq-train on Multi30k, against stock fairseq with the same task and
-settings.
+(``--task translation_multi_simple_epoch``) against stock fairseq, trained
+through the real fairseq-train on Multi30k: docs/results.md's "Multilingual
+models" (research/results/multilingual_full.md, multilingual_n3000.md).
 
 Setups: one-to-many (``--lang-pairs en-de,en-fr``) and many-to-one
 (``de-en,fr-en``), ``--encoder-langtok src --decoder-langtok
---share-all-embeddings``, one joint SentencePiece model (4,000 pieces) and one
-dictionary (examples/multilingual/prepare.py). Arms (as
-research/multilingual_step0.py): ``stock`` (``--arch transformer``),
-``pooled`` (``--arch transformer_natbias --natbias-prior pooled``),
-``per-language`` (``--natbias-prior per-language``); all else equal: label-
-smoothed cross-entropy 0.1, Adam, lr 1e-3 with an inverse-sqrt warm-up of 100
-updates (the studies' ``short`` schedule), 2+2 layers. Defaults are what the
-2-core shared development machine could train by a deadline: d 64 and
-``--max-tokens 1024`` (at d 256 / 128 / 64 with 4,096 tokens an update took
-5-7 / 3.5-4.5 / 2.7-5.5 s there, two runs side by side under the other
-engineers' load: 1,000 updates an hour and more per run).
+--share-all-embeddings``, one joint SentencePiece model (4,000 pieces;
+examples/multilingual/prepare.py). Arms: ``stock`` (``--arch transformer``),
+``pooled`` and ``per-language`` (``--arch transformer_natbias --natbias-prior
+...``); label-smoothed cross-entropy 0.1, Adam, lr 1e-3, 100 warm-up updates,
+2+2 layers, d 64 and ``--max-tokens 1024`` (what the shared 2-core machine
+could train by a deadline).
 
-Parts:
+``full``   all 29,000 pairs per direction, 1,000 updates: the updates each arm
+           needs to reach stock's validation NLL at update 1,000, per direction.
+``n3000``  the first 3,000 pairs per direction, validated every 100 updates,
+           ``--patience`` 3 on the overall NLL, capped at ``--cap`` (2,500):
+           the best checkpoint's NLL and test_2016_flickr BLEU per direction.
 
-``full``   all 29,000 pairs per direction, 1,000 updates, validated every
-           ``--validate-every`` (100) updates: the updates each arm needs to reach
-           stock's validation NLL at update 1,000, per direction and overall.
-``n3000``  the first 3,000 pairs per direction, to convergence: validated
-           every 100 updates, fairseq's ``--patience`` (3 validations) on the
-           overall validation NLL, capped at ``--cap`` (2,500) updates; the best checkpoint's
-           validation NLL per direction, and its BLEU per direction on
-           test_2016_flickr (fairseq-generate, beam 5, sacreBLEU).
-
-Per direction: the task's validation set holds every direction; for each pair
-P the data-bin gets a split ``valid_P`` that holds P's validation sentences
-and an empty dataset for every other pair, so fairseq-train itself logs each
-direction's validation NLL (``--valid-subset valid,valid_en_de,...``; the
-first, all directions, chooses the best checkpoint and drives the patience).
-NLL is fairseq's ``nll_loss`` in bits per target token, the language token
-(each target's first token) included: in one-to-many the encoder is told
-only the source language, so that token costs every arm about a bit a
-sentence.
-
-Finished runs are skipped (``done`` in the run's folder), an interrupted one
-resumes from its checkpoint_last.pt; ``--jobs`` runs side by side, one thread
-each. Each finished run's record (curves, scores) is kept in
-``--results``/runs/multilingual_<part>/<setup>/<arm>/seed<k>.json; the tables
-and plots are written from the records: ``--results``/multilingual_<part>.md
-and ``multilingual_<part>_valid_nll.png``.
+Per direction: for each pair P the data-bin gets a split ``valid_P`` with P's
+validation sentences and an empty dataset for every other pair, so that
+fairseq-train logs each direction's NLL (``--valid-subset valid,valid_en_de,...``;
+the first, all directions, picks the best checkpoint). NLL: fairseq's
+``nll_loss`` in bits per target token, the language token included. Finished
+runs are skipped, an interrupted one resumes; each finished run's record is
+kept in --results/runs/multilingual_<part>/<setup>/<arm>/seed<k>.json, and the
+tables and plots are written from the records.
 
     OMP_NUM_THREADS=1 .venv/bin/python research/study_multilingual.py \\
         --parts full n3000 --seeds 1 --results research/results
@@ -71,6 +53,7 @@ from natbias.tools import fairseq_logs  # noqa: E402
 from natbias.tools.generate_output import parse_generate_output  # noqa: E402
 from natbias.tools.stats import mean_stderr  # noqa: E402
 
+TASK = "translation_multi_simple_epoch"
 SETUPS = {"one-to-many": ["en-de", "en-fr"], "many-to-one": ["de-en", "fr-en"]}
 ARMS = {
     "stock": ["--arch", "transformer"],
@@ -99,9 +82,6 @@ def subset_name(pair):
 def pair_of(subset):
     """``valid_en_de`` -> ``en-de``; ``valid`` -> ``all``."""
     return "all" if subset == ALL else subset[len("valid_") :].replace("_", "-")
-
-
-# --- data ---------------------------------------------------------------------
 
 
 def add_direction_subsets(data, pairs):
@@ -137,15 +117,12 @@ def prepare_part(raw, work, part, vocab_size):
     return data
 
 
-# --- one run ------------------------------------------------------------------
-
-
 def training_arguments(data, run_dir, setup, arm, seed, part, args):
     pairs = SETUPS[setup]
     converge = PARTS[part] is not None
     every = 100 if converge else args.validate_every
     options = [
-        "--task", "translation_multi_simple_epoch", "--lang-pairs", ",".join(pairs),
+        "--task", TASK, "--lang-pairs", ",".join(pairs),
         "--encoder-langtok", "src", "--decoder-langtok",
         *ARMS[arm], *model_arguments(args.dim),
         "--cpu", "--seed", str(seed), "--optimizer", "adam", "--adam-betas", "(0.9,0.997)",
@@ -164,28 +141,8 @@ def training_arguments(data, run_dir, setup, arm, seed, part, args):
     return pipeline.train_command(data, run_dir, options, max_update), max_update
 
 
-def reopen(run_dir, cap, name):
-    """A finished n3000 run that its cap stopped (not its patience) trains on
-    to a higher ``cap``: its done mark and scores move to stopped<N>/ (kept),
-    fairseq resumes from checkpoint_last.pt (its patience count starts again)."""
-    log = run_dir / "train.log"
-    if not (run_dir / "done").exists():
-        return
-    lines = log.read_text(encoding="utf-8", errors="replace").splitlines()
-    last = max(curves_from_log(lines)[pair_of(ALL)])
-    if any(EARLY_STOP in line for line in lines) or last >= cap:
-        return
-    kept = run_dir / f"stopped{last}"
-    kept.mkdir(exist_ok=True)
-    for path in [run_dir / "done", *run_dir.glob("bleu_*.json"), *run_dir.glob("test_*.hyp")]:
-        path.replace(kept / path.name)
-    pipeline.say(f"{name}: its cap stopped it at update {last}: training on to {cap}")
-
-
 def train(data, run_dir, setup, arm, seed, part, args):
     name = f"{part} {setup} {arm} seed{seed}"
-    if PARTS[part] is not None:
-        reopen(run_dir, args.cap, name)
     if (run_dir / "done").exists():
         pipeline.say(f"{name}: trained before, skipped")
         return
@@ -194,25 +151,8 @@ def train(data, run_dir, setup, arm, seed, part, args):
     resumed = (run_dir / "checkpoint_last.pt").exists()
     pipeline.say(f"{name}: training to {max_update} updates" + (" (resumed)" if resumed else ""))
     started = time.time()
-    seen = {}
-
-    def progress(line):
-        record = fairseq_logs.parse_line(line.rstrip("\n"))
-        if record is None or not record.tag.startswith(ALL) or "nll_loss" not in record.values:
-            return
-        seen[pair_of(record.tag)] = record.values["nll_loss"]
-        if len(seen) == len(SETUPS[setup]) + 1:
-            cells = " ".join(f"{k} {v:.3f}" for k, v in seen.items())
-            pipeline.say(f"{name}: update {record.num_updates}/{max_update} valid NLL {cells}")
-            seen.clear()
-
-    env = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    os.environ.update(env)
-    pipeline.run(
-        [*pipeline.tool("fairseq-train"), *arguments],
-        log_path=run_dir / "train.log",
-        on_line=progress,
-    )
+    os.environ.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    pipeline.run([*pipeline.tool("fairseq-train"), *arguments], log_path=run_dir / "train.log")
     (run_dir / "done").touch()
     pipeline.say(f"{name}: trained in {time.time() - started:.0f} s")
 
@@ -226,41 +166,19 @@ def generate_bleu(data, run_dir, setup, pair, checkpoint):
     if path.exists():
         return json.loads(path.read_text())
     src, tgt = pair.split("-")
-    output = pipeline.run(
-        [
-            *pipeline.tool("fairseq-generate"),
-            str(data),
-            "--user-dir",
-            "fairseq_natbias",
-            "--task",
-            "translation_multi_simple_epoch",
-            "--lang-pairs",
-            ",".join(SETUPS[setup]),
-            "--encoder-langtok",
-            "src",
-            "--decoder-langtok",
-            "--source-lang",
-            src,
-            "--target-lang",
-            tgt,
-            "--path",
-            str(run_dir / checkpoint),
-            *pipeline.TEST_DECODING,
-            "--cpu",
-        ]  # fmt: skip
-    )
+    arguments = [str(data), "--user-dir", "fairseq_natbias", "--task", TASK]
+    arguments += ["--lang-pairs", ",".join(SETUPS[setup]), "--encoder-langtok", "src"]
+    arguments += ["--decoder-langtok", "--source-lang", src, "--target-lang", tgt]
+    arguments += ["--path", str(run_dir / checkpoint), *pipeline.TEST_DECODING, "--cpu"]
+    output = pipeline.run([*pipeline.tool("fairseq-generate"), *arguments])
     sentences = parse_generate_output(output.splitlines())
     hypotheses = [sentences[i].detokenized or "" for i in range(len(sentences))]
     references = (data / "text" / f"test.{tgt}").read_text(encoding="utf-8").splitlines()
     scores = quality(hypotheses, references)
     (run_dir / f"test_{pair}.hyp").write_text("\n".join(hypotheses) + "\n", encoding="utf-8")
-    result = {
-        "checkpoint": checkpoint,
-        "bleu": round(scores["BLEU"], 2),
-        "bleu_signature": scores["bleu_signature"],
-        "chrf": round(scores["chrF"], 2),
-        "chrf_signature": scores["chrf_signature"],
-    }
+    result = {"checkpoint": checkpoint, "bleu": round(scores["BLEU"], 2)}
+    result.update(bleu_signature=scores["bleu_signature"], chrf=round(scores["chrF"], 2))
+    result["chrf_signature"] = scores["chrf_signature"]
     path.write_text(json.dumps(result, indent=1) + "\n")
     return result
 
@@ -312,29 +230,15 @@ def run_one(data, work, results, part, setup, arm, seed, args):
         interval.unlink()
 
 
-# --- summary ------------------------------------------------------------------
-
-
-def load_records(results, part, seeds, work=None):
-    """``{(setup, arm): [(seed, record), ...]}`` of the kept records; with
-    ``work``, a run still training (or stopped unfinished) is read from its
-    log, marked ``unfinished``."""
+def load_records(results, part, seeds):
+    """``{(setup, arm): [(seed, record), ...]}`` of the kept records."""
     found = {}
     for setup in SETUPS:
         for arm in ARMS:
             for seed in seeds:
                 path = results / "runs" / f"multilingual_{part}" / setup / arm / f"seed{seed}.json"
-                run_dir = (work or Path()) / "runs" / part / setup / arm / f"seed{seed}"
                 if path.exists():
-                    record = json.loads(path.read_text())
-                elif work and (run_dir / "train.log").exists():
-                    try:
-                        record = {**run_record(run_dir, setup), "unfinished": True}
-                    except KeyError:  # not yet validated
-                        continue
-                else:
-                    continue
-                found.setdefault((setup, arm), []).append((seed, record))
+                    found.setdefault((setup, arm), []).append((seed, json.loads(path.read_text())))
     return found
 
 
@@ -375,17 +279,12 @@ def reach_table(found, setup, horizon=1000):
             at = [value_at(r, key, horizon) for _, r in runs]
             reach = [updates_to_reach(*curve(r, key), target) for _, r in runs] if target else []
             finite = [x for x in reach if x != float("inf")]
-            per_seed = ", ".join(
-                (f"not by {r['last_update']}" if r.get("unfinished") else "never")
-                if x == float("inf")
-                else f"{x:.0f}"
-                for x, (_, r) in zip(reach, runs)
-            )
+            per_seed = ", ".join("never" if x == float("inf") else f"{x:.0f}" for x in reach)
             ratio = (
                 f"{sum(finite) / len(finite) / horizon:.2f}×" if finite and len(finite) == len(reach)
                 else "–"
             )  # fmt: skip
-            seeds = seeds_cell(runs)
+            seeds = ", ".join(str(s) for s, _ in runs)
             label = "all (both directions)" if key == "all" else key
             bleu = cell([r["bleu"].get(key, {}).get("bleu") for _, r in runs], 2)
             lines.append(
@@ -402,16 +301,7 @@ def reach_table(found, setup, horizon=1000):
 
 
 def stopped_by(record):
-    if record.get("unfinished"):
-        return "unfinished"
     return "patience" if record["stopped_early"] else "cap"
-
-
-def seeds_cell(runs):
-    return ", ".join(
-        f"{s} (unfinished, at {r['last_update']})" if r.get("unfinished") else str(s)
-        for s, r in runs
-    )
 
 
 def converged_table(found, setup):
@@ -442,33 +332,6 @@ def converged_table(found, setup):
     return lines
 
 
-def target_tokens(data, pair):
-    """The validation targets' tokens of one direction as the criterion counts
-    them: each sentence's pieces and EOS, plus its language token."""
-    from fairseq.data import data_utils
-
-    tgt = pair.split("-")[1]
-    dataset = data_utils.load_indexed_dataset(str(data / f"valid.{pair}.{tgt}"), None, "mmap")
-    return int(dataset.sizes.sum()) + len(dataset)
-
-
-def consistency(found, data):
-    """The largest gap between the logged NLL of all directions and the
-    token-weighted mean of the directions' own (each logged to 3 decimals):
-    an independent check that each direction's split holds that direction alone."""
-    gaps = []
-    for (setup, _), runs in found.items():
-        weights = {pair: target_tokens(data, pair) for pair in SETUPS[setup]}
-        for _, record in runs:
-            for update, overall in record["curves"]["all"].items():
-                parts = [record["curves"][p].get(update) for p in weights]
-                if None in parts:
-                    continue
-                mean = sum(w * v for w, v in zip(weights.values(), parts)) / sum(weights.values())
-                gaps.append(abs(mean - overall))
-    return max(gaps) if gaps else None
-
-
 def signatures(found):
     for runs in found.values():
         for _, record in runs:
@@ -481,7 +344,7 @@ def plot(found, path, title):
     from natbias.tools import plots
 
     panels = [(setup, key) for setup in SETUPS for key in ["all", *SETUPS[setup]]]
-    fig, axes = plots._grid(panels, str(path), rows=len(SETUPS), cols=3)
+    fig, axes = plots.grid(panels, str(path), rows=len(SETUPS), cols=3)
     for ax, (setup, key) in zip(axes.flat, panels):
         for color, arm in zip(("black", "tab:blue", "tab:red"), ARMS):
             for i, (_, record) in enumerate(found.get((setup, arm), [])):
@@ -497,8 +360,10 @@ def plot(found, path, title):
     plots.save(fig, str(path), title)
 
 
-def write_results(results, part, seeds, args, command, work=None):
-    found = load_records(results, part, seeds, work)
+def write_results(results, part, seeds, args, command):
+    import torch
+
+    found = load_records(results, part, seeds)
     if not found:
         return None
     done_seeds = sorted({s for runs in found.values() for s, _ in runs})
@@ -514,7 +379,7 @@ def write_results(results, part, seeds, args, command, work=None):
         "",
         f"`{command}`",
         "",
-        f"Machine: the 2-core CPU development machine (torch {torch_version()}, ve-fairseq "
+        f"Machine: the 2-core CPU development machine (torch {torch.__version__}, ve-fairseq "
         "0.12.3), shared with other engineers' work while these ran (load above 2): two "
         "trainings side by side, one thread each. Seeds finished: "
         f"{', '.join(map(str, done_seeds))} (n per row in its `seeds` cell; ± is the "
@@ -531,27 +396,16 @@ def write_results(results, part, seeds, args, command, work=None):
         "direction), per direction from a split per direction logged by fairseq-train itself.",
         "",
     ]
-    if any(r.get("unfinished") for runs in found.values() for _, r in runs):
-        lines += [
-            "Runs marked unfinished were still training (or were stopped at the deadline) "
-            "when this file was written: their figures are those of their log so far.",
-            "",
-        ]
     for setup in SETUPS:
-        lines += [f"## {setup} ({', '.join(SETUPS[setup])})", ""]
-        if n is None:
-            lines += reach_table(found, setup)
-        else:
-            lines += converged_table(found, setup)
-        lines.append("")
+        table = reach_table(found, setup) if n is None else converged_table(found, setup)
+        lines += [f"## {setup} ({', '.join(SETUPS[setup])})", "", *table, ""]
     capped = [r for runs in found.values() for _, r in runs if stopped_by(r) == "cap"]
     if n is not None and capped:
         total = sum(len(runs) for runs in found.values())
         lines += [
             f"**Not converged:** {len(capped)} of {total} runs were stopped by the cap with "
             "their validation NLL still falling (best update = last update): these are the "
-            f"arms after {args.cap:,} updates on {n:,} pairs, not at convergence. A higher "
-            "`--cap` trains them on from their last checkpoint.",
+            f"arms after {args.cap:,} updates on {n:,} pairs, not at convergence.",
             "",
         ]
     if n is not None:
@@ -564,26 +418,6 @@ def write_results(results, part, seeds, args, command, work=None):
             "test_2016_flickr (1,000 sentences) of the best checkpoint, scored by sacreBLEU.",
             "",
         ]
-    if work is not None or args.work.exists():
-        data = (args.work or work) / ("data-full" if n is None else f"data-n{n}")
-        if data.exists():
-            gap = consistency(found, data)
-            lines += [
-                "Which sentences: fairseq's batch sampler for this task, under its default "
-                "`--required-batch-size-multiple 8`, leaves a remainder of each split out: "
-                "1,008 of each direction's 1,014 validation sentences are scored, and another "
-                "remainder of the split of all directions, so the NLL of all directions is not "
-                "exactly the token-weighted mean of the two directions' (largest gap over every "
-                f"validation of these runs: {gap:.3f} bits). Every arm is scored on the same "
-                "sentences. Checked with fairseq's own CLI on one checkpoint: `fairseq-validate "
-                "work/multilingual/data-full --user-dir fairseq_natbias --task "
-                "translation_multi_simple_epoch --lang-pairs en-de,en-fr --encoder-langtok src "
-                "--decoder-langtok --path <one-to-many stock seed1>/checkpoint_last.pt "
-                "--valid-subset valid_en_de --max-tokens 1024 --cpu` gives `nll_loss 6.08 | wpb "
-                "20371 | bsz 1008` (all 1,014 sentences hold 20,664 target tokens), the value "
-                "fairseq-train logged for en-de at update 1,000.",
-                "",
-            ]
     signed = signatures(found)
     if signed:
         lines += [f"sacreBLEU: `{signed[0]}`; chrF `{signed[1]}`.", ""]
@@ -593,15 +427,6 @@ def write_results(results, part, seeds, args, command, work=None):
     out = results / f"multilingual_{part}.md"
     out.write_text("\n".join(lines))
     return out
-
-
-def torch_version():
-    import torch
-
-    return torch.__version__
-
-
-# --- main ---------------------------------------------------------------------
 
 
 def main(argv=None):
@@ -621,42 +446,37 @@ def main(argv=None):
     parser.add_argument("--cap", type=int, default=2500, help="n3000 part, updates")
     parser.add_argument("--no-bleu", dest="bleu", action="store_false")
     parser.add_argument("--summary-only", action="store_true", help="write the results only")
-    parser.add_argument(
-        "--with-unfinished",
-        action="store_true",
-        help="summaries include runs still training (from their logs, marked unfinished)",
-    )
     parser.add_argument("--vocab-size", type=int, default=4000)
     args = parser.parse_args(argv)
     if args.raw is None and not args.summary_only:
         parser.error("give --raw DIR (Multi30k) or set NATBIAS_MULTI30K")
     # The training command (a summary's own options left out: it trains nothing).
     given = argv if argv is not None else sys.argv[1:]
-    kept = [a for a in given if a not in ("--summary-only", "--with-unfinished")]
+    kept = [a for a in given if a != "--summary-only"]
     command = "OMP_NUM_THREADS=1 .venv/bin/python research/study_multilingual.py " + " ".join(kept)
     if not args.summary_only:
         os.environ["OMP_NUM_THREADS"] = "1"
-        data = {
-            part: prepare_part(args.raw, args.work, part, args.vocab_size) for part in args.parts
-        }
+        data = {p: prepare_part(args.raw, args.work, p, args.vocab_size) for p in args.parts}
+        jobs = []
         # Seed by seed, setup by setup, stock first: a study cut short still compares.
-        plan = [
-            (data[part], part, setup, arm, seed)
-            for seed in args.seeds
-            for setup in args.setups
-            for part in args.parts
-            for arm in args.arms
+        order = [
+            (s, u, p, a)
+            for s in args.seeds
+            for u in args.setups
+            for p in args.parts
+            for a in args.arms
         ]
         with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-            jobs = [
-                pool.submit(run_one, data, args.work, args.results, part, setup, arm, seed, args)
-                for data, part, setup, arm, seed in plan
-            ]
-            for job in jobs:
-                job.result()
+            for seed, setup, part, arm in order:
+                jobs.append(
+                    pool.submit(
+                        run_one, data[part], args.work, args.results, part, setup, arm, seed, args
+                    )
+                )
+        for job in jobs:
+            job.result()
     for part in args.parts:
-        work = args.work if args.with_unfinished else None
-        out = write_results(args.results, part, args.seeds, args, command, work)
+        out = write_results(args.results, part, args.seeds, args, command)
         if out:
             print(out.read_text())
 

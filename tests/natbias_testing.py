@@ -158,7 +158,14 @@ def main_of(tool):
 
     if tool.endswith(".py"):
         return import_module(Path(tool).stem).main
-    (entry,) = entry_points(group="console_scripts", name=tool)
+    installed = entry_points(group="console_scripts", name=tool)
+    if not installed:  # a script pyproject.toml names that this install predates
+        import tomllib
+
+        scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
+        module, _, function = scripts[tool].partition(":")
+        return getattr(import_module(module), function)
+    (entry,) = installed
     return entry.load()
 
 
@@ -443,22 +450,26 @@ def first_sentences(task, split="train", n=24):
     return dataset.collater([dataset[i] for i in range(min(n, len(dataset)))])
 
 
-def reference_log_unigram(text_paths, dictionary, alpha=1.0, extra=None):
+def reference_log_unigram(text_paths, dictionary, alpha=1.0, extra=None, weights=None):
     """Log add-alpha unigram of tokenised text (a file, or several), counted
     here in float64 independently of natbias.counts: every word as the
     dictionary maps it, plus one EOS per line (what fairseq-preprocess
-    binarises); ``extra``, counts by id added to those (language tokens)."""
+    binarises); ``weights``, one per file, multiplies that file's counts (a
+    sampled mixture); ``extra``, counts by id added to those (language tokens)."""
     import math
     from collections import Counter
 
     import torch
 
     paths = [text_paths] if isinstance(text_paths, (str, Path)) else text_paths
+    weights = [1.0] * len(paths) if weights is None else weights
     counts = Counter(extra or {})
-    for path in paths:
+    for path, weight in zip(paths, weights, strict=True):
+        file_counts = Counter()
         for line in Path(path).read_text(encoding="utf-8").splitlines():
-            counts.update(dictionary.index(word) for word in line.split())
-            counts[dictionary.eos()] += 1
+            file_counts.update(dictionary.index(word) for word in line.split())
+            file_counts[dictionary.eos()] += 1
+        counts.update({token: weight * n for token, n in file_counts.items()})
     total = sum(counts.values()) + alpha * len(dictionary)
     return torch.tensor(
         [math.log((counts[i] + alpha) / total) for i in range(len(dictionary))], dtype=torch.float64

@@ -1,6 +1,6 @@
 """checkpoint_loading: the one reader of fairseq checkpoints, and its refusals,
-which the paper's analyses' readers built on it (examples/paper: frequency.py's
-read_with_fairseq, sweep.py's has_output_bias) give as well.
+which the readers built on it (fairseq_natbias.scoring's
+read_with_fairseq, examples/paper/sweep.py's has_output_bias) give as well.
 Whether a checkpoint is one of the package's models (natural_bias.py):
 test_natural_bias.py.
 
@@ -15,12 +15,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from frequency import read_with_fairseq
 from sweep import has_output_bias
 from test_imports import import_graph, reachable
 
 from fairseq_natbias import checkpoint_loading
 from fairseq_natbias.checkpoint_loading import CheckpointError
+from fairseq_natbias.scoring import read_with_fairseq
 from natbias.errors import NaturalBiasError
 
 FIXTURE = Path(__file__).parent / "fixtures/v1.0.0/checkpoint_last.pt"

@@ -192,8 +192,9 @@ def test_a_checkpoint_of_a_newer_format_is_refused(toy_bin, tmp_path):
     )
     assert result.returncode != 0
     assert (
-        f"records natural-bias format {FORMAT_VERSION + 1}; fairseq-natbias {__version__} "
-        f"reads format {FORMAT_VERSION}: upgrade it" in result.stderr.strip().splitlines()[-1]
+        f"records natural-bias format {FORMAT_VERSION + 1}; natbias {__version__} "
+        f"reads format {FORMAT_VERSION} and earlier: upgrade natbias to load it"
+        in result.stderr.strip().splitlines()[-1]
     )
 
 

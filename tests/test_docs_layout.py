@@ -6,9 +6,11 @@
   stock + criterion, natural bias, natural bias + criterion), so that what the
   criterion gives is not credited to the bias; every figure of a row is in a
   results file the row links, under research/results/.
-- The user's docs (docs/*.md) are the pages listed below, at most 1,630 lines
-  in all (1,500 before docs/pretraining.md); the changelog starts at the package's version, after the changes
-  not yet released, if any (an "Unreleased" section, on top).
+- The docs (docs/*.md) are the pages listed below, at most 1,800 lines in
+  all (the project's budget for what a newcomer reads), the design page for
+  contributors (docs/design.md) among them; the changelog starts at the
+  package's version, after the changes not yet released, if any (an
+  "Unreleased" section, on top).
 - No line of README.md or docs/*.md names an internal issue ("issue 36",
   "(#12)") or a date, the changelog's release headings aside.
 - Where the criterion is described, its prior art is credited.
@@ -41,6 +43,7 @@ PAGES = {
     "scaling",
     "results",
     "changelog",
+    "design",
 }
 MONTHS = "January|February|March|April|May|June|July|August|September|October|November|December"
 ISSUE = re.compile(r"\b(?:issues?|pull requests?|PR)\s*#?\d+|#\d+(?![\w-])", re.I)
@@ -218,10 +221,10 @@ def test_the_readme_results_table_separates_the_bias_from_the_criterion():
         assert missing_figures(row, range(1, 5)) == [], row[0]
 
 
-def test_the_user_docs_are_the_listed_pages_in_at_most_1630_lines():
+def test_the_docs_are_the_listed_pages_in_at_most_1800_lines():
     pages = sorted(DOCS.glob("*.md"))
     assert {page.stem for page in pages} == PAGES
-    assert sum(len(lines_of(page)) for page in pages) <= 1630
+    assert sum(len(lines_of(page)) for page in pages) <= 1800
 
 
 def test_no_user_page_names_an_internal_issue_or_a_date():

@@ -150,7 +150,8 @@ def test_a_newer_format_is_refused(tmp_path):
     model.config.natural_bias = {**model.config.natural_bias, "format_version": newer}
     model.save_pretrained(tmp_path)
     with pytest.raises(
-        NaturalBiasError, match=f"version {newer}; natbias .* reads version {FORMAT_VERSION}"
+        NaturalBiasError,
+        match=f"format {newer}; natbias .* reads format {FORMAT_VERSION} and earlier: upgrade",
     ):
         from_pretrained(tmp_path)
 
@@ -308,3 +309,34 @@ def test_the_logits_processor_scales_the_bias_and_renormalises():
     assert torch.equal(plain, kept)
     with pytest.raises(NaturalBiasError, match="has no natural bias"):
         BiasScaleLogitsProcessor(gpt2(), 0.5)
+
+
+def test_fractional_counts_are_used_exactly_and_probabilities_refused():
+    """Counts are taken as given: a weighted mixture's fractional counts are
+    not truncated (2.2.0 made [0.4, 0.3, 2.9] into [0, 0, 2]), and a
+    probability vector, which add-one smoothing would swamp, is refused."""
+    counts = np.linspace(0.4, 9.7, V)
+    model = add_natural_bias(gpt2(), counts=counts)
+    expected = np.log((counts + 1) / (counts.sum() + V))
+    assert np.allclose(model.natbias_log_prior.numpy(), expected, atol=1e-6)
+    with pytest.raises(NaturalBiasError, match="sum to 1: they look like probabilities"):
+        add_natural_bias(gpt2(), counts=counts / counts.sum())
+
+
+def test_lambda_scales_b_as_trained_not_the_prior():
+    """With b moved off the prior by a ramp (as training moves it), the
+    processor's output is log_softmax(g W phi + lambda b), g W phi computed
+    here from the head's input."""
+    model = add_natural_bias(gpt2(), zipf_targets()).eval()
+    head, ids = model.get_output_embeddings(), inputs_for("gpt2")["input_ids"]
+    with torch.no_grad():
+        model.output_bias().add_(torch.linspace(-2.0, 2.0, V))
+        out = model(input_ids=ids, output_hidden_states=True)
+        context = torch.nn.functional.linear(
+            out.hidden_states[-1][:, -1] * head.gain(), head.weight
+        )
+        scores = torch.log_softmax(out.logits[:, -1], -1)
+        scaled = BiasScaleLogitsProcessor(model, 0.5)(None, scores)
+    assert not torch.allclose(model.output_bias(), model.natbias_log_prior, atol=0.1)
+    expected = torch.log_softmax(context + 0.5 * model.output_bias().detach(), -1)
+    torch.testing.assert_close(scaled, expected, atol=1e-5, rtol=1e-5)

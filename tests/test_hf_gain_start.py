@@ -13,10 +13,10 @@ pytest.importorskip("transformers")
 from hf_tiny import build, zipf_targets  # noqa: E402
 
 import natbias.hf.natural_bias  # noqa: E402
+from natbias.head import DEFAULT_GAIN_INIT  # noqa: E402
 from natbias.hf import add_natural_bias  # noqa: E402
 from natbias.hf.gain_start import START_KL, contextual_scale, initial_gain  # noqa: E402
 from natbias.hf.logit_map import one_token_inputs  # noqa: E402
-from natbias.projection import DEFAULT_GAIN_INIT  # noqa: E402
 
 
 def t5_scale_by_hand(model):

@@ -8,6 +8,7 @@ import math
 import re
 import shutil
 import sys
+from collections import Counter
 from types import SimpleNamespace
 
 import numpy as np
@@ -94,25 +95,131 @@ def test_the_prior_counts_what_an_epochs_batches_hold(data, tmp_path, options):
     assert np.array_equal(expected, epoch_target_counts(task, vocab))
 
 
-def test_the_prior_weighs_pairs_as_the_task_samples_them(data, tmp_path):
-    """Temperature sampling over pairs of unequal size (en-de twice: train and
-    train1): each target language's share of an epoch's target tokens is the
-    counted one (sampling noise: 1%), not what concatenation would give."""
-    bigger = tmp_path / "data"
+@pytest.fixture(scope="module")
+def unequal(data, tmp_path_factory):
+    """The data with en-de twice (train and train1: 1,200 sentences against
+    en-fr's 600), so that sampling weighs the pairs otherwise than concatenation."""
+    bigger = tmp_path_factory.mktemp("unequal") / "data"
     shutil.copytree(data, bigger)
     for side in ("en", "de"):
         for ext in ("bin", "idx"):
             shutil.copy(bigger / f"train.en-de.{side}.{ext}", bigger / f"train1.en-de.{side}.{ext}")
+    return bigger
+
+
+TEMPERATURE_5 = ["--sampling-method", "temperature", "--sampling-temperature", "5"]
+
+
+def test_the_prior_weighs_pairs_as_the_task_samples_them(unequal, tmp_path):
+    """Temperature sampling over pairs of unequal size: each target language's
+    share of an epoch's target tokens is the counted one (sampling noise: 1%),
+    not what concatenation would give, and so is the total (the scale that
+    add-one smoothing is weighed against)."""
     options = ["--lang-pairs", "en-de,en-fr", *LANGTOKS]
-    sampled = [*options, "--sampling-method", "temperature", "--sampling-temperature", "5"]
-    task, _, _ = build(bigger, tmp_path, *sampled)
+    task, _, _ = build(unequal, tmp_path, *options, *TEMPERATURE_5)
     counted = count_training_targets(task)
     epoch = epoch_target_counts(task, len(counted))
     de = task.data_manager.get_decoder_langtok("de", "tgt")
     share = {"counted": counted[de] / counted.sum(), "epoch": epoch[de] / epoch.sum()}
-    concatenated = count_training_targets(build(bigger, tmp_path, *options)[0])
+    concatenated = count_training_targets(build(unequal, tmp_path, *options)[0])
     assert abs(share["counted"] - share["epoch"]) < 0.01 * share["epoch"], share
     assert abs(concatenated[de] / concatenated.sum() - share["epoch"]) > 0.05 * share["epoch"]
+    assert abs(counted.sum() - epoch.sum()) < 0.01 * epoch.sum(), (counted.sum(), epoch.sum())
+
+
+SAMPLING = {
+    "concat": [],
+    "temperature-1.5": ["--sampling-method", "temperature", "--sampling-temperature", "1.5"],
+    "temperature-5": TEMPERATURE_5,
+    "uniform": ["--sampling-method", "uniform"],
+}
+
+
+def sampled_weights(sampling, sentences):
+    """Each pair's sentences' expected draws in one pass of the sampled data,
+    worked out here from fairseq's documented rules: ratios r_k (temperature:
+    (n_k / N)^(1/T); uniform: 1), S = sum_k (r_k / r_big) n_big (big: the
+    largest pair), at most 1.5 N; pair k's n_k sentences drawn S r_k / sum(r)
+    times in all."""
+    total = sum(sentences)
+    if not sampling:
+        return [1.0] * len(sentences)
+    if sampling[1] == "uniform":
+        ratios = [1.0] * len(sentences)
+    else:
+        ratios = [(n / total) ** (1 / float(sampling[3])) for n in sentences]
+    big = sentences.index(max(sentences))
+    size = int(min(sum(r / ratios[big] * sentences[big] for r in ratios), 1.5 * total))
+    return [size * r / sum(ratios) / n for r, n in zip(ratios, sentences)]
+
+
+def step0_bits(task, model, priors):
+    """Validation bits per target token of a fresh model, by target language
+    (the words and EOS after the language token) and at position 0 (the
+    language token), with each reference prior's cross-entropy on the same tokens."""
+    task.load_dataset("valid", combine=False, epoch=1)
+    batches = task.get_batch_iterator(task.dataset("valid"), max_tokens=4000)
+    language_of = {task.data_manager.get_decoder_langtok(t, "tgt"): t for t in ("de", "fr")}
+    sums = {}
+    model.eval()
+    with torch.no_grad():
+        for sample in batches.next_epoch_itr(shuffle=False):
+            log_p = model.get_normalized_probs(model(**sample["net_input"]), log_probs=True)
+            target = sample["target"]
+            nll = -log_p.gather(-1, target.unsqueeze(-1)).squeeze(-1)
+            for i, first in enumerate(target[:, 0].tolist()):
+                words = target[i, 1:][target[i, 1:] != task.target_dictionary.pad()]
+                for where, tokens, model_nll in (
+                    (language_of[first], words, nll[i, 1 : 1 + len(words)].sum()),
+                    ("langtok", target[i, :1], nll[i, 0]),
+                ):
+                    row = sums.setdefault(where, Counter())
+                    row["model"] += model_nll.item()
+                    row["tokens"] += len(tokens)
+                    for name, prior in priors[where].items():
+                        row[name] -= prior[tokens].sum().item()
+    return {
+        where: {k: v / row["tokens"] / math.log(2) for k, v in row.items() if k != "tokens"}
+        for where, row in sums.items()
+    }
+
+
+@pytest.mark.parametrize("prior", ["per-language", "pooled"])
+@pytest.mark.parametrize("sampling", SAMPLING)
+def test_a_fresh_model_starts_at_the_unigram_of_what_the_task_samples(
+    unequal, tmp_path, sampling, prior
+):
+    """Bits per validation token at step 0, against unigrams counted here from
+    the text and weighted as the task samples the pairs (en-de 1,200
+    sentences, en-fr 600): each language's row within 0.02 bits of that
+    language's own unigram, the pooled row (every position of a pooled
+    model, the language token's position of a per-language one) within 0.02
+    bits of the sampled mixture's. 2.2.0 scaled the sampled counts to one
+    sentence, and add-one smoothing made its prior nearly uniform (+3 bits)."""
+    task, model, _ = build(unequal, tmp_path, *ONE_TO_MANY, *LANGTOKS, *SAMPLING[sampling],
+                           "--natbias-prior", prior)  # fmt: skip
+    dictionary, pieces = task.target_dictionary, unequal / "pieces"
+    w_de, w_fr = sampled_weights(SAMPLING[sampling], [1200, 600])
+    langtoks = {
+        task.data_manager.get_decoder_langtok(t, "tgt"): n
+        for t, n in (("de", 1200 * w_de), ("fr", 600 * w_fr))
+    }
+    own = {
+        "de": reference_log_unigram([pieces / "train.de"] * 2, dictionary, weights=[w_de] * 2),
+        "fr": reference_log_unigram([pieces / "train.fr"], dictionary, weights=[w_fr]),
+    }
+    mixture = reference_log_unigram(
+        [pieces / "train.de", pieces / "train.de", pieces / "train.fr"], dictionary,
+        weights=[w_de, w_de, w_fr], extra=langtoks,
+    )  # fmt: skip
+    priors = {"langtok": {"mixture": mixture}}
+    priors.update({lang: {"own": own[lang], "mixture": mixture} for lang in own})
+    bits = step0_bits(task, model, priors)
+    for where, row in bits.items():
+        reference = "own" if prior == "per-language" and where != "langtok" else "mixture"
+        assert abs(row["model"] - row[reference]) < 0.02, (where, reference, row)
+    if prior == "per-language":  # each language's own unigram, not the mixture's
+        assert all(row["mixture"] - row["own"] > 0.1 for w, row in bits.items() if w != "langtok")
 
 
 def _reference(paths, dictionary, extra=None):
@@ -211,6 +318,36 @@ def test_the_bias_scale_scales_each_positions_row(per_language, monkeypatch):
         monkeypatch.setattr(model.natbias_args, "natbias_bias_scale", 0.5, raising=False)
         scaled = model.get_normalized_probs(model(**net_input), log_probs=True)
     assert torch.allclose(scaled, expected, atol=1e-5)
+
+
+def test_lambda_and_tau_act_on_each_positions_row_of_b_and_of_log_p(per_language, monkeypatch):
+    """g W phi + lambda b[row] - tau log p[row], computed here from the
+    decoder's features, with b moved off the prior by a ramp (as training
+    moves it), so that tau taking b, or a row from the wrong tensor, fails."""
+    import torch.nn.functional as F
+
+    task, model, _ = per_language
+    net_input = _valid_batch(task, 4)["net_input"]
+    projection, prior = model.decoder.output_projection, model.target_log_unigram
+    model.eval()
+    saved = projection.bias.detach().clone()
+    try:
+        with torch.no_grad():
+            projection.bias.add_(torch.linspace(-2.0, 2.0, saved.shape[-1]))
+            encoder_out = model.encoder(net_input["src_tokens"], net_input["src_lengths"])
+            prev = net_input["prev_output_tokens"]
+            phi, _ = model.decoder(prev, encoder_out, features_only=True)
+            rows = model.decoder.prior_rows(prev)
+            context = F.linear(phi * projection.gain(), projection.weight)
+            expected = (context + 0.5 * projection.bias[rows] - 0.7 * prior[rows]).log_softmax(-1)
+            monkeypatch.setattr(model.natbias_args, "natbias_bias_scale", 0.5, raising=False)
+            monkeypatch.setattr(model.natbias_args, "natbias_logit_adjustment", 0.7, raising=False)
+            scores = model.get_normalized_probs(model(**net_input), log_probs=True)
+    finally:
+        with torch.no_grad():
+            projection.bias.copy_(saved)
+    assert (rows[:, 1:] > 0).all()  # the language rows are in play, not only row 0
+    assert torch.allclose(scores, expected, atol=1e-5)
 
 
 def test_a_counts_file_works_with_a_task_the_counter_does_not_know(data, tmp_path):

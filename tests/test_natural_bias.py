@@ -49,13 +49,15 @@ def unigram_cross_entropy(multi30k_bin, multi30k_text):
 )
 def test_default_starts_at_the_unigram(multi30k_bin, unigram_cross_entropy, tying):
     """Fig. 1 at update 0 with the DEFAULT settings, on real text: a fresh
-    unigram model's validation NLL is the unigram's cross-entropy (within 0.3
-    bits), tied or untied."""
+    unigram model's validation NLL is the unigram's cross-entropy counted
+    here from the text (within 0.05 bits; results.md reports 0.011), its KL
+    from its prior below 0.03 bits, tied or untied."""
     unigram_ce_bits, valid_tokens = unigram_cross_entropy
     _, task, model = build(multi30k_bin, *tying)
     fresh = validation_divergence(task, model)
     assert fresh["tokens"] == valid_tokens
-    assert abs(fresh["nll"] - unigram_ce_bits) < 0.3, fresh
+    assert abs(fresh["nll"] - unigram_ce_bits) < 0.05, (fresh, unigram_ce_bits)
+    assert fresh["kl_unigram"] < 0.03, fresh
 
 
 def test_the_zero_bias_starts_far_from_the_unigram(multi30k_bin, unigram_cross_entropy):

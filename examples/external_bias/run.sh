@@ -100,12 +100,7 @@ if [[ -f $RUN/test.hyp ]]; then
     say "generate [file]: $RUN/test.hyp exists, skipped"
 else
     say "generate [file]: beam $BEAM on the test set"
-    logged "$RUN/generate.log" fairseq-generate "$DATA_BIN" --user-dir fairseq_natbias \
-        --path "$RUN/checkpoint_best.pt" --gen-subset test --beam "$BEAM" --lenpen 1 \
-        --max-len-a 1.2 --max-len-b 10 --batch-size 128 --required-batch-size-multiple 1 \
-        --remove-bpe sentencepiece --num-workers 0
-    mv "$RUN/generate.log" "$RUN/test.gen"
-    in_id_order "$RUN/test.gen" "$RUN/test.hyp"
+    generate_test "$DATA_BIN" "$RUN"
 fi
 sacrebleu "$TRANSLATION_WORK/raw/test.$TGT" -i "$RUN/test.hyp" -m bleu chrf -f text >"$RUN/test.scores"
 say "test scores (best checkpoint, beam $BEAM), with the translation example's runs:"

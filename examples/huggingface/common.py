@@ -26,7 +26,12 @@ from tokenizers import SentencePieceUnigramTokenizer
 from tokenizers.processors import TemplateProcessing
 from transformers import PreTrainedTokenizerFast, TrainerCallback
 
-from natbias.hf import count_targets
+from natbias.hf import (
+    BiasStatisticsCallback,
+    UnigramLabelSmoothingLoss,
+    count_targets,
+    from_pretrained,
+)
 from natbias.prior import log_unigram
 
 LN2 = math.log(2.0)
@@ -218,3 +223,89 @@ def last_checkpoint(folder):
     """The Trainer's latest checkpoint in ``folder``, to resume from; None if none."""
     checkpoints = sorted(Path(folder).glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
     return str(checkpoints[-1]) if checkpoints else None
+
+
+def arm_name(args):
+    """The run's arm: stock or natbias, +unigram-ls with --label-smoothing unigram."""
+    base = "natbias" if args.bias == "natural" else "stock"
+    return base + ("+unigram-ls" if args.label_smoothing == "unigram" else "")
+
+
+def run_folder(args):
+    """WORK/runs/<arm>/seed<k>, made; None when that run is done."""
+    run = Path(args.work) / "runs" / arm_name(args) / f"seed{args.seed}"
+    if (run / "done").exists():
+        say(f"{run}: done before, skipped")
+        return None
+    run.mkdir(parents=True, exist_ok=True)
+    return run
+
+
+def training_arguments(args, run, **extra):
+    """The Trainer's arguments both examples share: the study's schedule, no
+    clipping, a checkpoint at every validation (to resume), the CPU."""
+    return dict(
+        output_dir=str(run / "checkpoints"),
+        max_steps=args.max_steps,
+        seed=args.seed,
+        per_device_train_batch_size=args.batch_size,
+        learning_rate=args.lr,
+        lr_scheduler_type="inverse_sqrt",
+        warmup_steps=args.warmup,
+        adam_beta2=0.997,
+        weight_decay=0.0,
+        max_grad_norm=0.0,
+        save_strategy="steps",
+        save_steps=args.eval_every,
+        save_total_limit=1,
+        logging_steps=args.eval_every,
+        eval_strategy="no",
+        report_to=[],
+        disable_tqdm=True,
+        use_cpu=True,
+        dataloader_num_workers=0,
+        **extra,
+    )
+
+
+def train_model(args, run, record, model, train, collator, valid_batches, tokenizer, trainer):
+    """Train ``model`` with ``trainer`` (the Trainer class with its arguments
+    given, e.g. ``partial(Trainer, args=...)``), resuming from the run's last
+    checkpoint, and return it. Besides the data it is given the unigram label
+    smoothing loss (--label-smoothing unigram; the model's own prior with the
+    natural bias, else the counted targets), the validation callback, and the
+    bias's statistics with the natural bias."""
+    causal = not getattr(model.config, "is_encoder_decoder", False)
+    loss = None
+    if args.label_smoothing == "unigram":
+        loss = (
+            UnigramLabelSmoothingLoss.from_model(model)
+            if args.bias == "natural"
+            else UnigramLabelSmoothingLoss.from_counts(
+                count_targets(train, len(tokenizer), causal), model
+            )
+        )
+    callback = ValidationCallback(
+        record, valid_batches, args.eval_every, args.patience, run, tokenizer, causal
+    )
+    callbacks = [callback]
+    if args.bias == "natural":
+        callbacks.append(BiasStatisticsCallback(probe=valid_batches[0]))
+    trained = trainer(
+        model=model,
+        train_dataset=train,
+        data_collator=collator,
+        compute_loss_func=loss,
+        callbacks=callbacks,
+    )
+    trained.train(resume_from_checkpoint=last_checkpoint(run / "checkpoints"))
+    return trained
+
+
+def best_model(args, run, stock_class):
+    """The run's model of lowest validation NLL, as saved in run/best."""
+    return (
+        from_pretrained(run / "best")
+        if args.bias == "natural"
+        else stock_class.from_pretrained(run / "best")
+    )

@@ -19,6 +19,7 @@ interrupted one resumes from its last checkpoint.
 import argparse
 import json
 import os
+from functools import partial
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # before transformers is imported
@@ -26,14 +27,17 @@ os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # before transformer
 import torch  # noqa: E402
 from common import (  # noqa: E402
     Record,
-    ValidationCallback,
     add_run_arguments,
-    last_checkpoint,
+    arm_name,
+    best_model,
     load_text,
     read_split,
     record_prior_nll,
+    run_folder,
     say,
+    train_model,
     train_tokenizer,
+    training_arguments,
 )
 from quality import quality  # noqa: E402
 from transformers import (  # noqa: E402
@@ -44,13 +48,7 @@ from transformers import (  # noqa: E402
     Seq2SeqTrainingArguments,
 )
 
-from natbias.hf import (  # noqa: E402
-    BiasStatisticsCallback,
-    UnigramLabelSmoothingLoss,
-    add_natural_bias,
-    count_targets,
-    from_pretrained,
-)
+from natbias.hf import add_natural_bias  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -94,11 +92,6 @@ def parse_args(argv=None):
     parser.add_argument("--beam", type=int, default=5)
     add_run_arguments(parser, "encoder and decoder layers")
     return parser.parse_args(argv)
-
-
-def arm_name(args):
-    base = "natbias" if args.bias == "natural" else "stock"
-    return base + ("+unigram-ls" if args.label_smoothing == "unigram" else "")
 
 
 def load_pairs(args, work):
@@ -167,52 +160,16 @@ def train_run(args, run, tokenizer, train, valid):
     record = Record(run, {**vars(args), "arm": arm_name(args)})
     record_prior_nll(record, train, valid, len(tokenizer))
     valid_batches = [collator(valid[i : i + 128]) for i in range(0, len(valid), 128)]
+    smoothing = 0.1 if args.label_smoothing == "uniform" else 0.0
     training = Seq2SeqTrainingArguments(
-        output_dir=str(run / "checkpoints"),
-        max_steps=args.max_steps,
-        seed=args.seed,
-        per_device_train_batch_size=args.batch_size,
-        learning_rate=args.lr,
-        lr_scheduler_type="inverse_sqrt",
-        warmup_steps=args.warmup,
-        adam_beta1=0.9,
-        adam_beta2=0.997,
-        weight_decay=0.0,
-        max_grad_norm=0.0,
-        train_sampling_strategy="group_by_length",
-        save_strategy="steps",
-        save_steps=args.eval_every,
-        save_total_limit=1,
-        logging_steps=args.eval_every,
-        eval_strategy="no",
-        report_to=[],
-        disable_tqdm=True,
-        use_cpu=True,
-        dataloader_num_workers=0,
-        label_smoothing_factor=0.1 if args.label_smoothing == "uniform" else 0.0,
-    )
-    loss = None
-    if args.label_smoothing == "unigram":
-        loss = (
-            UnigramLabelSmoothingLoss.from_model(model)
-            if args.bias == "natural"
-            else UnigramLabelSmoothingLoss.from_counts(count_targets(train, len(tokenizer)), model)
+        **training_arguments(
+            args, run, train_sampling_strategy="group_by_length", label_smoothing_factor=smoothing
         )
-    callbacks = [
-        ValidationCallback(record, valid_batches, args.eval_every, args.patience, run, tokenizer)
-    ]
-    if args.bias == "natural":
-        callbacks.append(BiasStatisticsCallback(probe=valid_batches[0]))
-    trainer = Seq2SeqTrainer(
-        model=model,
-        args=training,
-        train_dataset=train,
-        data_collator=collator,
-        processing_class=tokenizer,
-        compute_loss_func=loss,
-        callbacks=callbacks,
     )
-    trainer.train(resume_from_checkpoint=last_checkpoint(run / "checkpoints"))
+    trainer = partial(Seq2SeqTrainer, args=training, processing_class=tokenizer)
+    trainer = train_model(
+        args, run, record, model, train, collator, valid_batches, tokenizer, trainer
+    )
     record.update(
         log_history=[
             entry for entry in trainer.state.log_history if "bias_kl" in entry or "loss" in entry
@@ -243,11 +200,7 @@ def translate(model, tokenizer, sources, beam, batch_size=64):
 
 
 def score(args, run, tokenizer, record):
-    model = (
-        from_pretrained(run / "best")
-        if args.bias == "natural"
-        else MarianMTModel.from_pretrained(run / "best")
-    )
+    model = best_model(args, run, MarianMTModel)
     scores = {}
     for test_set in args.test_sets:
         sources = read_split(args.data, test_set, args.src, args.eval_lines)
@@ -265,12 +218,9 @@ def score(args, run, tokenizer, record):
 def main(argv=None):
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
-    work = Path(args.work)
-    run = work / "runs" / arm_name(args) / f"seed{args.seed}"
-    if (run / "done").exists():
-        say(f"{run}: done before, skipped")
+    work, run = Path(args.work), run_folder(args)
+    if run is None:
         return
-    run.mkdir(parents=True, exist_ok=True)
     pairs = load_pairs(args, work)
     texts = list(pairs["train"]["source"]) + list(pairs["train"]["target"])
     tokenizer = train_tokenizer(texts, args.vocab, work / "tokenizer")

@@ -107,10 +107,9 @@ def report(work, results):
 
 
 def main(argv=None):
+    raw = argparse.RawDescriptionHelpFormatter
     parser = argparse.ArgumentParser(
-        prog="examples/paper/demo.py",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        prog="examples/paper/demo.py", description=__doc__, formatter_class=raw
     )
     parser.add_argument("--data", help="folder of raw parallel text (see above)")
     parser.add_argument(

@@ -21,7 +21,6 @@ written: frequency_bins.csv (a row per non-empty bin and model) and
 frequency_tokens.csv (a row per token type in the split).
 """
 
-import glob
 import logging
 import os
 from collections.abc import Callable, Sequence
@@ -31,7 +30,8 @@ from typing import Optional
 import numpy as np
 import torch
 
-from fairseq_natbias import checkpoint_loading, training_data
+from fairseq_natbias import scoring, training_data
+from fairseq_natbias.scoring import load_checkpoint
 from natbias.errors import NaturalBiasError
 from natbias.prior import DEFAULT_SMOOTHING, log_unigram
 from natbias.tools import plots
@@ -67,68 +67,6 @@ class TokenScores:
         keep = self.present
         n = self.occurrences[keep]
         return (self.log_unigram[keep], self.sum_full[keep] / n, self.sum_without_bias[keep] / n)
-
-
-def read_with_fairseq(path: str, arg_overrides: dict) -> dict:
-    """fairseq's own reading (``checkpoint_utils.load_checkpoint_to_cpu``: the
-    state upgraded to this fairseq's format, ``arg_overrides`` applied), what
-    ``load_model_ensemble_and_task(..., state=)`` takes; checkpoint_loading's errors."""
-    from fairseq import checkpoint_utils
-
-    checkpoint_loading.require_file(path)
-    try:
-        return checkpoint_utils.load_checkpoint_to_cpu(path, arg_overrides)
-    except Exception:
-        # Unpickling a file that is no checkpoint fails in any way (a text
-        # file: IndexError inside torch's weights-only unpickler). If torch
-        # cannot read the file either, read_checkpoint raises the refusal;
-        # if it can, the failure was fairseq's and goes on as it is.
-        checkpoint_loading.read_checkpoint(path)
-        raise
-
-
-def load_checkpoint(path: str, data: str, split: str, use_cuda: bool):
-    """Model, task and config of ``path`` with its data directory replaced by ``data``."""
-    from fairseq import checkpoint_utils, tasks
-    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
-
-    state = read_with_fairseq(path, {"data": data})
-    cfg = state.get("cfg") or convert_namespace_to_omegaconf(state["args"])
-    task = tasks.setup_task(cfg.task)
-    # the embedding tables must have one row per entry of the data's dictionaries
-    for key, dictionary, side in (
-        ("encoder.embed_tokens.weight", task.source_dictionary, "source"),
-        ("decoder.embed_tokens.weight", task.target_dictionary, "target"),
-    ):
-        if key in state["model"] and dictionary is not None:
-            rows = state["model"][key].shape[0]
-            if rows != len(dictionary):
-                raise NaturalBiasError(
-                    f"mismatched dictionaries: {path} was trained with a {side} "
-                    f"dictionary of {rows} entries, the {side} dictionary in {data} "
-                    f"has {len(dictionary)}. Use the data directory the model was "
-                    "trained on (its dict.*.txt files)."
-                )
-    models, cfg, task = checkpoint_utils.load_model_ensemble_and_task(
-        [path], arg_overrides={"data": data}, task=task, state=state
-    )
-    model = models[0].eval()
-    if use_cuda:
-        model.cuda()
-    data = training_data.task_config(task).data
-    # Checked before fairseq opens it: numpy cannot memory-map an empty .bin,
-    # and fairseq's half-built dataset then fails again in its __del__.
-    first_dir = str(data).split(":")[0]
-    bins = glob.glob(os.path.join(first_dir, f"{split}.bin")) + glob.glob(
-        os.path.join(first_dir, f"{split}.*.bin")
-    )
-    if any(os.path.getsize(b) == 0 for b in bins):
-        raise NaturalBiasError(f"the {split} split of {data} is empty: nothing to score")
-    try:
-        task.load_dataset(split)
-    except ValueError as error:
-        raise NaturalBiasError(f"cannot read the {split} split of {data}: {error}") from None
-    return model, task, cfg
 
 
 def output_bias(model) -> Optional[torch.Tensor]:
@@ -182,27 +120,13 @@ def score_reference_tokens(
     from fairseq import utils
 
     dataset = task.dataset(split)
-    if len(dataset) == 0:
-        raise NaturalBiasError(
-            f"the {split} split of {training_data.task_config(task).data} is empty: nothing to score"
-        )
     vocab = len(task.target_dictionary)
     totals = [torch.zeros(vocab, dtype=torch.float64) for _ in range(3)]
-    # every sentence once: no batch dropped for its size (fairseq issue #5036),
-    # none longer than the model takes
-    batches = task.get_batch_iterator(
-        dataset=dataset,
-        max_tokens=max_tokens,
-        max_positions=utils.resolve_max_positions(task.max_positions(), model.max_positions()),
-        ignore_invalid_inputs=True,
-        required_batch_size_multiple=1,
-        seed=1,
-        num_workers=0,
-    ).next_epoch_itr(shuffle=False)
+    batches = scoring.batches(model, task, split, max_tokens)
     done = 0
     with torch.no_grad():
         for i, sample in enumerate(batches, start=1):
-            _check_token_ids(sample, task)
+            scoring.check_token_ids(sample, task)
             if use_cuda:
                 sample = utils.move_to_cuda(sample)
             for total, part in zip(totals, _score_batch(model, sample, vocab)):
@@ -212,19 +136,6 @@ def score_reference_tokens(
                 progress(f"scored {done}/{len(dataset)} sentences")
     occurrences, sum_full, sum_without = (t.numpy() for t in totals)
     return occurrences.astype(np.int64), sum_full, sum_without, done
-
-
-def _check_token_ids(sample, task):
-    for tokens, dictionary, side in (
-        (sample["net_input"]["src_tokens"], task.source_dictionary, "source"),
-        (sample["target"], task.target_dictionary, "target"),
-    ):
-        if tokens.numel() and int(tokens.max()) >= len(dictionary):
-            raise NaturalBiasError(
-                f"mismatched dictionaries: the binarised {side} side holds token id "
-                f"{int(tokens.max())}, the {side} dictionary has {len(dictionary)} "
-                "entries; the split was binarised with another dictionary"
-            )
 
 
 def _score_batch(model, sample, vocab):

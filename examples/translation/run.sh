@@ -97,14 +97,7 @@ generate() {
     [[ -f $run/checkpoint_best.pt ]] ||
         die "$run/checkpoint_best.pt: no such checkpoint, though $run/train.done says [$init] was trained; remove $run/train.done to train it again"
     say "generate [$init]: beam $BEAM on the test set"
-    # --required-batch-size-multiple 1: fairseq 0.12 drops a last partial batch otherwise.
-    # --max-len-a/-b: a barely trained model would otherwise ramble up to 200 tokens.
-    logged "$run/generate.log" fairseq-generate "$WORK/data-bin" --user-dir fairseq_natbias \
-        --path "$run/checkpoint_best.pt" --gen-subset test --beam "$BEAM" --lenpen 1 \
-        --max-len-a 1.2 --max-len-b 10 --batch-size 128 --required-batch-size-multiple 1 \
-        --remove-bpe sentencepiece --num-workers 0
-    mv "$run/generate.log" "$run/test.gen"
-    in_id_order "$run/test.gen" "$run/test.hyp"
+    generate_test "$WORK/data-bin" "$run"
 }
 
 # --- 6. score against the raw references --------------------------------------------------------------

@@ -34,6 +34,7 @@ import torch
 from transformers import AutoConfig
 
 from natbias.errors import MissingExtraError, NaturalBiasError
+from natbias.head import fold_gain
 from natbias.hf.models import NaturalBiasModel, natural_bias_settings
 from natbias.hf.natural_bias import from_pretrained
 
@@ -194,8 +195,7 @@ def place_natural_bias(spec, bias: torch.Tensor, gain: float, cap: Optional[floa
     weight = projection.weight
     if isinstance(weight, np.ndarray):
         weight = torch.from_numpy(weight)
-    if gain != 1.0:  # a new tensor: the embeddings keep W where they share it
-        projection.weight = weight * gain
+    projection.weight = fold_gain(weight, gain)  # a new tensor: shared embeddings keep W
     # A loader may drop trailing rows it does not serve (Marian's <pad>).
     projection.bias = bias[: weight.shape[0]].to(weight.dtype)
     if cap is not None:

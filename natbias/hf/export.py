@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from natbias.errors import NaturalBiasError
+from natbias.head import fold_gain
 from natbias.hf.logit_map import one_token_inputs
 from natbias.hf.models import FINAL_LOGITS_BIAS, SETTINGS, NaturalBiasModel
 
@@ -79,7 +80,7 @@ def _drop_natural_bias(model, stock_class: type) -> None:
 def _fold_gain(model, head, gain: float) -> None:
     """W phi g as W' phi or W phi', the head tied where it was."""
     if not _is_shared(model, head.weight):
-        head.weight.mul_(gain)
+        fold_gain(head.weight, gain, in_place=True)
         return
     norm = _fold_into_norm(model, head, gain)
     if norm is not None:
@@ -99,7 +100,7 @@ def _fold_gain(model, head, gain: float) -> None:
         gain,
         head.weight.numel(),
     )
-    head.weight = nn.Parameter(head.weight.detach() * gain)
+    head.weight = nn.Parameter(fold_gain(head.weight.detach(), gain))
     model.config.tie_word_embeddings = False
     model.all_tied_weights_keys = {}
 
@@ -121,8 +122,8 @@ def _fold_into_norm(model, head, gain: float) -> Optional[str]:
         before = before.clone()
         saved = [p.detach().clone() for p in (module.weight, module.bias) if p is not None]
         for parameter in (module.weight, getattr(module, "bias", None)):
-            if parameter is not None:
-                parameter.mul_(gain)
+            if parameter is not None:  # g (a phi + c) = (g a) phi + g c
+                fold_gain(parameter, gain, in_place=True)
         after, _ = _head_input_and_norm_outputs(model, head)
         if after.shape == before.shape and torch.allclose(after, before * gain, 1e-5, 1e-6):
             return name

@@ -34,8 +34,8 @@ from typing import Optional
 
 import torch
 
+from natbias.head import DEFAULT_GAIN_INIT
 from natbias.hf.logit_map import run_probe
-from natbias.projection import DEFAULT_GAIN_INIT
 
 START_KL = 1e-4  # nats
 # Entries of W copied to float64 at a time (2 MiB): a block of its rows.

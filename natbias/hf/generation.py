@@ -10,6 +10,7 @@ diverse output; lambda = 1 is the model as trained).
 import torch
 from transformers import LogitsProcessor
 
+from natbias import head
 from natbias.errors import NaturalBiasError
 
 
@@ -22,7 +23,8 @@ class BiasScaleLogitsProcessor(LogitsProcessor):
         if bias is None:
             raise NaturalBiasError(f"{type(model).__name__} has no natural bias to scale")
         # b as the logits see it (f(b) where the model scales or caps them).
-        self.shift = (float(scale) - 1.0) * bias().detach().float()
+        shift = head.generation_shift(bias().detach(), scale)
+        self.shift = torch.zeros(()) if shift is None else shift
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         shifted = scores.float() + self.shift.to(scores.device)

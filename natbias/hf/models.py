@@ -29,8 +29,9 @@ from torch import nn
 from transformers import AutoConfig, PretrainedConfig, PreTrainedModel
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-from natbias import FORMAT_VERSION, __version__
+from natbias import FORMAT_VERSION
 from natbias.errors import NaturalBiasError
+from natbias.head import check_format_version
 from natbias.hf.logit_map import map_bias
 from natbias.projection import KeepsFloat32, NaturalBiasProjection
 from natbias.sharding import fill_, full
@@ -49,13 +50,7 @@ def natural_bias_settings(config) -> dict:
             f"{type(config).__name__} records no '{SETTINGS}' settings: give "
             "a model the natural bias with natbias.hf.add_natural_bias"
         )
-    version = settings.get("format_version")
-    if not isinstance(version, int) or version > FORMAT_VERSION:
-        raise NaturalBiasError(
-            f"this model's natural bias has format version {version!r}; "
-            f"natbias {__version__} reads version {FORMAT_VERSION}: upgrade "
-            "natbias to load it"
-        )
+    check_format_version(settings.get("format_version"), "this model", required=True)
     return settings
 
 

@@ -25,9 +25,9 @@ from torch import nn
 from transformers import AutoConfig, PreTrainedModel
 from transformers.models.auto.auto_factory import _get_model_class
 
-from natbias import FORMAT_VERSION, __version__
 from natbias.counts import check_counts, count_ids, read_counts_file
 from natbias.errors import NaturalBiasError
+from natbias.head import DEFAULT_GAIN_SPEED, check_gain, saved_settings
 from natbias.hf.gain_start import contextual_scale, initial_gain
 from natbias.hf.logit_map import check_starts_at_prior, initial_bias, measure_logit_map
 from natbias.hf.models import (
@@ -42,7 +42,6 @@ from natbias.hf.registry import GENERATOR_AUTO_CLASSES, register
 from natbias.hf.sharded import is_sharded
 from natbias.hf.targets import target_sequences
 from natbias.prior import DEFAULT_SMOOTHING, log_unigram
-from natbias.projection import DEFAULT_GAIN_SPEED, check_gain
 
 
 def count_targets(targets, vocab_size: int, causal: bool = False) -> np.ndarray:
@@ -91,14 +90,9 @@ def add_natural_bias(
             gain_init = initial_gain(contextual_scale(model, logit_map))
         check_gain(gain_init, gain_speed)
     bias = initial_bias(log_prior, logit_map, name)
-    settings = {
-        "format_version": FORMAT_VERSION,
-        "written_by": f"natbias {__version__}",
-        "smoothing": float(smoothing),
-        "prior_tokens": int(counts.sum()),
-        "gain_init": float(gain_init) if gain else None,
-        "gain_speed": float(gain_speed) if gain else None,
-    }
+    settings = saved_settings(
+        smoothing, counts.sum(), gain_init if gain else None, gain_speed if gain else None
+    )
     if logit_map:
         settings["logit_map"] = logit_map
     natbias_class = natural_bias_class(type(model))

@@ -29,17 +29,12 @@ import numpy as np
 import torch
 from torch import nn
 
-from natbias import FORMAT_VERSION, __version__
 from natbias.counts import CHUNK_TOKENS, check_counts, count_ids
 from natbias.errors import NaturalBiasError
+from natbias.head import DEFAULT_GAIN_INIT, DEFAULT_GAIN_SPEED, check_gain, saved_settings
 from natbias.olmo_core import _compat
 from natbias.prior import DEFAULT_SMOOTHING, log_unigram
-from natbias.projection import (
-    DEFAULT_GAIN_INIT,
-    DEFAULT_GAIN_SPEED,
-    NaturalBiasProjection,
-    check_gain,
-)
+from natbias.projection import NaturalBiasProjection
 from natbias.sharding import is_dtensor
 
 
@@ -129,14 +124,9 @@ def add_natural_bias(
     )
     projection.natbias_log_prior = log_prior
     projection.natbias_counts = counts  # for the export to natbias.hf (natbias.olmo_core.export)
-    projection.natbias_settings = {
-        "format_version": FORMAT_VERSION,
-        "written_by": f"natbias {__version__}",
-        "smoothing": float(smoothing),
-        "prior_tokens": int(counts.sum()),
-        "gain_init": float(gain_init) if gain else None,
-        "gain_speed": float(gain_speed) if gain else None,
-    }
+    projection.natbias_settings = saved_settings(
+        smoothing, counts.sum(), gain_init if gain else None, gain_speed if gain else None
+    )
     _compat.set_head_linear(model, projection)
     model.__class__ = natural_bias_class(type(model))
     return model

@@ -20,6 +20,7 @@ import os
 
 import torch
 
+from natbias import head
 from natbias.errors import NaturalBiasError
 from natbias.hf.logit_map import map_bias
 from natbias.vllm.models import BIAS
@@ -80,9 +81,13 @@ class BiasScale(LogitsProcessor):
     def update_state(self, batch_update: BatchUpdate | None) -> None:
         if process_dict_updates(self.scales, batch_update, self._new_state):
             rows = sorted(self.scales)
-            scales = torch.tensor([self.scales[r] - 1.0 for r in rows], dtype=torch.float32)
             self.rows = torch.tensor(rows, dtype=torch.long, device=self.device)
-            self.shifts = scales.to(self.device)[:, None] * self.bias[None, :]
+            self.shifts = head.generation_shift(self.bias, self.scale_column(rows))
+
+    def scale_column(self, rows) -> torch.Tensor:
+        """The requests' lambdas as a column: one shift row a request."""
+        scales = [self.scales[r] for r in rows]
+        return torch.tensor(scales, dtype=torch.float64, device=self.device)[:, None]
 
     def _new_state(self, params, prompt_ids, output_ids) -> float | None:
         scale = requested_scale(params)

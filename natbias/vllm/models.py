@@ -22,9 +22,9 @@ refused in one line saying why (:func:`refusal`).
 import torch
 from torch import nn
 
+from natbias import head
 from natbias.errors import NaturalBiasError
 from natbias.hf.models import CLASS_PREFIX, natural_bias_settings
-from natbias.projection import GAIN_CAP
 
 # The keys natbias.hf saves beside the stock model's.
 BIAS, GAIN, PRIOR = "lm_head.bias", "lm_head.gain_param", "natbias_log_prior"
@@ -52,9 +52,8 @@ class NaturalBiasLogits:
         self.natbias_gain = None  # g, set once loaded
 
     def set_gain(self) -> None:
-        # g = min(|C u|, 1) in float32, as transformers computes it (cast to phi's dtype where used).
-        gain = self.natbias_gain_param.float() * self.natbias_gain_speed
-        self.natbias_gain = torch.clamp(gain.abs(), max=GAIN_CAP)
+        # g in float32, as transformers computes it (cast to phi's dtype where used).
+        self.natbias_gain = head.gain(self.natbias_gain_param.float(), self.natbias_gain_speed)
 
     def _apply_head(self, lm_head, hidden_states, embedding_bias):
         if self.natbias_gain is not None:

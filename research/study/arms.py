@@ -53,7 +53,6 @@ PRESETS = {
         ).split(),
     )
 }
-TYING_OPTIONS = ("--share-all-embeddings", "--share-decoder-input-output-embed")
 # --converge scores the best checkpoint on both Multi30k test sets (the first
 # is the data-bin's own test split).
 CONVERGE_TEST_SETS = ("test_2016_flickr", "test_2017_flickr")

@@ -1,16 +1,11 @@
 """Running the study: each run's fairseq-train arguments, one run from start
-to test score (an interrupted run resumes from its last checkpoint, a stopped
---converge run is reopened for a higher cap or a fixed budget), the plan of
-runs side by side, --time-updates, and the run records: what a summary reads
-of a finished run, kept beside the results so that seeds trained elsewhere
-still count."""
+to test score (an interrupted run resumes from its last checkpoint), the plan
+of runs side by side, and the run records: what a summary reads of a finished
+run, kept beside the results so that seeds trained elsewhere still count."""
 
-import argparse
 import json
-import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import numpy as np
 import pipeline
@@ -47,50 +42,9 @@ def training_arguments(task, data_bin, run_dir, arm, seed, args):
     )
 
 
-# fairseq-train's line when --patience stops a run (fairseq_cli/train.py).
-EARLY_STOP = "early stop since valid performance hasn't improved"
-
-
-def reopen_to_train_on(run_dir, max_update, patience, name):
-    """A finished --converge run trains on to a higher ``max_update`` when
-    its cap stopped it, or when its patience stopped it and ``patience`` is
-    now 0 (a fixed budget: fairseq then stops at the cap alone). Its scores
-    move to run_dir/stopped<N>/ (kept, not lost) and fairseq resumes it from
-    checkpoint_last.pt. True when reopened. fairseq's patience count starts
-    again on resume, so a run reopened under a patience may train up to that
-    many validations longer than one run straight to its stop."""
-    log = run_dir / "train.log"
-    if not (run_dir / "done").exists() or not log.exists():
-        return False
-    text = log.read_text(encoding="utf-8", errors="replace")
-    stopped_early = EARLY_STOP in text
-    if stopped_early and patience > 0:
-        return False
-    updates = [
-        r.num_updates
-        for r in fairseq_logs.parse_lines(text.splitlines())
-        if r.num_updates is not None
-    ]
-    last = max(updates, default=0)
-    if last >= max_update:
-        return False
-    kept = run_dir / f"stopped{last}"
-    kept.mkdir(exist_ok=True)
-    for path in [run_dir / "done", *run_dir.glob("*scores.json"), *run_dir.glob("*.hyp")]:
-        path.replace(kept / path.name)
-    why = "its patience (now 0: a fixed budget)" if stopped_early else "its cap"
-    say(
-        f"{name}: stopped by {why} at update {last}: training on to {max_update} (its "
-        f"scores at {last} kept in {kept})"
-    )
-    return True
-
-
 def train_and_score(task, data_bin, work, run_dir, arm, seed, args):
     """One run, start to test score; each step skipped when its output exists."""
     name = f"{task.folder} {args.setting} {arm.name} seed{seed}"
-    if args.converge:
-        reopen_to_train_on(run_dir, args.max_update, args.patience, name)
     if not (run_dir / "done").exists():
         run_dir.mkdir(parents=True, exist_ok=True)
         arguments = training_arguments(task, data_bin, run_dir, arm, seed, args)
@@ -222,41 +176,3 @@ def collect_runs(task, study_dir, arms, seeds, archive=None, with_bleu_curve=Fal
         if records:
             runs[arm] = records
     return runs
-
-
-def time_updates(task, data_bin, arms, args):
-    """Seconds per update of each arm (``--time-updates N``): N updates
-    through fairseq-train, no validation, no checkpoint, in a temporary
-    folder; the rate is fairseq's own (``ups`` of the last train_inner line,
-    logged every N/4 updates), its ratio against stock beside it. To plan a
-    study's time before starting it."""
-    rates = {}
-    for arm in arms:
-        with tempfile.TemporaryDirectory() as run_dir:
-            arguments = timing_arguments(task, data_bin, Path(run_dir), arm, args)
-            output = pipeline.run([*pipeline.tool("fairseq-train"), *arguments])
-        inner = [
-            r
-            for r in fairseq_logs.parse_lines(output.splitlines())
-            if r.tag == fairseq_logs.TRAIN_INNER and "ups" in r.values
-        ]
-        if not inner:
-            raise SystemExit(
-                f"study: no train_inner line in fairseq-train's output:\n{output[-2000:]}"
-            )
-        rates[arm.name] = float(inner[-1].values["ups"])
-    stock = rates.get(REFERENCE_ARM)
-    for name, ups in rates.items():
-        ratio = f", {stock / ups:.3f}x stock's time" if stock and name != REFERENCE_ARM else ""
-        print(f"{name}: {ups:.3f} updates/s, {1 / ups:.2f} s per update{ratio}")
-    return rates
-
-
-def timing_arguments(task, data_bin, run_dir, arm, args):
-    """A run's fairseq-train arguments for --time-updates: --time-updates
-    updates, logged four times, no validation and no checkpoint."""
-    timing = argparse.Namespace(**{**vars(args), "max_update": args.time_updates})
-    arguments = training_arguments(task, data_bin, run_dir, arm, 1, timing)
-    interval = arguments.index("--log-interval") + 1
-    arguments[interval] = str(max(1, args.time_updates // 4))
-    return [*arguments, "--disable-validation", "--no-save"]

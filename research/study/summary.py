@@ -143,6 +143,31 @@ def compared_values(nll, bleu, scores, task, converge):
     return values
 
 
+def table_head(title, columns, translation_columns, translation):
+    """A study table's title and header: ``columns``, then the test scores
+    (``translation_columns`` for translation, eval-lm's for a language model)
+    and the gain."""
+    lm_columns = ["test NLL (eval-lm)", "test perplexity"]
+    columns = [*columns, *(translation_columns if translation else lm_columns), "gain g at the end"]
+    return [f"### {title}", "", "| " + " | ".join(columns) + " |", "|---" * len(columns) + "|"]
+
+
+def reach_cell(row):
+    return ", ".join("never" if r == float("inf") else f"{r:.0f}" for r in row["reach"])
+
+
+def table_rows(rows, cells_of):
+    """A row a run summary (its gain last), then the validation targets' unigram."""
+    out = []
+    for row in rows:
+        cells = [*cells_of(row), row["gain"].format(2) if row["gain"] else ""]
+        out.append("| " + " | ".join(cells) + " |")
+    ce = [row["unigram_ce"] for row in rows if row["unigram_ce"]]
+    if ce:
+        out += ["", f"Unigram cross-entropy of the validation targets: {ce[0].mean:.3f} bits."]
+    return out
+
+
 def markdown(rows, target, title):
     reach_head = (
         f"updates to reach stock's valid NLL at its last update ({target:.3f}), per seed"
@@ -153,28 +178,18 @@ def markdown(rows, target, title):
     columns = ["arm", "n", "valid NLL at update 0", "ALC of valid NLL"]
     columns += ["ALC of valid BLEU (greedy)"] if translation else []
     columns += [reach_head, "valid NLL at the end"]
-    columns += (
-        ["valid BLEU at the end (greedy)", "test BLEU", "test chrF"]
-        if translation
-        else ["test NLL (eval-lm)", "test perplexity"]
-    )
-    columns += ["gain g at the end"]
-    out = [f"### {title}", "", "| " + " | ".join(columns) + " |", "|---" * len(columns) + "|"]
-    for row in rows:
-        reach = ", ".join("never" if r == float("inf") else f"{r:.0f}" for r in row["reach"])
+    bleu_columns = ["valid BLEU at the end (greedy)", "test BLEU", "test chrF"]
+    out = table_head(title, columns, bleu_columns, translation)
+
+    def cells_of(row):
         cells = [row["arm"], str(row["n"]), row["step0"].format(3), row["alc"].format(3)]
         cells += [row["alc_bleu"].format(2)] if translation else []
-        cells += [reach, row["final_nll"].format(3)]
-        cells += (
-            [row["final_bleu"].format(2), row["bleu"].format(2), row["chrf"].format(2)]
-            if translation
-            else [row["test_nll"].format(3), row["test_ppl"].format(2)]
-        )
-        cells += [row["gain"].format(2) if row["gain"] else ""]
-        out.append("| " + " | ".join(cells) + " |")
-    ce = [row["unigram_ce"] for row in rows if row["unigram_ce"]]
-    if ce:
-        out += ["", f"Unigram cross-entropy of the validation targets: {ce[0].mean:.3f} bits."]
+        cells += [reach_cell(row), row["final_nll"].format(3)]
+        if translation:
+            return cells + [row[k].format(2) for k in ("final_bleu", "bleu", "chrf")]
+        return cells + [row["test_nll"].format(3), row["test_ppl"].format(2)]
+
+    out += table_rows(rows, cells_of)
     if rows:
         out += [f"Updates per run: {rows[0]['final_update']}. Mean ± standard error over seeds."]
     if translation:
@@ -271,35 +286,21 @@ def markdown_converged(rows, target, title, test_sets, patience=6):
         "update of the best, per seed",
         "last update (stopped), per seed",
     ]
-    columns += (
-        [f"{name} {metric}" for name in test_sets for metric in ("BLEU", "chrF")]
-        if translation
-        else ["test NLL (eval-lm)", "test perplexity"]
-    )
-    columns += ["gain g at the end"]
-    out = [f"### {title}", "", "| " + " | ".join(columns) + " |", "|---" * len(columns) + "|"]
-    for row in rows:
-        reach = ", ".join("never" if r == float("inf") else f"{r:.0f}" for r in row["reach"])
-        cells = [
-            row["arm"],
-            str(row["n"]),
-            row["step0"].format(3),
-            reach,
-            row["best_nll"].format(3),
-            ", ".join(map(str, row["best_update"])),
-            ", ".join(map(str, row["last_update"])),
-        ]
-        if translation:
-            for index, _ in enumerate(test_sets):
-                suffix = "" if index == 0 else f"_{test_sets[index]}"
-                cells += [row[f"bleu{suffix}"].format(2), row[f"chrf{suffix}"].format(2)]
-        else:
-            cells += [row["test_nll"].format(3), row["test_ppl"].format(2)]
-        cells += [row["gain"].format(2) if row["gain"] else ""]
-        out.append("| " + " | ".join(cells) + " |")
-    ce = [row["unigram_ce"] for row in rows if row["unigram_ce"]]
-    if ce:
-        out += ["", f"Unigram cross-entropy of the validation targets: {ce[0].mean:.3f} bits."]
+    test_columns = [f"{name} {metric}" for name in test_sets for metric in ("BLEU", "chrF")]
+    out = table_head(title, columns, test_columns, translation)
+
+    def cells_of(row):
+        cells = [row["arm"], str(row["n"]), row["step0"].format(3), reach_cell(row)]
+        cells += [row["best_nll"].format(3), ", ".join(map(str, row["best_update"]))]
+        cells += [", ".join(map(str, row["last_update"]))]
+        if not translation:
+            return cells + [row["test_nll"].format(3), row["test_ppl"].format(2)]
+        for index, name in enumerate(test_sets):
+            suffix = "" if index == 0 else f"_{name}"
+            cells += [row[f"bleu{suffix}"].format(2), row[f"chrf{suffix}"].format(2)]
+        return cells
+
+    out += table_rows(rows, cells_of)
     stop = (
         f"Each run stopped when its validation NLL had not improved for {patience} "
         "validations (fairseq's --patience) or at the update cap"

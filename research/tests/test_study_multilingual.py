@@ -90,21 +90,6 @@ def test_updates_to_reach_stocks_nll_at_1000_per_direction(study, tmp_path):
     assert "all 4.000, en-de 4.200, en-fr 3.800" in table
 
 
-def test_an_unfinished_run_is_read_from_its_log_and_marked(study, tmp_path):
-    work = tmp_path / "work"
-    run_dir = work / "runs" / "full" / "one-to-many" / "per-language" / "seed1"
-    run_dir.mkdir(parents=True)
-    curves = {"valid": [(50, 6.0)], "valid_en_de": [(50, 6.2)], "valid_en_fr": [(50, 5.8)]}
-    (run_dir / "train.log").write_text("\n".join(_log(curves)) + "\n")
-    stock = {k: [(1000, 4.0)] for k in ("all", "en-de", "en-fr")}
-    _keep(tmp_path, "full", "one-to-many", "stock", 1, _record(stock, 1000))
-    assert study.load_records(tmp_path, "full", [1]).keys() == {("one-to-many", "stock")}
-    found = study.load_records(tmp_path, "full", [1], work)
-    assert found[("one-to-many", "per-language")][0][1]["unfinished"]
-    table = "\n".join(study.reach_table(found, "one-to-many"))
-    assert "| en-de | per-language | 1 (unfinished, at 50) | – | not by 50 | – | – |" in table
-
-
 def test_the_converged_table_reads_each_direction_at_the_overall_best(study, tmp_path):
     bleu = {
         "de-en": {"bleu": 30.0, "bleu_signature": "nrefs:1|tok:13a", "chrf_signature": "c"},
@@ -151,21 +136,3 @@ def test_the_empty_validation_datasets_read_as_zero_sentences(study, tmp_path):
             [6, 7, 2],
             0,
         ]
-
-
-def test_a_run_its_cap_stopped_is_reopened_for_a_higher_cap_and_its_scores_kept(study, tmp_path):
-    capped, patient = tmp_path / "capped", tmp_path / "patient"
-    for run_dir, extra in ((capped, ""), (patient, study.EARLY_STOP)):
-        run_dir.mkdir()
-        curves = {"valid": [(100, 6.0), (200, 5.0)]}
-        (run_dir / "train.log").write_text("\n".join([*_log(curves), extra]) + "\n")
-        (run_dir / "done").touch()
-        (run_dir / "bleu_en-de.json").write_text("{}")
-    study.reopen(capped, 200, "capped")  # the cap it already reached: kept as it is
-    assert (capped / "done").exists()
-    study.reopen(capped, 400, "capped")
-    assert not (capped / "done").exists() and not (capped / "bleu_en-de.json").exists()
-    assert (capped / "stopped200" / "done").exists()
-    assert (capped / "stopped200" / "bleu_en-de.json").exists()
-    study.reopen(patient, 400, "patient")  # its patience stopped it: finished
-    assert (patient / "done").exists() and (patient / "bleu_en-de.json").exists()

@@ -1,0 +1,392 @@
+"""Where a model's gain lies by training frequency: the console scripts
+natbias-loss-by-frequency, natbias-frequency-bias and natbias-output-frequency
+(docs/tools.md). The statistics are natbias.tools.by_frequency's and
+natbias.tools.frequency_bias's (numpy only); the scoring is
+fairseq_natbias.scoring's or natbias.hf.scoring's, each imported in the branch
+that scores its framework's models, as natbias.ct2_converter does: so this
+module sits above both frameworks, and a user of one needs not the other.
+"""
+
+import functools
+import logging
+import os
+from collections import Counter
+
+import numpy as np
+
+from natbias.counts import read_counts_by_symbol
+from natbias.errors import MissingExtraError, NaturalBiasError
+from natbias.tools import by_frequency, frequency_bias
+from natbias.tools.by_frequency import DEFAULT_EDGES, DEFAULT_MIN_TOKENS, LN2
+from natbias.tools.cli import parser_for, print_written, progress_on_stderr, run_tool
+from natbias.tools.generate_output import parse_generate_output, read_text_lines
+
+
+def add_bin_arguments(parser):
+    parser.add_argument(
+        "--edges",
+        type=int,
+        nargs="*",
+        default=list(DEFAULT_EDGES),
+        metavar="COUNT",
+        help="the bins' inclusive lower bounds in training counts, increasing "
+        f"(default: {' '.join(map(str, DEFAULT_EDGES))})",
+    )
+    parser.add_argument(
+        "--min-tokens",
+        type=int,
+        default=DEFAULT_MIN_TOKENS,
+        help=f"bins with fewer reference tokens are marked 'few' (default {DEFAULT_MIN_TOKENS})",
+    )
+
+
+def add_model_arguments(parser):
+    parser.add_argument("--data", help="fairseq: the data directory the models were trained on")
+    parser.add_argument("--counts", help="transformers: training counts (natbias-count's format)")
+    parser.add_argument("--train-text", help="transformers: the training text, to count")
+    parser.add_argument("--cpu", action="store_true", help="run on the CPU even if CUDA is there")
+
+
+def framework(paths, args) -> str:
+    """``fairseq`` (checkpoint files, --data) or ``transformers`` (model folders)."""
+    for path in paths:
+        if not os.path.exists(path):
+            raise NaturalBiasError(f"{path}: no such checkpoint file or model folder")
+    kinds = {"fairseq" if os.path.isfile(p) else "transformers" for p in paths}
+    if len(kinds) > 1:
+        raise NaturalBiasError(
+            f"{' and '.join(paths)}: give two fairseq checkpoints or two transformers folders"
+        )
+    kind = kinds.pop()
+    if kind == "fairseq" and not args.data:
+        raise NaturalBiasError("fairseq checkpoints need --data, their data directory")
+    return kind
+
+
+HF_MISSING = "transformers models need the [hf] extra: pip install 'fairseq-natbias[hf]'"
+
+
+def scoring_of(kind: str):
+    """fairseq_natbias.scoring or natbias.hf.scoring; a framework not installed
+    is bad input (one line naming the extra), not a traceback."""
+    try:
+        if kind == "fairseq":
+            from fairseq_natbias import scoring
+        else:
+            from natbias.hf import scoring
+    except MissingExtraError as error:
+        raise NaturalBiasError(str(error)) from None
+    except ImportError as error:
+        raise NaturalBiasError(f"{HF_MISSING} ({error})") from None
+    logging.getLogger().setLevel(logging.WARNING)  # fairseq's import lowers it to INFO
+    return scoring
+
+
+def use_cuda(args) -> bool:
+    import torch
+
+    return torch.cuda.is_available() and not args.cpu
+
+
+# --- natbias-loss-by-frequency ------------------------------------------------------
+
+LOSS_PROG = "natbias-loss-by-frequency"
+LOSS_DOC = f"""{LOSS_PROG}: each reference token's loss under two models, their
+difference (MODEL - BASELINE, bits: negative where MODEL is better) grouped by
+the token's count in the training targets; per bin its median (Pappas et al.,
+2020, sec. 4.3 and Fig. 3), mean and token count; and each model's KL of its
+average prediction from the training unigram, add-1 smoothed (Kobayashi et
+al., 2023, sec. 3.1)::
+
+    {LOSS_PROG} stock/checkpoint_best.pt unigram/checkpoint_best.pt \\
+        --data data-bin --gen-subset test --out-dir by-frequency
+    {LOSS_PROG} stock-lm/ natbias-lm/ --text test.en --train-text train.en --out-dir out
+
+fairseq: translation or language-model checkpoints on one data directory
+(the reference tokens: the split's targets). transformers: two causal LM
+folders (model and tokenizer) and a text file, one sentence a line. Writes
+loss_by_frequency.csv and loss_by_frequency.png (median per bin; hatched:
+fewer than --min-tokens tokens).
+"""
+
+
+def loss_parser():
+    parser = parser_for(LOSS_PROG, LOSS_DOC)
+    parser.add_argument("baseline", help="the baseline: checkpoint file or model folder")
+    parser.add_argument("model", help="the model compared with it")
+    add_model_arguments(parser)
+    parser.add_argument("--gen-subset", default="test", help="fairseq: split to score")
+    parser.add_argument("--text", help="transformers: the text to score, one sentence a line")
+    parser.add_argument("--max-tokens", type=int, default=4096, help="fairseq: tokens per batch")
+    add_bin_arguments(parser)
+    parser.add_argument("--out-dir", required=True, help="directory for the CSV and the plot")
+    return parser
+
+
+def score_fairseq_pair(args, progress):
+    scoring = scoring_of("fairseq")
+
+    paths = (args.baseline, args.model)
+    # both read (and their dictionaries checked) before either is scored
+    cuda = use_cuda(args)
+    loaded = [scoring.load_checkpoint(p, args.data, args.gen_subset, cuda) for p in paths]
+    scored = []
+    for path, (model, task, _) in zip(paths, loaded):
+        progress(f"scoring the {args.gen_subset} split of {args.data} with {path}")
+        scored.append(
+            scoring.reference_log_probs(model, task, args.gen_subset, args.max_tokens, cuda)
+        )
+    counts = scoring.training_counts(*loaded[0][1:])
+    (base, base_avg, n), (other, other_avg, _) = scored
+    if sorted(base) != sorted(other) or any(
+        not np.array_equal(base[i][0], other[i][0]) for i in base
+    ):
+        raise NaturalBiasError(
+            "the two checkpoints read the split differently (another --tokens-per-sample?): "
+            "their reference tokens do not match"
+        )
+    order = sorted(base)
+    return (
+        np.concatenate([base[i][0] for i in order]),
+        np.concatenate([base[i][1] for i in order]),
+        np.concatenate([other[i][1] for i in order]),
+        counts,
+        (base_avg / n, other_avg / n),
+    )
+
+
+def score_transformers_pair(args, progress):
+    scoring = scoring_of("transformers")
+
+    if not args.text:
+        raise NaturalBiasError("transformers models need --text, the text to score")
+    loaded = [scoring.load_causal_lm(path, use_cuda(args)) for path in (args.baseline, args.model)]
+    scoring.check_same_vocabulary(*loaded, (args.baseline, args.model))
+    model, tokenizer = loaded[0]
+    counts = scoring.training_counts(model, tokenizer, args.counts, args.train_text)
+    lines = [line for line in read_text_lines(args.text, "text, one sentence a line") if line]
+    sequences = scoring.encode(tokenizer, model, lines)
+    scored = []
+    for path, (model, _) in zip((args.baseline, args.model), loaded):
+        progress(f"scoring {len(lines)} lines of {args.text} with {path}")
+        scored.append(scoring.reference_log_probs(model, sequences))
+    (base, base_avg, n), (other, other_avg, _) = scored
+    return (
+        np.concatenate([ids for ids, _ in base]),
+        np.concatenate([lp for _, lp in base]),
+        np.concatenate([lp for _, lp in other]),
+        counts,
+        (base_avg / n, other_avg / n),
+    )
+
+
+def run_loss(args):
+    by_frequency.check_edges(args.edges)  # before any model is loaded
+    progress = progress_on_stderr(LOSS_PROG)
+    fairseq = framework([args.baseline, args.model], args) == "fairseq"
+    score = score_fairseq_pair if fairseq else score_transformers_pair
+    ids, lp_base, lp_model, counts, averages = score(args, progress)
+    rows = by_frequency.loss_difference_bins(
+        ids, -lp_base / LN2, -lp_model / LN2, counts, args.edges, args.min_tokens
+    )
+    unigram = by_frequency.smoothed_unigram(counts)
+    for name, path, lp, average in zip(
+        ("baseline", "model"), (args.baseline, args.model), (lp_base, lp_model), averages
+    ):
+        kl = by_frequency.kl_bits(average, unigram)
+        print(
+            f"{name} {path}: {-lp.mean() / LN2:.4f} bits a token over {len(lp)} tokens; "
+            f"KL(average prediction || training unigram) {kl:.4f} bits"
+        )
+    columns = ("bin", "tokens", "types", "median_difference_bits", "mean_difference_bits", "few")
+    ylabel = "median loss difference (bits)\nmodel - baseline"
+    paths = by_frequency.write_bins(
+        rows, args.out_dir, "loss_by_frequency", "median_difference_bits", ylabel, 0.0
+    )
+    print_written(paths, by_frequency.markdown_table(rows, columns))
+    return rows
+
+
+loss_main = functools.partial(run_tool, LOSS_PROG, loss_parser, run_loss)
+
+
+# --- natbias-frequency-bias -------------------------------------------------------
+
+BIAS_PROG = "natbias-frequency-bias"
+BIAS_DOC = f"""{BIAS_PROG}: a language model's BLiMP frequency bias ("Rare Word
+Representation Learning by Smoothing Over Word Classes", sec. 4.1 and App. E):
+minimal pairs that replace tokens, ranked by the relative difference of their
+differing tokens' mean training counts; the BLiMP score of the lower and the
+upper third; the bias, upper minus lower::
+
+    {BIAS_PROG} blimp/*.jsonl checkpoint_best.pt --data lm-bin --spm spm.model
+    {BIAS_PROG} blimp/*.jsonl natbias-lm/ --counts train.counts --out-dir bias
+
+PAIRS: BLiMP's JSON lines (sentence_good, sentence_bad). Pairs that differ in
+token order only, or by added tokens only, are counted and skipped (App. E).
+The differing tokens are the multiset differences of the model's tokens
+(natbias/tools/frequency_bias.py says why).
+"""
+
+
+def bias_parser():
+    parser = parser_for(BIAS_PROG, BIAS_DOC)
+    parser.add_argument("pairs", nargs="+", help="BLiMP JSON lines file(s)")
+    parser.add_argument("model", help="a fairseq LM checkpoint or a transformers causal LM folder")
+    add_model_arguments(parser)
+    parser.add_argument("--spm", help="fairseq: the SentencePiece model the data was encoded with")
+    parser.add_argument("--out-dir", help="directory for frequency_bias.csv (one row a pair)")
+    return parser
+
+
+def fairseq_sentences(args):
+    scoring = scoring_of("fairseq")
+
+    model, task, cfg = scoring.load_checkpoint(args.model, args.data, None, use_cuda(args))
+    if getattr(task, "tgt_dict", None) is not None:
+        raise NaturalBiasError(f"{args.model} is a translation model: give a language model")
+    dictionary = task.target_dictionary
+    if args.spm:
+        from natbias.tools import sentencepiece_text
+
+        processor = sentencepiece_text.load(args.spm)
+        split = lambda text: sentencepiece_text.encode_lines(processor, [text])[0].split()  # noqa: E731
+    else:
+        split = str.split
+    encode = lambda text: [dictionary.index(piece) for piece in split(text)]  # noqa: E731
+    score = lambda ids: scoring.sentence_log_probs(model, dictionary, ids, use_cuda(args))  # noqa: E731
+    return encode, score, scoring.training_counts(task, cfg)
+
+
+def transformers_sentences(args):
+    scoring = scoring_of("transformers")
+
+    model, tokenizer = scoring.load_causal_lm(args.model, use_cuda(args))
+    counts = scoring.training_counts(model, tokenizer, args.counts, args.train_text)
+    encode = lambda text: scoring.encode(tokenizer, model, [text])[0]  # noqa: E731
+    return encode, lambda ids: scoring.sentence_log_probs(model, ids), counts
+
+
+def run_bias(args):
+    pairs = [pair for path in args.pairs for pair in frequency_bias.read_pairs(path)]
+    kind = framework([args.model], args)
+    encode, score, counts = (
+        fairseq_sentences(args) if kind == "fairseq" else transformers_sentences(args)
+    )
+    tokens = [(encode(p.good), encode(p.bad)) for p in pairs]
+    kept = [
+        frequency_bias.differing_tokens(g, b)[2] == frequency_bias.REPLACEMENT for g, b in tokens
+    ]
+    sentences = [ids for (g, b), keep in zip(tokens, kept) if keep for ids in (g, b)]
+    scored = iter(score(sentences) if sentences else [])
+    scores = [(next(scored), next(scored)) if keep else (0.0, 0.0) for keep in kept]
+    result = frequency_bias.frequency_bias(pairs, tokens, counts, scores)
+    print(
+        f"{len(result.rows)} replacement pairs of {len(pairs)}; "
+        f"{frequency_bias.skipped_text(result.skipped)}"
+    )
+    print(f"BLiMP score, all kept pairs: {result.score:.4f}")
+    print(
+        f"lower third ({result.third} pairs, bad sentence's tokens more frequent): {result.lower_score:.4f}"
+    )
+    print(
+        f"upper third ({result.third} pairs, good sentence's tokens more frequent): {result.upper_score:.4f}"
+    )
+    print(f"frequency bias (upper - lower): {result.bias:+.4f}")
+    if args.out_dir:
+        path = os.path.join(args.out_dir, "frequency_bias.csv")
+        print_written([by_frequency.write_rows(result.rows, path)])
+    return result
+
+
+bias_main = functools.partial(run_tool, BIAS_PROG, bias_parser, run_bias)
+
+
+# --- natbias-output-frequency -----------------------------------------------------
+
+OUTPUT_PROG = "natbias-output-frequency"
+OUTPUT_DOC = f"""{OUTPUT_PROG}: how often a system's output uses the tokens of
+each training-frequency bin, against the references: tokens produced / tokens
+in the references per bin (above 1: over-generated)::
+
+    {OUTPUT_PROG} generate-test.txt --counts train.counts --out-dir out
+    {OUTPUT_PROG} --hypotheses hyp.txt --references ref.txt --train-text train.en --out-dir out
+
+fairseq-generate output: its H- and T- lines (in the units --post-process
+left; the training counts must be in the same units). Plain text: one
+sentence a line in each file. Tokens are split at spaces. Training counts: a
+counts file (natbias-count) or the training text (tokens split at spaces).
+Tokens the counts lack count 0.
+"""
+
+
+def output_parser():
+    parser = parser_for(OUTPUT_PROG, OUTPUT_DOC)
+    parser.add_argument("generated", nargs="?", help="fairseq-generate output")
+    parser.add_argument("--hypotheses", help="plain text: the system's output")
+    parser.add_argument("--references", help="plain text: the references, line by line")
+    parser.add_argument("--counts", help="training counts (natbias-count's format)")
+    parser.add_argument("--train-text", help="the training targets as text")
+    add_bin_arguments(parser)
+    parser.add_argument("--out-dir", required=True, help="directory for the CSV and the plot")
+    return parser
+
+
+def read_system_output(args):
+    """(hypotheses, references), one string a sentence."""
+    if args.generated:
+        generated = parse_generate_output(
+            read_text_lines(args.generated, "fairseq-generate output")
+        )
+        kept = [
+            s for s in generated.values() if s.hypothesis is not None and s.reference is not None
+        ]
+        if not kept:
+            raise NaturalBiasError(
+                f"{args.generated} has no H- and T- lines (fairseq-generate output)"
+            )
+        return [s.hypothesis for s in kept], [s.reference for s in kept]
+    if not (args.hypotheses and args.references):
+        raise NaturalBiasError("give fairseq-generate output, or --hypotheses and --references")
+    hypotheses = read_text_lines(args.hypotheses, "text, one sentence a line")
+    references = read_text_lines(args.references, "text, one sentence a line")
+    if len(hypotheses) != len(references):
+        raise NaturalBiasError(
+            f"{len(hypotheses)} hypotheses, {len(references)} references: give one of each a line"
+        )
+    return hypotheses, references
+
+
+def run_output(args):
+    by_frequency.check_edges(args.edges)
+    if (args.counts is None) == (args.train_text is None):
+        raise NaturalBiasError("give the training counts: --counts FILE or --train-text FILE")
+    hypotheses, references = read_system_output(args)
+    if args.counts:
+        train = Counter(read_counts_by_symbol(args.counts))
+    else:
+        lines = read_text_lines(args.train_text, "the training text")
+        train = Counter(token for line in lines for token in line.split())
+    produced = Counter(token for line in hypotheses for token in line.split())
+    reference = Counter(token for line in references for token in line.split())
+    types = sorted(set(produced) | set(reference))
+    rows = by_frequency.output_frequency_bins(
+        np.array([produced[t] for t in types]),
+        np.array([reference[t] for t in types]),
+        np.array([train[t] for t in types]),
+        args.edges,
+        args.min_tokens,
+    )
+    print(
+        f"{sum(produced.values())} tokens produced, {sum(reference.values())} in the "
+        f"references, {len(hypotheses)} sentences"
+    )
+    ylabel = "tokens produced /\ntokens in the references"
+    paths = by_frequency.write_bins(rows, args.out_dir, "output_frequency", "ratio", ylabel, 1.0)
+    print_written(
+        paths, by_frequency.markdown_table(rows, ("bin", "produced", "reference", "ratio", "few"))
+    )
+    return rows
+
+
+output_main = functools.partial(run_tool, OUTPUT_PROG, output_parser, run_output)

@@ -1,0 +1,144 @@
+"""Teacher-forced scores of transformers causal language models, for
+natbias-loss-by-frequency and natbias-frequency-bias: each token's
+log-probability in lines of text, the average predicted distribution
+(Kobayashi et al., 2023, sec. 3.1), whole sentences' log-probabilities, and
+the training counts in the model's tokens. Natural logarithms.
+
+A line is read as the model was trained on it (examples/huggingface): its
+tokenizer's encoding (special tokens included, e.g. the closing ``</s>``),
+every token of it predicted after a start token, the model's
+``bos_token_id`` (its ``eos_token_id`` where it has none); a start token the
+tokenizer itself puts first is that context, not a token to predict.
+"""
+
+import os
+from collections.abc import Sequence
+from typing import Optional
+
+import numpy as np
+import torch
+
+from natbias.counts import count_ids, open_text, read_counts_file
+from natbias.errors import NaturalBiasError
+
+
+def load_causal_lm(path: str, use_cuda: bool = False):
+    """The model (natural bias or stock) and tokenizer saved in folder ``path``."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as transformers_logging
+
+    import natbias.hf  # noqa: F401  (registers the natural-bias classes with the Auto classes)
+
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        raise NaturalBiasError(
+            f"{path} is not a transformers model folder (no config.json); give a "
+            "folder written by save_pretrained, or a fairseq checkpoint with --data"
+        )
+    transformers_logging.disable_progress_bar()  # the tools print one line per error, or results
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path).eval()
+    if use_cuda:
+        model.cuda()
+    return model, tokenizer
+
+
+def vocabulary_size(model) -> int:
+    return model.get_output_embeddings().weight.shape[0]
+
+
+def check_same_vocabulary(first, second, paths: Sequence[str]) -> None:
+    """``first``, ``second``: (model, tokenizer); refused unless they map text to the same ids."""
+    (model_a, tok_a), (model_b, tok_b) = first, second
+    if (
+        vocabulary_size(model_a) != vocabulary_size(model_b)
+        or tok_a.get_vocab() != tok_b.get_vocab()
+    ):
+        raise NaturalBiasError(
+            f"models of different dictionaries: {paths[0]} ({vocabulary_size(model_a)} "
+            f"outputs, {len(tok_a)} tokens) and {paths[1]} ({vocabulary_size(model_b)} outputs, "
+            f"{len(tok_b)} tokens), their tokenizers map text to other ids; compare models "
+            "trained with one tokenizer"
+        )
+
+
+def start_token(model) -> int:
+    config = model.config
+    start = config.bos_token_id if config.bos_token_id is not None else config.eos_token_id
+    if start is None:
+        raise NaturalBiasError("the model's config has neither bos_token_id nor eos_token_id")
+    return int(start)
+
+
+def encode(tokenizer, model, lines: Sequence[str]) -> list[list[int]]:
+    """Each line's encoding, less the start token where the tokenizer puts one
+    first (it is the context, not a token to predict)."""
+    start = start_token(model)
+    encoded = [list(ids) for ids in tokenizer(list(lines))["input_ids"]]
+    return [ids[1:] if ids and ids[0] == start else ids for ids in encoded]
+
+
+def _log_probs(model, sequences: Sequence[Sequence[int]], batch_size: int):
+    """Per batch: (targets [B, T], mask [B, T], log-probabilities [B, T, V])."""
+    start = start_token(model)
+    device = next(model.parameters()).device
+    for first in range(0, len(sequences), batch_size):
+        chunk = [list(s) for s in sequences[first : first + batch_size]]
+        width = max(map(len, chunk))
+        target = torch.zeros((len(chunk), width), dtype=torch.long)
+        mask = torch.zeros((len(chunk), width), dtype=torch.bool)
+        for row, ids in enumerate(chunk):
+            target[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+            mask[row, : len(ids)] = True
+        inputs = torch.cat([torch.full((len(chunk), 1), start), target[:, :-1]], dim=1)
+        attention = torch.cat([torch.ones((len(chunk), 1), dtype=torch.long), mask[:, :-1]], 1)
+        logits = model(input_ids=inputs.to(device), attention_mask=attention.to(device)).logits
+        yield target, mask, logits.double().log_softmax(-1).cpu()
+
+
+def reference_log_probs(model, sequences: Sequence[Sequence[int]], batch_size: int = 16):
+    """``(per sequence: (ids, their log-probabilities), summed predicted
+    distribution, positions)``; empty sequences are left out."""
+    sequences = [s for s in sequences if len(s)]
+    if not sequences:
+        raise NaturalBiasError("no text to score: every line is empty")
+    scored, average, positions = [], None, 0
+    with torch.no_grad():
+        for target, mask, lprobs in _log_probs(model, sequences, batch_size):
+            picked = lprobs.gather(-1, target.unsqueeze(-1)).squeeze(-1)
+            summed = lprobs[mask].exp().sum(0)
+            average = summed if average is None else average + summed
+            positions += int(mask.sum())
+            scored += [
+                (target[r][mask[r]].numpy(), picked[r][mask[r]].numpy()) for r in range(len(target))
+            ]
+    return scored, average.numpy(), positions
+
+
+def sentence_log_probs(
+    model, sequences: Sequence[Sequence[int]], batch_size: int = 16
+) -> list[float]:
+    scores = []
+    with torch.no_grad():
+        for target, mask, lprobs in _log_probs(model, sequences, batch_size):
+            picked = lprobs.gather(-1, target.unsqueeze(-1)).squeeze(-1)
+            scores += picked.masked_fill(~mask, 0).sum(1).tolist()
+    return scores
+
+
+def training_counts(
+    model, tokenizer, counts_file: Optional[str] = None, train_text: Optional[str] = None
+) -> np.ndarray:
+    """One count per output of the model: a counts file in the tokenizer's
+    symbols (natbias-count's format), or the tokens of a training text file
+    encoded as the lines are scored (every token of each line's encoding)."""
+    size = vocabulary_size(model)
+    if (counts_file is None) == (train_text is None):
+        raise NaturalBiasError(
+            "a transformers model's training counts: give --counts FILE or --train-text FILE"
+        )
+    if counts_file is not None:
+        symbols = tokenizer.convert_ids_to_tokens(list(range(size)))
+        return read_counts_file(counts_file, [s if s is not None else "" for s in symbols])
+    with open_text(train_text) as lines:
+        text = [line.rstrip("\n") for line in lines]
+    return count_ids(encode(tokenizer, model, [line for line in text if line.strip()]), size)
