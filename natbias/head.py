@@ -1,5 +1,6 @@
 """The natural-bias head's mathematics, written once: every engine (fairseq,
-transformers, vLLM, CTranslate2) calls these and derives none of them again.
+transformers, vLLM, CTranslate2, OLMo-core) calls these and derives none of
+them again.
 
 The output layer (the paper's eq. 1, with the package's gain g on W phi)::
 
