@@ -127,16 +127,15 @@ demo: install
 clean-venv:
 	rm -rf $(VENV)
 
-# --- what a lent GPU machine needs for research/gpu_check.py (research/studies/gpu_check.md) ---
+# --- what a lent GPU machine needs for research/gpu_study.sh (research/studies/gpu_check.md) ---
 # That machine's python3 is CPython 3.12 with a CUDA torch, without fairseq,
 # hydra-core, omegaconf, antlr4-python3-runtime, bitarray or cffi, and without
-# internet: they travel as cp312 wheels in $(GPU_PREP)/wheels, with Multi30k
-# De-En and its prepared data-bin. $(GPU_PREP) is git-ignored; the device call
-# carries it. Needs the .venv (make install) and the internet (PyPI) here; it
-# does not touch the .venv. PY312: a CPython 3.12 here, if any, to install the
-# wheels into an empty --target folder as the machine will (else skipped).
+# internet: they travel as cp312 wheels in $(GPU_PREP)/wheels. $(GPU_PREP) is
+# git-ignored; the device call carries it. Needs the .venv (make install) and
+# the internet (PyPI) here; it does not touch the .venv. PY312: a CPython 3.12
+# here, if any, to install the wheels into an empty --target folder as the
+# machine will (else skipped).
 GPU_PREP    ?= gpu_prep
-MULTI30K    ?= ../shared/data/multi30k
 PY312       ?= python3.12
 GPU_WHEELS  := ve-fairseq==0.12.3 hydra-core==1.3.8 omegaconf==2.3.1 bitarray==3.12.3 \
                cffi==2.1.1 pycparser==3.12
@@ -146,18 +145,13 @@ GPU_PLATFORMS := --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_
 
 gpu-prep:
 	@test -x $(PY) || { echo "gpu-prep: no $(PY): run make install first"; exit 1; }
-	@mkdir -p $(GPU_PREP)/wheels $(GPU_PREP)/multi30k
+	@mkdir -p $(GPU_PREP)/wheels
 	$(PIP) download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 	    $(GPU_PLATFORMS) -d $(GPU_PREP)/wheels $(GPU_WHEELS)
 	@# antlr4-python3-runtime 4.9.3 (hydra's and omegaconf's pin) is an sdist only
 	$(PIP) wheel --no-deps --no-build-isolation --no-binary=:all: -w $(GPU_PREP)/wheels \
 	    antlr4-python3-runtime==4.9.3
 	@rm -rf build
-	for split in train val test_2016_flickr; do for lang in de en; do \
-	    cp $(MULTI30K)/$$split.$$lang.gz $(GPU_PREP)/multi30k/ || exit 1; done; done
-	$(PY) research/gpu_check.py --prepare-only --multi30k $(GPU_PREP)/multi30k \
-	    --data $(GPU_PREP)/data
-	@rm -rf $(GPU_PREP)/data/text
 	@# The install check: the wheels into an empty folder as on the machine, and
 	@# beside them (not in $(GPU_PREP)) PyYAML, numpy and packaging, which the machine has.
 	@if $(PY312) -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))' 2>/dev/null; then \
