@@ -111,7 +111,7 @@ def add_direction_subsets(data, pairs):
 def prepare_part(raw, work, part, vocab_size):
     pairs = sorted({p for ps in SETUPS.values() for p in ps})
     lines = PARTS[part]
-    name = "data-full" if lines is None else f"data-n{lines}"  # data-full: multilingual_step0's
+    name = "data-full" if lines is None else f"data-n{lines}"
     data = prepare(raw, work / name, [p.split("-") for p in pairs], lines, None, vocab_size)
     add_direction_subsets(data, pairs)
     return data
