@@ -337,3 +337,12 @@ def test_the_transformers_conversion_keeps_b_and_the_gain_and_greedy_tokens(
     )  # fmt: skip
     assert olmo_tokens.shape == hf_tokens.shape == (8, 12 + 16)
     assert torch.equal(olmo_tokens, hf_tokens)
+    # vLLM serves the export (tests/test_vllm.py's olmo2); CTranslate2 has no
+    # OLMo 2 loader at all, which the converter says in one line
+    from natbias.hf.ct2 import to_ctranslate2
+
+    one_line_refusal(
+        lambda: to_ctranslate2(str(tmp_path / "hf"), str(tmp_path / "ct2")),
+        "has no loader for Olmo2Config",
+    )
+    assert not (tmp_path / "ct2").exists()

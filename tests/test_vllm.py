@@ -56,7 +56,9 @@ DECODER = dict(
 GPT = dict(
     vocab_size=V, n_embd=128, n_layer=1, n_head=2, n_positions=128, bos_token_id=2, eos_token_id=1
 )
-# family -> (configuration class, model class, settings): those vLLM has a class of its own for
+# family -> (configuration class, model class, settings): those vLLM serves,
+# with a class of its own or (phi, olmo2: what natbias.olmo_core's to_hf
+# writes) through its Transformers backend
 SERVED = {
     "llama": ("LlamaConfig", "LlamaForCausalLM", DECODER),
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", DECODER),
@@ -68,11 +70,14 @@ SERVED = {
     "opt": ("OPTConfig", "OPTForCausalLM", dict(DECODER, ffn_dim=256, word_embed_proj_dim=128)),
     "gpt2": ("GPT2Config", "GPT2LMHeadModel", GPT),  # tied head
     "gptj": ("GPTJConfig", "GPTJForCausalLM", dict(GPT, rotary_dim=16)),  # b is the head's bias
+    "phi": ("PhiConfig", "PhiForCausalLM", DECODER),  # the stock head has a bias
+    "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", DECODER),
 }
-# Generators natbias.hf takes that vLLM 0.32 has no class of its own for.
+# Generators natbias.hf takes that vLLM 0.32 has no class for, or (GPT-NeoX)
+# only its Transformers backend, which builds it otherwise than transformers.
 REFUSED = {
-    "phi": ("PhiConfig", "PhiForCausalLM", DECODER),
     "gpt_neox": ("GPTNeoXConfig", "GPTNeoXForCausalLM", DECODER),
+    "codegen": ("CodeGenConfig", "CodeGenForCausalLM", dict(GPT, rotary_dim=16)),
     "bart": (
         "BartConfig",
         "BartForConditionalGeneration",

@@ -6,13 +6,14 @@ whose registered entries live in a dict. :func:`install` (run by ``import
 natbias.hf``) gives it a dict that, asked for ``natbias-<type>`` the first
 time, makes the natural-bias configuration of ``<type>`` and the
 natural-bias classes of the models ``AutoModelForCausalLM`` and
-``AutoModelForSeq2SeqLM`` map it to, and registers them as
+``AutoModelForSeq2SeqLM`` map it to (and, for ``AutoModel``, the stock
+backbone), and registers them as
 ``AutoConfig.register`` and ``AutoModel*.register`` do. So a model saved
 with the natural bias loads through the Auto classes in a fresh process,
 and importing natbias.hf imports no architecture it does not use.
 """
 
-from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM
+from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSeq2SeqLM
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
 from natbias.hf.models import TYPE_PREFIX, natural_bias_class
@@ -27,6 +28,13 @@ def register(natbias_class: type) -> None:
     config_class = natbias_class.config_class
     stock_config_class = natbias_class.natbias_stock_class.config_class
     AutoConfig.register(config_class.model_type, config_class, exist_ok=True)
+    if stock_config_class in AutoModel._model_mapping:
+        # The stock backbone under the natural-bias configuration (the bias
+        # is in the head, which a backbone has not): what AutoModel builds of
+        # a saved natural-bias model, as vLLM's Transformers backend does.
+        backbone = AutoModel._model_mapping[stock_config_class]
+        backbone = type(backbone.__name__, (backbone,), {"config_class": config_class})
+        AutoModel.register(config_class, backbone, exist_ok=True)
     for auto_class in GENERATOR_AUTO_CLASSES:
         if stock_config_class in auto_class._model_mapping:
             stock = auto_class._model_mapping[stock_config_class]

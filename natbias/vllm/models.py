@@ -151,21 +151,29 @@ def _name(model: nn.Module, param: nn.Parameter) -> str:
     return next(name for name, p in model.named_parameters() if p is param)
 
 
-# Why a natural-bias generator is refused: vLLM runs its stock class through
-# its Transformers backend only (which builds its own head), or not at all.
+# Why a natural-bias generator is refused: vLLM's registry has no class for
+# its stock architecture; or it has only its Transformers backend, whose
+# logits layer takes b and g as vLLM's own classes do, but which builds some
+# families otherwise than transformers (a natural-bias GPT-NeoX, whose
+# configuration is not "gpt_neox", leaves transformers' tokens from the 4th):
+# served there are the families tested token-identical with transformers.
 WHY_NOT = {
     "seq2seq": "vLLM runs no sequence-to-sequence class of this family",
-    "causal": (
-        "vLLM has no class of its own for it (only its Transformers backend, "
-        "which cannot hold b and the gain)"
+    "causal": "vLLM's registry has no class for it, of its own or through its Transformers backend",
+    "backend": (
+        "vLLM runs it through its Transformers backend, where natbias.vllm serves only the "
+        "families tested token-identical with transformers"
     ),
 }
+# Served through vLLM's Transformers backend (tests/test_vllm.py): what
+# natbias.olmo_core.to_hf writes (Olmo 2), and Phi.
+BACKEND_SERVED = {"Olmo2ForCausalLM", "PhiForCausalLM"}
 
 
-def refusal(stock_name: str, seq2seq: bool) -> str:
+def refusal(stock_name: str, why: str) -> str:
     import vllm
 
-    why = WHY_NOT["seq2seq" if seq2seq else "causal"]
+    why = WHY_NOT[why]
     export = (
         "; natbias.hf.to_stock exports it, with b in its own bias slot, for engines that run the stock class"
         if stock_name in EXPORTABLE
@@ -186,7 +194,15 @@ def natural_bias_class(stock_name: str) -> type:
 
         stock = ModelRegistry._try_load_model_cls(stock_name)
         if stock is None:
-            raise NaturalBiasError(refusal(stock_name, seq2seq=False))
+            from transformers.models.auto import modeling_auto
+
+            seq2seq = modeling_auto.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES.values()
+            raise NaturalBiasError(
+                refusal(stock_name, "seq2seq" if stock_name in seq2seq else "causal")
+            )
+        backend = stock.__module__.startswith("vllm.model_executor.models.transformers")
+        if backend and stock_name not in BACKEND_SERVED:
+            raise NaturalBiasError(refusal(stock_name, "backend"))
         name = CLASS_PREFIX + stock_name
         doc = f"vLLM's {stock.__name__} with the natural bias (natbias.vllm)."
         made = type(name, (NaturalBiasCausalLM, stock), {"__module__": __name__, "__doc__": doc})
@@ -234,11 +250,4 @@ def __getattr__(name: str):
     """``NaturalBias<X>``, made (or refused) when vLLM first loads it."""
     if not name.startswith(CLASS_PREFIX):
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    from transformers.models.auto import modeling_auto
-    from vllm.model_executor.models.registry import _TEXT_GENERATION_MODELS
-
-    stock_name = name[len(CLASS_PREFIX) :]
-    if stock_name not in _TEXT_GENERATION_MODELS:
-        seq2seq = stock_name in modeling_auto.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES.values()
-        raise NaturalBiasError(refusal(stock_name, seq2seq))
-    return natural_bias_class(stock_name)
+    return natural_bias_class(name[len(CLASS_PREFIX) :])
