@@ -21,12 +21,12 @@ from vllm.model_executor.models import registry
 from natbias.errors import NaturalBiasError
 
 TESTED = "0.32.0"
-PRIVATE = {
-    registry: ("_TEXT_GENERATION_MODELS", "_LazyRegisteredModel", "_ModelInfo"),
-    LogitsProcessor: ("_apply_head",),
-    registry.ModelRegistry: ("_try_load_model_cls", "_try_inspect_model_cls"),
-}
-for owner, names in PRIVATE.items():
+PRIVATE = (
+    (registry, ("_TEXT_GENERATION_MODELS", "_LazyRegisteredModel", "_ModelInfo")),
+    (LogitsProcessor, ("_apply_head",)),
+    (registry.ModelRegistry, ("_try_load_model_cls", "_try_inspect_model_cls")),
+)
+for owner, names in PRIVATE:
     for name in names:
         if not hasattr(owner, name):
             raise NaturalBiasError(
