@@ -295,15 +295,15 @@ def defined_names(path: Path) -> set:
 
 
 def test_each_engine_declares_the_parts_the_scripts_ask_for():
-    """The entry points of pyproject.toml name modules and functions that exist,
-    with what natbias.tools.frequency and natbias.ct2_converter call."""
-    import tomllib
+    """The installed entry points name modules and functions that exist, with
+    what natbias.tools.frequency and natbias.ct2_converter call."""
+    from importlib.metadata import entry_points
 
-    points = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["entry-points"]
     asked = {"natbias.scorers": {"score_pair", "sentence_scorer"}, "natbias.ct2": set()}
     for group, needs in asked.items():
-        assert set(points[group]) == {"fairseq", "transformers"}, group
-        for target in points[group].values():
+        points = {point.name: point.value for point in entry_points(group=group)}
+        assert set(points) == {"fairseq", "transformers"}, group
+        for target in points.values():
             module, _, function = target.partition(":")
             assert module.startswith(ADAPTERS), target
             path = REPO / (module.replace(".", "/") + ".py")
