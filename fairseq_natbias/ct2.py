@@ -6,6 +6,8 @@ into its weight (g W, a new array: tied embeddings keep W). The bigram residual 
 language (--natbias-prior per-language) by its one projection bias: both refused.
 """
 
+import os
+
 from ctranslate2.converters import FairseqConverter
 from fairseq.models import ARCH_MODEL_NAME_REGISTRY
 
@@ -21,17 +23,21 @@ STOCK_MODEL = {"transformer_natbias": "transformer", "transformer_lm_natbias": "
 class NaturalBiasFairseqConverter(FairseqConverter):
     """``FairseqConverter`` (the same arguments) for the plugin's checkpoints."""
 
+    def __init__(self, model_path, data_dir, **options):
+        super().__init__(model_path, data_dir, **options)
+        self.checkpoint = model_path
+
     def _load(self):
-        arch, _ = check_natbias_checkpoint(self._model_path)
-        saved = saved_model_args(self._model_path)
+        arch, _ = check_natbias_checkpoint(self.checkpoint)
+        saved = saved_model_args(self.checkpoint)
         if getattr(saved, "natbias_order", 1) == 2:
             raise NaturalBiasError(
-                f"{self._model_path} has the bigram residual of --natbias-order 2, which no "
+                f"{self.checkpoint} has the bigram residual of --natbias-order 2, which no "
                 "CTranslate2 layer computes: only --natbias-order 1 models can be served"
             )
         if getattr(saved, LANGUAGE_TOKENS, None):
             raise NaturalBiasError(
-                f"{self._model_path} has one bias row per target language (--natbias-prior "
+                f"{self.checkpoint} has one bias row per target language (--natbias-prior "
                 "per-language), chosen per sentence, which a CTranslate2 model's one projection "
                 "bias cannot hold: serve it with fairseq, or train with --natbias-prior pooled"
             )
@@ -41,9 +47,16 @@ class NaturalBiasFairseqConverter(FairseqConverter):
             spec = super()._load()
         finally:
             ARCH_MODEL_NAME_REGISTRY[arch] = name
-        g = saved_gain(read_checkpoint(self._model_path)["model"], saved)
+        g = saved_gain(read_checkpoint(self.checkpoint)["model"], saved)
         spec.decoder.projection.weight = fold_gain(spec.decoder.projection.weight, g)
         return spec
+
+
+def to_ctranslate2(model_path, output_dir, data_dir, quantization=None, **options) -> str:
+    """natbias-ct2-converter's fairseq branch (the ``natbias.ct2`` entry point ``fairseq``):
+    the checkpoint file ``model_path`` (its dictionaries in ``data_dir``) written to ``output_dir``."""
+    converter = NaturalBiasFairseqConverter(os.fspath(model_path), os.fspath(data_dir))
+    return converter.convert(os.fspath(output_dir), quantization=quantization, **options)
 
 
 def saved_gain(model_state: dict, saved) -> float:

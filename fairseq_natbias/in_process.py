@@ -7,6 +7,7 @@ import os
 import sys
 
 from fairseq_natbias.language_prior import ROWS_KEY
+from natbias import head
 from natbias.errors import NaturalBiasError
 from natbias.statistics import LN2, divergence_sums
 
@@ -74,10 +75,11 @@ def validation_divergence(task, model, split="valid", max_tokens=4000):
             totals["nll"] -= log_p.gather(-1, target.unsqueeze(-1)).squeeze(-1)[mask].sum().item()
             tokens += int(mask.sum())
             if log_unigram is not None:  # per-language: each position's row
-                rows = net_output[1].get(ROWS_KEY, torch.zeros_like(target))
-                prior = log_unigram.reshape(-1, log_unigram.shape[-1])
-                totals["unigram_ce"] -= prior[rows, target][mask].sum().item()
-                kl_sum = divergence_sums(log_p, mask, prior, prior_rows=rows)[0]
+                rows = net_output[1].get(ROWS_KEY)
+                prior = head.bias_rows(log_unigram, rows).expand_as(log_p)
+                picked = prior.gather(-1, target.unsqueeze(-1)).squeeze(-1)
+                totals["unigram_ce"] -= picked[mask].sum().item()
+                kl_sum = divergence_sums(log_p, mask, log_unigram, prior_rows=rows)[0]
                 totals["kl_unigram"] += kl_sum.item()
     if tokens == 0:
         raise NaturalBiasError(

@@ -165,7 +165,7 @@ class NaturalBiasModel(KeepsFloat32):
 
             b' = b - log p + log q     (order 2: the bigram table becomes the text's)
         """
-        if self.target_log_unigram.dim() == 2:
+        if head.per_language(self.target_log_unigram):
             raise NaturalBiasError(
                 f"{PRIOR_TEXT} swaps one prior; this model has one per target language"
             )

@@ -4,6 +4,8 @@ natbias-loss-by-frequency share, each reference token's log-probability, the
 average predicted distribution (Kobayashi et al., 2023, sec. 3.1) and whole
 sentences' log-probabilities under a language model (natbias-frequency-bias).
 Natural logarithms; the statistics themselves are natbias.tools.by_frequency's.
+``score_pair`` and ``sentence_scorer`` are what natbias.tools.frequency asks of
+an engine's scorer (the ``natbias.scorers`` entry point ``fairseq``).
 """
 
 import glob
@@ -177,3 +179,54 @@ def sentence_log_probs(
             picked = lprobs.gather(-1, target.unsqueeze(-1)).squeeze(-1)
             scores += picked.masked_fill(target.eq(pad), 0).sum(1).tolist()
     return scores
+
+
+def score_pair(args, progress):
+    """natbias-loss-by-frequency's two checkpoints (``args.baseline``,
+    ``args.model``) on the ``args.gen_subset`` split of ``args.data``: the
+    reference ids, each model's log-probabilities of them, the training counts,
+    each model's average prediction."""
+    paths, cuda = (args.baseline, args.model), torch.cuda.is_available() and not args.cpu
+    # both read (and their dictionaries checked) before either is scored
+    loaded = [load_checkpoint(p, args.data, args.gen_subset, cuda) for p in paths]
+    scored = []
+    for path, (model, task, _) in zip(paths, loaded):
+        progress(f"scoring the {args.gen_subset} split of {args.data} with {path}")
+        scored.append(reference_log_probs(model, task, args.gen_subset, args.max_tokens, cuda))
+    counts = training_counts(*loaded[0][1:])
+    (base, base_avg, n), (other, other_avg, _) = scored
+    if sorted(base) != sorted(other) or any(
+        not np.array_equal(base[i][0], other[i][0]) for i in base
+    ):
+        raise NaturalBiasError(
+            "the two checkpoints read the split differently (another --tokens-per-sample?): "
+            "their reference tokens do not match"
+        )
+    order = sorted(base)
+    return (
+        np.concatenate([base[i][0] for i in order]),
+        np.concatenate([base[i][1] for i in order]),
+        np.concatenate([other[i][1] for i in order]),
+        counts,
+        (base_avg / n, other_avg / n),
+    )
+
+
+def sentence_scorer(args):
+    """natbias-frequency-bias's language model ``args.model``: (text -> ids,
+    ids of sentences -> their log-probabilities, the training counts)."""
+    cuda = torch.cuda.is_available() and not args.cpu
+    model, task, cfg = load_checkpoint(args.model, args.data, None, cuda)
+    if getattr(task, "tgt_dict", None) is not None:
+        raise NaturalBiasError(f"{args.model} is a translation model: give a language model")
+    dictionary = task.target_dictionary
+    if args.spm:
+        from natbias.tools import sentencepiece_text
+
+        processor = sentencepiece_text.load(args.spm)
+        split = lambda text: sentencepiece_text.encode_lines(processor, [text])[0].split()  # noqa: E731
+    else:
+        split = str.split
+    encode = lambda text: [dictionary.index(piece) for piece in split(text)]  # noqa: E731
+    score = lambda ids: sentence_log_probs(model, dictionary, ids, cuda)  # noqa: E731
+    return encode, score, training_counts(task, cfg)

@@ -42,8 +42,35 @@ class UnigramLabelSmoothedCrossEntropyConfig(LabelSmoothedCrossEntropyCriterionC
     train_subset: str = II("dataset.train_subset")
 
 
+class TargetUnigramCriterion(LabelSmoothedCrossEntropyCriterion):
+    """What both unigram criteria share (this one and
+    ``unigram_regularized_cross_entropy``): label_smoothed_cross_entropy's
+    arguments and ``--train-subset``, and omega, the target unigram, taken once
+    (:func:`training_data.criterion_prior`) and kept per device."""
+
+    name = NAME  # the criterion named in a refusal
+
+    def __init__(self, task, sentence_avg, label_smoothing, train_subset, *options):
+        """``options``: label_smoothed_cross_entropy's own after ``label_smoothing``."""
+        super().__init__(task, sentence_avg, label_smoothing, *options)
+        self.train_subset = train_subset
+        self._omega = None  # omega(v), float32 on the CPU, taken by prepare()
+        self._prior = {}  # device -> omega there
+
+    def prepare(self, model=None) -> None:
+        if self._omega is None:
+            self._omega = criterion_prior(self.task, model, self.train_subset, self.name).exp()
+
+    def omega(self, like, model=None):
+        """omega(v), float32 on ``like``'s device."""
+        if like.device not in self._prior:
+            self.prepare(model)
+            self._prior[like.device] = self._omega.to(like.device)
+        return self._prior[like.device]
+
+
 @register_criterion(NAME, dataclass=UnigramLabelSmoothedCrossEntropyConfig)
-class UnigramLabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCriterion):
+class UnigramLabelSmoothedCrossEntropyCriterion(TargetUnigramCriterion):
     def __init__(
         self,
         task,
@@ -57,28 +84,13 @@ class UnigramLabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCriteri
             check_epsilon(label_smoothing)
         except NaturalBiasError as error:
             raise NaturalBiasError(f"criterion {NAME}: {error}") from None
-        super().__init__(
-            task,
-            sentence_avg,
-            label_smoothing,
-            ignore_prefix_size=ignore_prefix_size,
-            report_accuracy=report_accuracy,
-        )
-        self.train_subset = train_subset
-        self._prior = {}  # (device, dtype) -> omega there
+        args = (sentence_avg, label_smoothing, train_subset, ignore_prefix_size, report_accuracy)
+        super().__init__(task, *args)
 
     def compute_loss(self, model, net_output, sample, reduce=True):
         lprobs, target = self.get_lprobs_and_target(model, net_output, sample)
-        prior = self.prior_like(lprobs, model) if self.eps > 0 else None
+        prior = self.omega(lprobs, model) if self.eps > 0 else None
         loss, nll = unigram_smoothed_loss(lprobs, target, prior, self.eps, self.padding_idx)
         if reduce:
             return loss.sum(), nll.sum()
         return loss, nll
-
-    def prior_like(self, like, model):
-        """omega on ``like``'s device, float32 (:func:`training_data.criterion_prior`)."""
-        key = like.device
-        if key not in self._prior:
-            log_prior = criterion_prior(self.task, model, self.train_subset, NAME)
-            self._prior[key] = log_prior.exp().to(like.device)
-        return self._prior[key]

@@ -37,10 +37,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Optional
 
-import torch
 from fairseq.criterions import register_criterion
 from fairseq.criterions.label_smoothed_cross_entropy import (
-    LabelSmoothedCrossEntropyCriterion,
     LabelSmoothedCrossEntropyCriterionConfig,
     label_smoothed_nll_loss,
 )
@@ -48,7 +46,7 @@ from fairseq.logging import metrics
 from omegaconf import II
 
 from fairseq_natbias import task_hooks
-from fairseq_natbias.training_data import criterion_prior
+from fairseq_natbias.unigram_label_smoothed_cross_entropy import TargetUnigramCriterion
 from natbias.errors import NaturalBiasError
 from natbias.label_smoothing import PAPER_EPSILON, unigram_cross_entropy
 from natbias.statistics import LN2
@@ -94,8 +92,10 @@ class UnigramRegularizedCrossEntropyConfig(LabelSmoothedCrossEntropyCriterionCon
 
 
 @register_criterion(NAME, dataclass=UnigramRegularizedCrossEntropyConfig)
-class UnigramRegularizedCrossEntropyCriterion(LabelSmoothedCrossEntropyCriterion):
+class UnigramRegularizedCrossEntropyCriterion(TargetUnigramCriterion):
     _clamp_warned = False  # one warning per process, from reduce_metrics
+
+    name = NAME
 
     def __init__(
         self,
@@ -109,21 +109,13 @@ class UnigramRegularizedCrossEntropyCriterion(LabelSmoothedCrossEntropyCriterion
         ignore_prefix_size=0,
         report_accuracy=False,
     ):
-        super().__init__(
-            task,
-            sentence_avg,
-            label_smoothing,
-            ignore_prefix_size=ignore_prefix_size,
-            report_accuracy=report_accuracy,
-        )
+        args = (sentence_avg, label_smoothing, train_subset, ignore_prefix_size, report_accuracy)
+        super().__init__(task, *args)
         self.weight, self.reg_updates = _check_options(
             unigram_reg_weight, unigram_reg_updates, unigram_reg_clamp
         )
         self.clamp = float(unigram_reg_clamp)
-        self.train_subset = train_subset
         self.num_updates = 0
-        self._omega = None  # omega(v), float32 on the CPU, taken by prepare()
-        self._on = {}  # device -> omega there
         self._pending = None
         # Told the update number before each step, prepared when an epoch begins.
         task_hooks.attach(task, regularizer=self)
@@ -178,21 +170,13 @@ class UnigramRegularizedCrossEntropyCriterion(LabelSmoothedCrossEntropyCriterion
         (``task.begin_epoch``), so missing data fails before the first update,
         while ``fairseq-validate`` (validation never uses the term) needs no
         training data."""
-        if self._omega is None and self.weight > 0 and self.reg_updates > 0:
+        if self.weight > 0 and self.reg_updates > 0:
             try:
-                log_prior = criterion_prior(self.task, model, self.train_subset, NAME)
+                super().prepare(model)
             except NaturalBiasError as error:
                 raise NaturalBiasError(
                     f"{error} (or switch the regulariser off with --unigram-reg-updates 0)"
                 ) from None
-            self._omega = log_prior.exp()
-
-    def omega(self, like: torch.Tensor, model=None) -> torch.Tensor:
-        """The target unigram omega(v), float32 on ``like``'s device."""
-        self.prepare(model)
-        if like.device not in self._on:
-            self._on[like.device] = self._omega.to(like.device)
-        return self._on[like.device]
 
     # --- logging --------------------------------------------------------------
 

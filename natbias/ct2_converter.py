@@ -4,15 +4,16 @@ model (the options are ct2-*-converter's; docs/deployment.md)::
     natbias-ct2-converter --model_path checkpoint_best.pt --data_dir data-bin --output_dir ct2
     natbias-ct2-converter --model saved_natbias_hf_model --output_dir ct2 --quantization int8
 
-The one installed module that knows both frameworks: each is imported in the
-branch that converts its models, so a user of one needs not the other.
+Each engine's converter is found through the ``natbias.ct2`` entry points
+(natbias.tools.cli.engine): this module imports no engine, and a user of one
+needs not the other.
 """
 
 import os
 import sys
 
 from natbias.errors import MissingExtraError, NaturalBiasError
-from natbias.tools.cli import parser_for
+from natbias.tools.cli import engine, parser_for
 
 PROG = "natbias-ct2-converter"
 NO_CT2 = "CTranslate2 is not installed: pip install 'fairseq-natbias[ctranslate2]'"
@@ -25,12 +26,9 @@ def convert(model, output_dir, data_dir=None, tokenizer=None, quantization=None,
     if isinstance(model, (str, os.PathLike)) and os.path.isfile(model):
         if data_dir is None:
             raise NaturalBiasError(f"{model} is a fairseq checkpoint: give its data directory")
-        from fairseq_natbias.ct2 import NaturalBiasFairseqConverter
-
-        converter = NaturalBiasFairseqConverter(os.fspath(model), os.fspath(data_dir))
-        return converter.convert(os.fspath(output_dir), quantization=quantization, **options)
-    from natbias.hf.ct2 import to_ctranslate2
-
+        to_ctranslate2 = engine("ct2", "fairseq")
+        return to_ctranslate2(model, output_dir, data_dir, quantization, **options)
+    to_ctranslate2 = engine("ct2", "transformers")
     return to_ctranslate2(model, os.fspath(output_dir), tokenizer, quantization, **options)
 
 

@@ -77,10 +77,15 @@ def fold_gain(weight: Weight, g: float, in_place: bool = False) -> Weight:
     return weight.mul_(g) if in_place else weight * g
 
 
+def per_language(values: torch.Tensor) -> bool:
+    """Whether a prior (or bias) holds one row per target language, row 0 pooled."""
+    return values.dim() == 2
+
+
 def bias_rows(bias: torch.Tensor, rows: Optional[torch.Tensor]) -> torch.Tensor:
     """``b[row]`` for each position (``rows``: the positions' shape), or b
     itself where it has one row."""
-    if bias.dim() == 1:
+    if not per_language(bias):
         return bias
     if rows is None:
         raise NaturalBiasError(
@@ -90,10 +95,16 @@ def bias_rows(bias: torch.Tensor, rows: Optional[torch.Tensor]) -> torch.Tensor:
     return bias[rows]
 
 
+def all_rows(values: torch.Tensor) -> torch.Tensor:
+    """A prior (or bias) as ``(rows, |V|)``: one row, or row 0 pooled and then
+    one per target language."""
+    return values.reshape(-1, values.shape[-1])
+
+
 def pooled_row(values: torch.Tensor) -> torch.Tensor:
     """The pooled prior (or bias) of values with one row per target language
     (row 0), or the values themselves where they have one row."""
-    return values.reshape(-1, values.shape[-1])[0]
+    return all_rows(values)[0]
 
 
 def generation_shift(

@@ -173,7 +173,7 @@ class NaturalBiasProjection(KeepsFloat32, nn.Linear):
             gain = replicated_like(gain, features)  # one g, whole on every process
             features = _ScaleByGain.apply(features, gain, self.gain_speed * self.in_features)
         bias = None if self.bias is None else self.bias.to(features.dtype)
-        if bias is not None and bias.dim() == 2:
+        if bias is not None and head.per_language(bias):
             return F.linear(features, self.weight) + head.bias_rows(bias, rows)
         return F.linear(features, self.weight, bias)
 

@@ -14,6 +14,7 @@ from typing import Optional
 
 import torch
 
+from natbias import head
 from natbias.sharding import full
 
 LN2 = math.log(2.0)  # nats per bit: every figure in bits divides by it
@@ -40,9 +41,9 @@ def bias_statistics(
         stats["gain"] = gain.item()
     if bias is not None:  # one row, or one per target language (their mean)
         b = full(bias.detach()).float()
-        b = b.reshape(-1, b.shape[-1])
+        b = head.all_rows(b)
         log_b = b.log_softmax(-1)
-        log_u = log_prior.to(b.device, torch.float32).reshape(-1, b.shape[-1])
+        log_u = head.all_rows(log_prior.to(b.device, torch.float32))
         kl = (log_b.exp() * (log_b - log_u)).sum(-1).mean() / LN2
         stats["bias_norm"] = b.norm(dim=-1).mean().item()
         stats["bias_kl"] = max(0.0, kl.item())  # KL >= 0; float error printed "-0"
@@ -68,7 +69,7 @@ def divergence_sums(
     vocab = log_probs.size(-1)
     log_p = log_probs.detach().reshape(-1, vocab)
     weights = mask.reshape(-1)
-    log_u = log_prior.to(log_p.device, torch.float32).reshape(-1, vocab).T  # (|V|, rows)
+    log_u = head.all_rows(log_prior.to(log_p.device, torch.float32)).T  # (|V|, rows)
     prior_rows = None if prior_rows is None else prior_rows.reshape(-1, 1)
     rows = max(1, chunk_elements // vocab)
     kl_unigram = kl_uniform = log_p.new_zeros((), dtype=torch.float32)

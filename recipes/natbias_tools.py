@@ -16,7 +16,6 @@ The standard library and the text-only tools of natbias.tools (SentencePiece,
 fairseq-generate output, score files, mean and standard error): no torch, no fairseq.
 """
 
-import argparse
 import json
 import os
 import re
@@ -26,6 +25,7 @@ import sys
 from pathlib import Path
 
 from natbias.counts import open_text
+from natbias.tools.cli import parser_for
 
 
 def _existing(prefix, lang):
@@ -244,11 +244,7 @@ def cmd_free_port(_args):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(
-        prog="natbias_tools.py",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = parser_for("natbias_tools.py", __doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("stage")

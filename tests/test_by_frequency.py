@@ -221,7 +221,7 @@ def test_output_frequency_and_the_helps_start_without_torch(tmp_path):
     ]
     for call in calls:
         done = subprocess.run(
-            [sys.executable, "-c", f"from natbias.frequency_tools import *; {call}"],
+            [sys.executable, "-c", f"from natbias.tools.frequency import *; {call}"],
             cwd=REPO,
             env=dict(os.environ, PYTHONPROFILEIMPORTTIME="1", PYTHONWARNINGS="ignore"),
             capture_output=True,
@@ -244,7 +244,7 @@ def test_a_framework_not_installed_is_named_in_one_line(tmp_path):
     (tmp_path / "folder").mkdir()
     code = "\n".join(
         [
-            "from natbias.frequency_tools import loss_main",
+            "from natbias.tools.frequency import loss_main",
             "for argv in ([CKPT, CKPT, '--data', OUT], [FOLDER, FOLDER, '--text', CKPT]):",
             "    try:",
             "        loss_main([*argv, '--out-dir', OUT])",

@@ -7,15 +7,13 @@ with ``ast`` and resolved to the packages' own modules. A module's implicit
 import of its parent package is not an edge.
 
 The layers, bottom up: the core ``natbias`` (torch and numpy only); the
-text-only tools ``natbias.tools`` (not even torch); the fairseq plugin
-``fairseq_natbias`` and the transformers extra ``natbias.hf``, which know
-nothing of each other; on top, ``natbias.ct2_converter``
-(natbias-ct2-converter), the one converter to CTranslate2 for models of
-both frameworks, and ``natbias.frequency_tools`` (natbias-loss-by-frequency,
-natbias-frequency-bias: they score models of either framework). They are
-the modules that import both, and only inside the functions that handle
-each framework's models, so importing one (or running it on one framework's
-model) needs neither framework; nothing imports them.
+text-only tools ``natbias.tools`` (not even torch) and the converter's script
+``natbias.ct2_converter``; beside each other on top, the adapters: the fairseq
+plugin ``fairseq_natbias``, ``natbias.hf``, ``natbias.vllm`` and
+``natbias.olmo_core``. No module of the core or the tools imports an adapter or
+an engine: the scripts that serve either engine's models (natbias-ct2-converter,
+the frequency tools) find the engine's part through entry points
+(``natbias.tools.cli.engine``) that the adapters declare in pyproject.toml.
 """
 
 import ast
@@ -27,10 +25,10 @@ REPO = Path(__file__).resolve().parent.parent
 PACKAGE = "fairseq_natbias"
 ROOT = REPO / PACKAGE
 CORE = REPO / "natbias"
-# Above both frameworks (see the module's docstring); a console script's module.
-DISPATCHER = "natbias.ct2_converter"
-# Above both frameworks in the same way: the scripts that score models of either.
-FREQUENCY_TOOLS = "natbias.frequency_tools"
+ADAPTERS = ("fairseq_natbias", "natbias.hf", "natbias.vllm", "natbias.olmo_core")
+ENGINES = {"fairseq", "fairseq_cli", "transformers", "vllm", "olmo_core", "ctranslate2"}
+# The converter's script reads CTranslate2's own converter options (its --help).
+MAY_IMPORT = {"natbias.ct2_converter": {"ctranslate2"}}
 
 
 def module_name(path: Path, root: Path = ROOT, package: str = PACKAGE) -> str:
@@ -223,72 +221,98 @@ CORE_NEEDS = {
 }
 
 
+def uphill(graph: dict, paths: dict) -> dict:
+    """``{module of the core or the tools: the adapters and engines it imports}``
+    (adapters directly or not, engines anywhere in its text), where any."""
+    found = {}
+    for name, path in paths.items():
+        if name.startswith(ADAPTERS):
+            continue
+        adapters = {m for m in reachable(graph, name) if m.startswith(ADAPTERS)}
+        engines = external_imports(path) & ENGINES - MAY_IMPORT.get(name, set())
+        if adapters | engines:
+            found[name] = sorted(adapters | engines)
+    return found
+
+
+def test_the_uphill_check_finds_an_adapter_imported_deep_or_directly(tmp_path):
+    (tmp_path / "natbias" / "tools").mkdir(parents=True)
+    files = {
+        "natbias/__init__.py": "",
+        "natbias/low.py": "import numpy\n",
+        "natbias/tools/__init__.py": "",
+        "natbias/tools/script.py": "def run():\n    from natbias import low, middle\n",
+        "natbias/middle.py": "def f():\n    import fairseq_natbias.scoring\n",
+        "natbias/reads.py": "def f():\n    import transformers\n",
+    }
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    paths = package_modules(tmp_path / "natbias", "natbias")
+    modules = {**paths, "fairseq_natbias": None, "fairseq_natbias.scoring": None}
+    graph = {
+        name: imports_of(path.read_text(), name, modules, path.name == "__init__.py")
+        for name, path in paths.items()
+    }
+    assert uphill(graph, paths) == {
+        "natbias.middle": ["fairseq_natbias.scoring"],
+        "natbias.tools.script": ["fairseq_natbias.scoring"],
+        "natbias.reads": ["transformers"],
+    }
+
+
+def test_the_core_and_its_tools_import_no_adapter_and_no_engine(graph):
+    paths = package_modules(CORE, "natbias")
+    assert {"natbias.ct2_converter", "natbias.tools.frequency"} <= set(paths)
+    assert uphill(graph, paths) == {}
+
+
 def test_the_core_needs_no_framework_and_imports_no_layer_above(graph):
     core = [
         name
         for name in graph
         if name.startswith("natbias")
-        and not name.startswith(
-            ("natbias.tools", "natbias.hf", "natbias.vllm", "natbias.olmo_core")
-        )
-        and name not in (DISPATCHER, FREQUENCY_TOOLS)
+        and not name.startswith(("natbias.tools", *ADAPTERS))
+        and name != "natbias.ct2_converter"
     ]
     assert "natbias.counts" in core
     for name in core:
         upward = {
             m
             for m in reachable(graph, name)
-            if not m.startswith("natbias")
-            or m.startswith(("natbias.tools", "natbias.hf", "natbias.vllm", "natbias.olmo_core"))
+            if not m.startswith("natbias") or m.startswith(("natbias.tools", *ADAPTERS))
         }
         assert not upward, f"{name} imports {sorted(upward)}"
         path = package_modules(CORE, "natbias")[name]
         assert external_imports(path) <= CORE_NEEDS, name
 
 
-def top_level_imports(path: Path) -> set:
-    """The modules ``path`` imports in its body, not inside a function."""
-    names = set()
-    for node in ast.parse(path.read_text()).body:
-        if isinstance(node, ast.Import):
-            names.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and not node.level:
-            names.add(node.module)
-    return names
+def defined_names(path: Path) -> set:
+    return {
+        node.name
+        for node in ast.parse(path.read_text()).body
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef))
+    }
 
 
-@pytest.mark.parametrize(
-    "module, imported_first, uses",
-    [
-        (DISPATCHER, "natbias.errors", ("fairseq_natbias.ct2", "natbias.hf.ct2")),
-        (
-            FREQUENCY_TOOLS,
-            "natbias.tools.by_frequency",
-            ("fairseq_natbias.scoring", "natbias.hf.scoring"),
-        ),
-    ],
-)
-def test_the_dispatchers_import_each_framework_only_where_they_handle_its_models(
-    graph, module, imported_first, uses
-):
-    """natbias.ct2_converter and natbias.frequency_tools reach both
-    natural-bias packages, but import them (and any framework) in functions
-    only; nothing imports them."""
-    frameworks = ("fairseq", "transformers", "torch", "ctranslate2", "natbias.hf")
-    assert set(uses) <= reachable(graph, module)
-    top = top_level_imports(CORE / f"{module.split('.')[-1]}.py")
-    assert imported_first in top
-    assert not {name for name in top if name.startswith(frameworks)}, top
-    assert not [name for name, imported in graph.items() if module in imported]
+def test_each_engine_declares_the_parts_the_scripts_ask_for():
+    """The installed entry points name modules and functions that exist, with
+    what natbias.tools.frequency and natbias.ct2_converter call."""
+    from importlib.metadata import entry_points
+
+    asked = {"natbias.scorers": {"score_pair", "sentence_scorer"}, "natbias.ct2": set()}
+    for group, needs in asked.items():
+        points = {point.name: point.value for point in entry_points(group=group)}
+        assert set(points) == {"fairseq", "transformers"}, group
+        for target in points.values():
+            module, _, function = target.partition(":")
+            assert module.startswith(ADAPTERS), target
+            path = REPO / (module.replace(".", "/") + ".py")
+            assert needs | ({function} if function else set()) <= defined_names(path), target
 
 
-def test_the_tools_import_neither_torch_nor_a_framework(graph):
+def test_the_tools_import_neither_torch_nor_a_framework():
     for name, path in package_modules(CORE / "tools", "natbias.tools").items():
         assert not external_imports(path) & {"torch", "fairseq", "transformers"}, name
-        upward = {
-            m for m in reachable(graph, name) if m.startswith(("fairseq_natbias", "natbias.hf"))
-        }
-        assert not upward, f"{name} imports {sorted(upward)}"
 
 
 def test_the_plugin_and_the_extra_know_nothing_of_each_other(graph):

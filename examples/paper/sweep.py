@@ -302,23 +302,9 @@ def write_sweep(rows: list[dict], out_dir: str) -> list[str]:
 
 def add_grid_arguments(parser, default_lambdas) -> None:
     """``--lambdas`` (output-bias scales) and ``--taus`` (logit adjustments) of the sweeps."""
-    shown = " ".join(f"{value:g}" for value in default_lambdas)
-    parser.add_argument(
-        "--lambdas",
-        type=float,
-        nargs="+",
-        default=list(default_lambdas),
-        metavar="L",
-        help=f"output-bias scales in [0, 1] (default: {shown})",
-    )
-    parser.add_argument(
-        "--taus",
-        type=float,
-        nargs="+",
-        default=[0.0],
-        metavar="T",
-        help="logit adjustments (default: 0)",
-    )
+    what = "output-bias scales in [0, 1]"
+    cli.add_values_argument(parser, "--lambdas", float, default_lambdas, "L", what)
+    cli.add_values_argument(parser, "--taus", float, [0.0], "T", "logit adjustments")
 
 
 def split_passthrough(argv):

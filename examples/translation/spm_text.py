@@ -13,17 +13,14 @@ natbias.tools.sentencepiece_text's, the demo's and the recipes' too (no torch,
 no fairseq).
 """
 
-import argparse
 import os
 import sys
 
+from natbias.tools.cli import parser_for
+
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(
-        prog="spm_text.py",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = parser_for("spm_text.py", __doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     trainer = commands.add_parser("train", help="train one model on the files")
     trainer.add_argument("--model-prefix", required=True)

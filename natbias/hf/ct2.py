@@ -47,6 +47,17 @@ except ImportError as error:
         "converting to CTranslate2 needs ctranslate2: pip install 'fairseq-natbias[ctranslate2]'"
     ) from error
 
+# The one private CTranslate2 name natbias uses (tested with CTranslate2 4.8.5,
+# the [ctranslate2] extra): its loaders by configuration class name, which
+# ``register_loader`` fills and nothing public reads. A converter's ``_load``
+# is the method CTranslate2's own converters implement: its way in.
+if not isinstance(getattr(ct2_transformers, "_MODEL_LOADERS", None), dict):
+    raise NaturalBiasError(
+        f"natbias.hf.ct2 is tested with CTranslate2 4.8.5, whose _MODEL_LOADERS CTranslate2 "
+        f"{ctranslate2.__version__} lacks: pip install 'ctranslate2==4.8.5'"
+    )
+LOADERS = ct2_transformers._MODEL_LOADERS
+
 
 def to_ctranslate2(
     model, output_dir: str, tokenizer=None, quantization: Optional[str] = None, **options
@@ -69,18 +80,19 @@ class NaturalBiasTransformersConverter(TransformersConverter):
 
     def __init__(self, model, tokenizer=None, **options):
         directory = isinstance(model, (str, os.PathLike))
-        super().__init__(os.fspath(model) if directory else "", **options)
+        self.directory = os.fspath(model) if directory else None
+        super().__init__(self.directory or "", **options)
         self._model = None if directory else model
         self._tokenizer = tokenizer
 
     def _load(self):
         if self._model is None:
-            if not os.path.isfile(os.path.join(self._model_name_or_path, "config.json")):
+            if not os.path.isfile(os.path.join(self.directory, "config.json")):
                 raise NaturalBiasError(
-                    f"{self._model_name_or_path} holds no config.json: give the directory "
+                    f"{self.directory} holds no config.json: give the directory "
                     "a natbias.hf model was saved to (save_pretrained)"
                 )
-            register_loader(AutoConfig.from_pretrained(self._model_name_or_path))
+            register_loader(AutoConfig.from_pretrained(self.directory))
             return super()._load()
         if not isinstance(self._model, NaturalBiasModel):
             raise NaturalBiasError(
@@ -112,10 +124,10 @@ def register_loader(config):
     configuration that cannot be served exactly is refused first."""
     check_servable(config, natural_bias_settings(config))
     name = type(config).__name__
-    loader = ct2_transformers._MODEL_LOADERS.get(name)
+    loader = LOADERS.get(name)
     if loader is None:
         stock_name = type(config).__mro__[1].__name__
-        stock = ct2_transformers._MODEL_LOADERS.get(stock_name)
+        stock = LOADERS.get(stock_name)
         if stock is None:
             raise NaturalBiasError(
                 f"CTranslate2 {ctranslate2.__version__} has no loader for {stock_name} "
@@ -124,7 +136,7 @@ def register_loader(config):
             )
         made = type(f"NaturalBias{type(stock).__name__}", (NaturalBiasLoader, type(stock)), {})
         ct2_transformers.register_loader(name)(made)
-        loader = ct2_transformers._MODEL_LOADERS[name]
+        loader = LOADERS[name]
     return loader
 
 

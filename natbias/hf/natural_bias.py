@@ -23,11 +23,11 @@ from typing import Optional
 import numpy as np
 from torch import nn
 from transformers import AutoConfig, PreTrainedModel
-from transformers.models.auto.auto_factory import _get_model_class
 
 from natbias.counts import check_counts, count_ids, read_counts_file
 from natbias.errors import NaturalBiasError
 from natbias.head import DEFAULT_GAIN_SPEED, check_gain, saved_settings
+from natbias.hf._compat import model_class
 from natbias.hf.gain_start import contextual_scale, initial_gain
 from natbias.hf.logit_map import check_starts_at_prior, initial_bias, measure_logit_map
 from natbias.hf.models import (
@@ -220,6 +220,7 @@ def _saved_class(config, path) -> type:
             if issubclass(stock, PreTrainedModel):
                 return natural_bias_class(stock)
     for auto_class in GENERATOR_AUTO_CLASSES:
-        if type(config) in auto_class._model_mapping:
-            return _get_model_class(config, auto_class._model_mapping)
+        made = model_class(auto_class, config)
+        if made is not None:
+            return made
     raise NaturalBiasError(f"{path}: no natural-bias model class for {type(config).__name__}")

@@ -11,11 +11,13 @@ backbone), and registers them as
 ``AutoConfig.register`` and ``AutoModel*.register`` do. So a model saved
 with the natural bias loads through the Auto classes in a fresh process,
 and importing natbias.hf imports no architecture it does not use.
+transformers' private names are :mod:`natbias.hf._compat`'s.
 """
 
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSeq2SeqLM
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
+from natbias.hf._compat import extend_config_types, model_classes
 from natbias.hf.models import TYPE_PREFIX, natural_bias_class
 
 GENERATOR_AUTO_CLASSES = (AutoModelForCausalLM, AutoModelForSeq2SeqLM)
@@ -28,16 +30,16 @@ def register(natbias_class: type) -> None:
     config_class = natbias_class.config_class
     stock_config_class = natbias_class.natbias_stock_class.config_class
     AutoConfig.register(config_class.model_type, config_class, exist_ok=True)
-    if stock_config_class in AutoModel._model_mapping:
+    backbone = model_classes(AutoModel, stock_config_class)
+    if isinstance(backbone, type):
         # The stock backbone under the natural-bias configuration (the bias
         # is in the head, which a backbone has not): what AutoModel builds of
         # a saved natural-bias model, as vLLM's Transformers backend does.
-        backbone = AutoModel._model_mapping[stock_config_class]
         backbone = type(backbone.__name__, (backbone,), {"config_class": config_class})
         AutoModel.register(config_class, backbone, exist_ok=True)
     for auto_class in GENERATOR_AUTO_CLASSES:
-        if stock_config_class in auto_class._model_mapping:
-            stock = auto_class._model_mapping[stock_config_class]
+        stock = model_classes(auto_class, stock_config_class)
+        if stock is not None:
             if isinstance(stock, (list, tuple)):
                 made = tuple(natural_bias_class(model_class) for model_class in stock)
             else:
@@ -55,8 +57,8 @@ def register_model_type(model_type: str) -> bool:
         return False
     stock_config_class = CONFIG_MAPPING[stock_type]
     for auto_class in GENERATOR_AUTO_CLASSES:
-        if stock_config_class in auto_class._model_mapping:
-            stock = auto_class._model_mapping[stock_config_class]
+        stock = model_classes(auto_class, stock_config_class)
+        if stock is not None:
             stock = stock[0] if isinstance(stock, (list, tuple)) else stock
             register(natural_bias_class(stock))
             return True
@@ -80,6 +82,4 @@ class _RegisteredTypes(dict):
 
 def install() -> None:
     """Makes ``natbias-<type>`` known to ``AutoConfig`` (a second call does nothing)."""
-    registered = CONFIG_MAPPING._extra_content
-    if not isinstance(registered, _RegisteredTypes):
-        CONFIG_MAPPING._extra_content = _RegisteredTypes(registered)
+    extend_config_types(_RegisteredTypes)

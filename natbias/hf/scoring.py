@@ -9,6 +9,9 @@ tokenizer's encoding (special tokens included, e.g. the closing ``</s>``),
 every token of it predicted after a start token, the model's
 ``bos_token_id`` (its ``eos_token_id`` where it has none); a start token the
 tokenizer itself puts first is that context, not a token to predict.
+
+``score_pair`` and ``sentence_scorer`` are what natbias.tools.frequency asks of
+an engine's scorer (the ``natbias.scorers`` entry point ``transformers``).
 """
 
 import os
@@ -20,6 +23,7 @@ import torch
 
 from natbias.counts import count_ids, open_text, read_counts_file
 from natbias.errors import NaturalBiasError
+from natbias.tools.generate_output import read_text_lines
 
 
 def load_causal_lm(path: str, use_cuda: bool = False):
@@ -142,3 +146,40 @@ def training_counts(
     with open_text(train_text) as lines:
         text = [line.rstrip("\n") for line in lines]
     return count_ids(encode(tokenizer, model, [line for line in text if line.strip()]), size)
+
+
+def score_pair(args, progress):
+    """natbias-loss-by-frequency's two model folders (``args.baseline``,
+    ``args.model``) on the lines of ``args.text``: the reference ids, each
+    model's log-probabilities of them, the training counts, each model's
+    average prediction."""
+    if not args.text:
+        raise NaturalBiasError("transformers models need --text, the text to score")
+    cuda = torch.cuda.is_available() and not args.cpu
+    loaded = [load_causal_lm(path, cuda) for path in (args.baseline, args.model)]
+    check_same_vocabulary(*loaded, (args.baseline, args.model))
+    model, tokenizer = loaded[0]
+    counts = training_counts(model, tokenizer, args.counts, args.train_text)
+    lines = [line for line in read_text_lines(args.text, "text, one sentence a line") if line]
+    sequences = encode(tokenizer, model, lines)
+    scored = []
+    for path, (model, _) in zip((args.baseline, args.model), loaded):
+        progress(f"scoring {len(lines)} lines of {args.text} with {path}")
+        scored.append(reference_log_probs(model, sequences))
+    (base, base_avg, n), (other, other_avg, _) = scored
+    return (
+        np.concatenate([ids for ids, _ in base]),
+        np.concatenate([lp for _, lp in base]),
+        np.concatenate([lp for _, lp in other]),
+        counts,
+        (base_avg / n, other_avg / n),
+    )
+
+
+def sentence_scorer(args):
+    """natbias-frequency-bias's causal LM folder ``args.model``: (text -> ids,
+    ids of sentences -> their log-probabilities, the training counts)."""
+    model, tokenizer = load_causal_lm(args.model, torch.cuda.is_available() and not args.cpu)
+    counts = training_counts(model, tokenizer, args.counts, args.train_text)
+    encode_one = lambda text: encode(tokenizer, model, [text])[0]  # noqa: E731
+    return encode_one, lambda ids: sentence_log_probs(model, ids), counts

@@ -76,6 +76,23 @@ def bin_of(train_counts: np.ndarray, edges: np.ndarray) -> np.ndarray:
     return np.searchsorted(edges, np.asarray(train_counts), side="right") - 1
 
 
+def _rows_by_bin(train_counts, edges, row_of, what: str, key: str) -> list[dict]:
+    """One row per bin: its label, its lower bound and ``row_of(members)`` (the
+    bin's types or tokens, a boolean mask); refused when every ``key`` is 0."""
+    edges = check_edges(edges)
+    bins = bin_of(train_counts, edges)
+    rows = [
+        {"bin": label, "low": int(edges[k]), **row_of(bins == k)}
+        for k, label in enumerate(bin_labels(edges))
+    ]
+    if not any(row[key] for row in rows):
+        raise NaturalBiasError(
+            f"no {what} falls in any bin (lower bounds {' '.join(map(str, edges))}): "
+            "every bin is empty; lower the first edge"
+        )
+    return rows
+
+
 def loss_difference_bins(
     token_ids: np.ndarray,
     loss_baseline: np.ndarray,
@@ -87,25 +104,22 @@ def loss_difference_bins(
     """One row per bin: reference tokens, their types, the median and mean of
     ``loss_model - loss_baseline`` and each model's mean loss. ``token_ids`` and the
     losses (bits) have one entry per reference token; ``train_counts`` one per type."""
-    edges = check_edges(edges)
     token_ids = np.asarray(token_ids, dtype=np.int64)
-    difference = np.asarray(loss_model, np.float64) - np.asarray(loss_baseline, np.float64)
-    bins = bin_of(np.asarray(train_counts)[token_ids], edges)
-    rows = []
-    for k, label in enumerate(bin_labels(edges)):
-        members = bins == k
+    baseline, model = np.asarray(loss_baseline, np.float64), np.asarray(loss_model, np.float64)
+    difference = model - baseline
+
+    def row_of(members):
         n = int(members.sum())
-        row = {"bin": label, "low": int(edges[k]), "tokens": n}
-        row["types"] = len(np.unique(token_ids[members]))
-        row["few"] = n < min_tokens
+        row = {"tokens": n, "types": len(np.unique(token_ids[members])), "few": n < min_tokens}
         if n:
             row["median_difference_bits"] = float(np.median(difference[members]))
             row["mean_difference_bits"] = float(difference[members].mean())
-            row["mean_loss_baseline_bits"] = float(np.mean(np.asarray(loss_baseline)[members]))
-            row["mean_loss_model_bits"] = float(np.mean(np.asarray(loss_model)[members]))
-        rows.append(row)
-    _require_tokens(rows, edges, "reference token")
-    return rows
+            row["mean_loss_baseline_bits"] = float(np.mean(baseline[members]))
+            row["mean_loss_model_bits"] = float(np.mean(model[members]))
+        return row
+
+    counts = np.asarray(train_counts)[token_ids]
+    return _rows_by_bin(counts, edges, row_of, "reference token", "tokens")
 
 
 def output_frequency_bins(
@@ -118,32 +132,17 @@ def output_frequency_bins(
     """One row per bin: the tokens produced (hypotheses) and in the references
     whose type falls in it, and produced / reference. Each argument holds one
     count per token type."""
-    edges = check_edges(edges)
-    bins = bin_of(train_counts, edges)
-    rows = []
-    for k, label in enumerate(bin_labels(edges)):
-        members = bins == k
+
+    def row_of(members):
         n_produced, n_reference = int(produced[members].sum()), int(reference[members].sum())
-        rows.append(
-            {
-                "bin": label,
-                "low": int(edges[k]),
-                "produced": n_produced,
-                "reference": n_reference,
-                "ratio": n_produced / n_reference if n_reference else math.nan,
-                "few": n_reference < min_tokens,
-            }
-        )
-    _require_tokens(rows, edges, "token", key="reference")
-    return rows
+        return {
+            "produced": n_produced,
+            "reference": n_reference,
+            "ratio": n_produced / n_reference if n_reference else math.nan,
+            "few": n_reference < min_tokens,
+        }
 
-
-def _require_tokens(rows, edges, what, key="tokens"):
-    if not any(row[key] for row in rows):
-        raise NaturalBiasError(
-            f"no {what} falls in any bin (lower bounds {' '.join(map(str, edges))}): "
-            "every bin is empty; lower the first edge"
-        )
+    return _rows_by_bin(train_counts, edges, row_of, "token", "reference")
 
 
 def kl_bits(p: np.ndarray, q: np.ndarray) -> float:

@@ -1,12 +1,14 @@
 """The text-only console scripts natbias-alc, -report, -dynamics and -distinct,
-and what every console script shares: one-line errors, quiet logging."""
+and what every console script shares: one-line errors, quiet logging, an
+engine's part found through its entry points."""
 
 import argparse
 import functools
 import logging
 import sys
+from importlib.metadata import entry_points
 
-from natbias.errors import NaturalBiasError
+from natbias.errors import MissingExtraError, NaturalBiasError
 from natbias.tools import alc, distinct, dynamics, report, runs
 from natbias.tools.generate_output import parse_generate_output, read_text_lines
 from natbias.tools.stats import mean_stderr
@@ -15,6 +17,28 @@ from natbias.tools.stats import mean_stderr
 def parser_for(prog: str, doc: str) -> argparse.ArgumentParser:
     return argparse.ArgumentParser(
         prog=prog, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+
+
+def parser_with_inputs(prog: str, doc: str, name: str, nargs: str, metavar: str, what: str):
+    """A console script's parser and its positional list of inputs (logs, run grids, files)."""
+    parser = parser_for(prog, doc)
+    parser.add_argument(name, nargs=nargs, metavar=metavar, help=what)
+    return parser
+
+
+def add_values_argument(parser, flag, kind, default, metavar, what, nargs="+") -> None:
+    """``flag V ...``: values of type ``kind``, the default shown in the help."""
+    shown = " ".join(
+        format(value, "g") if isinstance(value, float) else str(value) for value in default
+    )
+    parser.add_argument(
+        flag,
+        type=kind,
+        nargs=nargs,
+        default=list(default),
+        metavar=metavar,
+        help=f"{what} (default: {shown})",
     )
 
 
@@ -48,6 +72,34 @@ def exit_on_bad_input(prog: str, run, args):
         sys.exit(f"{prog}: error: {error}")
 
 
+EXTRA = {"fairseq": "fairseq", "transformers": "hf"}
+
+
+def engine(group: str, kind: str):
+    """Engine ``kind``'s (fairseq, transformers) part for a console script that
+    serves either engine's models: entry point ``kind`` of group
+    ``natbias.<group>``, which the adapters declare (pyproject.toml). So the
+    core and its tools import no adapter, and a user of one engine needs not the
+    other's; an engine not installed is bad input, one line naming its extra."""
+    found = [point for point in entry_points(group=f"natbias.{group}") if point.name == kind]
+    if not found:
+        raise NaturalBiasError(
+            f"no {kind} entry point in natbias.{group}: reinstall fairseq-natbias"
+        )
+    try:
+        part = found[0].load()
+    except MissingExtraError as error:
+        raise NaturalBiasError(str(error)) from None
+    except ImportError as error:
+        extra = EXTRA[kind]
+        raise NaturalBiasError(
+            f"{kind} models need the [{extra}] extra: pip install 'fairseq-natbias[{extra}]' "
+            f"({error})"
+        ) from None
+    logging.getLogger().setLevel(logging.WARNING)  # fairseq's import lowers it to INFO
+    return part
+
+
 def progress_on_stderr(prog: str):
     return lambda message: print(f"{prog}: {message}", file=sys.stderr)
 
@@ -73,8 +125,9 @@ directory holding train.log. Validation BLEU needs fairseq-train --eval-bleu.
 
 
 def alc_parser():
-    parser = parser_for("natbias-alc", ALC_DOC)
-    parser.add_argument("logs", nargs="+", metavar="LOG", help="train logs or run directories")
+    parser = parser_with_inputs(
+        "natbias-alc", ALC_DOC, "logs", "+", "LOG", "train logs or run directories"
+    )
     parser.add_argument(
         "--metric",
         default="bleu",
@@ -118,8 +171,9 @@ test_chrf.png, alc_bleu.png, alc_chrf.png (those that have numbers).
 
 
 def report_parser():
-    parser = parser_for("natbias-report", REPORT_DOC)
-    parser.add_argument("runs", nargs="+", metavar="[NAME=]RUNS", help="run-grid root(s)")
+    parser = parser_with_inputs(
+        "natbias-report", REPORT_DOC, "runs", "+", "[NAME=]RUNS", "run-grid root(s)"
+    )
     add_max_updates_argument(parser, "ALC over the first K updates (default 20000); 0: all")
     parser.add_argument("--out-dir", required=True, help="directory for report.md and plots")
     return parser
@@ -154,8 +208,9 @@ SINGLE_LOGS_DATASET = "runs"
 
 
 def dynamics_parser():
-    parser = parser_for("natbias-dynamics", DYNAMICS_DOC)
-    parser.add_argument("runs", nargs="*", metavar="[NAME=]RUNS", help="run-grid root(s)")
+    parser = parser_with_inputs(
+        "natbias-dynamics", DYNAMICS_DOC, "runs", "*", "[NAME=]RUNS", "run-grid root(s)"
+    )
     parser.add_argument(
         "--log",
         action="append",

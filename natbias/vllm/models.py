@@ -16,7 +16,8 @@ natural-bias head of transformers does (:class:`natbias.projection.NaturalBiasPr
 * the soft cap or the scale follow, as in the stock class.
 
 A saved architecture whose stock class vLLM has no class of its own for is
-refused in one line saying why (:func:`refusal`).
+refused in one line saying why (:func:`refusal_of`), when vLLM looks it up.
+vLLM's private names are :mod:`natbias.vllm._compat`'s.
 """
 
 import torch
@@ -25,16 +26,23 @@ from torch import nn
 from natbias import head
 from natbias.errors import NaturalBiasError
 from natbias.hf.models import CLASS_PREFIX, natural_bias_settings
+from natbias.vllm._compat import (
+    TEXT_GENERATION_MODELS,
+    HeadProduct,
+    InProcess,
+    ModelRegistry,
+    load_model_class,
+    refuse_in_registry,
+)
 
 # The keys natbias.hf saves beside the stock model's.
 BIAS, GAIN, PRIOR = "lm_head.bias", "lm_head.gain_param", "natbias_log_prior"
 
 
-class NaturalBiasLogits:
+class NaturalBiasLogits(HeadProduct):
     """Mixin placed before the stock class's ``LogitsProcessor`` (the
     instance's class swapped): its matrix product with the head takes
-    ``g phi`` and adds b, before its soft cap and scale. vLLM's LoRA wraps
-    this layer and calls the same product (``_apply_head``)."""
+    ``g phi`` and adds b, before its soft cap and scale."""
 
     def install(self, head: nn.Module, own_bias: bool, gain_speed, dtype) -> None:
         self.natbias_bias = None
@@ -55,10 +63,10 @@ class NaturalBiasLogits:
         # g in float32, as transformers computes it (cast to phi's dtype where used).
         self.natbias_gain = head.gain(self.natbias_gain_param.float(), self.natbias_gain_speed)
 
-    def _apply_head(self, lm_head, hidden_states, embedding_bias):
+    def head_product(self, product, hidden_states):
         if self.natbias_gain is not None:
             hidden_states = hidden_states * self.natbias_gain.to(hidden_states.dtype)
-        logits = super()._apply_head(lm_head, hidden_states, embedding_bias)
+        logits = product(hidden_states)
         if self.natbias_bias is None:
             return logits
         # Added to the product, not given to it: vLLM's CPU kernels for a
@@ -173,13 +181,26 @@ BACKEND_SERVED = {"Olmo2ForCausalLM", "PhiForCausalLM"}
 def refusal(stock_name: str, why: str) -> str:
     import vllm
 
-    why = WHY_NOT[why]
-    export = (
-        "; natbias.hf.to_stock exports it, with b in its own bias slot, for engines that run the stock class"
+    instead = (
+        "natbias.hf.to_stock exports it, with b in its own bias slot, for engines that run the stock class"
         if stock_name in EXPORTABLE
-        else ""
+        else "serve it with transformers (natbias.hf)"
     )
-    return f"vLLM {vllm.__version__} cannot serve a natural-bias {stock_name}: {why}{export}"
+    return f"vLLM {vllm.__version__} cannot serve a natural-bias {stock_name}: {WHY_NOT[why]}; {instead}"
+
+
+def refusal_of(name: str):
+    """Why vLLM cannot serve architecture ``name`` (``NaturalBias<X>``), else
+    None; read from the registry's names alone, no class loaded."""
+    from transformers.models.auto import modeling_auto
+
+    stock_name = name[len(CLASS_PREFIX) :]
+    if not name.startswith(CLASS_PREFIX) or stock_name in TEXT_GENERATION_MODELS:
+        return None
+    if dict.__contains__(ModelRegistry.models, stock_name):  # only its Transformers backend
+        return None if stock_name in BACKEND_SERVED else refusal(stock_name, "backend")
+    seq2seq = stock_name in modeling_auto.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES.values()
+    return refusal(stock_name, "seq2seq" if seq2seq else "causal")
 
 
 EXPORTABLE = {"PhiForCausalLM", "GPTJForCausalLM", "CodeGenForCausalLM"}
@@ -187,22 +208,11 @@ _MADE: dict = {}
 
 
 def natural_bias_class(stock_name: str) -> type:
-    """``NaturalBias<stock_name>`` over vLLM's class of that architecture."""
+    """``NaturalBias<stock_name>`` over vLLM's class of that architecture
+    (served: :func:`refusal_of` has let it through)."""
     made = _MADE.get(stock_name)
     if made is None:
-        from vllm.model_executor.models.registry import ModelRegistry
-
-        stock = ModelRegistry._try_load_model_cls(stock_name)
-        if stock is None:
-            from transformers.models.auto import modeling_auto
-
-            seq2seq = modeling_auto.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES.values()
-            raise NaturalBiasError(
-                refusal(stock_name, "seq2seq" if stock_name in seq2seq else "causal")
-            )
-        backend = stock.__module__.startswith("vllm.model_executor.models.transformers")
-        if backend and stock_name not in BACKEND_SERVED:
-            raise NaturalBiasError(refusal(stock_name, "backend"))
+        stock = load_model_class(stock_name)
         name = CLASS_PREFIX + stock_name
         doc = f"vLLM's {stock.__name__} with the natural bias (natbias.vllm)."
         made = type(name, (NaturalBiasCausalLM, stock), {"__module__": __name__, "__doc__": doc})
@@ -213,41 +223,30 @@ def natural_bias_class(stock_name: str) -> type:
 def register_architectures() -> None:
     """``NaturalBias<X>`` in vLLM's ``ModelRegistry`` for each text
     generation architecture ``X`` vLLM has a class of its own for (served),
-    and for each generator transformers has that vLLM lacks (refused when
-    asked for, saying why), each a lazy ``module:class`` entry."""
+    and for each generator transformers has (served through vLLM's Transformers
+    backend where tested there, :data:`BACKEND_SERVED`; else refused in one
+    line when vLLM looks it up, so that the backend never serves it without
+    b), each a lazy ``module:class`` entry."""
     from transformers.models.auto import modeling_auto
-    from vllm.model_executor.models.registry import _TEXT_GENERATION_MODELS, ModelRegistry
 
-    served = set(_TEXT_GENERATION_MODELS) & set(ModelRegistry.get_supported_archs())
+    served = set(TEXT_GENERATION_MODELS) & set(ModelRegistry.get_supported_archs())
     mappings = (
         modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
         modeling_auto.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES,
     )
     names = {n for mapping in mappings for n in mapping.values() if isinstance(n, str)}
-    in_process = _in_process_entry()
     for stock_name in sorted(served | names):
         if not stock_name.startswith(CLASS_PREFIX):
             name = CLASS_PREFIX + stock_name
-            ModelRegistry.models[name] = in_process(__name__, name)
-
-
-def _in_process_entry() -> type:
-    """vLLM's lazy ``module:class`` entry (``register_model`` makes one),
-    inspected in this process: vLLM inspects an entry in a new process
-    (importing vLLM, seconds to a minute) unless it has cached that module's
-    answer, which it has not for classes made at run time. Importing vLLM's
-    own model modules here is what its engine does anyway."""
-    from vllm.model_executor.models.registry import _LazyRegisteredModel, _ModelInfo
-
-    class InProcess(_LazyRegisteredModel):
-        def inspect_model_cls(self) -> _ModelInfo:
-            return _ModelInfo.from_model_cls(self.load_model_cls())
-
-    return InProcess
+            ModelRegistry.models[name] = InProcess(__name__, name)
+    refuse_in_registry(refusal_of)
 
 
 def __getattr__(name: str):
     """``NaturalBias<X>``, made (or refused) when vLLM first loads it."""
     if not name.startswith(CLASS_PREFIX):
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    why = refusal_of(name)
+    if why is not None:
+        raise NaturalBiasError(why)
     return natural_bias_class(name[len(CLASS_PREFIX) :])

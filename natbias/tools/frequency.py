@@ -1,36 +1,42 @@
 """Where a model's gain lies by training frequency: the console scripts
 natbias-loss-by-frequency, natbias-frequency-bias and natbias-output-frequency
 (docs/tools.md). The statistics are natbias.tools.by_frequency's and
-natbias.tools.frequency_bias's (numpy only); the scoring is
-fairseq_natbias.scoring's or natbias.hf.scoring's, each imported in the branch
-that scores its framework's models, as natbias.ct2_converter does: so this
-module sits above both frameworks, and a user of one needs not the other.
+natbias.tools.frequency_bias's (numpy only); the scoring is the engine's
+(fairseq_natbias.scoring, natbias.hf.scoring), found through the
+``natbias.scorers`` entry points (natbias.tools.cli.engine): this module
+imports no engine, and a user of one engine needs not the other.
 """
 
 import functools
-import logging
 import os
 from collections import Counter
 
 import numpy as np
 
 from natbias.counts import read_counts_by_symbol
-from natbias.errors import MissingExtraError, NaturalBiasError
+from natbias.errors import NaturalBiasError
 from natbias.tools import by_frequency, frequency_bias
 from natbias.tools.by_frequency import DEFAULT_EDGES, DEFAULT_MIN_TOKENS, LN2
-from natbias.tools.cli import parser_for, print_written, progress_on_stderr, run_tool
+from natbias.tools.cli import (
+    add_values_argument,
+    engine,
+    parser_for,
+    print_written,
+    progress_on_stderr,
+    run_tool,
+)
 from natbias.tools.generate_output import parse_generate_output, read_text_lines
 
 
 def add_bin_arguments(parser):
-    parser.add_argument(
+    add_values_argument(
+        parser,
         "--edges",
-        type=int,
+        int,
+        DEFAULT_EDGES,
+        "COUNT",
+        "the bins' inclusive lower bounds in training counts, increasing",
         nargs="*",
-        default=list(DEFAULT_EDGES),
-        metavar="COUNT",
-        help="the bins' inclusive lower bounds in training counts, increasing "
-        f"(default: {' '.join(map(str, DEFAULT_EDGES))})",
     )
     parser.add_argument(
         "--min-tokens",
@@ -61,31 +67,6 @@ def framework(paths, args) -> str:
     if kind == "fairseq" and not args.data:
         raise NaturalBiasError("fairseq checkpoints need --data, their data directory")
     return kind
-
-
-HF_MISSING = "transformers models need the [hf] extra: pip install 'fairseq-natbias[hf]'"
-
-
-def scoring_of(kind: str):
-    """fairseq_natbias.scoring or natbias.hf.scoring; a framework not installed
-    is bad input (one line naming the extra), not a traceback."""
-    try:
-        if kind == "fairseq":
-            from fairseq_natbias import scoring
-        else:
-            from natbias.hf import scoring
-    except MissingExtraError as error:
-        raise NaturalBiasError(str(error)) from None
-    except ImportError as error:
-        raise NaturalBiasError(f"{HF_MISSING} ({error})") from None
-    logging.getLogger().setLevel(logging.WARNING)  # fairseq's import lowers it to INFO
-    return scoring
-
-
-def use_cuda(args) -> bool:
-    import torch
-
-    return torch.cuda.is_available() and not args.cpu
 
 
 # --- natbias-loss-by-frequency ------------------------------------------------------
@@ -123,69 +104,11 @@ def loss_parser():
     return parser
 
 
-def score_fairseq_pair(args, progress):
-    scoring = scoring_of("fairseq")
-
-    paths = (args.baseline, args.model)
-    # both read (and their dictionaries checked) before either is scored
-    cuda = use_cuda(args)
-    loaded = [scoring.load_checkpoint(p, args.data, args.gen_subset, cuda) for p in paths]
-    scored = []
-    for path, (model, task, _) in zip(paths, loaded):
-        progress(f"scoring the {args.gen_subset} split of {args.data} with {path}")
-        scored.append(
-            scoring.reference_log_probs(model, task, args.gen_subset, args.max_tokens, cuda)
-        )
-    counts = scoring.training_counts(*loaded[0][1:])
-    (base, base_avg, n), (other, other_avg, _) = scored
-    if sorted(base) != sorted(other) or any(
-        not np.array_equal(base[i][0], other[i][0]) for i in base
-    ):
-        raise NaturalBiasError(
-            "the two checkpoints read the split differently (another --tokens-per-sample?): "
-            "their reference tokens do not match"
-        )
-    order = sorted(base)
-    return (
-        np.concatenate([base[i][0] for i in order]),
-        np.concatenate([base[i][1] for i in order]),
-        np.concatenate([other[i][1] for i in order]),
-        counts,
-        (base_avg / n, other_avg / n),
-    )
-
-
-def score_transformers_pair(args, progress):
-    scoring = scoring_of("transformers")
-
-    if not args.text:
-        raise NaturalBiasError("transformers models need --text, the text to score")
-    loaded = [scoring.load_causal_lm(path, use_cuda(args)) for path in (args.baseline, args.model)]
-    scoring.check_same_vocabulary(*loaded, (args.baseline, args.model))
-    model, tokenizer = loaded[0]
-    counts = scoring.training_counts(model, tokenizer, args.counts, args.train_text)
-    lines = [line for line in read_text_lines(args.text, "text, one sentence a line") if line]
-    sequences = scoring.encode(tokenizer, model, lines)
-    scored = []
-    for path, (model, _) in zip((args.baseline, args.model), loaded):
-        progress(f"scoring {len(lines)} lines of {args.text} with {path}")
-        scored.append(scoring.reference_log_probs(model, sequences))
-    (base, base_avg, n), (other, other_avg, _) = scored
-    return (
-        np.concatenate([ids for ids, _ in base]),
-        np.concatenate([lp for _, lp in base]),
-        np.concatenate([lp for _, lp in other]),
-        counts,
-        (base_avg / n, other_avg / n),
-    )
-
-
 def run_loss(args):
     by_frequency.check_edges(args.edges)  # before any model is loaded
     progress = progress_on_stderr(LOSS_PROG)
-    fairseq = framework([args.baseline, args.model], args) == "fairseq"
-    score = score_fairseq_pair if fairseq else score_transformers_pair
-    ids, lp_base, lp_model, counts, averages = score(args, progress)
+    scorer = engine("scorers", framework([args.baseline, args.model], args))
+    ids, lp_base, lp_model, counts, averages = scorer.score_pair(args, progress)
     rows = by_frequency.loss_difference_bins(
         ids, -lp_base / LN2, -lp_model / LN2, counts, args.edges, args.min_tokens
     )
@@ -239,40 +162,10 @@ def bias_parser():
     return parser
 
 
-def fairseq_sentences(args):
-    scoring = scoring_of("fairseq")
-
-    model, task, cfg = scoring.load_checkpoint(args.model, args.data, None, use_cuda(args))
-    if getattr(task, "tgt_dict", None) is not None:
-        raise NaturalBiasError(f"{args.model} is a translation model: give a language model")
-    dictionary = task.target_dictionary
-    if args.spm:
-        from natbias.tools import sentencepiece_text
-
-        processor = sentencepiece_text.load(args.spm)
-        split = lambda text: sentencepiece_text.encode_lines(processor, [text])[0].split()  # noqa: E731
-    else:
-        split = str.split
-    encode = lambda text: [dictionary.index(piece) for piece in split(text)]  # noqa: E731
-    score = lambda ids: scoring.sentence_log_probs(model, dictionary, ids, use_cuda(args))  # noqa: E731
-    return encode, score, scoring.training_counts(task, cfg)
-
-
-def transformers_sentences(args):
-    scoring = scoring_of("transformers")
-
-    model, tokenizer = scoring.load_causal_lm(args.model, use_cuda(args))
-    counts = scoring.training_counts(model, tokenizer, args.counts, args.train_text)
-    encode = lambda text: scoring.encode(tokenizer, model, [text])[0]  # noqa: E731
-    return encode, lambda ids: scoring.sentence_log_probs(model, ids), counts
-
-
 def run_bias(args):
     pairs = [pair for path in args.pairs for pair in frequency_bias.read_pairs(path)]
-    kind = framework([args.model], args)
-    encode, score, counts = (
-        fairseq_sentences(args) if kind == "fairseq" else transformers_sentences(args)
-    )
+    scorer = engine("scorers", framework([args.model], args))
+    encode, score, counts = scorer.sentence_scorer(args)
     tokens = [(encode(p.good), encode(p.bad)) for p in pairs]
     kept = [
         frequency_bias.differing_tokens(g, b)[2] == frequency_bias.REPLACEMENT for g, b in tokens
