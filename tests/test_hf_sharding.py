@@ -24,6 +24,7 @@ import hf_shard_worker as worker  # noqa: E402
 from natbias_testing import REPO, free_port, script_python  # noqa: E402
 
 RELATIVE = 1e-5
+LOGGED = 0.5e-4  # a logged statistic is rounded to 4 decimals: by half a unit of the last
 
 
 @pytest.fixture(scope="module")
@@ -69,9 +70,10 @@ def test_sharded_training_is_one_process_training(sharded_runs, case):
     # The statistics, computed on every process (b and W gathered, the
     # probe's forward run by each), are one process's; the Trainer logs them,
     # its callbacks given the model it was given (not FSDP1's wrapper).
-    assert sharded["stats"] == pytest.approx(alone["stats"], abs=1e-4)
-    logged = sharded["trainer"]["logged"]
-    assert {k: logged[k] for k in alone["stats"]} == pytest.approx(alone["stats"], abs=1e-4)
+    assert sharded["stats"] == pytest.approx(alone["stats"], rel=RELATIVE)
+    logged = sharded["trainer"]["logged"]  # as the Trainer logs them: to 4 decimals
+    for key, value in alone["stats"].items():
+        assert abs(logged[key] - value) <= LOGGED + RELATIVE * abs(value), (key, logged[key], value)
     assert sharded["stats"]["gain"] > 0.05  # trained: the gain moved from its start
 
 
