@@ -5,6 +5,7 @@ that wrote it printed; one of a retired setting is refused in one line naming
 fairseq resumes; fine-tuning says what it does with the bias."""
 
 import filecmp
+import math
 import shutil
 from pathlib import Path
 
@@ -100,7 +101,7 @@ PRINTED = 0.5e-4  # P- lines print 4 decimals: half a unit of the last one
 
 
 def _float64_scores(checkpoint, toy_bin, lines):
-    """{H- line's id: log p of each token of its hypothesis and of the end of
+    """{H- line's id: log2 p of each token of its hypothesis and of the end of
     sentence}: the checkpoint's model, in float64, teacher-forced on the
     source (S- line) and hypothesis (H- line), as beam search scored them."""
     models, _, task = checkpoint_utils.load_model_ensemble_and_task(
@@ -108,7 +109,8 @@ def _float64_scores(checkpoint, toy_bin, lines):
     )
     model = models[0].double().eval()
     source, target = task.source_dictionary, task.target_dictionary
-    sources = {line[0][2:]: line[0].split("\t")[1].split() for line in lines if line[0][:2] == "S-"}
+    fields = [line[0].split("\t") for line in lines if line[0][:2] == "S-"]
+    sources = {number[2:]: text.split() for number, text in fields}
     scores = {}
     for line in lines:
         if line[0][:2] != "H-":
@@ -120,7 +122,8 @@ def _float64_scores(checkpoint, toy_bin, lines):
         with torch.no_grad():
             out = model(src, torch.tensor([src.shape[1]]), previous)
             log_p = model.get_normalized_probs(out, log_probs=True)[0]
-        scores[number] = log_p.gather(-1, torch.tensor(tokens)[:, None])[:, 0].tolist()
+        bits = log_p.gather(-1, torch.tensor(tokens)[:, None])[:, 0] / math.log(2)
+        scores[number] = bits.tolist()  # fairseq-generate prints its scores in base 2
     return scores
 
 

@@ -95,7 +95,9 @@ def log_bias_statistics(trainer, probe: Optional[dict] = None) -> BiasStatistics
     return callback
 
 
-def statistics(model, probe: Optional[dict] = None, wrapped=None, digits: Optional[int] = 4) -> dict:
+def statistics(
+    model, probe: Optional[dict] = None, wrapped=None, digits: Optional[int] = 4
+) -> dict:
     """The statistics of a natural-bias model, rounded to ``digits`` decimals
     as the Trainer logs them (None: unrounded, to compare runs); bias_kl and
     bias_norm of b as the logits see it. Under sharding, call it on every
