@@ -5,6 +5,7 @@ loss, gradients and bias statistics; a checkpoint written by 2 processes
 resumes on 1. The runs themselves: tests/hf_scale_worker.py."""
 
 import json
+import math
 import os
 import subprocess
 
@@ -47,6 +48,16 @@ def _statistics(history):
     return [entry["unrounded"] for entry in history if "loss" in entry]
 
 
+def _assert_same_statistics(ours: dict, theirs: dict) -> None:
+    """Each statistic within RELATIVE of the other; a divergence (bias_kl, in
+    bits) within RELATIVE of log2 |V| more: it is the difference of two
+    cross-entropies of about that size, whose float rounding it keeps."""
+    assert ours.keys() == theirs.keys() and ours
+    for key, value in theirs.items():
+        scale = abs(value) + (math.log2(worker.VOCAB) if "kl" in key else 0.0)
+        assert abs(ours[key] - value) <= RELATIVE * scale, (key, ours[key], value)
+
+
 def _close(a, b):
     return all(x == pytest.approx(y, rel=RELATIVE) for x, y in zip(a, b)) and len(a) == len(b)
 
@@ -63,7 +74,7 @@ def test_accumulating_gradients_trains_the_model_one_batch_trains(tmp_path, natu
     if natural_bias:
         assert len(_statistics(whole)) == 4
         for a, b in zip(_statistics(whole), _statistics(split), strict=True):
-            assert a == pytest.approx(b, rel=RELATIVE)
+            _assert_same_statistics(a, b)
 
 
 def _torchrun(out, *args):
@@ -84,7 +95,7 @@ def test_two_processes_train_as_one_with_accumulation_and_resume_on_one(tmp_path
     assert _close(_losses(two), _losses(one))
     for a, b in zip([e for e in two if "loss" in e], [e for e in one if "loss" in e], strict=True):
         assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=RELATIVE)
-        assert a["unrounded"] == pytest.approx(b["unrounded"], rel=RELATIVE)
+        _assert_same_statistics(a["unrounded"], b["unrounded"])
         assert set(a["unrounded"]) <= set(a)  # and the rounded ones were logged
     for a, b in zip(torch.load(tmp_path / "2x4/gradients.pt"), one_grads, strict=True):
         assert ((a - b).norm() / a.norm()).item() < RELATIVE
@@ -98,4 +109,4 @@ def test_two_processes_train_as_one_with_accumulation_and_resume_on_one(tmp_path
     )
     assert _losses(resumed)[-2:] and _close(_losses(resumed)[-2:], _losses(one)[-2:])
     for a, b in zip(_statistics(resumed)[-2:], _statistics(one)[-2:], strict=True):
-        assert a == pytest.approx(b, rel=RELATIVE)
+        _assert_same_statistics(a, b)
