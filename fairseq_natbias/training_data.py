@@ -205,7 +205,7 @@ def _sampling_ratios(task, keys, sizes):
     """The task's own sampling ratios, by its own rules (None: concatenated)."""
     args = task.args
     if args.sampling_weights_from_file:
-        from fairseq.data.multilingual.multilingual_utils import load_sampling_weights
+        from fairseq.data.multilingual.multilingual_data_manager import load_sampling_weights
 
         weights = load_sampling_weights(args.sampling_weights_from_file)
         return [weights[key] for key in keys]

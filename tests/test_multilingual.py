@@ -4,6 +4,7 @@ feed the targets, one prior per target language (``--natbias-prior
 per-language``), the counts file with any task, and bad input in one line.
 Real text: Multi30k's German, French and English, one SentencePiece model."""
 
+import json
 import math
 import re
 import shutil
@@ -127,11 +128,15 @@ def test_the_prior_weighs_pairs_as_the_task_samples_them(unequal, tmp_path):
     assert abs(counted.sum() - epoch.sum()) < 0.01 * epoch.sum(), (counted.sum(), epoch.sum())
 
 
+# Given weights: en-fr (600 sentences) drawn 4 times as often as en-de (1,200).
+GIVEN_WEIGHTS = {"main:en-de": 0.2, "main:en-fr": 0.8}
 SAMPLING = {
     "concat": [],
     "temperature-1.5": ["--sampling-method", "temperature", "--sampling-temperature", "1.5"],
     "temperature-5": TEMPERATURE_5,
     "uniform": ["--sampling-method", "uniform"],
+    "weights": ["--sampling-weights", json.dumps(GIVEN_WEIGHTS)],
+    "weights-from-file": ["--sampling-weights-from-file", "{file}"],  # GIVEN_WEIGHTS, written
 }
 
 
@@ -144,7 +149,9 @@ def sampled_weights(sampling, sentences):
     total = sum(sentences)
     if not sampling:
         return [1.0] * len(sentences)
-    if sampling[1] == "uniform":
+    if sampling[0].startswith("--sampling-weights"):  # given: en-de's, en-fr's
+        ratios = list(GIVEN_WEIGHTS.values())
+    elif sampling[1] == "uniform":
         ratios = [1.0] * len(sentences)
     else:
         ratios = [(n / total) ** (1 / float(sampling[3])) for n in sentences]
@@ -196,7 +203,10 @@ def test_a_fresh_model_starts_at_the_unigram_of_what_the_task_samples(
     model, the language token's position of a per-language one) within 0.02
     bits of the sampled mixture's. 2.2.0 scaled the sampled counts to one
     sentence, and add-one smoothing made its prior nearly uniform (+3 bits)."""
-    task, model, _ = build(unequal, tmp_path, *ONE_TO_MANY, *LANGTOKS, *SAMPLING[sampling],
+    weights_file = tmp_path / "weights.json"
+    weights_file.write_text(json.dumps(GIVEN_WEIGHTS))
+    options = [o.replace("{file}", str(weights_file)) for o in SAMPLING[sampling]]
+    task, model, _ = build(unequal, tmp_path, *ONE_TO_MANY, *LANGTOKS, *options,
                            "--natbias-prior", prior)  # fmt: skip
     dictionary, pieces = task.target_dictionary, unequal / "pieces"
     w_de, w_fr = sampled_weights(SAMPLING[sampling], [1200, 600])
