@@ -232,6 +232,42 @@ def test_a_fresh_model_starts_at_the_unigram_of_what_the_task_samples(
         assert all(row["mixture"] - row["own"] > 0.1 for w, row in bits.items() if w != "langtok")
 
 
+def test_with_the_language_token_replacing_bos_each_row_starts_at_its_language(data, tmp_path):
+    """--lang-tok-replacing-bos-eos: the language token is the decoder's first
+    input, not a target, so every position has its language's row. A fresh
+    model's bits per validation target token (words and EOS), by language,
+    within 0.02 bits of that language's unigram counted here, which is more
+    than 0.1 bits below the pooled one's (the pooled row everywhere would fail)."""
+    options = [*ONE_TO_MANY, *LANGTOKS, "--lang-tok-replacing-bos-eos"]
+    task, model, _ = build(data, tmp_path, *options, "--natbias-prior", "per-language")
+    dictionary, pieces = task.target_dictionary, data / "pieces"
+    own = {lang: _reference([pieces / f"train.{lang}"], dictionary) for lang in ("de", "fr")}
+    pooled = _reference([pieces / "train.de", pieces / "train.fr"], dictionary)
+    language_of = {task.data_manager.get_decoder_langtok(t, "tgt"): t for t in own}
+    task.load_dataset("valid", combine=False, epoch=1)
+    sums = {lang: Counter() for lang in own}
+    model.eval()
+    with torch.no_grad():
+        for sample in task.get_batch_iterator(
+            task.dataset("valid"), max_tokens=4000
+        ).next_epoch_itr(shuffle=False):
+            log_p = model.get_normalized_probs(model(**sample["net_input"]), log_probs=True)
+            target = sample["target"]
+            first_inputs = sample["net_input"]["prev_output_tokens"][:, 0].tolist()
+            for i, first in enumerate(first_inputs):
+                real = target[i] != dictionary.pad()
+                tokens = target[i][real]
+                row = sums[language_of[first]]
+                row["model"] -= log_p[i][real].gather(-1, tokens[:, None]).sum().item()
+                row["own"] -= own[language_of[first]][tokens].double().sum().item()
+                row["pooled"] -= pooled[tokens].double().sum().item()
+                row["tokens"] += len(tokens)
+    for lang, row in sums.items():
+        bits = {k: v / row["tokens"] / math.log(2) for k, v in row.items() if k != "tokens"}
+        assert row["tokens"] > 0 and abs(bits["model"] - bits["own"]) < 0.02, (lang, bits)
+        assert bits["pooled"] - bits["own"] > 0.1, (lang, bits)
+
+
 def _reference(paths, dictionary, extra=None):
     """The add-one log unigram of pieces files, counted in the test, as float32."""
     return reference_log_unigram(paths, dictionary, extra=extra).float()
