@@ -293,6 +293,48 @@ def test_each_row_is_its_languages_unigram_and_row_0_the_pooled_one(data, per_la
     assert torch.equal(model.target_log_unigram, bias.detach())
 
 
+CRITERIA = {
+    "label-smoothing": ["--criterion", "unigram_label_smoothed_cross_entropy"],
+    "regulariser": ["--criterion", "unigram_regularized_cross_entropy", "--unigram-reg-weight",
+                    "0.3", "--unigram-reg-updates", "5"],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("criterion_name", CRITERIA)
+def test_a_per_language_models_criterion_smooths_towards_the_pooled_unigram(
+    data, tmp_path, criterion_name
+):
+    """A per-language model with each unigram criterion: omega is the pooled
+    row, the unigram of every target (language tokens included) counted here,
+    and the loss on validation sentences is computed by hand from it: per
+    token (1 - eps)(-log p(y)) + eps CE(omega, p); the regulariser (on at
+    update 0): fairseq's label smoothing plus lambda sum_v omega(v) log p(v)."""
+    options = [*ONE_TO_MANY, *LANGTOKS, "--natbias-prior", "per-language", "--dropout", "0"]
+    task, model, criterion = build(
+        data, tmp_path, *options, *CRITERIA[criterion_name], "--label-smoothing", "0.1"
+    )
+    pieces, dictionary = data / "pieces", task.target_dictionary
+    tokens = {task.data_manager.get_decoder_langtok(t, "tgt"): 600 for t in ("de", "fr")}
+    omega = _reference([pieces / "train.de", pieces / "train.fr"], dictionary, tokens).exp()
+    sample = _valid_batch(task)
+    regularising = criterion_name == "regulariser"
+    model.train(regularising)  # the regulariser acts in training only (update 0: on)
+    loss, _, _ = criterion(model, sample)
+    with torch.no_grad():
+        log_p = model.get_normalized_probs(model(**sample["net_input"]), log_probs=True).double()
+    target = sample["target"]
+    keep = target != dictionary.pad()
+    nll = -log_p.gather(-1, target[..., None])[..., 0]
+    cross = -(omega.double() * log_p).sum(-1)
+    if regularising:  # fairseq's uniform label smoothing, then lambda sum_v omega(v) log p(v)
+        uniform = 0.1 / (log_p.shape[-1] - 1)
+        per_token = (0.9 - uniform) * nll - uniform * log_p.sum(-1) - 0.3 * cross
+    else:
+        per_token = 0.9 * nll + 0.1 * cross
+    expected = per_token[keep].sum().item()
+    assert loss.item() == pytest.approx(expected, rel=1e-5), (loss.item(), expected)
+
+
 def _valid_batch(task, n=40):
     if "valid" not in task.datasets:  # fairseq 0.12's multilingual task cannot load it twice
         task.load_dataset("valid", combine=False, epoch=1)
