@@ -4,6 +4,7 @@ feed the targets, one prior per target language (``--natbias-prior
 per-language``), the counts file with any task, and bad input in one line.
 Real text: Multi30k's German, French and English, one SentencePiece model."""
 
+import copy
 import json
 import math
 import re
@@ -26,6 +27,7 @@ from natbias_testing import (
     TINY_TRAINING,
     build_in_process,
     fairseq,
+    log_records,
     multi30k_has,
     reference_log_unigram,
 )
@@ -568,6 +570,50 @@ def trained(data, tmp_path_factory):
     first = fairseq("fairseq-train", *argv, "--max-update", "12")
     resumed = fairseq("fairseq-train", *argv, "--max-update", "16")
     return save, first.stdout + first.stderr, resumed.stdout + resumed.stderr
+
+
+def _bias_kl_and_norm_by_hand(bias, log_prior):
+    """The mean over the rows of KL(softmax(b[r]) || p[r]) in bits and of |b[r]|, float64."""
+    bias, log_prior = np.asarray(bias, np.float64), np.asarray(log_prior, np.float64)
+    top = bias.max(1, keepdims=True)
+    log_b = bias - top - np.log(np.exp(bias - top).sum(1, keepdims=True))  # log softmax
+    kl_bits = (np.exp(log_b) * (log_b - log_prior)).sum(1) / math.log(2)
+    return kl_bits.mean(), np.linalg.norm(bias, axis=1).mean()
+
+
+@pytest.mark.training
+def test_per_language_bias_kl_and_bias_norm_are_the_rows_mean_by_hand(trained):
+    """The last log line of the resumed run (update 16, the saved model):
+    bias_kl and bias_norm, means over the rows (pooled, de, fr), computed here
+    from the checkpoint, to the 4 decimals fairseq logs them with."""
+    save, _, resumed = trained
+    state = torch.load(save / "checkpoint_last.pt", map_location="cpu", weights_only=False)
+    bias = state["model"]["decoder.output_projection.bias"]
+    log_prior = state["model"]["target_log_unigram"]
+    assert bias.shape == log_prior.shape and len(bias) == 3  # pooled, de, fr
+    kl, norm = _bias_kl_and_norm_by_hand(bias, log_prior)
+    (last,) = [r for r in log_records(resumed) if r["num_updates"] == 16]
+    assert last["bias_kl"] == pytest.approx(kl, abs=0.5e-4 + 1e-5 * kl)
+    assert last["bias_norm"] == pytest.approx(norm, abs=0.5e-4 + 1e-5 * norm)
+
+
+def test_per_language_bias_kl_and_bias_norm_with_b_off_the_prior(per_language):
+    """16 updates leave b at its prior (bias_kl 7e-6 bits); with each row
+    moved off it by a ramp of its own, the logged statistics (the logging
+    hook's) are the rows' means computed here."""
+    from fairseq_natbias.logging_hook import BiasDivergenceHook
+
+    _, model, _ = per_language
+    model = copy.deepcopy(model)
+    bias = model.decoder.output_projection.bias
+    with torch.no_grad():
+        ramp = torch.linspace(-1.0, 1.0, bias.shape[-1])
+        bias += torch.stack([ramp * (r + 1) for r in range(len(bias))])
+    stats = BiasDivergenceHook(model, stats_interval=1).bias_statistics()
+    kl, norm = _bias_kl_and_norm_by_hand(bias.detach(), model.target_log_unigram)
+    assert kl > 0.1  # the rows are off their priors
+    assert stats["bias_kl"] == pytest.approx(kl, rel=1e-5)
+    assert stats["bias_norm"] == pytest.approx(norm, rel=1e-5)
 
 
 def _generate(data, path, target, *extra):
