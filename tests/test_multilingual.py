@@ -472,21 +472,31 @@ def test_a_counts_file_works_with_a_task_the_counter_does_not_know(data, tmp_pat
     assert torch.equal(criterion_prior(unknown, model, "train", "c"), model.target_log_unigram)
 
 
-def test_a_counts_file_of_dict_txt_gives_a_multilingual_model_its_prior(data, tmp_path):
+def test_a_counts_file_of_dict_txt_counts_the_language_tokens_as_the_task_feeds_them(
+    data, tmp_path
+):
     """natbias-count --dict dict.de.txt knows no language token, which the task
-    adds: they count 0. Nothing is counted from the task (its training
-    split is gone)."""
+    puts first in every target: each of the file's sentences (its EOS count)
+    gives one, split between de and fr. Nothing is counted from the task (its
+    training split is gone). At update 0 each sentence's first target costs
+    what that prior says (0.05 bits), far less than 1/(N+|V|) did."""
     copy = tmp_path / "data"
     shutil.copytree(data, copy, ignore=shutil.ignore_patterns("train.*"))
     file = _counts_file(data, tmp_path)
     options = [*ONE_TO_MANY, *LANGTOKS, "--natbias-init", "file", "--natbias-counts", file]
-    task, model, criterion = build(copy, tmp_path, *options)
-    expected = _reference([data / "pieces/train.de"], task.target_dictionary)
+    task, model, _ = build(copy, tmp_path, *options)
+    dictionary, text = task.target_dictionary, data / "pieces/train.de"
+    sentences = len(text.read_text(encoding="utf-8").splitlines())
+    tokens = [task.data_manager.get_decoder_langtok(t, "tgt") for t in ("de", "fr")]
+    expected = _reference([text], dictionary, {t: sentences / 2 for t in tokens})
     assert torch.allclose(model.target_log_unigram, expected, atol=1e-5)
-    langtok = task.data_manager.get_decoder_langtok("de", "tgt")
-    assert math.isclose(
-        expected[langtok].exp(), 1 / (16273 + len(task.target_dictionary)), rel_tol=1e-3
-    )
+    zero = _reference([text], dictionary)  # the language tokens at 0: 1/(N+|V|)
+    assert math.isclose(zero[tokens[0]].exp(), 1 / (16273 + len(dictionary)), rel_tol=1e-3)
+    priors = {where: {"now": expected, "zero": zero} for where in ("langtok", "de", "fr")}
+    bits = step0_bits(task, model, priors)
+    first = bits["langtok"]
+    assert abs(first["model"] - first["now"]) < 0.05, bits
+    assert first["zero"] - first["model"] > 5, bits  # the cost of the language tokens at 0
 
 
 REFUSALS = {
