@@ -245,23 +245,17 @@ def count_multilingual_targets(task, split: str) -> tuple[np.ndarray, dict]:
 
 
 def language_tokens_as_fed(task, counts: np.ndarray) -> np.ndarray:
-    """A counts file's counts, its target language tokens that it counts 0
-    (a file made from ``dict.LANG.txt`` knows none) counted as the task feeds
-    them: each of the file's sentences ends in one EOS and, as a target of a
-    multilingual task with ``--decoder-langtok``, starts with one language
-    token, so the EOS count is split evenly among those tokens. Left at 0
-    they would start at 1/(N+|V|): 14.1 bits on each sentence's first target
-    at update 0 (Multi30k en-de,en-fr, a file of train.de), 5.9 split so; the
-    other tokens pay 0.05 bits for it (tests/test_multilingual.py)."""
+    """A counts file's target language tokens that it counts 0 (one made from
+    ``dict.LANG.txt``), counted as the task feeds them (``--decoder-langtok``:
+    one first in each sentence, which ends in one EOS): the EOS count, split
+    among them. At 0 a first target cost 14.1 bits at update 0, now 5.9 (Multi30k)."""
     args = getattr(task, "args", None)
     if not is_multilingual(task) or getattr(args, "lang_tok_replacing_bos_eos", False):
         return counts  # no language token among the targets
-    tokens = [t for t in target_language_tokens(task).values() if t is not None]
-    unseen = [t for t in tokens if counts[t] == 0]
-    if not unseen:
-        return counts
-    counts = counts.astype(np.float64)
-    counts[unseen] = counts[task.target_dictionary.eos()] / len(unseen)
+    unseen = [t for t in target_language_tokens(task).values() if t is not None and counts[t] == 0]
+    if unseen:
+        counts = counts.astype(np.float64)
+        counts[unseen] = counts[task.target_dictionary.eos()] / len(unseen)
     return counts
 
 
