@@ -122,6 +122,7 @@ class NaturalBiasModel(KeepsFloat32):
         if args.natbias_init == "file":
             added = language_prior.language_symbols(task)  # a multilingual task's language tokens
             counts = read_counts_file(args.natbias_counts, training_data.symbols(dictionary), added)
+            counts = training_data.language_tokens_as_fed(task, counts)
             log_prior = log_unigram(counts, smoothing)
         elif getattr(args, LANGUAGE_TOKENS, None):  # row 0 pooled, then each target language
             counts, by_language = training_data.count_multilingual_targets(task, split)

@@ -30,6 +30,7 @@ from transformers import (
 )
 
 from natbias.hf import UnigramLabelSmoothingLoss, add_natural_bias, log_bias_statistics
+from natbias.hf.callback import statistics
 
 VOCAB = 48
 SEQUENCES = 16  # two updates an epoch of 8 sequences
@@ -66,7 +67,9 @@ def model(natural_bias: bool = True):
 
 class RecordGradients(TrainerCallback):
     """Every parameter's gradient as the optimizer is about to step (after
-    DDP's reduction, before clipping), flattened in the model's order."""
+    DDP's reduction, before clipping), flattened in the model's order; and
+    each logged update's bias statistics unrounded (the log's are rounded to
+    4 decimals), in its log entry as "unrounded"."""
 
     def __init__(self):
         self.gradients = []
@@ -74,6 +77,10 @@ class RecordGradients(TrainerCallback):
     def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
         grads = [p.grad.detach().reshape(-1) for p in model.parameters() if p.grad is not None]
         self.gradients.append(torch.cat(grads).clone())
+
+    def on_log(self, args, state, control, model=None, logs=None, **kwargs):
+        if "loss" in (logs or {}) and hasattr(model, "natbias_log_prior"):
+            state.log_history[-1]["unrounded"] = statistics(model, digits=None)
 
 
 def train(

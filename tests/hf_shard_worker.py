@@ -135,7 +135,11 @@ def train(model, world: int = 1, data_parallel: bool = False, out: Path = None, 
     losses = [update(run, step, loss_fn, ids, world, data_parallel) for ids in batches()]
     probe = dict(zip(("inputs", "labels"), inputs_of(model, batches()[0][:2])))
     probe = {**probe.pop("inputs"), "labels": probe["labels"]}
-    result = {"losses": losses, "stats": statistics(model, probe), **output_layer(model)}
+    result = {
+        "losses": losses,
+        "stats": statistics(model, probe, digits=None),
+        **output_layer(model),
+    }
     if out is not None:
         result["trainer"] = callbacks_through_a_trainer(run, probe, out)
     return result

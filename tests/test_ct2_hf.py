@@ -1,7 +1,8 @@
 """natbias-ct2-converter on natbias.hf models (natbias.hf.ct2): each family that
 CTranslate2 converts, tiny and built in code (tests/hf_tiny.py), is served
-with the same scores and greedily the same tokens as transformers gives it;
-with b zeroed in the converted model they differ (the control). A family
+with the same scores and greedily the same tokens as transformers gives it
+(a row may part only at a tie within the scores' agreement); with b zeroed
+in the converted model they differ in at least 10 % of the rows (the control). A family
 CTranslate2 cannot convert, stock or not, is refused in one line."""
 
 import copy
@@ -125,6 +126,43 @@ def transformers_greedy(model):
     return [until_eos(ids[skip:], model.config.eos_token_id) for ids in out]
 
 
+SCORES = 1e-4  # nats: CTranslate2's log p within this of transformers' (float32 both)
+# A greedy step whose top-2 log p are within 2 x SCORES of each other in
+# transformers is a tie that CTranslate2 (each log p within SCORES) may break
+# the other way; its row may differ from there on, and only from there.
+TIE = 2 * SCORES
+CHANGED = 0.1  # the control (b zeroed) changes at least this share of the rows
+
+
+def step_gap(model, prompt, prefix, size=V):
+    """transformers' top-2 gap of log p at the greedy step after ``prefix``
+    (over the first ``size`` entries, those CTranslate2 serves)."""
+    with torch.no_grad():
+        if is_seq2seq(model):
+            start = [model.config.decoder_start_token_id, *prompt[:DECODER_PREFIX], *prefix]
+            inputs = dict(input_ids=torch.tensor([prompt]), decoder_input_ids=torch.tensor([start]))
+        else:
+            inputs = dict(input_ids=torch.tensor([prompt + prefix]))
+        logits = model(**inputs).logits[0, -1, :size]
+    top = torch.log_softmax(logits.double(), -1).topk(2).values
+    return (top[0] - top[1]).item()
+
+
+def assert_same_greedy(model, greedy, expected, size=V):
+    """Each row transformers', or parting from it only at a tie (TIE)."""
+    for i, (row, reference) in enumerate(zip(greedy, expected, strict=True)):
+        if row == reference:
+            continue
+        step = next((s for s, (a, b) in enumerate(zip(row, reference)) if a != b), None)
+        step = min(len(row), len(reference)) if step is None else step
+        gap = step_gap(model, PROMPTS[i], reference[:step], size)
+        assert gap <= TIE, f"row {i} differs at step {step}, where the top-2 gap is {gap:.2e}"
+
+
+def changed_share(greedy, expected):
+    return sum(a != b for a, b in zip(greedy, expected, strict=True)) / len(expected)
+
+
 def until_eos(ids, eos):
     return ids[: ids.index(eos)] if eos in ids else ids
 
@@ -221,8 +259,8 @@ def test_each_family_ctranslate2_converts_is_served_with_the_natural_bias(
     directory = to_ctranslate2(model, tmp_path / "ct2", tokenizer)
     scores, greedy = served(model, tokenizer, directory)
     expected_scores = transformers_scores(model, PROMPTS, served_size(directory))
-    assert (scores - expected_scores).abs().max().item() <= 1e-4
-    assert greedy == expected
+    assert (scores - expected_scores).abs().max().item() <= SCORES
+    assert_same_greedy(model, greedy, expected, served_size(directory))
     assert model.get_output_embeddings().gain().item() == pytest.approx(0.4)  # left as it was
 
     zeroed = copy.deepcopy(model)
@@ -230,7 +268,7 @@ def test_each_family_ctranslate2_converts_is_served_with_the_natural_bias(
         zeroed.output_bias().zero_()
     scores, greedy = served(model, tokenizer, to_ctranslate2(zeroed, tmp_path / "zero", tokenizer))
     assert (scores - expected_scores).abs().max().item() > 0.1
-    assert greedy != expected
+    assert changed_share(greedy, expected) >= CHANGED, (greedy, expected)
 
 
 def test_gemma_2_with_attention_soft_capping_is_refused_as_inexact(tmp_path):
@@ -255,7 +293,7 @@ def test_the_console_script_converts_a_saved_model_and_quantizes_it(tmp_path, ca
         )
         assert f"wrote {tmp_path / quantization}" in capsys.readouterr().out
     _, greedy = served(model, tokenizer, tmp_path / "float32")
-    assert greedy == transformers_greedy(model)
+    assert_same_greedy(model, greedy, transformers_greedy(model))
     sizes = {q: (tmp_path / q / "model.bin").stat().st_size for q in ("float32", "int8")}
     assert sizes["int8"] < 0.6 * sizes["float32"]  # the weights stored in a byte, not four
     generator = ctranslate2.Generator(str(tmp_path / "int8"), compute_type="int8", intra_threads=1)

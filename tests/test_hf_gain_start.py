@@ -10,7 +10,7 @@ import torch
 
 pytest.importorskip("transformers")
 
-from hf_tiny import build, zipf_targets  # noqa: E402
+from hf_tiny import build, hand_log_prior, max_kl_from, zipf_targets  # noqa: E402
 
 import natbias.hf.natural_bias  # noqa: E402
 from natbias.head import DEFAULT_GAIN_INIT  # noqa: E402
@@ -95,3 +95,46 @@ def test_w_phi_block_by_block_is_the_float64_product_of_a_copy(dtype):
     assert ours.dtype == torch.float64 and ours.shape == before.shape
     torch.testing.assert_close(ours, before, rtol=1e-12, atol=1e-12)
     assert ours.std().item() == pytest.approx(before.std().item(), rel=1e-12)
+
+
+def last_position_scale_by_hand(model):
+    """The standard deviation of W phi on the probe, from the last hidden
+    state (after the final norm) at its last position."""
+    with torch.no_grad():
+        out = model.eval()(**one_token_inputs(model), output_hidden_states=True)
+    phi = out.hidden_states[-1][0, -1].double()
+    return (model.get_output_embeddings().weight.double() @ phi).std().item()
+
+
+# d = 1024 in one block (the start depends on d through W phi's scale, not on depth)
+WIDE = {
+    "gpt2": dict(n_embd=1024, n_head=16, n_layer=1),
+    "llama": dict(hidden_size=1024, num_attention_heads=16, num_key_value_heads=16,
+                  intermediate_size=64, num_hidden_layers=1),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("family", WIDE)
+def test_at_d_1024_the_measured_start_is_below_the_default_and_starts_at_the_unigram(family):
+    """W from N(0, 0.02²) and phi layer-normalised: W phi's scale grows as
+    sqrt(d), so at d = 1024 the start the measurement picks is below 0.05
+    (the families' tests, at d = 16, stay at 0.05). It is sqrt(2 START_KL) / s
+    for s measured here from the hidden states, and the fresh model's bits on
+    held-out targets are the unigram's counted here (0.05 bits), its KL from
+    the prior at every position below 10 START_KL."""
+    model = build(family, **WIDE[family])
+    expected = math.sqrt(2 * START_KL) / last_position_scale_by_hand(model)
+    assert expected < DEFAULT_GAIN_INIT
+    add_natural_bias(model, zipf_targets())
+    assert model.config.natural_bias["gain_init"] == pytest.approx(expected, rel=5e-3)
+    assert model.output_gain().item() == pytest.approx(expected, rel=5e-3)
+    prior = hand_log_prior(zipf_targets(), causal=True)
+    held_out = torch.tensor([s[:4] for s in zipf_targets(50, seed=1) if len(s) >= 4])
+    with torch.no_grad():
+        logits = model.eval()(input_ids=held_out).logits
+    log_p = torch.log_softmax(logits[:, :-1].double(), -1)
+    targets = held_out[:, 1:, None]
+    bits = -log_p.gather(-1, targets).mean().item() / math.log(2)
+    unigram_bits = -prior[targets].mean().item() / math.log(2)
+    assert abs(bits - unigram_bits) < 0.05, (bits, unigram_bits)
+    assert max_kl_from(prior, logits) < 10 * START_KL

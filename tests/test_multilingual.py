@@ -4,6 +4,8 @@ feed the targets, one prior per target language (``--natbias-prior
 per-language``), the counts file with any task, and bad input in one line.
 Real text: Multi30k's German, French and English, one SentencePiece model."""
 
+import copy
+import json
 import math
 import re
 import shutil
@@ -25,6 +27,7 @@ from natbias_testing import (
     TINY_TRAINING,
     build_in_process,
     fairseq,
+    log_records,
     multi30k_has,
     reference_log_unigram,
 )
@@ -127,11 +130,15 @@ def test_the_prior_weighs_pairs_as_the_task_samples_them(unequal, tmp_path):
     assert abs(counted.sum() - epoch.sum()) < 0.01 * epoch.sum(), (counted.sum(), epoch.sum())
 
 
+# Given weights: en-fr (600 sentences) drawn 4 times as often as en-de (1,200).
+GIVEN_WEIGHTS = {"main:en-de": 0.2, "main:en-fr": 0.8}
 SAMPLING = {
     "concat": [],
     "temperature-1.5": ["--sampling-method", "temperature", "--sampling-temperature", "1.5"],
     "temperature-5": TEMPERATURE_5,
     "uniform": ["--sampling-method", "uniform"],
+    "weights": ["--sampling-weights", json.dumps(GIVEN_WEIGHTS)],
+    "weights-from-file": ["--sampling-weights-from-file", "{file}"],  # GIVEN_WEIGHTS, written
 }
 
 
@@ -144,7 +151,9 @@ def sampled_weights(sampling, sentences):
     total = sum(sentences)
     if not sampling:
         return [1.0] * len(sentences)
-    if sampling[1] == "uniform":
+    if sampling[0].startswith("--sampling-weights"):  # given: en-de's, en-fr's
+        ratios = list(GIVEN_WEIGHTS.values())
+    elif sampling[1] == "uniform":
         ratios = [1.0] * len(sentences)
     else:
         ratios = [(n / total) ** (1 / float(sampling[3])) for n in sentences]
@@ -196,7 +205,10 @@ def test_a_fresh_model_starts_at_the_unigram_of_what_the_task_samples(
     model, the language token's position of a per-language one) within 0.02
     bits of the sampled mixture's. 2.2.0 scaled the sampled counts to one
     sentence, and add-one smoothing made its prior nearly uniform (+3 bits)."""
-    task, model, _ = build(unequal, tmp_path, *ONE_TO_MANY, *LANGTOKS, *SAMPLING[sampling],
+    weights_file = tmp_path / "weights.json"
+    weights_file.write_text(json.dumps(GIVEN_WEIGHTS))
+    options = [o.replace("{file}", str(weights_file)) for o in SAMPLING[sampling]]
+    task, model, _ = build(unequal, tmp_path, *ONE_TO_MANY, *LANGTOKS, *options,
                            "--natbias-prior", prior)  # fmt: skip
     dictionary, pieces = task.target_dictionary, unequal / "pieces"
     w_de, w_fr = sampled_weights(SAMPLING[sampling], [1200, 600])
@@ -222,6 +234,42 @@ def test_a_fresh_model_starts_at_the_unigram_of_what_the_task_samples(
         assert all(row["mixture"] - row["own"] > 0.1 for w, row in bits.items() if w != "langtok")
 
 
+def test_with_the_language_token_replacing_bos_each_row_starts_at_its_language(data, tmp_path):
+    """--lang-tok-replacing-bos-eos: the language token is the decoder's first
+    input, not a target, so every position has its language's row. A fresh
+    model's bits per validation target token (words and EOS), by language,
+    within 0.02 bits of that language's unigram counted here, which is more
+    than 0.1 bits below the pooled one's (the pooled row everywhere would fail)."""
+    options = [*ONE_TO_MANY, *LANGTOKS, "--lang-tok-replacing-bos-eos"]
+    task, model, _ = build(data, tmp_path, *options, "--natbias-prior", "per-language")
+    dictionary, pieces = task.target_dictionary, data / "pieces"
+    own = {lang: _reference([pieces / f"train.{lang}"], dictionary) for lang in ("de", "fr")}
+    pooled = _reference([pieces / "train.de", pieces / "train.fr"], dictionary)
+    language_of = {task.data_manager.get_decoder_langtok(t, "tgt"): t for t in own}
+    task.load_dataset("valid", combine=False, epoch=1)
+    sums = {lang: Counter() for lang in own}
+    model.eval()
+    with torch.no_grad():
+        for sample in task.get_batch_iterator(
+            task.dataset("valid"), max_tokens=4000
+        ).next_epoch_itr(shuffle=False):
+            log_p = model.get_normalized_probs(model(**sample["net_input"]), log_probs=True)
+            target = sample["target"]
+            first_inputs = sample["net_input"]["prev_output_tokens"][:, 0].tolist()
+            for i, first in enumerate(first_inputs):
+                real = target[i] != dictionary.pad()
+                tokens = target[i][real]
+                row = sums[language_of[first]]
+                row["model"] -= log_p[i][real].gather(-1, tokens[:, None]).sum().item()
+                row["own"] -= own[language_of[first]][tokens].double().sum().item()
+                row["pooled"] -= pooled[tokens].double().sum().item()
+                row["tokens"] += len(tokens)
+    for lang, row in sums.items():
+        bits = {k: v / row["tokens"] / math.log(2) for k, v in row.items() if k != "tokens"}
+        assert row["tokens"] > 0 and abs(bits["model"] - bits["own"]) < 0.02, (lang, bits)
+        assert bits["pooled"] - bits["own"] > 0.1, (lang, bits)
+
+
 def _reference(paths, dictionary, extra=None):
     """The add-one log unigram of pieces files, counted in the test, as float32."""
     return reference_log_unigram(paths, dictionary, extra=extra).float()
@@ -245,6 +293,48 @@ def test_each_row_is_its_languages_unigram_and_row_0_the_pooled_one(data, per_la
     expected = [pooled, *(_reference([pieces / f"train.{lang}"], dictionary) for lang in tokens)]
     assert torch.allclose(bias.detach(), torch.stack(expected), atol=1e-5)
     assert torch.equal(model.target_log_unigram, bias.detach())
+
+
+CRITERIA = {
+    "label-smoothing": ["--criterion", "unigram_label_smoothed_cross_entropy"],
+    "regulariser": ["--criterion", "unigram_regularized_cross_entropy", "--unigram-reg-weight",
+                    "0.3", "--unigram-reg-updates", "5"],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("criterion_name", CRITERIA)
+def test_a_per_language_models_criterion_smooths_towards_the_pooled_unigram(
+    data, tmp_path, criterion_name
+):
+    """A per-language model with each unigram criterion: omega is the pooled
+    row, the unigram of every target (language tokens included) counted here,
+    and the loss on validation sentences is computed by hand from it: per
+    token (1 - eps)(-log p(y)) + eps CE(omega, p); the regulariser (on at
+    update 0): fairseq's label smoothing plus lambda sum_v omega(v) log p(v)."""
+    options = [*ONE_TO_MANY, *LANGTOKS, "--natbias-prior", "per-language", "--dropout", "0"]
+    task, model, criterion = build(
+        data, tmp_path, *options, *CRITERIA[criterion_name], "--label-smoothing", "0.1"
+    )
+    pieces, dictionary = data / "pieces", task.target_dictionary
+    tokens = {task.data_manager.get_decoder_langtok(t, "tgt"): 600 for t in ("de", "fr")}
+    omega = _reference([pieces / "train.de", pieces / "train.fr"], dictionary, tokens).exp()
+    sample = _valid_batch(task)
+    regularising = criterion_name == "regulariser"
+    model.train(regularising)  # the regulariser acts in training only (update 0: on)
+    loss, _, _ = criterion(model, sample)
+    with torch.no_grad():
+        log_p = model.get_normalized_probs(model(**sample["net_input"]), log_probs=True).double()
+    target = sample["target"]
+    keep = target != dictionary.pad()
+    nll = -log_p.gather(-1, target[..., None])[..., 0]
+    cross = -(omega.double() * log_p).sum(-1)
+    if regularising:  # fairseq's uniform label smoothing, then lambda sum_v omega(v) log p(v)
+        uniform = 0.1 / (log_p.shape[-1] - 1)
+        per_token = (0.9 - uniform) * nll - uniform * log_p.sum(-1) - 0.3 * cross
+    else:
+        per_token = 0.9 * nll + 0.1 * cross
+    expected = per_token[keep].sum().item()
+    assert loss.item() == pytest.approx(expected, rel=1e-5), (loss.item(), expected)
 
 
 def _valid_batch(task, n=40):
@@ -382,21 +472,31 @@ def test_a_counts_file_works_with_a_task_the_counter_does_not_know(data, tmp_pat
     assert torch.equal(criterion_prior(unknown, model, "train", "c"), model.target_log_unigram)
 
 
-def test_a_counts_file_of_dict_txt_gives_a_multilingual_model_its_prior(data, tmp_path):
+def test_a_counts_file_of_dict_txt_counts_the_language_tokens_as_the_task_feeds_them(
+    data, tmp_path
+):
     """natbias-count --dict dict.de.txt knows no language token, which the task
-    adds: they count 0. Nothing is counted from the task (its training
-    split is gone)."""
+    puts first in every target: each of the file's sentences (its EOS count)
+    gives one, split between de and fr. Nothing is counted from the task (its
+    training split is gone). At update 0 each sentence's first target costs
+    what that prior says (0.05 bits), far less than 1/(N+|V|) did."""
     copy = tmp_path / "data"
     shutil.copytree(data, copy, ignore=shutil.ignore_patterns("train.*"))
     file = _counts_file(data, tmp_path)
     options = [*ONE_TO_MANY, *LANGTOKS, "--natbias-init", "file", "--natbias-counts", file]
-    task, model, criterion = build(copy, tmp_path, *options)
-    expected = _reference([data / "pieces/train.de"], task.target_dictionary)
+    task, model, _ = build(copy, tmp_path, *options)
+    dictionary, text = task.target_dictionary, data / "pieces/train.de"
+    sentences = len(text.read_text(encoding="utf-8").splitlines())
+    tokens = [task.data_manager.get_decoder_langtok(t, "tgt") for t in ("de", "fr")]
+    expected = _reference([text], dictionary, {t: sentences / 2 for t in tokens})
     assert torch.allclose(model.target_log_unigram, expected, atol=1e-5)
-    langtok = task.data_manager.get_decoder_langtok("de", "tgt")
-    assert math.isclose(
-        expected[langtok].exp(), 1 / (16273 + len(task.target_dictionary)), rel_tol=1e-3
-    )
+    zero = _reference([text], dictionary)  # the language tokens at 0: 1/(N+|V|)
+    assert math.isclose(zero[tokens[0]].exp(), 1 / (16273 + len(dictionary)), rel_tol=1e-3)
+    priors = {where: {"now": expected, "zero": zero} for where in ("langtok", "de", "fr")}
+    bits = step0_bits(task, model, priors)
+    first = bits["langtok"]
+    assert abs(first["model"] - first["now"]) < 0.05, bits
+    assert first["zero"] - first["model"] > 5, bits  # the cost of the language tokens at 0
 
 
 REFUSALS = {
@@ -480,6 +580,50 @@ def trained(data, tmp_path_factory):
     first = fairseq("fairseq-train", *argv, "--max-update", "12")
     resumed = fairseq("fairseq-train", *argv, "--max-update", "16")
     return save, first.stdout + first.stderr, resumed.stdout + resumed.stderr
+
+
+def _bias_kl_and_norm_by_hand(bias, log_prior):
+    """The mean over the rows of KL(softmax(b[r]) || p[r]) in bits and of |b[r]|, float64."""
+    bias, log_prior = np.asarray(bias, np.float64), np.asarray(log_prior, np.float64)
+    top = bias.max(1, keepdims=True)
+    log_b = bias - top - np.log(np.exp(bias - top).sum(1, keepdims=True))  # log softmax
+    kl_bits = (np.exp(log_b) * (log_b - log_prior)).sum(1) / math.log(2)
+    return kl_bits.mean(), np.linalg.norm(bias, axis=1).mean()
+
+
+@pytest.mark.training
+def test_per_language_bias_kl_and_bias_norm_are_the_rows_mean_by_hand(trained):
+    """The last log line of the resumed run (update 16, the saved model):
+    bias_kl and bias_norm, means over the rows (pooled, de, fr), computed here
+    from the checkpoint, to the 4 decimals fairseq logs them with."""
+    save, _, resumed = trained
+    state = torch.load(save / "checkpoint_last.pt", map_location="cpu", weights_only=False)
+    bias = state["model"]["decoder.output_projection.bias"]
+    log_prior = state["model"]["target_log_unigram"]
+    assert bias.shape == log_prior.shape and len(bias) == 3  # pooled, de, fr
+    kl, norm = _bias_kl_and_norm_by_hand(bias, log_prior)
+    (last,) = [r for r in log_records(resumed) if r["num_updates"] == 16]
+    assert last["bias_kl"] == pytest.approx(kl, abs=0.5e-4 + 1e-5 * kl)
+    assert last["bias_norm"] == pytest.approx(norm, abs=0.5e-4 + 1e-5 * norm)
+
+
+def test_per_language_bias_kl_and_bias_norm_with_b_off_the_prior(per_language):
+    """16 updates leave b at its prior (bias_kl 7e-6 bits); with each row
+    moved off it by a ramp of its own, the logged statistics (the logging
+    hook's) are the rows' means computed here."""
+    from fairseq_natbias.logging_hook import BiasDivergenceHook
+
+    _, model, _ = per_language
+    model = copy.deepcopy(model)
+    bias = model.decoder.output_projection.bias
+    with torch.no_grad():
+        ramp = torch.linspace(-1.0, 1.0, bias.shape[-1])
+        bias += torch.stack([ramp * (r + 1) for r in range(len(bias))])
+    stats = BiasDivergenceHook(model, stats_interval=1).bias_statistics()
+    kl, norm = _bias_kl_and_norm_by_hand(bias.detach(), model.target_log_unigram)
+    assert kl > 0.1  # the rows are off their priors
+    assert stats["bias_kl"] == pytest.approx(kl, rel=1e-5)
+    assert stats["bias_norm"] == pytest.approx(norm, rel=1e-5)
 
 
 def _generate(data, path, target, *extra):

@@ -70,6 +70,30 @@ def test_the_zero_bias_starts_far_from_the_unigram(multi30k_bin, unigram_cross_e
     assert zero_result["nll"] > unigram_ce_bits + 3.0, zero_result
 
 
+@pytest.mark.parametrize(
+    "options, counted, alpha",
+    [(["--natbias-smoothing", "0.5"], "train", 0.5), (["--train-subset", "valid"], "valid", 1.0)],
+    ids=["smoothing-0.5", "train-subset-valid"],
+)
+def test_a_counted_prior_follows_the_smoothing_and_the_train_subset(
+    multi30k_bin, multi30k_text, options, counted, alpha
+):
+    """--natbias-smoothing != 1 and --train-subset, as fairseq-train builds
+    the model: b is the add-alpha log-unigram of that subset's targets counted
+    here (1e-5), and the fresh model's validation NLL is that unigram's
+    cross-entropy within 0.05 bits, its KL from its prior below 0.03 bits."""
+    dictionary = Dictionary.load(str(multi30k_bin / "dict.en.txt"))
+    log_u = hand_log_unigram(multi30k_text / f"{counted}.en", dictionary, alpha)
+    _, task, model = build(multi30k_bin, *options)
+    bias = model.decoder.output_projection.bias.detach().double()
+    assert (bias - torch.from_numpy(log_u)).abs().max().item() < 1e-5
+    valid = hand_counts(multi30k_text / "valid.en", dictionary)
+    cross_entropy = -(valid * log_u).sum() / valid.sum() / math.log(2)
+    fresh = validation_divergence(task, model)
+    assert abs(fresh["nll"] - cross_entropy) < 0.05, (fresh, cross_entropy)
+    assert fresh["kl_unigram"] < 0.03, fresh
+
+
 @pytest.mark.parametrize("weight_init", ["gain", "fairseq", "paper"])
 def test_biases_share_every_initial_parameter_but_the_bias(toy_bin, weight_init):
     states = {

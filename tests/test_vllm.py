@@ -124,7 +124,7 @@ def natural_bias_model(family):
     head = model.get_output_embeddings()
     scale = (model.natbias_logit_map or {}).get("scale", 1.0)
     with torch.no_grad():
-        head.gain_param.fill_(0.4 / head.gain_speed)
+        head.gain_param.fill_(GAIN / head.gain_speed)
         bias = model.output_bias()
         bias.zero_()
         head.weight.mul_(2.0 / model(input_ids=torch.tensor(PROMPTS)).logits.std())
@@ -132,6 +132,34 @@ def natural_bias_model(family):
         spread = max(2.0, (top[..., 0] - top[..., 1]).median().item() / 2)
         bias.copy_(spread * torch.randn(V, generator=torch.Generator().manual_seed(1)) / scale)
     return model
+
+
+GAIN = 0.4  # g of natural_bias_model
+
+
+def logits_by_hand(model, ids, scale):
+    """f(g W phi + b) + (lambda - 1) f(b), in float64, from the head's input
+    phi, its W and b and g = GAIN, not through natbias's head or processor:
+    g W phi + lambda b where the family maps nothing (f, the family's logit
+    scale or soft cap, applied here by hand)."""
+    head = model.get_output_embeddings()
+    captured = {}
+    hook = head.register_forward_pre_hook(lambda module, args: captured.update(phi=args[0]))
+    try:
+        with torch.no_grad():
+            model(input_ids=ids)
+    finally:
+        hook.remove()
+    logit_map = model.natbias_logit_map or {}
+
+    def f(x):
+        x = x * logit_map.get("scale", 1.0)
+        cap = logit_map.get("softcap")
+        return x if cap is None else cap * torch.tanh(x / cap)
+
+    b = model.output_bias().detach().double()
+    w_phi = captured["phi"].double() @ head.weight.detach().double().T
+    return f(GAIN * w_phi + b) + (scale - 1.0) * f(b)
 
 
 def greedy(model, processor=None, gaps=None):
@@ -204,9 +232,11 @@ def references(tmp_path_factory):
         tokens, logprobs = greedy(model)
         scaled = {s: greedy(model, BiasScaleLogitsProcessor(model, s))[0] for s in SCALES}
         bfloat16 = bfloat16_greedy(model) if family in BFLOAT16 else None
+        trained = copy.deepcopy(model)
         with torch.no_grad():
             model.output_bias().zero_()
         made[family] = dict(
+            model=trained,
             path=root / family,
             tokens=tokens,
             logprobs=logprobs,
@@ -336,6 +366,28 @@ def test_lambda_b_per_request_equals_transformers_bias_scale_processor(family, r
     assert result["scaled"]["1.0"] == result["tokens"]  # lambda = 1: the model as trained
     for scale in SCALES:
         assert result["scaled"][str(scale)] == reference["scaled"][scale], scale
+
+
+@pytest.mark.parametrize("family", SERVED)
+def test_lambda_b_per_request_serves_log_softmax_of_g_w_phi_plus_lambda_b(
+    family, references, served
+):
+    """b is off the prior (natural_bias_model), so lambda scaling log p instead
+    of b, or any other row, shows. At each step of vLLM's own greedy run its
+    log p (after its logits processors) is log_softmax(g W phi + lambda b)
+    computed by hand within TOLERANCE, and its token that row's argmax to
+    within TOLERANCE (a tie of float32 logits either engine may break)."""
+    result, model = served[0][family], references[family]["model"]
+    assert "error" not in result, result.get("error")
+    for scale in SCALES:
+        tokens = torch.tensor(result["scaled"][str(scale)])
+        ids = torch.cat([torch.tensor(PROMPTS), tokens], 1)[:, :-1]
+        log_p = torch.log_softmax(logits_by_hand(model, ids, scale), -1)[:, -STEPS:]
+        expected = log_p.gather(-1, tokens[..., None])[..., 0]
+        gap = (torch.tensor(result["scaled_logprobs"][str(scale)]) - expected).abs().max().item()
+        assert gap < TOLERANCE, f"{family}, lambda {scale}: log p {gap:.2e} from g W phi + lambda b"
+        behind = (log_p.max(-1).values - expected).max().item()
+        assert behind < TOLERANCE, f"{family}, lambda {scale}: a token {behind:.2e} below the top"
 
 
 @pytest.fixture(scope="module")

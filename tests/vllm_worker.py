@@ -9,7 +9,9 @@ JSON file. It compares nothing: the tests do.
 spec: {"prompts": [[ids]], "steps": n, "scales": [lambda, ...],
        "models": [{"name", "path", "dtype", "lora"?, "tensor_parallel_size"?}], "refused": [{"name", "path"}]}
 out:  {name: {"tokens": [[ids]], "logprobs": [[float]],
-              "scaled": {lambda: [[ids]]}, "lora"?: [[ids]]} or {"error": "..."}}
+              "scaled": {lambda: [[ids]]}, "scaled_logprobs": {lambda: [[float]]},
+              "lora"?: [[ids]]} or {"error": "..."}}
+(log-probabilities after the logits processors: lambda b included)
 """
 
 import gc
@@ -84,12 +86,15 @@ def serve(model, spec):
         enforce_eager=True,
         seed=0,
         kv_cache_memory_bytes=KV_CACHE,
+        # log p after the logits processors (lambda b among them), as sampled
+        logprobs_mode="processed_logprobs",
     )
     try:
         results = generate(llm, spec["prompts"], runs, spec["steps"])
         tokens, logprobs = results.pop("tokens")
         result = {"tokens": tokens, "logprobs": logprobs}
         result["scaled"] = {name: generated for name, (generated, _) in results.items()}
+        result["scaled_logprobs"] = {name: values for name, (_, values) in results.items()}
         if lora:
             # A batch of its own: vLLM 0.32's CPU build applies an adapter to
             # every request of a batch that has one (docs/deployment.md, vLLM).

@@ -95,11 +95,14 @@ def log_bias_statistics(trainer, probe: Optional[dict] = None) -> BiasStatistics
     return callback
 
 
-def statistics(model, probe: Optional[dict] = None, wrapped=None) -> dict:
-    """The statistics of a natural-bias model, rounded as the Trainer logs
-    them; bias_kl and bias_norm of b as the logits see it. Under sharding,
-    call it on every process; under FSDP1 with ``model`` inside its wrapper,
-    give the wrapper as ``wrapped`` (:mod:`natbias.hf.sharded`)."""
+def statistics(
+    model, probe: Optional[dict] = None, wrapped=None, digits: Optional[int] = 4
+) -> dict:
+    """The statistics of a natural-bias model, rounded to ``digits`` decimals
+    as the Trainer logs them (None: unrounded, to compare runs); bias_kl and
+    bias_norm of b as the logits see it. Under sharding, call it on every
+    process; under FSDP1 with ``model`` inside its wrapper, give the wrapper
+    as ``wrapped`` (:mod:`natbias.hf.sharded`)."""
     with gathered(model, wrapped):
         head = model.get_output_embeddings()
         stats = bias_statistics(
@@ -107,7 +110,9 @@ def statistics(model, probe: Optional[dict] = None, wrapped=None) -> dict:
         )
     if probe is not None:
         stats.update(probe_divergences(model, probe, runner(model, wrapped)))
-    return {key: round(value, 4) for key, value in stats.items()}
+    if digits is None:
+        return stats
+    return {key: round(value, digits) for key, value in stats.items()}
 
 
 @torch.no_grad()
