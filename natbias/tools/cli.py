@@ -20,13 +20,6 @@ def parser_for(prog: str, doc: str) -> argparse.ArgumentParser:
     )
 
 
-def parser_with_inputs(prog: str, doc: str, name: str, nargs: str, metavar: str, what: str):
-    """A console script's parser and its positional list of inputs (logs, run grids, files)."""
-    parser = parser_for(prog, doc)
-    parser.add_argument(name, nargs=nargs, metavar=metavar, help=what)
-    return parser
-
-
 def add_values_argument(parser, flag, kind, default, metavar, what, nargs="+") -> None:
     """``flag V ...``: values of type ``kind``, the default shown in the help."""
     shown = " ".join(
@@ -125,9 +118,8 @@ directory holding train.log. Validation BLEU needs fairseq-train --eval-bleu.
 
 
 def alc_parser():
-    parser = parser_with_inputs(
-        "natbias-alc", ALC_DOC, "logs", "+", "LOG", "train logs or run directories"
-    )
+    parser = parser_for("natbias-alc", ALC_DOC)
+    parser.add_argument("logs", nargs="+", metavar="LOG", help="train logs or run directories")
     parser.add_argument(
         "--metric",
         default="bleu",
@@ -171,9 +163,8 @@ test_chrf.png, alc_bleu.png, alc_chrf.png (those that have numbers).
 
 
 def report_parser():
-    parser = parser_with_inputs(
-        "natbias-report", REPORT_DOC, "runs", "+", "[NAME=]RUNS", "run-grid root(s)"
-    )
+    parser = parser_for("natbias-report", REPORT_DOC)
+    parser.add_argument("runs", nargs="+", metavar="[NAME=]RUNS", help="run-grid root(s)")
     add_max_updates_argument(parser, "ALC over the first K updates (default 20000); 0: all")
     parser.add_argument("--out-dir", required=True, help="directory for report.md and plots")
     return parser
@@ -208,9 +199,8 @@ SINGLE_LOGS_DATASET = "runs"
 
 
 def dynamics_parser():
-    parser = parser_with_inputs(
-        "natbias-dynamics", DYNAMICS_DOC, "runs", "*", "[NAME=]RUNS", "run-grid root(s)"
-    )
+    parser = parser_for("natbias-dynamics", DYNAMICS_DOC)
+    parser.add_argument("runs", nargs="*", metavar="[NAME=]RUNS", help="run-grid root(s)")
     parser.add_argument(
         "--log",
         action="append",
