@@ -22,6 +22,9 @@ FIXTURES = Path(__file__).parent / "fixtures"
 V039 = FIXTURES / "v0.3.9"  # 0.3.9's uncapped linear gain, retired in 1.0
 V080 = FIXTURES / "v0.8.0"  # 0.8.0's defaults, which 1.0 still offers
 V100 = FIXTURES / "v1.0.0"  # 1.0.0's defaults, with its format version
+V220 = FIXTURES / "v2.2.0"  # 2.2.0's defaults, format 3
+# The format each fixture records (None: before formats were recorded).
+RECORDED_FORMAT = {V080: None, V100: 1, V220: 3}
 # The model of the fixtures (their READMEs say how they were made).
 FIXTURE_MODEL = [
     "--encoder-layers",
@@ -43,10 +46,10 @@ FIXTURE_MODEL = [
     "--share-decoder-input-output-embed",
 ]
 GENERATE = ["--beam", "5", "--cpu", "--max-len-b", "10", "--required-batch-size-multiple", "1"]
-LOADABLE = [V080, V100]
+LOADABLE = [V080, V100, V220]
 
 
-@pytest.mark.parametrize("fixture", [V039, V080, V100], ids=lambda p: p.name)
+@pytest.mark.parametrize("fixture", [V039, V080, V100, V220], ids=lambda p: p.name)
 def test_the_fixtures_match_the_toy_corpus(toy_bin, fixture):
     for name in ("dict.src.txt", "dict.tgt.txt"):
         assert filecmp.cmp(toy_bin / name, fixture / name, shallow=False), name
@@ -55,7 +58,7 @@ def test_the_fixtures_match_the_toy_corpus(toy_bin, fixture):
 @pytest.mark.parametrize("fixture", LOADABLE, ids=lambda p: p.name)
 def test_a_checkpoint_builds_its_own_model_exactly(toy_bin, fixture):
     """Every tensor as saved (format 1's 0-d gain as format 2's (1,)), the
-    gain g = 20 u by hand; the format recorded by 1.0 and not by 0.8.0."""
+    gain g = 20 u by hand; the format each version recorded (none by 0.8.0)."""
     path = fixture / "checkpoint_last.pt"
     models, cfg, _ = checkpoint_utils.load_model_ensemble_and_task(
         [str(path)], arg_overrides={"data": str(toy_bin)}
@@ -64,13 +67,14 @@ def test_a_checkpoint_builds_its_own_model_exactly(toy_bin, fixture):
     built = models[0].state_dict()
     assert sorted(built) == sorted(saved["model"])
     scalar = "decoder.output_projection.gain_param"
-    assert saved["model"][scalar].shape == () and built[scalar].shape == (1,)
+    saved_shape = () if (RECORDED_FORMAT[fixture] or 1) == 1 else (1,)
+    assert saved["model"][scalar].shape == saved_shape and built[scalar].shape == (1,)
     for name, value in saved["model"].items():
         assert torch.equal(built[name], value.reshape(built[name].shape)), name
     u = saved["model"]["decoder.output_projection.gain_param"].item()
     assert models[0].decoder.output_projection.gain().item() == pytest.approx(20 * u, rel=1e-6)
     recorded = getattr(saved["cfg"]["model"], "natbias_format_version", None)
-    assert recorded == (1 if fixture == V100 else None)
+    assert recorded == RECORDED_FORMAT[fixture]
 
 
 def _generate_lines(text):
