@@ -1,7 +1,8 @@
-"""fairseq's command-line tools and Python scripts for the commands the tests
-run (the examples' and recipes' bash scripts, the demo, torchrun and its
-ranks, the ranks of tests/test_scale_out.py), started in milliseconds
-instead of seconds.
+"""The one way the tests run a command: fairseq's command-line tools, this
+package's console scripts and Python scripts, whether a test runs them
+(natbias_testing.fairseq) or a script it runs does (the examples' and
+recipes' bash scripts, the demo, torchrun and its ranks), each a process of
+its own started in milliseconds instead of seconds.
 
 A fairseq process spends about 3 CPU-seconds importing torch, fairseq and
 what fairseq imports (scikit-learn, SciPy) before its first line of work, and
@@ -30,6 +31,7 @@ run that started it has ended.
 """
 
 import array
+import functools
 import gc
 import importlib
 import json
@@ -45,18 +47,11 @@ import threading
 import time
 from pathlib import Path
 
-TOOLS = (
-    "fairseq-train",
-    "fairseq-generate",
-    "fairseq-preprocess",
-    "fairseq-eval-lm",
-    "natbias-step0",
-    "natbias-count",
-)
-# Imported by the server before it forks: fairseq's tools. Not this package's
-# (natbias-step0, natbias-count): a command imports fairseq_natbias itself, as a
-# fresh process does.
-PRELOADED = [tool for tool in TOOLS if tool.startswith("fairseq-")]
+# Imported by the server before it forks: fairseq's tools the tests run. Not
+# this package's: a command imports fairseq_natbias itself, as a fresh process does.
+PRELOADED = (
+    "fairseq-train", "fairseq-generate", "fairseq-preprocess", "fairseq-eval-lm", "fairseq-validate",
+)  # fmt: skip
 # What a fairseq command imports on its first steps rather than at its start,
 # imported before the fork too: torch's compiler (the first construction of a
 # torch.optim.Optimizer) and SymPy (the first shape check of torch's
@@ -110,6 +105,19 @@ argv = argv[unbuffered:]"""
 
 def shims_enabled():
     return os.environ.get("NATBIAS_TESTS_SUBPROCESS") != "1"
+
+
+@functools.cache
+def served_tools():
+    """What the server serves: fairseq's console scripts and this package's."""
+    from importlib.metadata import entry_points
+
+    scripts = entry_points(group="console_scripts")
+    return frozenset(e.name for e in scripts if e.name.startswith(("fairseq-", "natbias-")))
+
+
+def serves(tool):
+    return tool in served_tools()
 
 
 _SERVER = {}
@@ -304,7 +312,7 @@ def serve(name, owner):
     except OSError:
         return
     scripts = {e.name: e for e in entry_points(group="console_scripts")}
-    entries = {tool: scripts[tool] for tool in TOOLS}
+    entries = {tool: scripts[tool] for tool in served_tools()}
     for tool in PRELOADED:
         entries[tool].load()
     for module in FIRST_STEP_MODULES:
@@ -314,7 +322,7 @@ def serve(name, owner):
     shims = folder / "bin"
     shims.mkdir(parents=True)
     python = PYTHON_PRELUDE.format(python=sys.executable, unserved=set(UNSERVED_ENVIRONMENT))
-    for tool, prelude in [(tool, TOOL_PRELUDE) for tool in TOOLS] + [("python", python)]:
+    for tool, prelude in [(tool, TOOL_PRELUDE) for tool in entries] + [("python", python)]:
         shim = SHIM.format(python=sys.executable, prelude=prelude, address="\0" + name)
         (shims / tool).write_text(shim)
         (shims / tool).chmod(0o755)
