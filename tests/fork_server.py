@@ -47,8 +47,9 @@ import threading
 import time
 from pathlib import Path
 
-# Imported by the server before it forks: fairseq's tools the tests run. Not
-# this package's: a command imports fairseq_natbias itself, as a fresh process does.
+# Imported by the server before it forks: fairseq, then fairseq's tools the
+# tests run (but see configures_logging_first). Not this package's: a command
+# imports fairseq_natbias itself, as a fresh process does.
 PRELOADED = (
     "fairseq-train", "fairseq-generate", "fairseq-preprocess", "fairseq-eval-lm", "fairseq-validate",
 )  # fmt: skip
@@ -257,6 +258,41 @@ def unbuffered_streams():
         setattr(sys, name, unbuffered)
 
 
+def configures_logging_first(entry):
+    """Whether the entry point's module calls logging.basicConfig before it
+    imports fairseq, as fairseq_cli/train.py does (its logs: stdout, INFO).
+    Importing fairseq calls basicConfig itself (a stderr handler at DEBUG, from
+    one of its model modules), so every other tool's process logs to stderr:
+    the server keeps that state, and a tool that configures logging first
+    starts from a bare root logger and imports its module after the fork."""
+    import ast
+    from importlib.util import find_spec
+
+    source = Path(find_spec(entry.module).origin).read_text(encoding="utf-8")
+    for statement in ast.parse(source).body:
+        if isinstance(statement, ast.Import):
+            names = [alias.name for alias in statement.names]
+        elif isinstance(statement, ast.ImportFrom):
+            names = [statement.module or ""]
+        elif "logging.basicConfig(" in ast.unparse(statement):
+            return True
+        else:
+            continue
+        if any(name.split(".")[0] == "fairseq" for name in names):
+            return False
+    return False
+
+
+def bare_root_logger():
+    """The root logger as a process starts with it: no handler, WARNING."""
+    import logging
+
+    root = logging.getLogger()
+    for handler in root.handlers[:]:
+        root.removeHandler(handler)
+    root.setLevel(logging.WARNING)
+
+
 def run_command(connection, entries):
     """In the forked process: the command as its own process would run it."""
     import atexit as exits
@@ -289,6 +325,8 @@ def run_command(connection, entries):
         else:
             set_path(os.path.dirname(os.path.realpath(sys.argv[0])), env)
             entry = entries[os.path.basename(sys.argv[0])]
+            if entry.module not in sys.modules and configures_logging_first(entry):
+                bare_root_logger()
             code = exit_status(lambda: entry.load()())
         exits._run_exitfuncs()
     finally:
@@ -313,8 +351,11 @@ def serve(name, owner):
         return
     scripts = {e.name: e for e in entry_points(group="console_scripts")}
     entries = {tool: scripts[tool] for tool in served_tools()}
+    import fairseq  # noqa: F401  (first: the root logger as every fairseq process but one has it)
+
     for tool in PRELOADED:
-        entries[tool].load()
+        if not configures_logging_first(entries[tool]):
+            entries[tool].load()
     for module in FIRST_STEP_MODULES:
         importlib.import_module(module)
     folder = Path(tempfile.gettempdir()) / name
