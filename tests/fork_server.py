@@ -31,6 +31,7 @@ run that started it has ended.
 """
 
 import array
+import contextlib
 import functools
 import gc
 import importlib
@@ -260,11 +261,8 @@ def unbuffered_streams():
 
 def configures_logging_first(entry):
     """Whether the entry point's module calls logging.basicConfig before it
-    imports fairseq, as fairseq_cli/train.py does (its logs: stdout, INFO).
-    Importing fairseq calls basicConfig itself (a stderr handler at DEBUG, from
-    one of its model modules), so every other tool's process logs to stderr:
-    the server keeps that state, and a tool that configures logging first
-    starts from a bare root logger and imports its module after the fork."""
+    imports fairseq, as fairseq_cli/train.py does (its logs: stdout, INFO);
+    such a module is imported after the fork, not by the server."""
     import ast
     from importlib.util import find_spec
 
@@ -283,14 +281,50 @@ def configures_logging_first(entry):
     return False
 
 
-def bare_root_logger():
-    """The root logger as a process starts with it: no handler, WARNING."""
+# The logging.basicConfig calls that importing fairseq (one of its model
+# modules sets a stderr handler at DEBUG), then each preloaded tool's module,
+# made in the server: recorded, not applied, so that the server's root logger
+# stays as a process starts with it. A command replays them where its own
+# process would make them: a preloaded tool's at its start, anything else's
+# when it first imports fairseq.
+IMPORT_LOGGING = {}
+
+
+@contextlib.contextmanager
+def basic_configs_recorded(key):
     import logging
 
-    root = logging.getLogger()
-    for handler in root.handlers[:]:
-        root.removeHandler(handler)
-    root.setLevel(logging.WARNING)
+    calls = IMPORT_LOGGING.setdefault(key, [])
+    original = logging.basicConfig
+    logging.basicConfig = lambda **kwargs: calls.append(kwargs)
+    try:
+        yield
+    finally:
+        logging.basicConfig = original
+
+
+def replay_basic_configs(*keys):
+    import logging
+
+    for key in keys:
+        for kwargs in IMPORT_LOGGING.get(key, ()):
+            logging.basicConfig(**kwargs)
+
+
+def replay_at_first_fairseq_import():
+    """fairseq's import-time basicConfig, made when the command first imports
+    fairseq (which the server's import left cached)."""
+    import builtins
+
+    original = builtins.__import__
+
+    def importing(name, globals=None, locals=None, fromlist=(), level=0):
+        if level == 0 and name.split(".")[0] == "fairseq":
+            builtins.__import__ = original
+            replay_basic_configs("fairseq")
+        return original(name, globals, locals, fromlist, level)
+
+    builtins.__import__ = importing
 
 
 def run_command(connection, entries):
@@ -321,12 +355,16 @@ def run_command(connection, entries):
             unbuffered_streams()
         if request["executable"]:  # python SCRIPT ...
             sys.executable = request["executable"]
+            replay_at_first_fairseq_import()
             code = exit_status(lambda: run_script(sys.argv[0], env))
         else:
             set_path(os.path.dirname(os.path.realpath(sys.argv[0])), env)
             entry = entries[os.path.basename(sys.argv[0])]
-            if entry.module not in sys.modules and configures_logging_first(entry):
-                bare_root_logger()
+            tool = os.path.basename(sys.argv[0])
+            if entry.module in sys.modules:  # preloaded: its import, fairseq's first, is done
+                replay_basic_configs("fairseq", tool)
+            else:
+                replay_at_first_fairseq_import()
             code = exit_status(lambda: entry.load()())
         exits._run_exitfuncs()
     finally:
@@ -351,11 +389,12 @@ def serve(name, owner):
         return
     scripts = {e.name: e for e in entry_points(group="console_scripts")}
     entries = {tool: scripts[tool] for tool in served_tools()}
-    import fairseq  # noqa: F401  (first: the root logger as every fairseq process but one has it)
-
+    with basic_configs_recorded("fairseq"):
+        import fairseq  # noqa: F401
     for tool in PRELOADED:
         if not configures_logging_first(entries[tool]):
-            entries[tool].load()
+            with basic_configs_recorded(tool):
+                entries[tool].load()
     for module in FIRST_STEP_MODULES:
         importlib.import_module(module)
     folder = Path(tempfile.gettempdir()) / name
