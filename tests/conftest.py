@@ -1,8 +1,6 @@
 """The fixtures of tests/natbias_fixtures.py, the order the modules run in,
 and the check that the run wrote nothing into the working tree."""
 
-import gc
-
 import pytest
 import working_tree
 from natbias_fixtures import *  # noqa: F403  (the fixtures, registered here)
@@ -58,14 +56,6 @@ def pytest_collection_modifyitems(items):
         return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
 
     items.sort(key=rank)  # stable: within a module, and among the rest, the usual order
-
-
-# What collection imported (torch, fairseq, transformers, the test modules)
-# lives until the run ends: frozen, it is left out of the collector's full
-# passes, which otherwise walk its half a million objects a dozen times a
-# minute (about 0.15 CPU-seconds each).
-def pytest_collection_finish(session):
-    gc.freeze()
 
 
 # Tests write under their temporary directories only: the working tree after

@@ -1,7 +1,8 @@
-"""fairseq's command-line tools and Python scripts for the commands the tests
-run (the examples' and recipes' bash scripts, the demo, torchrun and its
-ranks, the ranks of tests/test_scale_out.py), started in milliseconds
-instead of seconds.
+"""The one way the tests run a command: fairseq's command-line tools, this
+package's console scripts and Python scripts, whether a test runs them
+(natbias_testing.fairseq) or a script it runs does (the examples' and
+recipes' bash scripts, the demo, torchrun and its ranks), each a process of
+its own started in milliseconds instead of seconds.
 
 A fairseq process spends about 3 CPU-seconds importing torch, fairseq and
 what fairseq imports (scikit-learn, SciPy) before its first line of work, and
@@ -30,6 +31,8 @@ run that started it has ended.
 """
 
 import array
+import contextlib
+import functools
 import gc
 import importlib
 import json
@@ -45,18 +48,12 @@ import threading
 import time
 from pathlib import Path
 
-TOOLS = (
-    "fairseq-train",
-    "fairseq-generate",
-    "fairseq-preprocess",
-    "fairseq-eval-lm",
-    "natbias-step0",
-    "natbias-count",
-)
-# Imported by the server before it forks: fairseq's tools. Not this package's
-# (natbias-step0, natbias-count): a command imports fairseq_natbias itself, as a
-# fresh process does.
-PRELOADED = [tool for tool in TOOLS if tool.startswith("fairseq-")]
+# Imported by the server before it forks: fairseq, then fairseq's tools the
+# tests run (but see configures_logging_first). Not this package's: a command
+# imports fairseq_natbias itself, as a fresh process does.
+PRELOADED = (
+    "fairseq-train", "fairseq-generate", "fairseq-preprocess", "fairseq-eval-lm", "fairseq-validate",
+)  # fmt: skip
 # What a fairseq command imports on its first steps rather than at its start,
 # imported before the fork too: torch's compiler (the first construction of a
 # torch.optim.Optimizer) and SymPy (the first shape check of torch's
@@ -110,6 +107,19 @@ argv = argv[unbuffered:]"""
 
 def shims_enabled():
     return os.environ.get("NATBIAS_TESTS_SUBPROCESS") != "1"
+
+
+@functools.cache
+def served_tools():
+    """What the server serves: fairseq's console scripts and this package's."""
+    from importlib.metadata import entry_points
+
+    scripts = entry_points(group="console_scripts")
+    return frozenset(e.name for e in scripts if e.name.startswith(("fairseq-", "natbias-")))
+
+
+def serves(tool):
+    return tool in served_tools()
 
 
 _SERVER = {}
@@ -249,6 +259,74 @@ def unbuffered_streams():
         setattr(sys, name, unbuffered)
 
 
+def configures_logging_first(entry):
+    """Whether the entry point's module calls logging.basicConfig before it
+    imports fairseq, as fairseq_cli/train.py does (its logs: stdout, INFO);
+    such a module is imported after the fork, not by the server."""
+    import ast
+    from importlib.util import find_spec
+
+    source = Path(find_spec(entry.module).origin).read_text(encoding="utf-8")
+    for statement in ast.parse(source).body:
+        if isinstance(statement, ast.Import):
+            names = [alias.name for alias in statement.names]
+        elif isinstance(statement, ast.ImportFrom):
+            names = [statement.module or ""]
+        elif "logging.basicConfig(" in ast.unparse(statement):
+            return True
+        else:
+            continue
+        if any(name.split(".")[0] == "fairseq" for name in names):
+            return False
+    return False
+
+
+# The logging.basicConfig calls that importing fairseq (one of its model
+# modules sets a stderr handler at DEBUG), then each preloaded tool's module,
+# made in the server: recorded, not applied, so that the server's root logger
+# stays as a process starts with it. A command replays them where its own
+# process would make them: a preloaded tool's at its start, anything else's
+# when it first imports fairseq.
+IMPORT_LOGGING = {}
+
+
+@contextlib.contextmanager
+def basic_configs_recorded(key):
+    import logging
+
+    calls = IMPORT_LOGGING.setdefault(key, [])
+    original = logging.basicConfig
+    logging.basicConfig = lambda **kwargs: calls.append(kwargs)
+    try:
+        yield
+    finally:
+        logging.basicConfig = original
+
+
+def replay_basic_configs(*keys):
+    import logging
+
+    for key in keys:
+        for kwargs in IMPORT_LOGGING.get(key, ()):
+            logging.basicConfig(**kwargs)
+
+
+def replay_at_first_fairseq_import():
+    """fairseq's import-time basicConfig, made when the command first imports
+    fairseq (which the server's import left cached)."""
+    import builtins
+
+    original = builtins.__import__
+
+    def importing(name, globals=None, locals=None, fromlist=(), level=0):
+        if level == 0 and name.split(".")[0] == "fairseq":
+            builtins.__import__ = original
+            replay_basic_configs("fairseq")
+        return original(name, globals, locals, fromlist, level)
+
+    builtins.__import__ = importing
+
+
 def run_command(connection, entries):
     """In the forked process: the command as its own process would run it."""
     import atexit as exits
@@ -277,10 +355,16 @@ def run_command(connection, entries):
             unbuffered_streams()
         if request["executable"]:  # python SCRIPT ...
             sys.executable = request["executable"]
+            replay_at_first_fairseq_import()
             code = exit_status(lambda: run_script(sys.argv[0], env))
         else:
             set_path(os.path.dirname(os.path.realpath(sys.argv[0])), env)
             entry = entries[os.path.basename(sys.argv[0])]
+            tool = os.path.basename(sys.argv[0])
+            if entry.module in sys.modules:  # preloaded: its import, fairseq's first, is done
+                replay_basic_configs("fairseq", tool)
+            else:
+                replay_at_first_fairseq_import()
             code = exit_status(lambda: entry.load()())
         exits._run_exitfuncs()
     finally:
@@ -304,9 +388,13 @@ def serve(name, owner):
     except OSError:
         return
     scripts = {e.name: e for e in entry_points(group="console_scripts")}
-    entries = {tool: scripts[tool] for tool in TOOLS}
+    entries = {tool: scripts[tool] for tool in served_tools()}
+    with basic_configs_recorded("fairseq"):
+        import fairseq  # noqa: F401
     for tool in PRELOADED:
-        entries[tool].load()
+        if not configures_logging_first(entries[tool]):
+            with basic_configs_recorded(tool):
+                entries[tool].load()
     for module in FIRST_STEP_MODULES:
         importlib.import_module(module)
     folder = Path(tempfile.gettempdir()) / name
@@ -314,7 +402,7 @@ def serve(name, owner):
     shims = folder / "bin"
     shims.mkdir(parents=True)
     python = PYTHON_PRELUDE.format(python=sys.executable, unserved=set(UNSERVED_ENVIRONMENT))
-    for tool, prelude in [(tool, TOOL_PRELUDE) for tool in TOOLS] + [("python", python)]:
+    for tool, prelude in [(tool, TOOL_PRELUDE) for tool in entries] + [("python", python)]:
         shim = SHIM.format(python=sys.executable, prelude=prelude, address="\0" + name)
         (shims / tool).write_text(shim)
         (shims / tool).chmod(0o755)

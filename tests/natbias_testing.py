@@ -4,7 +4,6 @@ import os
 import re
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import fork_server
@@ -44,8 +43,8 @@ def write_multi30k_slice(root, counts):
     return root
 
 
-# For fairseq-generate, -eval-lm and -validate run in the test process: their
-# default of one data-loader worker forks the whole test process, seconds each.
+# fairseq-generate's, -eval-lm's and -validate's default of one data-loader
+# worker forks the whole command's process: seconds each for a tiny run.
 NO_LOADER_PROCESS = ["--num-workers", "0"]
 
 TINY_MODEL = [
@@ -98,39 +97,23 @@ TINY_TRAINING = [
 ]
 
 
-def fairseq(tool, *args, cwd=None, check=True, env=None, in_process=True):
+def fairseq(tool, *args, cwd=None, check=True, env=None):
     """Run a real fairseq entry point (fairseq-train, fairseq-generate, ...),
     one of this package's console scripts, or a script of the repository
-    (``examples/paper/frequency.py``); returns a CompletedProcess.
-
-    In this process by default: the installed console script's own function
-    with sys.argv, the working directory and the environment set as a
-    subprocess would have them, its output captured (see run_in_process). That
-    saves the 5-8 s of importing torch and fairseq a subprocess pays for
-    under a second of work. ``in_process=False`` for what only a separate
-    process shows (several ranks, say); a ``cwd`` other than the repository's
-    is always a subprocess (how fairseq finds --user-dir from there).
-    NATBIAS_TESTS_SUBPROCESS=1 runs every call as a subprocess, to check that
-    both ways pass the same tests.
+    (``examples/paper/frequency.py``) as a process of its own, forked from
+    this run's server (tests/fork_server.py) that imported fairseq once;
+    returns a CompletedProcess. NATBIAS_TESTS_SUBPROCESS=1 runs the installed
+    scripts instead, to check that both give the same results.
     """
     full_env = dict(PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
     full_env.update(env or {})
-    cwd = Path(cwd or REPO)
-    # Another working directory tests how fairseq finds --user-dir from there,
-    # which only a process started there shows.
-    in_process = (
-        in_process and cwd.resolve() == REPO and os.environ.get("NATBIAS_TESTS_SUBPROCESS") != "1"
+    result = subprocess.run(
+        [*command_of(tool), *map(str, args)],
+        cwd=cwd or REPO,
+        env=dict(os.environ, **full_env),
+        capture_output=True,
+        text=True,
     )
-    if in_process:
-        result = run_in_process(tool, list(map(str, args)), cwd, full_env)
-    else:
-        result = subprocess.run(
-            [*command_of(tool), *map(str, args)],
-            cwd=cwd,
-            env=dict(os.environ, **full_env),
-            capture_output=True,
-            text=True,
-        )
     if check and result.returncode != 0:
         raise AssertionError(
             f"{tool} failed ({result.returncode}):\n{result.stdout[-4000:]}\n"
@@ -141,144 +124,20 @@ def fairseq(tool, *args, cwd=None, check=True, env=None, in_process=True):
 
 def command_of(tool):
     """The start of the command line that runs ``tool``: an installed console
-    script (served by the run's fork server where it serves it), or a
-    repository script (a path ending in .py) run by this Python."""
+    script, or a repository script (a path ending in .py) run by Python,
+    each served by the run's fork server unless NATBIAS_TESTS_SUBPROCESS=1."""
     if tool.endswith(".py"):
-        return [sys.executable, str(REPO / tool)]
-    if fork_server.shims_enabled() and tool in fork_server.TOOLS:
+        return [script_python(), str(REPO / tool)]
+    if fork_server.shims_enabled() and fork_server.serves(tool):
         return [str(fork_server.shim_directory(BIN) / tool)]
     return [str(BIN / tool)]
 
 
-def main_of(tool):
-    """The function ``tool``'s process calls: a console script's entry point,
-    or a repository script's ``main`` (its folder is on pytest's path)."""
-    from importlib import import_module
-    from importlib.metadata import entry_points
-
-    if tool.endswith(".py"):
-        return import_module(Path(tool).stem).main
-    installed = entry_points(group="console_scripts", name=tool)
-    if not installed:  # a script pyproject.toml names that this install predates
-        import tomllib
-
-        scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
-        module, _, function = scripts[tool].partition(":")
-        return getattr(import_module(module), function)
-    (entry,) = installed
-    return entry.load()
-
-
 def console_script_help(tool):
     """``TOOL --help`` of an installed console script of this package (or a
-    repository script), run here (its main function); the text it printed."""
+    repository script); the text it printed."""
     assert tool.endswith(".py") or (BIN / tool).is_file(), f"{tool} is not installed in {BIN}"
-    result = run_in_process(tool, ["--help"], REPO, {})
-    assert result.returncode == 0, result.stderr
-    return result.stdout
-
-
-# fairseq's CLIs log in this format (fairseq_cli/train.py's basicConfig), to
-# stdout, except fairseq-generate, whose process has a handler on stderr before
-# its own basicConfig (to stdout) would apply.
-FAIRSEQ_LOG_FORMAT = "%(asctime)s | %(levelname)s | %(name)s | %(message)s"
-LOGS_TO_STDERR = {"fairseq-generate"}
-
-
-IN_PROCESS_LOCK = threading.Lock()
-
-
-def forget_earlier_runs():
-    """What a fresh fairseq process starts without and an earlier run in this
-    one leaves behind: the best validation loss, kept as attributes of
-    checkpoint_utils.save_checkpoint (which decides checkpoint_best.pt and
-    logs best_loss) and of fairseq_cli.train.should_stop_early (--patience);
-    a global Hydra an earlier run's error may have left set up. (fairseq_cli's
-    train resets its metrics itself.)"""
-    from fairseq import checkpoint_utils
-    from fairseq_cli import train as fairseq_train
-    from hydra.core.global_hydra import GlobalHydra
-
-    for function, names in (
-        (checkpoint_utils.save_checkpoint, ("best",)),
-        (fairseq_train.should_stop_early, ("best", "num_runs")),
-    ):
-        for name in names:
-            if hasattr(function, name):
-                delattr(function, name)
-    GlobalHydra.instance().clear()
-
-
-def run_in_process(tool, args, cwd, env):
-    """``tool ARGS`` (a console script) run here as its process would run it:
-    its function called with sys.argv = [tool, *args], in ``cwd`` with ``env``
-    added, fairseq's INFO log lines and prints captured as stdout, warnings
-    ignored and the rest of stderr captured; SystemExit and exceptions become
-    the return code and stderr (a traceback for an exception) as the
-    interpreter would write them (through sys.excepthook, which the plugin
-    sets in a fairseq command's process). ``--user-dir .../fairseq_natbias``
-    names the copy already imported here (fairseq refuses a second one)."""
-    import contextlib
-    import io
-    import logging
-    import warnings
-
-    import fairseq_natbias
-    from fairseq_natbias.in_process import this_plugin_as_user_dir
-
-    main = main_of(tool)
-    stdout, stderr = io.StringIO(), io.StringIO()
-    capture = logging.StreamHandler(stderr if tool in LOGS_TO_STDERR else stdout)
-    capture.setFormatter(logging.Formatter(FAIRSEQ_LOG_FORMAT, "%Y-%m-%d %H:%M:%S"))
-    root = logging.getLogger()
-    # fairseq's own basicConfig handler writes to the stdout of its first
-    # import; it is set aside so that lines are captured once, here.
-    set_aside = [h for h in root.handlers if type(h) is logging.StreamHandler]
-    saved_level, saved_argv, saved_cwd = root.level, sys.argv, os.getcwd()
-    saved_excepthook = sys.excepthook
-    saved_env = {name: os.environ.get(name) for name in env}
-    code = 0
-    IN_PROCESS_LOCK.acquire()  # one at a time: fairseq's state is global
-    try:
-        forget_earlier_runs()
-        for handler in set_aside:
-            root.removeHandler(handler)
-        root.addHandler(capture)
-        root.setLevel(logging.INFO)
-        os.environ.update(env)
-        os.chdir(cwd)
-        sys.argv = [tool, *this_plugin_as_user_dir(args)]
-        if command := fairseq_natbias.running_command():  # as the plugin's import there does
-            fairseq_natbias.print_errors_in_one_line(command)
-        with (
-            contextlib.redirect_stdout(stdout),
-            contextlib.redirect_stderr(stderr),
-            warnings.catch_warnings(),
-        ):
-            warnings.simplefilter("ignore")
-            try:
-                main()
-            except SystemExit as done:
-                if isinstance(done.code, str):
-                    print(done.code, file=stderr)
-                code = done.code if isinstance(done.code, int) else int(done.code is not None)
-            except Exception:  # what the interpreter does with an uncaught error
-                sys.excepthook(*sys.exc_info())
-                code = 1
-    finally:
-        root.removeHandler(capture)
-        for handler in set_aside:
-            root.addHandler(handler)
-        root.setLevel(saved_level)
-        sys.argv, sys.excepthook = saved_argv, saved_excepthook
-        os.chdir(saved_cwd)
-        for name, value in saved_env.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
-        IN_PROCESS_LOCK.release()
-    return subprocess.CompletedProcess([tool, *args], code, stdout.getvalue(), stderr.getvalue())
+    return fairseq(tool, "--help").stdout
 
 
 def train(

@@ -317,10 +317,12 @@ def test_ctranslate2_translates_real_text_as_fairseq_generate(
 
 
 def eval_lm_word_scores(output):
-    """``{sentence id: [(token, log p), ...]}`` from fairseq-eval-lm --output-word-probs."""
+    """``{sentence id: [(token, log p), ...]}`` from fairseq-eval-lm --output-word-probs
+    (its process logs them as "INFO:fairseq_cli.eval_lm:ID ...": importing fairseq
+    sets up logging before eval_lm's own format could apply)."""
     scores = {}
     for line in output.splitlines():
-        match = re.search(r"fairseq_cli\.eval_lm \| (\d+) (.*\])$", line)
+        match = re.search(r"fairseq_cli\.eval_lm(?: \| |:)(\d+) (.*\])$", line)
         if match:
             words = [entry.rpartition(" [") for entry in match[2].split("\t")]
             scores[int(match[1])] = [(word, float(value[:-1])) for word, _, value in words]

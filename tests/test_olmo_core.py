@@ -182,6 +182,7 @@ def trained(token_files, tmp_path_factory):
     return model, trainer.callbacks["rec"]  # the trainer's own (its config may copy callbacks)
 
 
+@pytest.mark.training  # OLMo-core's Trainer
 def test_the_callback_puts_the_statistics_in_olmo_cores_metrics(token_files, trained):
     model, recorder = trained
     assert set(range(1, 61)) <= set(recorder.steps)
@@ -198,6 +199,7 @@ def test_the_callback_puts_the_statistics_in_olmo_cores_metrics(token_files, tra
     assert 0 < abs(recorder.steps[1]["natbias/gain"] - 0.05) < 2 * 1e-2
 
 
+@pytest.mark.training  # OLMo-core's Trainer
 def test_the_callback_writes_b_into_a_stock_heads_bias(token_files, tmp_path):
     from olmo_core.nn.transformer import TransformerConfig
 
@@ -295,6 +297,7 @@ def test_the_prior_is_the_cores():
 # --- the way out: OLMo-core's transformers conversion, then natbias.hf ----------
 
 
+@pytest.mark.training  # OLMo-core's Trainer
 def test_the_transformers_conversion_keeps_b_and_the_gain_and_greedy_tokens(
     token_files, trained, tmp_path
 ):

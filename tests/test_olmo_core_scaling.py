@@ -22,6 +22,7 @@ import pytest
 import torch
 
 torch.set_num_threads(1)
+pytestmark = pytest.mark.training  # OLMo-core's Trainer, on 1 and 2 processes
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
 
