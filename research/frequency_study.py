@@ -1,0 +1,479 @@
+"""Where the natural bias acts, by training frequency (issue 105, item 4).
+
+Multi30k De->En and Fr->En, the project's 3,000-pair screening set-up (the
+small model, the short schedule, 2,000 updates, validation every 100, best
+checkpoint by validation NLL: research/studies/small_corpora.md), three arms
+of research/study_learning_efficiency.py, each trained through the real
+fairseq-train with the same run arguments (study.runs.training_arguments):
+
+    stock                     fairseq's transformer
+    gain/unigram              the package's default (the unigram bias, the
+                              learnt gain capped at 1, G0 0.05, C 20)
+    gain/unigram+unigram-ls   the same, trained with label smoothing towards
+                              the unigram
+
+Each run keeps two checkpoints: update --early-update (the head start) and
+the best (the end, the model a user keeps). Then, per arm against stock of
+the same seed, at both points: natbias-loss-by-frequency on the test set
+(per training-count bin, the paper's edges: the median and mean per-token
+loss difference, tokens; each model's KL of its average prediction from the
+training unigram); at the end, fairseq-generate beam 5 (pieces, not
+detokenised) and natbias-output-frequency per arm. Over seeds: mean and
+standard error per bin, to --results/frequency_study_<size>.md and a plot.
+
+Every step is skipped when its output exists, so the study runs in parts
+(--steps train, then --steps score report, or all at once) and extends seed
+by seed. Training and scoring go --jobs side by side, seed by seed.
+
+    OMP_NUM_THREADS=1 nice -n 19 .venv/bin/python research/frequency_study.py \\
+        --train-pairs 3000 --seeds 1 2 3 --workdir /work/study105 --results research/results
+"""
+
+import argparse
+import json
+import math
+import os
+import re
+import shutil
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from types import SimpleNamespace
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "research"))  # the study package, research/study/
+
+import numpy as np  # noqa: E402
+import pipeline  # noqa: E402  (examples/paper, on the path through study)
+from pipeline import say  # noqa: E402
+from study.arms import (  # noqa: E402
+    REFERENCE_ARM,
+    Arm,
+    Translation,
+    converge_options,
+    first_pairs,
+    vocabulary_for,
+)
+from study.runs import training_arguments  # noqa: E402
+
+ARMS = ("stock", "gain/unigram", "gain/unigram+unigram-ls")
+# Update 200: the schedule's warm-up peaks at update 100, and the natural bias's
+# lead is largest over the first few hundred updates (stock's NLL at update
+# 1,000 is reached at 600-700: small_corpora.md), so 200 sees the head start
+# after the learning rate has peaked but well before stock catches up; it is
+# on the 100-update save grid the screening uses.
+EARLY_UPDATE = 200
+KL_LINE = re.compile(r"^(baseline|model) .*KL\(average prediction \|\| training unigram\) ([\d.]+)")
+
+
+# --- running ---------------------------------------------------------------
+
+
+def prepare(pair, args):
+    """The pair's task (the screening's options) and its data-bin."""
+    task = Translation(pair)
+    task.options = [*converge_options(task.options, task.loss_key), "--patience", "0"]
+    raw = Path(args.multi30k)
+    if args.train_pairs:
+        task.folder = f"{pair}_n{args.train_pairs}"
+        task.vocab_size = vocabulary_for(args.train_pairs)
+    work = Path(args.workdir).resolve() / task.folder
+    work.mkdir(parents=True, exist_ok=True)
+    if args.train_pairs:
+        raw = first_pairs(raw, work / "raw", task.langs, args.train_pairs)
+    return task, work, task.prepare(raw, work)
+
+
+def run_dir(work, arm, seed):
+    return work / "runs" / arm.folder / f"seed{seed}"
+
+
+def checkpoint(work, arm, seed, point):
+    return run_dir(work, arm, seed) / (
+        "checkpoint_early.pt" if point == "early" else "checkpoint_best.pt"
+    )
+
+
+def train(task, work, data_bin, arm, seed, args):
+    """One run; its update --early-update checkpoint kept as checkpoint_early.pt."""
+    folder = run_dir(work, arm, seed)
+    name = f"{task.folder} {arm.name} seed{seed}"
+    if (folder / "done").exists() and (folder / "checkpoint_early.pt").exists():
+        say(f"{name}: trained before, skipped")
+        return
+    folder.mkdir(parents=True, exist_ok=True)
+    arguments = training_arguments(task, data_bin, folder, arm, seed, args)
+    # every interval checkpoint kept until the run ends (the study keeps one)
+    arguments[arguments.index("--keep-interval-updates") + 1] = "-1"
+    say(f"{name}: training, {args.max_update} updates")
+
+    def progress(record):
+        say(f"{name}: update {record.num_updates} valid NLL {record.values[task.loss_key]:.3f}")
+
+    pipeline.train(arguments, folder, pipeline.on_validation(task.loss_key, progress))
+    early = sorted(folder.glob(f"checkpoint_*_{args.early_update}.pt"))
+    if not early:
+        raise SystemExit(
+            f"frequency_study: {folder} has no checkpoint of update {args.early_update}"
+        )
+    shutil.copy(early[0], folder / "checkpoint_early.pt")
+    for interval in folder.glob("checkpoint_*_*.pt"):
+        interval.unlink()
+    say(f"{name}: trained")
+
+
+def generate_and_count(task, work, data_bin, arm, seed):
+    """fairseq-generate beam 5 on the test set (pieces), then natbias-output-frequency."""
+    folder = run_dir(work, arm, seed)
+    name = f"{task.folder} {arm.name} seed{seed}"
+    generated = folder / "generate-test.txt"
+    if not generated.exists():
+        say(f"{name}: fairseq-generate beam 5, test set")
+        decoding = list(pipeline.TEST_DECODING)
+        del decoding[decoding.index("--remove-bpe") : decoding.index("--remove-bpe") + 2]
+        output = pipeline.run(
+            [
+                *pipeline.tool("fairseq-generate"),
+                str(data_bin),
+                "--user-dir",
+                "fairseq_natbias",
+                "--path",
+                str(folder / "checkpoint_best.pt"),
+                *decoding,
+                "--cpu",
+            ]
+        )
+        generated.with_suffix(".part").write_text(output, encoding="utf-8")
+        generated.with_suffix(".part").rename(generated)
+    out = folder / "output_frequency"
+    if not (out / "output_frequency.csv").exists():
+        say(f"{name}: natbias-output-frequency")
+        pipeline.run(
+            [
+                *pipeline.tool("natbias-output-frequency"),
+                str(generated),
+                "--train-text",
+                str(work / "text" / f"train.{task.langs[1]}"),
+                "--out-dir",
+                str(out),
+            ]
+        )
+
+
+def loss_by_frequency(task, work, data_bin, arm, seed, point):
+    """natbias-loss-by-frequency, stock against ``arm`` (same seed) at ``point``."""
+    out = work / "by_frequency" / arm.folder / f"seed{seed}" / point
+    if (out / "loss_by_frequency.csv").exists():
+        return
+    say(f"{task.folder} {arm.name} seed{seed}: loss by frequency against stock, {point}")
+    stock = Arm.parse(REFERENCE_ARM)
+    output = pipeline.run(
+        [
+            *pipeline.tool("natbias-loss-by-frequency"),
+            str(checkpoint(work, stock, seed, point)),
+            str(checkpoint(work, arm, seed, point)),
+            "--data",
+            str(data_bin),
+            "--gen-subset",
+            "test",
+            "--cpu",
+            "--out-dir",
+            str(out),
+        ]
+    )
+    kl = {m[1]: float(m[2]) for m in map(KL_LINE.match, output.splitlines()) if m}
+    (out / "kl.json").write_text(json.dumps(kl) + "\n")
+
+
+# --- combining over seeds ----------------------------------------------------
+
+
+def read_csv(path):
+    import csv
+
+    with open(path, encoding="utf-8") as source:
+        return list(csv.DictReader(source))
+
+
+def mean_and_error(values):
+    """Mean and standard error (sample s.d. / sqrt(n); nan for one value) of the finite values."""
+    values = np.asarray([v for v in values if v is not None and math.isfinite(v)], np.float64)
+    if len(values) == 0:
+        return math.nan, math.nan
+    error = values.std(ddof=1) / math.sqrt(len(values)) if len(values) > 1 else math.nan
+    return float(values.mean()), float(error)
+
+
+def combine_bins(per_seed, keys):
+    """Per bin (the rows of each seed's CSV, in the same bin order), ``keys``'
+    mean and standard error over seeds; the bin's label, its token count (the
+    first seed's) and how many seeds gave it a value."""
+    combined = []
+    for rows in zip(*per_seed):
+        labels = {row["bin"] for row in rows}
+        if len(labels) != 1:
+            raise SystemExit(f"frequency_study: seeds disagree on the bins: {sorted(labels)}")
+        out = {"bin": rows[0]["bin"], "tokens": rows[0].get("tokens") or rows[0].get("reference")}
+        for key in keys:
+            values = [float(row[key]) if row.get(key) not in (None, "") else None for row in rows]
+            out[key] = mean_and_error(values)
+            out[key + "_seeds"] = sum(v is not None for v in values)
+        combined.append(out)
+    return combined
+
+
+def cell(pair):
+    mean, error = pair
+    if math.isnan(mean):
+        return ""
+    return f"{mean:+.3f}" + ("" if math.isnan(error) else f" ± {error:.3f}")
+
+
+def ratio_cell(pair):
+    mean, error = pair
+    if math.isnan(mean):
+        return ""
+    return f"{mean:.3f}" + ("" if math.isnan(error) else f" ± {error:.3f}")
+
+
+def seeds_done(work, arm, seeds, point):
+    return [
+        s
+        for s in seeds
+        if (
+            work / "by_frequency" / arm.folder / f"seed{s}" / point / "loss_by_frequency.csv"
+        ).exists()
+    ]
+
+
+def report(pairs, arms, args):
+    """The Markdown results and the plot; returns the Markdown's path."""
+    size = f"{args.train_pairs}" if args.train_pairs else "29000"
+    lines = [
+        f"# Where the natural bias acts, by training frequency: Multi30k, {int(size):,} pairs",
+        "",
+        f"Written by `research/frequency_study.py`; command: `{' '.join(['python', *sys.argv])}`.",
+        "",
+        f"Set-up: the 3,000-pair screening's (2+2 transformer, short schedule, {args.max_update:,} "
+        f"updates, best checkpoint by validation NLL), CPU; early = update {args.early_update}, "
+        "end = the best checkpoint. Differences are model − stock of the same seed, bits per "
+        "reference token of the test set (test_2016_flickr), binned by the token's count in the "
+        "training targets; mean ± standard error over the seeds named. Negative: the arm is better.",
+    ]
+    if not args.train_pairs:
+        lines += [
+            "",
+            f"At 29,000 pairs {args.max_update:,} updates is **not convergence** (the full-corpus "
+            "runs of small_corpora.md go on to 20,000): these are mid-training models.",
+        ]
+    plotted = {}
+    for pair, (_, work, _) in pairs.items():
+        best = {}
+        for arm in arms:
+            values = [best_valid_nll(run_dir(work, arm, s)) for s in args.seeds]
+            best[arm.name] = (mean_and_error(values), sum(v is not None for v in values))
+        lines += ["", f"## {pair}", "", "Best validation NLL (bits; the screening's check):", ""]
+        lines += [f"- {name}: {cell(v).lstrip('+')} ({n} seeds)" for name, (v, n) in best.items()]
+        for point in ("early", "end"):
+            for arm in arms:
+                if arm.name == REFERENCE_ARM:
+                    continue
+                seeds = seeds_done(work, arm, args.seeds, point)
+                if not seeds:
+                    continue
+                folder = work / "by_frequency" / arm.folder
+                per_seed = [
+                    read_csv(folder / f"seed{s}" / point / "loss_by_frequency.csv") for s in seeds
+                ]
+                keys = ("median_difference_bits", "mean_difference_bits")
+                combined = combine_bins(per_seed, keys)
+                plotted[(pair, point, arm.name)] = combined
+                kls = [
+                    json.loads((folder / f"seed{s}" / point / "kl.json").read_text()) for s in seeds
+                ]
+                lines += [
+                    "",
+                    f"### {pair}, {point}: {arm.name} − stock (seeds {', '.join(map(str, seeds))})",
+                    "",
+                    "KL(average prediction ‖ training unigram), bits: stock "
+                    f"{cell(mean_and_error([k.get('baseline') for k in kls])).lstrip('+')}, "
+                    f"{arm.name} {cell(mean_and_error([k.get('model') for k in kls])).lstrip('+')}",
+                    "",
+                    "| training count | tokens | median difference | mean difference |",
+                    "|---|---|---|---|",
+                ]
+                lines += [
+                    f"| {row['bin']} | {row['tokens']} | {cell(row[keys[0]])} | {cell(row[keys[1]])} |"
+                    for row in combined
+                ]
+        done = [a for a in arms if output_seeds(work, a, args.seeds)]
+        if done:
+            by_arm = {
+                a.name: combine_bins(
+                    [
+                        read_csv(run_dir(work, a, s) / "output_frequency" / "output_frequency.csv")
+                        for s in output_seeds(work, a, args.seeds)
+                    ],
+                    ("ratio",),
+                )
+                for a in done
+            }
+            lines += [
+                "",
+                f"### {pair}, end: tokens produced / tokens in the references (beam 5, test set)",
+                "",
+                "| training count | reference tokens | "
+                + " | ".join(
+                    f"{a.name} ({len(output_seeds(work, a, args.seeds))} seeds)" for a in done
+                )
+                + " |",
+                "|---|---|" + "---|" * len(done),
+            ]
+            first = by_arm[done[0].name]
+            for k, row in enumerate(first):
+                lines.append(
+                    f"| {row['bin']} | {row['tokens']} | "
+                    + " | ".join(ratio_cell(by_arm[a.name][k]["ratio"]) for a in done)
+                    + " |"
+                )
+    results = Path(args.results)
+    results.mkdir(parents=True, exist_ok=True)
+    path = results / f"frequency_study_{size}.md"
+    if plotted:
+        png = plot(plotted, list(pairs), results / f"frequency_study_{size}.png")
+        lines += ["", f"![binned median difference]({png.name})"]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def output_seeds(work, arm, seeds):
+    return [
+        s
+        for s in seeds
+        if (run_dir(work, arm, s) / "output_frequency" / "output_frequency.csv").exists()
+    ]
+
+
+def best_valid_nll(folder):
+    """The lowest validation NLL (bits) of a finished run's log; None before it ends."""
+    if not (folder / "done").exists():
+        return None
+    return min(pipeline.validation_curve(folder, "nll_loss").values())
+
+
+def plot(plotted, pairs, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(len(pairs), 2, figsize=(11, 4 * len(pairs)), squeeze=False)
+    for i, pair in enumerate(pairs):
+        for j, point in enumerate(("early", "end")):
+            ax = axes[i][j]
+            shown_arms = [
+                (key[2], rows) for key, rows in plotted.items() if key[:2] == (pair, point)
+            ]
+            for k, (arm, rows) in enumerate(shown_arms):
+                shown = [r for r in rows if not math.isnan(r["median_difference_bits"][0])]
+                x = np.arange(len(shown)) + (k - 0.5) * 0.15
+                mean = [r["median_difference_bits"][0] for r in shown]
+                error = [np.nan_to_num(r["median_difference_bits"][1]) for r in shown]
+                ax.errorbar(x, mean, yerr=error, marker="o", capsize=3, label=arm)
+                ax.set_xticks(np.arange(len(shown)), [r["bin"] for r in shown], rotation=45)
+            ax.axhline(0, color="black", linewidth=0.8)
+            ax.set_title(f"{pair}, {point}")
+            ax.set_xlabel("training count of the reference token")
+            ax.set_ylabel("median loss difference, arm − stock (bits)")
+            ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+# --- the plan ----------------------------------------------------------------
+
+
+def main():
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--multi30k", default=os.environ.get("NATBIAS_MULTI30K", "../shared/data/multi30k")
+    )
+    parser.add_argument("--workdir", default="work/frequency_study")
+    parser.add_argument(
+        "--pairs", nargs="+", default=["de-en", "fr-en"], choices=["de-en", "fr-en"]
+    )
+    parser.add_argument("--arms", nargs="+", default=list(ARMS), help="stock first")
+    parser.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3])
+    parser.add_argument(
+        "--train-pairs", type=int, metavar="N", help="the first N pairs (default: all 29,000)"
+    )
+    parser.add_argument("--max-update", type=int, default=2000)
+    parser.add_argument("--validate-every", type=int, default=100)
+    parser.add_argument("--max-tokens", type=int, default=1500)
+    parser.add_argument(
+        "--early-update",
+        type=int,
+        default=EARLY_UPDATE,
+        help=f"the head start's checkpoint (default {EARLY_UPDATE}; on the --validate-every grid)",
+    )
+    parser.add_argument(
+        "--steps",
+        nargs="+",
+        default=["train", "score", "report"],
+        choices=["train", "score", "report"],
+    )
+    parser.add_argument("--jobs", type=int, default=2, help="runs side by side")
+    parser.add_argument("--results", default="research/results")
+    args = parser.parse_args()
+    if args.early_update % args.validate_every:
+        raise SystemExit("frequency_study: --early-update must be a multiple of --validate-every")
+    arms = [Arm.parse(text) for text in args.arms]
+    if arms[0].name != REFERENCE_ARM:
+        raise SystemExit("frequency_study: the first arm must be stock (the baseline)")
+    os.chdir(REPO)  # fairseq's --user-dir fairseq_natbias is relative
+    training = SimpleNamespace(
+        schedule="short",
+        max_tokens=args.max_tokens,
+        validate_every=args.validate_every,
+        train_pairs=args.train_pairs,
+        max_update=args.max_update,
+    )
+    training.early_update = args.early_update
+    pairs = {pair: prepare(pair, args) for pair in args.pairs}
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        for seed in args.seeds:
+            jobs = []
+            if "train" in args.steps:
+                jobs += [
+                    pool.submit(train, task, work, data_bin, arm, seed, training)
+                    for task, work, data_bin in pairs.values()
+                    for arm in arms
+                ]
+                for job in jobs:
+                    job.result()
+            if "score" in args.steps:
+                jobs = [
+                    pool.submit(generate_and_count, task, work, data_bin, arm, seed)
+                    for task, work, data_bin in pairs.values()
+                    for arm in arms
+                    if (run_dir(work, arm, seed) / "done").exists()
+                ]
+                jobs += [
+                    pool.submit(loss_by_frequency, task, work, data_bin, arm, seed, point)
+                    for task, work, data_bin in pairs.values()
+                    for arm in arms[1:]
+                    for point in ("early", "end")
+                    if all((run_dir(work, a, seed) / "done").exists() for a in (arms[0], arm))
+                ]
+                for job in jobs:
+                    job.result()
+            if "report" in args.steps:
+                say(f"report: {report(pairs, arms, args)}")
+
+
+if __name__ == "__main__":
+    main()
