@@ -42,9 +42,10 @@ from types import SimpleNamespace
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "research"))  # the study package, research/study/
+sys.path.insert(0, str(REPO / "examples" / "paper"))  # make demo's pipeline
 
 import numpy as np  # noqa: E402
-import pipeline  # noqa: E402  (examples/paper, on the path through study)
+import pipeline  # noqa: E402
 from pipeline import say  # noqa: E402
 from study.arms import (  # noqa: E402
     REFERENCE_ARM,
@@ -94,32 +95,47 @@ def checkpoint(work, arm, seed, point):
     )
 
 
-def train(task, work, data_bin, arm, seed, args):
-    """One run; its update --early-update checkpoint kept as checkpoint_early.pt."""
+def train(task, work, data_bin, arm, seed, args, stage):
+    """One run to the head start's update (``stage`` "early": its checkpoint
+    kept as checkpoint_early.pt) or on from there to the end ("end"; fairseq
+    resumes from checkpoint_last.pt, as an interrupted study run does). Two
+    stages so that the head start of every run is measured first on a busy CPU."""
     folder = run_dir(work, arm, seed)
     name = f"{task.folder} {arm.name} seed{seed}"
-    if (folder / "done").exists() and (folder / "checkpoint_early.pt").exists():
-        say(f"{name}: trained before, skipped")
+    early = folder / "checkpoint_early.pt"
+    if early.exists() and (stage == "early" or (folder / "done").exists()):
         return
     folder.mkdir(parents=True, exist_ok=True)
+    updates = args.early_update if stage == "early" else args.max_update
     arguments = training_arguments(task, data_bin, folder, arm, seed, args)
+    arguments[arguments.index("--max-update") + 1] = str(updates)
     # every interval checkpoint kept until the run ends (the study keeps one)
     arguments[arguments.index("--keep-interval-updates") + 1] = "-1"
-    say(f"{name}: training, {args.max_update} updates")
+    say(f"{name}: training to update {updates}")
 
     def progress(record):
         say(f"{name}: update {record.num_updates} valid NLL {record.values[task.loss_key]:.3f}")
 
-    pipeline.train(arguments, folder, pipeline.on_validation(task.loss_key, progress))
-    early = sorted(folder.glob(f"checkpoint_*_{args.early_update}.pt"))
-    if not early:
-        raise SystemExit(
-            f"frequency_study: {folder} has no checkpoint of update {args.early_update}"
-        )
-    shutil.copy(early[0], folder / "checkpoint_early.pt")
-    for interval in folder.glob("checkpoint_*_*.pt"):
-        interval.unlink()
-    say(f"{name}: trained")
+    if not sorted(folder.glob(f"checkpoint_*_{args.early_update}.pt")) or stage == "end":
+        on_line = pipeline.on_validation(task.loss_key, progress)
+        if stage == "end":
+            pipeline.train(arguments, folder, on_line)  # marks the run done
+        else:
+            pipeline.record_step0(arguments, folder / "step0.json")
+            pipeline.run(
+                [*pipeline.tool("fairseq-train"), *arguments], folder / "train.log", on_line
+            )
+    kept = sorted(folder.glob(f"checkpoint_*_{args.early_update}.pt"))
+    if not early.exists():
+        if not kept:
+            raise SystemExit(
+                f"frequency_study: {folder} has no checkpoint of update {args.early_update}"
+            )
+        shutil.copy(kept[0], early)
+    if stage == "end":
+        for interval in folder.glob("checkpoint_*_*.pt"):
+            interval.unlink()
+    say(f"{name}: trained to update {updates}")
 
 
 def generate_and_count(task, work, data_bin, arm, seed):
@@ -445,34 +461,38 @@ def main():
     training.early_update = args.early_update
     pairs = {pair: prepare(pair, args) for pair in args.pairs}
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        for seed in args.seeds:
-            jobs = []
-            if "train" in args.steps:
-                jobs += [
-                    pool.submit(train, task, work, data_bin, arm, seed, training)
-                    for task, work, data_bin in pairs.values()
-                    for arm in arms
-                ]
-                for job in jobs:
-                    job.result()
-            if "score" in args.steps:
-                jobs = [
-                    pool.submit(generate_and_count, task, work, data_bin, arm, seed)
-                    for task, work, data_bin in pairs.values()
-                    for arm in arms
-                    if (run_dir(work, arm, seed) / "done").exists()
-                ]
-                jobs += [
-                    pool.submit(loss_by_frequency, task, work, data_bin, arm, seed, point)
-                    for task, work, data_bin in pairs.values()
-                    for arm in arms[1:]
-                    for point in ("early", "end")
-                    if all((run_dir(work, a, seed) / "done").exists() for a in (arms[0], arm))
-                ]
-                for job in jobs:
-                    job.result()
-            if "report" in args.steps:
-                say(f"report: {report(pairs, arms, args)}")
+
+        def each(seed, function, *extra, when=None):
+            jobs = [
+                pool.submit(function, task, work, data_bin, arm, seed, *extra)
+                for task, work, data_bin in pairs.values()
+                for arm in arms
+                if when is None or when(work, arm, seed)
+            ]
+            for job in jobs:
+                job.result()
+
+        def compared(point):
+            name = "checkpoint_early.pt" if point == "early" else "done"
+            return lambda work, arm, seed: (
+                arm.name != REFERENCE_ARM
+                and all((run_dir(work, a, seed) / name).exists() for a in (arms[0], arm))
+            )
+
+        for stage in ("early", "end"):
+            for seed in args.seeds:
+                if "train" in args.steps:
+                    each(seed, train, training, stage)
+                if "score" in args.steps:
+                    if stage == "end":
+                        each(
+                            seed,
+                            generate_and_count,
+                            when=lambda w, a, s: (run_dir(w, a, s) / "done").exists(),
+                        )
+                    each(seed, loss_by_frequency, stage, when=compared(stage))
+                if "report" in args.steps:
+                    say(f"report: {report(pairs, arms, args)}")
 
 
 if __name__ == "__main__":
