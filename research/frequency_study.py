@@ -230,6 +230,8 @@ def combine_bins(per_seed, keys):
         if len(labels) != 1:
             raise SystemExit(f"frequency_study: seeds disagree on the bins: {sorted(labels)}")
         out = {"bin": rows[0]["bin"], "tokens": rows[0].get("tokens") or rows[0].get("reference")}
+        if rows[0].get("few") == "True":  # the tool's mark: too few tokens to read much into
+            out["bin"] += " (few)"
         for key in keys:
             values = [float(row[key]) if row.get(key) not in (None, "") else None for row in rows]
             out[key] = mean_and_error(values)
@@ -284,12 +286,21 @@ def report(pairs, arms, args):
         ]
     plotted = {}
     for pair, (_, work, _) in pairs.items():
-        best = {}
+        lines += [
+            "",
+            f"## {pair}",
+            "",
+            f"Validation NLL (bits) at update {args.early_update} and at the best checkpoint, "
+            "to set beside the screening's run records (research/results/runs/):",
+            "",
+        ]
         for arm in arms:
-            values = [best_valid_nll(run_dir(work, arm, s)) for s in args.seeds]
-            best[arm.name] = (mean_and_error(values), sum(v is not None for v in values))
-        lines += ["", f"## {pair}", "", "Best validation NLL (bits; the screening's check):", ""]
-        lines += [f"- {name}: {cell(v).lstrip('+')} ({n} seeds)" for name, (v, n) in best.items()]
+            early, best = zip(
+                *(valid_nll(run_dir(work, arm, s), args.early_update) for s in args.seeds)
+            )
+            lines.append(
+                f"- {arm.name}: update {args.early_update} {measured(early)}, best {measured(best)}"
+            )
         for point in ("early", "end"):
             for arm in arms:
                 if arm.name == REFERENCE_ARM:
@@ -370,16 +381,28 @@ def output_seeds(work, arm, seeds):
     ]
 
 
-def best_valid_nll(folder):
-    """The lowest validation NLL (bits) of a finished run's log; None before it ends."""
-    if not (folder / "done").exists():
-        return None
-    return min(pipeline.validation_curve(folder, "nll_loss").values())
+def measured(values):
+    """Mean ± s.e. of the values given and their number, or "not run"."""
+    n = sum(v is not None for v in values)
+    return (
+        f"{cell(mean_and_error(values)).lstrip('+')} ({n} seed{'s' * (n > 1)})" if n else "not run"
+    )
+
+
+def valid_nll(folder, update):
+    """A run's validation NLL (bits) at ``update`` and its lowest (None before it ends)."""
+    if not (folder / "train.log").exists() or not (folder / "step0.json").exists():
+        return None, None
+    curve = pipeline.validation_curve(folder, "nll_loss")
+    return curve.get(update), min(curve.values()) if (folder / "done").exists() else None
 
 
 def plot(plotted, pairs, path):
+    import logging
+
     import matplotlib
 
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)  # no font search in the log
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
