@@ -240,28 +240,19 @@ def combine_bins(per_seed, keys):
     return combined
 
 
-def cell(pair):
+def cell(pair, signed=True):
     mean, error = pair
     if math.isnan(mean):
         return ""
-    return f"{mean:+.3f}" + ("" if math.isnan(error) else f" ± {error:.3f}")
+    return f"{mean:{'+' if signed else ''}.3f}" + ("" if math.isnan(error) else f" ± {error:.3f}")
 
 
-def ratio_cell(pair):
-    mean, error = pair
-    if math.isnan(mean):
-        return ""
-    return f"{mean:.3f}" + ("" if math.isnan(error) else f" ± {error:.3f}")
+def loss_csv(work, arm, seed, point):
+    return work / "by_frequency" / arm.folder / f"seed{seed}" / point / "loss_by_frequency.csv"
 
 
-def seeds_done(work, arm, seeds, point):
-    return [
-        s
-        for s in seeds
-        if (
-            work / "by_frequency" / arm.folder / f"seed{s}" / point / "loss_by_frequency.csv"
-        ).exists()
-    ]
+def output_csv(work, arm, seed):
+    return run_dir(work, arm, seed) / "output_frequency" / "output_frequency.csv"
 
 
 def report(pairs, arms, args):
@@ -305,13 +296,11 @@ def report(pairs, arms, args):
             for arm in arms:
                 if arm.name == REFERENCE_ARM:
                     continue
-                seeds = seeds_done(work, arm, args.seeds, point)
+                seeds = [s for s in args.seeds if loss_csv(work, arm, s, point).exists()]
                 if not seeds:
                     continue
                 folder = work / "by_frequency" / arm.folder
-                per_seed = [
-                    read_csv(folder / f"seed{s}" / point / "loss_by_frequency.csv") for s in seeds
-                ]
+                per_seed = [read_csv(loss_csv(work, arm, s, point)) for s in seeds]
                 keys = ("median_difference_bits", "mean_difference_bits")
                 combined = combine_bins(per_seed, keys)
                 plotted[(pair, point, arm.name)] = combined
@@ -323,8 +312,8 @@ def report(pairs, arms, args):
                     f"### {pair}, {point}: {arm.name} − stock (seeds {', '.join(map(str, seeds))})",
                     "",
                     "KL(average prediction ‖ training unigram), bits: stock "
-                    f"{cell(mean_and_error([k.get('baseline') for k in kls])).lstrip('+')}, "
-                    f"{arm.name} {cell(mean_and_error([k.get('model') for k in kls])).lstrip('+')}",
+                    f"{cell(mean_and_error([k.get('baseline') for k in kls]), False)}, "
+                    f"{arm.name} {cell(mean_and_error([k.get('model') for k in kls]), False)}",
                     "",
                     "| training count | tokens | median difference | mean difference |",
                     "|---|---|---|---|",
@@ -332,16 +321,14 @@ def report(pairs, arms, args):
                 lines += [
                     f"| {row['bin']} | {row['tokens']} | {cell(row[keys[0]])} | {cell(row[keys[1]])} |"
                     for row in combined
+                    if row["tokens"] != "0"  # bins the test set leaves empty
                 ]
-        done = [a for a in arms if output_seeds(work, a, args.seeds)]
+        generated = {a: [s for s in args.seeds if output_csv(work, a, s).exists()] for a in arms}
+        done = [a for a in arms if generated[a]]
         if done:
             by_arm = {
                 a.name: combine_bins(
-                    [
-                        read_csv(run_dir(work, a, s) / "output_frequency" / "output_frequency.csv")
-                        for s in output_seeds(work, a, args.seeds)
-                    ],
-                    ("ratio",),
+                    [read_csv(output_csv(work, a, s)) for s in generated[a]], ("ratio",)
                 )
                 for a in done
             }
@@ -350,9 +337,7 @@ def report(pairs, arms, args):
                 f"### {pair}, end: tokens produced / tokens in the references (beam 5, test set)",
                 "",
                 "| training count | reference tokens | "
-                + " | ".join(
-                    f"{a.name} ({len(output_seeds(work, a, args.seeds))} seeds)" for a in done
-                )
+                + " | ".join(f"{a.name} (seeds {', '.join(map(str, generated[a]))})" for a in done)
                 + " |",
                 "|---|---|" + "---|" * len(done),
             ]
@@ -360,7 +345,7 @@ def report(pairs, arms, args):
             for k, row in enumerate(first):
                 lines.append(
                     f"| {row['bin']} | {row['tokens']} | "
-                    + " | ".join(ratio_cell(by_arm[a.name][k]["ratio"]) for a in done)
+                    + " | ".join(cell(by_arm[a.name][k]["ratio"], signed=False) for a in done)
                     + " |"
                 )
     results = Path(args.results)
@@ -373,20 +358,10 @@ def report(pairs, arms, args):
     return path
 
 
-def output_seeds(work, arm, seeds):
-    return [
-        s
-        for s in seeds
-        if (run_dir(work, arm, s) / "output_frequency" / "output_frequency.csv").exists()
-    ]
-
-
 def measured(values):
     """Mean ± s.e. of the values given and their number, or "not run"."""
     n = sum(v is not None for v in values)
-    return (
-        f"{cell(mean_and_error(values)).lstrip('+')} ({n} seed{'s' * (n > 1)})" if n else "not run"
-    )
+    return f"{cell(mean_and_error(values), False)} ({n} seed{'s' * (n > 1)})" if n else "not run"
 
 
 def valid_nll(folder, update):
