@@ -399,7 +399,10 @@ def plot(plotted, pairs, path):
             ax.set_title(f"{pair}, {point}")
             ax.set_xlabel("training count of the reference token")
             ax.set_ylabel("median loss difference, arm − stock (bits)")
-            ax.legend(fontsize="small")
+            if shown_arms:
+                ax.legend(fontsize="small")
+            else:
+                ax.text(0.5, 0.5, "not run", ha="center", transform=ax.transAxes)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
