@@ -21,15 +21,16 @@ training unigram); at the end, fairseq-generate beam 5 (pieces, not
 detokenised) and natbias-output-frequency per arm. Over seeds: mean and
 standard error per bin, to --results/frequency_study_<size>.md and a plot.
 
-Every step is skipped when its output exists, so the study runs in parts
-(--steps train, then --steps score report, or all at once) and extends seed
-by seed. Training and scoring go --jobs side by side, seed by seed.
+Every run goes to --early-update first (all seeds), then on to the end
+(fairseq resumes); each step is skipped when its output exists, so the study
+stops and resumes anywhere; --jobs runs side by side.
 
     OMP_NUM_THREADS=1 nice -n 19 .venv/bin/python research/frequency_study.py \\
         --train-pairs 3000 --seeds 1 2 3 --workdir /work/study105 --results research/results
 """
 
 import argparse
+import csv
 import json
 import math
 import os
@@ -205,8 +206,6 @@ def loss_by_frequency(task, work, data_bin, arm, seed, point):
 
 
 def read_csv(path):
-    import csv
-
     with open(path, encoding="utf-8") as source:
         return list(csv.DictReader(source))
 
@@ -348,6 +347,8 @@ def report(pairs, arms, args):
                     + " | ".join(cell(by_arm[a.name][k]["ratio"], signed=False) for a in done)
                     + " |"
                 )
+    if not any(point == "end" for _, point, _ in plotted):
+        lines += ["", "The end (best checkpoint) and the output frequency: **not run yet**."]
     results = Path(args.results)
     results.mkdir(parents=True, exist_ok=True)
     path = results / f"frequency_study_{size}.md"
@@ -458,8 +459,8 @@ def main():
         validate_every=args.validate_every,
         train_pairs=args.train_pairs,
         max_update=args.max_update,
+        early_update=args.early_update,
     )
-    training.early_update = args.early_update
     pairs = {pair: prepare(pair, args) for pair in args.pairs}
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
 
