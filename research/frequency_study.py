@@ -432,12 +432,7 @@ def main():
     parser.add_argument("--max-update", type=int, default=2000)
     parser.add_argument("--validate-every", type=int, default=100)
     parser.add_argument("--max-tokens", type=int, default=1500)
-    parser.add_argument(
-        "--early-update",
-        type=int,
-        default=EARLY_UPDATE,
-        help=f"the head start's checkpoint (default {EARLY_UPDATE}; on the --validate-every grid)",
-    )
+    parser.add_argument("--early-update", type=int, default=EARLY_UPDATE, help="head start's")
     parser.add_argument(
         "--steps",
         nargs="+",
