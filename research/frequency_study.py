@@ -342,10 +342,14 @@ def report(pairs, arms, args):
             ]
             first = by_arm[done[0].name]
             for k, row in enumerate(first):
-                lines.append(
-                    f"| {row['bin']} | {row['tokens']} | "
-                    + " | ".join(cell(by_arm[a.name][k]["ratio"], signed=False) for a in done)
-                    + " |"
+                lines += (
+                    []
+                    if row["tokens"] == "0"
+                    else [
+                        f"| {row['bin']} | {row['tokens']} | "
+                        + " | ".join(cell(by_arm[a.name][k]["ratio"], signed=False) for a in done)
+                        + " |"
+                    ]
                 )
     if not any(point == "end" for _, point, _ in plotted):
         lines += ["", "The end (best checkpoint) and the output frequency: **not run yet**."]
