@@ -52,8 +52,11 @@ def test_add_natural_bias_adds_at_most_5_percent_of_the_model_at_its_peak():
     with torch.no_grad():  # the first forward's one-time allocations, before measuring
         model.eval()(input_ids=torch.tensor([[0]]))
     phi = torch.randn(config.n_embd)
-    # The measure sees a copy of W: 2.1.0's float64 product, W.double() @ phi.
-    copy = peak_growth(lambda: torch.nn.functional.linear(phi.double(), weight.double()))
+    # The measure sees a copy of W: 2.1.0's float64 product, W.double() @ phi
+    # (copied whatever W's dtype: a float64 W would make .double() no copy).
+    copy = peak_growth(
+        lambda: torch.nn.functional.linear(phi.double(), weight.to(torch.float64, copy=True))
+    )
     assert copy > 1.9 * weight.numel() * 4 / 2**20
     counts = np.ones(config.vocab_size, dtype=np.int64)
     growth = peak_growth(lambda: add_natural_bias(model, counts=counts))
