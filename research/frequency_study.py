@@ -22,8 +22,9 @@ detokenised) and natbias-output-frequency per arm. Over seeds: mean and
 standard error per bin, to --results/frequency_study_<size>.md and a plot.
 
 Every run goes to --early-update first (all seeds), then on to the end
-(fairseq resumes); each step is skipped when its output exists, so the study
-stops and resumes anywhere; --jobs runs side by side.
+(fairseq resumes; `--stages early` stops at the head start); each step is
+skipped when its output exists, so the study stops and resumes anywhere;
+--jobs runs side by side.
 
     OMP_NUM_THREADS=1 nice -n 19 .venv/bin/python research/frequency_study.py \\
         --train-pairs 3000 --seeds 1 2 3 --workdir /work/study105 --results research/results
@@ -65,6 +66,7 @@ ARMS = ("stock", "gain/unigram", "gain/unigram+unigram-ls")
 # after the learning rate has peaked but well before stock catches up; it is
 # on the 100-update save grid the screening uses.
 EARLY_UPDATE = 200
+STEPS, STAGES = ["train", "score", "report"], ["early", "end"]
 KL_LINE = re.compile(r"^(baseline|model) .*KL\(average prediction \|\| training unigram\) ([\d.]+)")
 
 
@@ -437,12 +439,8 @@ def main():
     parser.add_argument("--validate-every", type=int, default=100)
     parser.add_argument("--max-tokens", type=int, default=1500)
     parser.add_argument("--early-update", type=int, default=EARLY_UPDATE, help="head start's")
-    parser.add_argument(
-        "--steps",
-        nargs="+",
-        default=["train", "score", "report"],
-        choices=["train", "score", "report"],
-    )
+    parser.add_argument("--steps", nargs="+", default=STEPS, choices=STEPS)
+    parser.add_argument("--stages", nargs="+", default=STAGES, choices=STAGES, help="see above")
     parser.add_argument("--jobs", type=int, default=2, help="runs side by side")
     parser.add_argument("--results", default="research/results")
     args = parser.parse_args()
@@ -480,7 +478,7 @@ def main():
                 and all((run_dir(work, a, seed) / name).exists() for a in (arms[0], arm))
             )
 
-        for stage in ("early", "end"):
+        for stage in args.stages:
             for seed in args.seeds:
                 if "train" in args.steps:
                     each(seed, train, training, stage)
