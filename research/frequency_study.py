@@ -270,7 +270,7 @@ def report(pairs, arms, args):
         "reference token of the test set (test_2016_flickr), binned by the token's count in the "
         "training targets; mean ± standard error over the seeds named. Negative: the arm is better.",
     ]
-    if not args.train_pairs:
+    if not args.train_pairs and "end" in args.stages:
         lines += [
             "",
             f"At 29,000 pairs {args.max_update:,} updates is **not convergence** (the full-corpus "
@@ -354,7 +354,8 @@ def report(pairs, arms, args):
                     ]
                 )
     if not any(point == "end" for _, point, _ in plotted):
-        lines += ["", "The end (best checkpoint) and the output frequency: **not run yet**."]
+        why = "`--stages early`" if "end" not in args.stages else "yet"
+        lines += ["", f"The end (best checkpoint) and the output frequency: **not run** ({why})."]
     results = Path(args.results)
     results.mkdir(parents=True, exist_ok=True)
     path = results / f"frequency_study_{size}.md"

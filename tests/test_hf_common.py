@@ -16,21 +16,22 @@ class Saved:
     """Stands in for the model and the tokenizer: remembers when it was saved."""
 
     def __init__(self):
-        self.saved_at = []
+        self.saved_at, self.folders = [], []
         self.update = None
 
     def save_pretrained(self, folder):
         self.saved_at.append(self.update)
+        self.folders.append(folder.name)
 
 
-def validate_over(nll_by_update, every, patience, tmp_path, monkeypatch):
+def validate_over(nll_by_update, every, patience, tmp_path, monkeypatch, keep=(), model=None):
     """Runs the callback over updates every, 2 every, ...; the NLL at each
     update is scripted. Returns (record, the updates the model was saved at,
     the update at which training was told to stop, or None)."""
-    model = Saved()
+    model = model or Saved()
     monkeypatch.setattr(common, "validation_nll", lambda *a, **k: nll_by_update[model.update])
     record = common.Record(tmp_path, {})
-    callback = common.ValidationCallback(record, [], every, patience, tmp_path, Saved())
+    callback = common.ValidationCallback(record, [], every, patience, tmp_path, Saved(), keep=keep)
     state, control = TrainerState(), TrainerControl()
     state.max_steps = max(nll_by_update)
     model.update = state.global_step = 0
@@ -60,3 +61,10 @@ def test_patience_zero_runs_to_the_last_update(tmp_path, monkeypatch):
     record, saved, stopped = validate_over(nll, 4, 0, tmp_path, monkeypatch)
     assert stopped is None
     assert record["updates"] == [0, 4, 8] and saved == [0]
+
+
+def test_keep_saves_the_model_of_the_updates_asked_for_beside_the_best(tmp_path, monkeypatch):
+    nll = {u: 5.0 + u for u in range(0, 9)}  # the best stays update 0's
+    model = Saved()
+    validate_over(nll, 4, 0, tmp_path, monkeypatch, keep=[4], model=model)
+    assert list(zip(model.saved_at, model.folders)) == [(0, "best"), (4, "update-4")]

@@ -56,6 +56,14 @@ def add_run_arguments(parser, layers_help=None):
     parser.add_argument("--max-steps", type=int, default=1000)
     parser.add_argument("--eval-every", type=int, default=50)
     parser.add_argument("--patience", type=int, default=0)
+    parser.add_argument(
+        "--keep",
+        type=int,
+        nargs="*",
+        default=[],
+        metavar="UPDATE",
+        help="also keep the model of these updates (multiples of --eval-every) in RUN/update-N",
+    )
     parser.add_argument("--threads", type=int, default=1)
 
 
@@ -179,9 +187,10 @@ class ValidationCallback(TrainerCallback):
     the model of lowest NLL saved to ``run/best``; training stopped after
     ``patience`` validations without a lower NLL (0: never)."""
 
-    def __init__(self, record, batches, every, patience, run, tokenizer, causal=False):
+    def __init__(self, record, batches, every, patience, run, tokenizer, causal=False, keep=()):
         self.record, self.batches, self.every, self.patience = record, batches, every, patience
         self.best_dir, self.tokenizer, self.causal = Path(run) / "best", tokenizer, causal
+        self.run, self.keep = Path(run), set(keep)
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         # A resumed run forgets validations after its checkpoint: they are redone.
@@ -201,6 +210,9 @@ class ValidationCallback(TrainerCallback):
                 control.should_training_stop = True
 
     def validate(self, model, update):
+        if update in self.keep and not (self.run / f"update-{update}").exists():
+            model.save_pretrained(self.run / f"update-{update}")  # e.g. the head start, to score
+            self.tokenizer.save_pretrained(self.run / f"update-{update}")
         nll = validation_nll(model, self.batches, self.causal)
         if update in self.record["updates"]:
             return
@@ -285,8 +297,10 @@ def train_model(args, run, record, model, train, collator, valid_batches, tokeni
                 count_targets(train, len(tokenizer), causal), model
             )
         )
+    if any(update % args.eval_every for update in args.keep):
+        raise SystemExit(f"error: --keep {args.keep}: each must be a multiple of --eval-every")
     callback = ValidationCallback(
-        record, valid_batches, args.eval_every, args.patience, run, tokenizer, causal
+        record, valid_batches, args.eval_every, args.patience, run, tokenizer, causal, args.keep
     )
     callbacks = [callback]
     if args.bias == "natural":
