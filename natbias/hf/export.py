@@ -2,17 +2,11 @@
 so that any engine that runs the stock class serves it (CTranslate2, vLLM,
 text-generation-inference): ``natbias.hf.to_stock(model)``.
 
-The logits ``W (g phi) + b`` fit a stock class that has a slot for b:
-
-* ``final_logits_bias`` (Marian, BART, mBART, Pegasus, Blenderbot), which
-  CTranslate2 copies when it converts them;
-* a bias on the head (Phi, GPT-J, CodeGen).
-
-The gain g is folded where it costs least: into W where the head is not
-tied to the input embeddings; else into the affine normalisation whose
-output the head reads (its weight and bias times g: g phi exactly), which
-keeps the head tied; else the head is untied, with a warning. A family
-without a slot is refused.
+The logits ``W (g phi) + b`` fit a stock class that has a slot for b
+(:data:`EXPORTABLE`). The gain g is folded where it costs least: into W
+where the head is not tied to the input embeddings; else into the affine
+normalisation whose output the head reads (g phi exactly), which keeps the
+head tied; else the head is untied, with a warning.
 """
 
 import logging
