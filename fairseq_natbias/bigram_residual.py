@@ -312,12 +312,10 @@ class BigramResidualDecoder:
         pad = self.padding_idx
         real = prev_output_tokens != pad
         ends = real & ((following == pad) | (following == -1))
-        following = torch.where(following == pad, torch.full_like(following, -1), following)
+        following = torch.where(following == pad, -1, following)
         if self.eos_ends_the_input:
-            following = torch.where(
-                ends, torch.full_like(following, self.dictionary.eos()), following
-            )
-        return torch.where(real, following, torch.full_like(following, -1))
+            following = torch.where(ends, self.dictionary.eos(), following)
+        return torch.where(real, following, -1)
 
     def forward(
         self,

@@ -44,11 +44,7 @@ def natural_bias_settings(config) -> dict:
 class NaturalBiasModel(KeepsFloat32):
     """Mixin placed before a transformers model class: the natural-bias
     output layer, installed after the model's own ``__init__`` (loading) or
-    on a model that exists (:func:`natbias.hf.add_natural_bias`, in place).
-
-    b, the gain and the prior stay float32 whatever the model is cast to
-    (:class:`~natbias.projection.KeepsFloat32`); b is cast to the logits'
-    dtype where it is added, as the fairseq plugin adds it."""
+    on a model that exists (:func:`natbias.hf.add_natural_bias`, in place)."""
 
     float32_parameters = (FINAL_LOGITS_BIAS,)
     float32_buffers = ("natbias_log_prior",)
