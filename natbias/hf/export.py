@@ -114,16 +114,14 @@ def _fold_into_norm(model, head, gain: float) -> Optional[str]:
         if output is None or output.data_ptr() != before.data_ptr():
             continue
         before = before.clone()
-        saved = [p.detach().clone() for p in (module.weight, module.bias) if p is not None]
-        for parameter in (module.weight, getattr(module, "bias", None)):
-            if parameter is not None:  # g (a phi + c) = (g a) phi + g c
-                fold_gain(parameter, gain, in_place=True)
+        parameters = [p for p in (module.weight, getattr(module, "bias", None)) if p is not None]
+        saved = [p.detach().clone() for p in parameters]
+        for parameter in parameters:  # g (a phi + c) = (g a) phi + g c
+            fold_gain(parameter, gain, in_place=True)
         after, _ = _head_input_and_norm_outputs(model, head)
         if after.shape == before.shape and torch.allclose(after, before * gain, 1e-5, 1e-6):
             return name
-        for parameter, value in zip(
-            [p for p in (module.weight, getattr(module, "bias", None)) if p is not None], saved
-        ):
+        for parameter, value in zip(parameters, saved):
             parameter.copy_(value)
     return None
 
