@@ -110,11 +110,7 @@ class NaturalBiasCausalLM:
 
         def stock_weights():
             for name, tensor in weights:
-                if (
-                    name == PRIOR
-                    or name == GAIN
-                    or (name == BIAS and logits.natbias_bias is not None)
-                ):
+                if name in (PRIOR, GAIN) or (name == BIAS and logits.natbias_bias is not None):
                     kept[name] = tensor
                 else:
                     yield name, tensor
