@@ -7,10 +7,9 @@ the fixed Witten-Bell table of :mod:`natbias.bigram` and beta a learnt scalar
 starting at 1: a fresh model predicts the Witten-Bell bigram and the network
 learns the residual (Li et al., 2022). Unseen rows of D are empty.
 
-D is sparse (CSR by v) and added by ``index_add_`` into the logits; its few
-long rows are also held dense (derived on loading), where gathering entries
-one by one would cost more. The table is in the state dict, so generation
-needs no training data; D and beta stay float32 under half precision.
+D is sparse (CSR by v), its few long rows also held dense
+(:data:`DENSE_ROW_FRACTION`). The table is in the state dict, so generation
+needs no training data.
 
 Leave-one-out in training: the table was counted on the very targets the
 network trains on, which it scores ~1.15 bits better than held-out ones at
@@ -175,8 +174,7 @@ class BigramResidual(KeepsFloat32):
             raise ValueError(
                 f"the bigram table has {self.vocab_size} rows, the logits {vocab} entries"
             )
-        if not logits.is_contiguous():
-            logits = logits.contiguous()
+        logits = logits.contiguous()  # itself where it is already
         rows = previous.reshape(-1)
         lengths = self.sparse_lengths[rows]
         total = int(lengths.sum())
@@ -312,12 +310,10 @@ class BigramResidualDecoder:
         pad = self.padding_idx
         real = prev_output_tokens != pad
         ends = real & ((following == pad) | (following == -1))
-        following = torch.where(following == pad, torch.full_like(following, -1), following)
+        following = torch.where(following == pad, -1, following)
         if self.eos_ends_the_input:
-            following = torch.where(
-                ends, torch.full_like(following, self.dictionary.eos()), following
-            )
-        return torch.where(real, following, torch.full_like(following, -1))
+            following = torch.where(ends, self.dictionary.eos(), following)
+        return torch.where(real, following, -1)
 
     def forward(
         self,

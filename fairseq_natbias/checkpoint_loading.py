@@ -2,15 +2,11 @@
 and its ground floor (it imports nothing of the plugin).
 
 torch's weights-only loading (the default since torch 2.6) refuses fairseq
-0.12's checkpoints, which pickle the configuration as an
-``argparse.Namespace`` and BLEU statistics as numpy arrays; exactly those
-types are allow-listed on import, which keeps weights-only loading instead of
-switching it off. So are the omegaconf containers of the configuration:
-fairseq's multi-rank resume sends rank 0's loaded checkpoint (its
-configuration a ``DictConfig`` by then) to the other ranks through
-``torch.load``, which without them stops every resume on 2 or more ranks.
-A file that cannot be used raises :class:`CheckpointError`,
-naming the fix.
+0.12's checkpoints (a pickled ``argparse.Namespace``, numpy arrays) and, on
+2 or more ranks, the ``DictConfig`` of fairseq's multi-rank resume: exactly
+those types are allow-listed on import, which keeps weights-only loading
+instead of switching it off. A file that cannot be used raises
+:class:`CheckpointError`, naming the fix.
 """
 
 import argparse

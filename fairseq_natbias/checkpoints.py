@@ -6,12 +6,8 @@ what a run will load; :func:`check_saved_settings` refuses a checkpoint
 whose settings this version no longer offers; :func:`reconcile_with_checkpoint`
 takes the checkpoint's structural settings for those left at their
 defaults, refusing an explicit option that disagrees. The file itself is read by
-:mod:`fairseq_natbias.checkpoint_loading`.
-
-Compatibility. Since 1.0 a checkpoint records ``natbias_format_version``. One
-written by 0.x records none; it loads, resumes and generates when its
-settings are still offered (the 0.8.0 defaults among them), and is refused
-in one line when it holds a setting 1.0 retired.
+:mod:`fairseq_natbias.checkpoint_loading`; what loads, and what is refused:
+docs/checkpoints.md.
 """
 
 import logging
@@ -68,11 +64,8 @@ def check_saved_settings(saved, where: str) -> None:
 def checkpoint_to_load(args):
     """``(kind, path)`` when the parameters built now will be overwritten from
     a checkpoint, else None. ``kind``: ``config`` (the config itself came from
-    a checkpoint: generation, eval-lm), ``resume`` or ``finetune``, by
-    fairseq's ``checkpoint_utils.load_checkpoint``: checkpoint_last in
-    --save-dir wins; on a first launch --continue-once, then
-    --finetune-from-model; a non-default --restore-file takes the
-    --checkpoint-suffix before its ``.pt``. A --reset-* flag means fine-tuning."""
+    a checkpoint: generation, eval-lm), ``resume`` or ``finetune``, by the
+    rules of fairseq's ``checkpoint_utils.load_checkpoint``."""
     if getattr(args, COUNTED_MARKER, None) is not None:
         return "config", None
     save_dir = getattr(args, "save_dir", "checkpoints")

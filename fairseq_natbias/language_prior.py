@@ -1,15 +1,8 @@
-"""One prior per target language (``--natbias-prior per-language``): the
-output bias has a row per target language, and each sentence's logits add
-the row of the language its decoder was told to write,
-
-    logits_t = g W phi_t + b[row_t],
-
-each row starting as that language's log-unigram (counted by
-:mod:`fairseq_natbias.training_data`). The language is read off the decoder's
-input, causally: ``--decoder-langtok`` feeds its token second (after EOS),
-``--lang-tok-replacing-bos-eos`` first; positions before it (the one that
-predicts the language token, which no language row counts) use row 0, the
-pooled prior. fairseq-generate forces the same token, so it picks the same rows.
+"""One prior per target language (``--natbias-prior per-language``,
+docs/options.md#multilingual-models): logits ``g W phi_t + b[row_t]``, row_t
+that of the language token among the decoder's first two inputs at or before
+t; positions before it (the one that predicts the language token, which no
+language row counts) use row 0, the pooled prior.
 
 fairseq calls ``decoder.forward`` directly and its output projection never
 sees the input tokens, so (as for the bigram residual) the decoder's class is

@@ -1,16 +1,10 @@
-"""Logs how far the output bias and the model are from the target unigram
-(App. A.6, Figs. 13 and 14; Fig. 1) on fairseq's own ``train_inner``,
-``train`` and ``valid`` lines: ``bias_kl``, ``bias_norm``, ``weight_norm``,
-``gain`` (:mod:`natbias.statistics`), ``bigram_weight`` (order 2),
-``kl_unigram`` and ``kl_uniform`` (bits).
-
-The per-token divergences reuse the log-probabilities the criterion asks the
-model for, every ``--natbias-stats-interval``-th update (default:
-``--log-interval``) and on every validation batch; they travel in the logging
-outputs as sums with a token count, so fairseq's reduction over micro-batches
-and workers weights every token once. The hook wraps the task the model is
-built for (:mod:`fairseq_natbias.task_hooks`), which is what makes it work
-with any criterion.
+"""The statistics of :mod:`natbias.statistics` on fairseq's own ``train_inner``,
+``train`` and ``valid`` lines (docs/options.md#the-training-log): the
+divergences travel in the logging outputs as sums with a token count, so
+fairseq's reduction over micro-batches and workers weights every token once.
+The hook wraps the task the model is built for
+(:mod:`fairseq_natbias.task_hooks`), which is what makes it work with any
+criterion.
 """
 
 import logging

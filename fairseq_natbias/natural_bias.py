@@ -1,20 +1,9 @@
 """The natural bias on a fairseq decoder: what ``transformer_natbias`` and
-``transformer_lm_natbias`` share.
-
-Meister et al. (2023), sec. 2.2: the final layer's bias b, with
-
-    p_theta(y | y_<t) ∝ p_Wphi(y | y_<t) * p_b(y),    p_b = softmax(b)     (4)
-
-starts as the log-unigram of the target training data, so that p_b is the
-unigram and ``W phi`` is left to model the rest. The decoder's output
-projection is replaced once, by :class:`natbias.projection.NaturalBiasProjection`
-around its own weight (tied embeddings stay tied): ``W (g phi) + b``.
-
-Counting happens once, when a model is built to train from scratch
-(:mod:`fairseq_natbias.training_data`). A model built to load a checkpoint
-(generation, evaluation, resuming, fine-tuning) gets placeholders that the
-checkpoint overwrites, with the checkpoint's settings
-(:mod:`fairseq_natbias.checkpoints`), and needs no training data.
+``transformer_lm_natbias`` share: the decoder's output projection replaced
+once, by :class:`natbias.projection.NaturalBiasProjection` around its own
+weight (tied embeddings stay tied), b counted once, for training from scratch
+(:mod:`fairseq_natbias.training_data`); a model built to load a checkpoint gets
+placeholders that it overwrites (:mod:`fairseq_natbias.checkpoints`).
 """
 
 import logging

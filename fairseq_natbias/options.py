@@ -185,9 +185,6 @@ def options_text(settings, names=STRUCTURAL) -> str:
             and getattr(settings, "natbias_weight_init", None) != "gain"
         ):
             continue
-        parts.append(
-            f"--{name.replace('_', '-')} {value:g}"
-            if isinstance(value, float)
-            else f"--{name.replace('_', '-')} {value}"
-        )
+        shown = f"{value:g}" if isinstance(value, float) else value
+        parts.append(f"--{name.replace('_', '-')} {shown}")
     return " ".join(parts)

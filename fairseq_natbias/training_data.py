@@ -1,28 +1,12 @@
 """What a fairseq task trains a model to predict, counted: the one place the
-models and the criteria count their unigram (with :mod:`natbias.counts`).
+models and the criteria count their unigram (with :mod:`natbias.counts`); which
+tokens count, per task, is docs/options.md#what-is-counted.
 
-translation (``--task translation`` and its kin)
-    the target side, ``train.SRC-TGT.TGT`` (or the ``TGT-SRC`` order), EOS
-    included (fairseq ends every sentence with one).
-translation_multi_simple_epoch
-    each pair's target side, with the language token ``--decoder-langtok``
-    prepends to every target; pairs weighted as the task samples them: with
-    sampling ratios r (``--sampling-method`` uniform or temperature,
-    ``--sampling-weights``) the task draws S r_i / sum(r) of its S sentences
-    from pair i, uniformly within it (S: ``--virtual-data-size``, else
-    fairseq's own rule, about the corpus's size), so each of pair i's n_i
-    sentences counts S r_i / sum(r) / n_i times: the counts are the targets
-    of the sampled data, on the corpus's own scale, and add-one smoothing
-    weighs as much as for one pair. ``concat`` (the default) reads every
-    sentence once.
-language_modeling (``fairseq-preprocess --only-source``)
-    ``train.bin``: every token of the stream is a next-token target once.
-    ``--add-bos-token`` adds one ``<s>`` per block (blocks found with
-    fairseq's own slicing); ``--output-dictionary-size N`` maps ids >= N to
-    ``<unk>``, as the task does.
-
-Every ``:``-separated data shard and ``train``, ``train1``, ... count (or
-``--train-subset``). Never ``dict.txt``.
+Multilingual sampling: with ratios r the task draws S r_i / sum(r) of its S
+sentences from pair i (S: ``--virtual-data-size``, else fairseq's own rule),
+uniformly within it, so each of pair i's n_i sentences counts S r_i / sum(r)
+/ n_i times: on the corpus's own scale, add-one smoothing weighs as much as
+for one pair.
 """
 
 import logging

@@ -8,8 +8,6 @@ Trained with ``--task language_modeling`` on ``fairseq-preprocess
 (:mod:`fairseq_natbias.training_data`). Registered the argparse way, like
 ``transformer_natbias``, so that both share one options group; its
 architectures are fairseq's presets, then the dataclass's defaults.
-``--adaptive-input`` and ``--character-embeddings`` are refused: the bias is
-one vector over the whole vocabulary.
 """
 
 import dataclasses

@@ -1,17 +1,7 @@
 """``unigram_label_smoothed_cross_entropy``: label smoothing towards the
-target unigram omega instead of the uniform distribution,
-
-    q(v) = (1 - epsilon) 1[v = y] + epsilon omega(v),
-
-the method of Chorowski and Jaitly (2017) and Pereyra et al. (2017), not
-ours; the loss and why it suits the natural bias: :mod:`natbias.label_smoothing`.
-
-omega is the model's own prior when the model has the natural bias (counted
-and smoothed once, ``--natbias-smoothing``), else the training targets
-counted with add-one smoothing, on first use (fairseq builds the criterion
-before it loads any data). Logged as fairseq's ``label_smoothed_cross_entropy``:
-``loss`` is CE(q, p) per token (bits), ``nll_loss`` the NLL;
-``--label-smoothing 0`` is plain cross-entropy (omega is then never counted).
+target unigram omega instead of the uniform distribution
+(:mod:`natbias.label_smoothing`; docs/criteria.md). omega is taken on first
+use, as fairseq builds the criterion before it loads any data.
 """
 
 from dataclasses import dataclass, field

@@ -14,22 +14,9 @@ and omega the target unigram (the model's own prior, or the targets counted:
 :func:`fairseq_natbias.training_data.criterion_prior`), taken when training
 begins and only if the term can be on. H(omega) being constant, the term
 added to each target token's loss is ``lambda * sum_v omega(v) log p(v)``.
-
-Logged in training only: ``unigram_reg`` (-lambda CE(omega, p) per token,
-bits; ``loss - unigram_reg`` is label_smoothed_cross_entropy's loss) and
-``unigram_clamped`` (the share of tokens at the bound below). Validation
-reports the standard objective, so checkpoint selection compares like with
-like across the switch.
-
-The switch: on for updates 1..N (``--unigram-reg-updates``; 0: off), by
-fairseq's update counter, which a resumed run restores (fairseq 0.12's
-trainer never tells the criterion: :mod:`fairseq_natbias.task_hooks`
-passes it on from ``task.train_step``).
-
-The objective is unbounded below (p can put vanishing mass on frequent
-words), so each token's CE(omega, p) is clamped at ``--unigram-reg-clamp``
-times ln|V| nats, where the term's gradient becomes zero; the first token
-at the bound is reported in the log.
+Its switch, clamp and logs: docs/criteria.md. The switch reads fairseq's
+update counter, which fairseq 0.12's trainer never tells a criterion:
+:mod:`fairseq_natbias.task_hooks` passes it on from ``task.train_step``.
 """
 
 import logging

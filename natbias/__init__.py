@@ -7,19 +7,9 @@ The final layer of a language generator computes (the paper's eq. 1)
 
 and the natural bias starts b as the log-unigram distribution of the target
 training data, so that a fresh model predicts the unigram and ``W phi``
-learns the rest. This package holds what is true in any framework; it needs
-torch and numpy only:
-
-``natbias.counts``           count the target unigram: token ids, fairseq's binarised files, counts files
-``natbias.prior``            the smoothed log prior, log p(v)
-``natbias.projection``       an output layer W (g phi) + b: the bias, and the gain g on W phi
-``natbias.label_smoothing``  label smoothing towards the unigram
-``natbias.statistics``       the statistics the training logs show (bias_kl, kl_unigram, ...)
-``natbias.bigram``           the Witten-Bell bigram table of ``--natbias-order 2``
-
-Built on it: ``fairseq_natbias`` (the fairseq plugin), ``natbias.hf``
-(Hugging Face transformers, ``pip install fairseq-natbias[hf]``) and
-``natbias.tools`` (log readers, ALC, reports and plots; no torch).
+learns the rest. This package holds what is true in any framework (torch and
+numpy only); the engines' adapters are built on it. Each module and what it
+owns: docs/design.md.
 """
 
 __version__ = "2.2.0"

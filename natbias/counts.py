@@ -1,18 +1,10 @@
-"""Counting the target unigram: the tokens a model is trained to predict.
-
-The paper (sec. 4.1): "unigram frequencies are computed on respective
-training sets after tokenisation is performed". Three sources:
-
-* token ids (:func:`count_ids`): lists, arrays or tensors of ids, such as the
-  ``labels`` of a tokenised dataset (``-100``, the ignore index, skipped);
-* fairseq's binarised files (:func:`count_binarised`), read directly, so no
-  fairseq is needed: a chunked ``np.bincount`` over the memory-mapped ``.bin``;
-* counts files (:func:`read_counts_file`), one ``symbol<TAB>count`` line per
-  vocabulary entry, for a bias estimated on another corpus (the paper's App. A.7).
-
-Never a vocabulary file's counts: with a joined dictionary they add the
-source side, fairseq drops the EOS count from ``dict.txt``, and shipped
-vocabularies may carry dummy counts.
+"""Counting the target unigram: the tokens a model is trained to predict (the
+paper, sec. 4.1: "unigram frequencies are computed on respective training sets
+after tokenisation is performed"), from token ids, fairseq's binarised files
+(read directly, so no fairseq is needed) or counts files (a bias estimated on
+another corpus, App. A.7). Never from a vocabulary file's counts: with a
+joined dictionary they add the source side, fairseq drops the EOS count from
+``dict.txt``, and shipped vocabularies may carry dummy counts.
 """
 
 import gzip

@@ -1,10 +1,7 @@
-"""Label smoothing towards the target unigram instead of the uniform distribution.
-
-Not ours: label smoothing is Szegedy et al. (2016); smoothing towards the
-unigram prior is Chorowski and Jaitly (2017) and Pereyra et al. (2017),
-"Regularizing neural networks by penalizing confident output distributions"
-(also espresso's ``--smoothing-type unigram``). Each target position is
-trained towards
+"""Label smoothing towards the target unigram instead of the uniform distribution
+(not ours: Chorowski and Jaitly, 2017; Pereyra et al., 2017; the credits and why
+it suits the natural bias: docs/criteria.md). Each target position is trained
+towards
 
     q(v) = (1 - eps) 1[v = y] + eps omega(v)
 
@@ -12,12 +9,6 @@ with omega the smoothed training unigram, so the loss of one token is
 
     CE(q, p) = (1 - eps) (-log p(y)) + eps CE(omega, p),
     CE(omega, p) = -sum_v omega(v) log p(v).
-
-Why beside the natural bias: a model that ignores its context predicts one
-distribution p everywhere, whose expected loss under this target is
-CE(omega, p), least at p = omega: b = log omega, the natural bias, is where
-this objective wants the context-free part of the model for the whole run.
-Under uniform smoothing that optimum is (1 - eps) omega + eps / |V| instead.
 """
 
 import torch

@@ -1,15 +1,10 @@
-"""The output layer with the natural bias: logits ``W (g phi) + b``.
-
-    p(y | y_<t) = softmax(W phi(y_<t) + b)_y                                (1)
-
-b starts as the log prior (:func:`natbias.prior.log_unigram`); g, a learnt
-gain that starts at 0.05, is :func:`natbias.head.gain`. g multiplies phi,
-not the logits: a (tokens x d) product, not a (tokens x |V|) one.
+"""The output layer with the natural bias: logits ``W (g phi) + b``, the paper's
+eq. 1 with the gain (:mod:`natbias.head`). g multiplies phi, not the logits: a
+(tokens x d) product, not a (tokens x |V|) one.
 
 :class:`NaturalBiasProjection` shares the weight W it is given (tied
 embeddings stay tied); its state keys are ``weight``, ``bias`` and
-``gain_param`` (u, of shape (1,): FSDP and tensor parallelism shard no 0-d
-parameter; format 1 saved it 0-d, :mod:`natbias.legacy_scalars` reads that).
+``gain_param`` (u, of shape (1,): :mod:`natbias.legacy_scalars` says why).
 b and u stay float32 when the model is cast to half precision: a rare
 token's bias (|b| >= 8, where bfloat16's spacing is 0.0625) could not move by
 steps of one learning rate.

@@ -1,12 +1,6 @@
 """How far the output bias and the model are from the target unigram: the
-statistics of the paper's App. A.6 (Figs. 13, 14) and Fig. 1, in bits.
-
-``bias_kl``      KL(softmax(b) || unigram) of the output bias b (Fig. 13)
-``bias_norm``    ||b||_2 (Fig. 14)
-``weight_norm``  ||g W||_F, the matrix that maps phi to the contextual logits
-``gain``         g, the learnt gain on W phi (where the model has one)
-``kl_unigram``   mean over target tokens of KL(p(.|y_<t) || unigram) (Fig. 1)
-``kl_uniform``   mean over target tokens of KL(p(.|y_<t) || uniform) (Fig. 1)
+statistics of the paper's App. A.6 (Figs. 13, 14) and Fig. 1, in bits, each
+defined in docs/options.md#the-training-log.
 """
 
 import math

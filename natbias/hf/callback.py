@@ -1,32 +1,22 @@
 """The bias statistics (:mod:`natbias.statistics`) in the Trainer's logs and in
-every ``report_to`` integration: ``bias_kl``, ``bias_norm``, ``weight_norm``
-and ``gain`` at every training log (those with the loss), and, given a probe batch, ``kl_unigram`` and
-``kl_uniform``: the model's mean divergence from the unigram and the uniform
-over the probe's target tokens (the paper's Fig. 1).
+every ``report_to`` integration, at every training log (those with the loss);
+given a probe batch, also ``kl_unigram`` and ``kl_uniform`` (the paper's Fig. 1).
 
     natbias.hf.log_bias_statistics(trainer, probe=collator([eval_dataset[i] for i in range(64)]))
 
 Why a callback placed first: the Trainer calls its callbacks' ``on_log`` in
-order, all with the same ``logs`` dict, and builds that order as
-DefaultFlowCallback, the ``report_to`` integrations (TensorBoard, W&B, ...),
-then the ``callbacks=`` given to it. A callback given there adds its keys
-after the integrations have written. :func:`log_bias_statistics` puts it
-ahead of them, so each integration writes the statistics with the loss,
-once per log. Overriding ``Trainer.log`` (transformers' other hook for
-this) would need a subclass of each trainer class a user has (Trainer,
-Seq2SeqTrainer, TRL's); the callback composes with any of them.
+order, all with the same ``logs`` dict: DefaultFlowCallback, the
+``report_to`` integrations (TensorBoard, W&B, ...), then the ``callbacks=``
+given to it, whose keys come after the integrations have written.
+:func:`log_bias_statistics` puts it ahead of them, so each integration
+writes the statistics with the loss. Overriding ``Trainer.log`` (transformers'
+other hook for this) would need a subclass of each trainer class a user has
+(Trainer, Seq2SeqTrainer, TRL's); the callback composes with any of them.
 
-Only the main process computes them (``state.is_world_process_zero``), as
-only it reports: b, W and the gain are the same in every process under DDP,
-and the probe's forward runs on the main process's copy of the model. Where
-the model is sharded (FSDP, tensor parallelism, DeepSpeed ZeRO-3:
-:mod:`natbias.hf.sharded`), every process gathers b, the gain and the norm
-of W, and runs the probe's forward, as each takes part in those
-collectives; the main process logs. The Trainer hands callbacks the model
-it was given, not FSDP1's wrapper around it: a callback added by
-:func:`log_bias_statistics` reads that wrapper from the trainer
-(``trainer.model_wrapped``); one given in ``callbacks=`` cannot, and under
-FSDP1 is refused in one line when training begins.
+Only the main process computes them, as only it reports: b, W and the gain
+are the same in every process under DDP. Where the model is sharded
+(:mod:`natbias.hf.sharded`, which says why FSDP1 needs the trainer's
+wrapper), every process takes part in the gathers and the probe's forward.
 """
 
 import warnings

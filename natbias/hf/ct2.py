@@ -2,27 +2,13 @@
 own converter and its loader of the stock family:
 ``natbias.hf.to_ctranslate2(model_or_directory, output_dir)``.
 
-No stock transformers class of Llama, Qwen, Mistral, Gemma, GPT-2, T5, ...
-has a slot for b (:func:`natbias.hf.to_stock` refuses them), but
-CTranslate2's model specification has: its decoder's output projection takes
-an optional bias. So each family is converted by CTranslate2's loader of its
-stock class (the natural-bias class differs from it in the head alone), and
-then the projection is made ``W (g phi) + b``'s:
-
-* b becomes the projection's bias, in the head's dtype as transformers adds it;
-* g is folded into the projection's weight, g W, as a new array: where the
-  head is tied to the input embeddings, the embeddings keep W;
-* a soft cap on the logits (Gemma 2: ``final_logit_softcapping``, which the
-  stock loader leaves out) is set on the decoder, which applies it to
-  ``g W phi + b`` as transformers does.
-
-Refused in one line, saying why, from the configuration before any weight
-is read: a family CTranslate2 has no loader for, a logit scale (no
-CTranslate2 specification applies one), and Gemma 2 settings its loader
-leaves out (attention soft-capping; a query scale other than head_dim's);
-then a family whose loader fails on this transformers' model, as it does on
-the stock model; and a model object given without its tokenizer (CTranslate2
-keeps the vocabulary and the special tokens).
+No stock transformers class of Llama, Qwen, Gemma, GPT-2, T5, ... has a slot
+for b, but CTranslate2's decoder output projection takes a bias. So each
+family is converted by CTranslate2's loader of its stock class (the
+natural-bias class differs from it in the head alone), and then the
+projection is made ``W (g phi) + b``'s, capped where the model caps its
+logits. What cannot be served exactly is refused (docs/deployment.md), from
+the configuration before any weight is read.
 """
 
 import copy

@@ -2,17 +2,11 @@
 so that any engine that runs the stock class serves it (CTranslate2, vLLM,
 text-generation-inference): ``natbias.hf.to_stock(model)``.
 
-The logits ``W (g phi) + b`` fit a stock class that has a slot for b:
-
-* ``final_logits_bias`` (Marian, BART, mBART, Pegasus, Blenderbot), which
-  CTranslate2 copies when it converts them;
-* a bias on the head (Phi, GPT-J, CodeGen).
-
-The gain g is folded where it costs least: into W where the head is not
-tied to the input embeddings; else into the affine normalisation whose
-output the head reads (its weight and bias times g: g phi exactly), which
-keeps the head tied; else the head is untied, with a warning. A family
-without a slot is refused.
+The logits ``W (g phi) + b`` fit a stock class that has a slot for b
+(:data:`EXPORTABLE`). The gain g is folded where it costs least: into W
+where the head is not tied to the input embeddings; else into the affine
+normalisation whose output the head reads (g phi exactly), which keeps the
+head tied; else the head is untied, with a warning.
 """
 
 import logging
@@ -120,16 +114,14 @@ def _fold_into_norm(model, head, gain: float) -> Optional[str]:
         if output is None or output.data_ptr() != before.data_ptr():
             continue
         before = before.clone()
-        saved = [p.detach().clone() for p in (module.weight, module.bias) if p is not None]
-        for parameter in (module.weight, getattr(module, "bias", None)):
-            if parameter is not None:  # g (a phi + c) = (g a) phi + g c
-                fold_gain(parameter, gain, in_place=True)
+        parameters = [p for p in (module.weight, getattr(module, "bias", None)) if p is not None]
+        saved = [p.detach().clone() for p in parameters]
+        for parameter in parameters:  # g (a phi + c) = (g a) phi + g c
+            fold_gain(parameter, gain, in_place=True)
         after, _ = _head_input_and_norm_outputs(model, head)
         if after.shape == before.shape and torch.allclose(after, before * gain, 1e-5, 1e-6):
             return name
-        for parameter, value in zip(
-            [p for p in (module.weight, getattr(module, "bias", None)) if p is not None], saved
-        ):
+        for parameter, value in zip(parameters, saved):
             parameter.copy_(value)
     return None
 

@@ -21,9 +21,6 @@ probe (times the model's logit scale, if it has one). ``START_KL`` is 10
 times below the 1e-3 nats the tests hold every family to: the probe is one
 position, and Var_p at another position can be a few times s².
 
-A model whose W phi cannot be measured (its weights on the meta device)
-starts at ``DEFAULT_GAIN_INIT``, as every model did before this was measured.
-
 W phi is computed in float64 a block of vocabulary rows at a time, so that
 the call never holds a copy of W (a float64 one of a 128k x 8,192 head
 would be 8 GiB): add_natural_bias stays in place in memory.

@@ -5,21 +5,8 @@ For a stock class ``X`` (``Qwen2ForCausalLM``, ``MarianMTModel``, ...),
 :func:`natural_bias_class` makes ``NaturalBiasX(NaturalBiasModel, X)`` and
 its configuration ``NaturalBiasXConfig(XConfig)`` with the model type
 ``natbias-<x's model type>``. They differ from ``X`` in the output layer
-alone (:class:`NaturalBiasModel`), and b sits where the architecture keeps
-an output bias:
-
-* ``final_logits_bias`` (Marian, BART, mBART, Pegasus, Blenderbot): that
-  buffer, zeros transformers never trains, becomes a trainable parameter;
-* the head's own bias (Phi, GPT-J, CodeGen): b replaces it;
-* elsewhere (Llama, Qwen, Mistral, Gemma, GPT-2, T5, ...): a new one.
-
-The head becomes a :class:`~natbias.projection.NaturalBiasProjection` around
-the model's own W (tied embeddings stay tied) with the gain on W phi. The
-configuration records the settings under ``natural_bias`` (a format version
-first), so a saved model reloads as what it is through the Auto classes once
-``natbias.hf`` is imported (:mod:`natbias.hf.registry`), and without that
-import transformers refuses the unknown model type rather than loading a
-stock model that silently lacks the bias and the gain.
+alone (:class:`NaturalBiasModel`); where b sits, per family, and why the
+model type is new: docs/huggingface.md.
 """
 
 from typing import Optional
@@ -57,11 +44,7 @@ def natural_bias_settings(config) -> dict:
 class NaturalBiasModel(KeepsFloat32):
     """Mixin placed before a transformers model class: the natural-bias
     output layer, installed after the model's own ``__init__`` (loading) or
-    on a model that exists (:func:`natbias.hf.add_natural_bias`, in place).
-
-    b, the gain and the prior stay float32 whatever the model is cast to
-    (:class:`~natbias.projection.KeepsFloat32`); b is cast to the logits'
-    dtype where it is added, as the fairseq plugin adds it."""
+    on a model that exists (:func:`natbias.hf.add_natural_bias`, in place)."""
 
     float32_parameters = (FINAL_LOGITS_BIAS,)
     float32_buffers = ("natbias_log_prior",)

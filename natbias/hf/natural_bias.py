@@ -8,13 +8,11 @@ and one that loads such a model back.
     model = natbias.hf.from_pretrained(path)           # or the Auto classes
 
 The model keeps every parameter it had (the same objects: a run with and one
-without the natural bias differ in the output layer alone, and memory grows
-by b and the prior) and gains b, counted and smoothed as the fairseq plugin
-does (:mod:`natbias.counts`, :mod:`natbias.prior`), and the gain g on W phi
-(:mod:`natbias.projection`). Any causal or sequence-to-sequence language
-model whose head is a linear map takes it (:mod:`natbias.hf.models`); one
-that maps the head's output (a scale, a soft cap) gets the b that starts it
-at the unigram all the same (:mod:`natbias.hf.logit_map`).
+without the natural bias differ in the output layer alone) and gains b,
+counted and smoothed as the fairseq plugin does, and the gain g on W phi. Any
+generator whose head is a linear map takes it; one that maps the head's
+output (a scale, a soft cap) gets the b that starts it at the unigram all the
+same (:mod:`natbias.hf.logit_map`).
 """
 
 from collections.abc import Sequence

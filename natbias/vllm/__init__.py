@@ -8,13 +8,9 @@ entry point and run by vLLM in each of its processes, so that
     vllm.LLM("saved_natbias_model")
     python -m vllm.entrypoints.openai.api_server --model saved_natbias_model
 
-load it as trained (:mod:`natbias.vllm.models`); and the per-request
-``lambda * b`` of :class:`natbias.hf.BiasScaleLogitsProcessor` is vLLM's
-logits processor :class:`natbias.vllm.bias_scale.BiasScale`
-(``SamplingParams(extra_args={"natbias_bias_scale": 0.5})``).
+load it as trained (:mod:`natbias.vllm.models`; lambda * b per request:
+:mod:`natbias.vllm.bias_scale`).
 """
-
-PLUGIN = "natbias"
 
 
 def register() -> None:

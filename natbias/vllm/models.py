@@ -6,14 +6,9 @@ vLLM first asks for it, as :mod:`natbias.hf.models` makes the transformers one.
 It differs from ``X`` in the logits alone. ``X`` computes them as
 ``logits_processor(head, phi)``: a matrix product with the head, then the
 family's soft cap (Gemma 2) or logit scale (Cohere). The mixin makes that
-layer's product ``W (g phi) + b`` (:class:`NaturalBiasLogits`), as the
-natural-bias head of transformers does (:class:`natbias.projection.NaturalBiasProjection`):
-
-* b is the head's bias, sharded by the vocabulary as the head is under
-  tensor parallelism (where ``X``'s head has a bias of its own, GPT-J's,
-  b is that bias and ``X`` loads it);
-* g multiplies phi, so a head tied to the input embeddings stays tied;
-* the soft cap or the scale follow, as in the stock class.
+layer's product ``W (g phi) + b`` (:class:`NaturalBiasLogits`), before the
+soft cap or scale: b sharded by the vocabulary as the head is (GPT-J's own
+head bias is b), g on phi so that a tied head stays tied.
 
 A saved architecture whose stock class vLLM has no class of its own for is
 refused in one line saying why (:func:`refusal_of`), when vLLM looks it up.
@@ -115,11 +110,7 @@ class NaturalBiasCausalLM:
 
         def stock_weights():
             for name, tensor in weights:
-                if (
-                    name == PRIOR
-                    or name == GAIN
-                    or (name == BIAS and logits.natbias_bias is not None)
-                ):
+                if name in (PRIOR, GAIN) or (name == BIAS and logits.natbias_bias is not None):
                     kept[name] = tensor
                 else:
                     yield name, tensor
