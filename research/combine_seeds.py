@@ -240,12 +240,12 @@ def report(seeds, two_seed, pairs, arms, comparisons, budget=DEFAULT_BUDGET, set
     )
 
 
-def results_file(text, pairs, arguments=(), setting=SETTING, results=RESULTS):
+def results_file(text, pairs, argv=(), setting=SETTING, results=RESULTS):
     """``text`` (what :func:`report` returns) as the committed results file:
-    a header naming the script, the command (with ``arguments``) and the
+    a header naming the script, the command (its arguments ``argv``) and the
     sources, then the text."""
     runs = ", ".join(f"`runs/{pair}_{setting}/*/seed*.json`" for pair in pairs)
-    command = " ".join([".venv/bin/python research/combine_seeds.py", *arguments])
+    command = " ".join([".venv/bin/python research/combine_seeds.py", *map(shlex.quote, argv)])
     typed_in = [
         f"`seeds/{setting}_{name}.csv`"
         for name in ("before_records", "two_seed_chrf")
@@ -264,37 +264,6 @@ def results_file(text, pairs, arguments=(), setting=SETTING, results=RESULTS):
         + ".\n\n"
         + text
     )
-
-
-def is_default_selection(args):
-    """Every pair, arm, comparison and the setting the defaults: the one
-    selection whose table is written to TABLE_NAME without --out."""
-    return (args.pairs, args.arms, args.compare, args.setting) == (
-        DEFAULT_PAIRS,
-        DEFAULT_ARMS,
-        DEFAULT_COMPARE,
-        SETTING,
-    )
-
-
-def selection_arguments(args):
-    """The options that chose other pairs, arms, comparisons or title than
-    the defaults, as a command line repeats them (quoted where needed); for
-    another selection also --out, without which nothing would be written, so
-    that the header's command regenerates its own file."""
-    chosen = []
-    for option, value, default in (
-        ("--pairs", args.pairs, DEFAULT_PAIRS),
-        ("--arms", args.arms, DEFAULT_ARMS),
-        ("--compare", args.compare, DEFAULT_COMPARE),
-        ("--budget", [args.budget], [DEFAULT_BUDGET]),
-        ("--setting", [args.setting], [SETTING]),
-    ):
-        if value != default:
-            chosen += [option, *(shlex.quote(item) for item in value)]
-    if args.out is not None and not is_default_selection(args):
-        chosen += ["--out", shlex.quote(str(args.out))]
-    return chosen
 
 
 def main(argv=None):
@@ -331,6 +300,7 @@ def main(argv=None):
         help=f"also write the tables to this file (default: {TABLE_NAME} in "
         "--results when every pair, arm and comparison is the default)",
     )
+    argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
     comparisons = [tuple(text.split(":", 1)) for text in args.compare]
     arms = list(dict.fromkeys(args.arms + [arm for pair in comparisons for arm in pair]))
@@ -339,12 +309,16 @@ def main(argv=None):
     text = report(seeds, two_seed, args.pairs, args.arms, comparisons, args.budget, args.setting)
     print(text, end="")
     out = args.out
-    if out is None and is_default_selection(args):
+    default_selection = (args.pairs, args.arms, args.compare, args.setting) == (
+        DEFAULT_PAIRS,
+        DEFAULT_ARMS,
+        DEFAULT_COMPARE,
+        SETTING,
+    )
+    if out is None and default_selection:
         out = args.results / TABLE_NAME
     if out is not None:
-        out.write_text(
-            results_file(text, args.pairs, selection_arguments(args), args.setting, args.results)
-        )
+        out.write_text(results_file(text, args.pairs, argv, args.setting, args.results))
         print(f"wrote {out}", file=sys.stderr)
 
 
