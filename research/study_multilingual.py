@@ -75,6 +75,13 @@ def model_arguments(dim):
     ).split()
 
 
+def task_arguments(pairs):
+    """The task and its language tokens, as training, generation and update 0
+    (multilingual_step0.py) give them."""
+    langtoks = ["--encoder-langtok", "src", "--decoder-langtok"]
+    return ["--task", TASK, "--lang-pairs", ",".join(pairs), *langtoks]
+
+
 def subset_name(pair):
     return "valid_" + pair.replace("-", "_")
 
@@ -122,9 +129,7 @@ def training_arguments(data, run_dir, setup, arm, seed, part, args):
     converge = PARTS[part] is not None
     every = 100 if converge else args.validate_every
     options = [
-        "--task", TASK, "--lang-pairs", ",".join(pairs),
-        "--encoder-langtok", "src", "--decoder-langtok",
-        *ARMS[arm], *model_arguments(args.dim),
+        *task_arguments(pairs), *ARMS[arm], *model_arguments(args.dim),
         "--cpu", "--seed", str(seed), "--optimizer", "adam", "--adam-betas", "(0.9,0.997)",
         "--lr", "1e-3", "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "100",
         "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
@@ -166,9 +171,8 @@ def generate_bleu(data, run_dir, setup, pair, checkpoint):
     if path.exists():
         return json.loads(path.read_text())
     src, tgt = pair.split("-")
-    arguments = [str(data), "--user-dir", "fairseq_natbias", "--task", TASK]
-    arguments += ["--lang-pairs", ",".join(SETUPS[setup]), "--encoder-langtok", "src"]
-    arguments += ["--decoder-langtok", "--source-lang", src, "--target-lang", tgt]
+    arguments = [str(data), "--user-dir", "fairseq_natbias", *task_arguments(SETUPS[setup])]
+    arguments += ["--source-lang", src, "--target-lang", tgt]
     arguments += ["--path", str(run_dir / checkpoint), *pipeline.TEST_DECODING, "--cpu"]
     output = pipeline.run([*pipeline.tool("fairseq-generate"), *arguments])
     sentences = parse_generate_output(output.splitlines())
