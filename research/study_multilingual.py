@@ -47,7 +47,7 @@ sys.path.insert(0, str(REPO / "research"))
 import pipeline  # noqa: E402
 from prepare import prepare  # noqa: E402
 from study.arms import EPOCHS_NEVER  # noqa: E402
-from study.summary import updates_to_reach  # noqa: E402
+from study.summary import reach  # noqa: E402
 
 from natbias.tools import fairseq_logs  # noqa: E402
 from natbias.tools.generate_output import parse_generate_output  # noqa: E402
@@ -281,11 +281,12 @@ def reach_table(found, setup, horizon=1000):
             if not runs:
                 continue
             at = [value_at(r, key, horizon) for _, r in runs]
-            reach = [updates_to_reach(*curve(r, key), target) for _, r in runs] if target else []
-            finite = [x for x in reach if x != float("inf")]
-            per_seed = ", ".join("never" if x == float("inf") else f"{x:.0f}" for x in reach)
+            curves = [dict(zip(("updates", "nll"), curve(r, key))) for _, r in runs]
+            reached = [reach(c, target) for c in curves] if target else []
+            finite = [x for x in reached if x != float("inf")]
+            per_seed = ", ".join("never" if x == float("inf") else f"{x:.0f}" for x in reached)
             ratio = (
-                f"{sum(finite) / len(finite) / horizon:.2f}×" if finite and len(finite) == len(reach)
+                f"{sum(finite) / len(finite) / horizon:.2f}×" if finite and len(finite) == len(reached)
                 else "–"
             )  # fmt: skip
             seeds = ", ".join(str(s) for s, _ in runs)

@@ -9,7 +9,10 @@ and import it as ``study``.
 import sys
 from pathlib import Path
 
-# study.arms and study.runs build on make demo's pipeline (examples/paper): on
-# the path for every script that imports the study (head_start_at_best.py,
-# reach_from_records.py, combine_seeds.py), not only for the study's own.
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples" / "paper"))
+# study.arms and study.runs build on make demo's pipeline (examples/paper), and
+# study.summary takes "updates to reach" from the transformers examples' report
+# (examples/huggingface): on the path for every script that imports the study
+# (head_start_at_best.py, reach_from_records.py, combine_seeds.py), not only for
+# the study's own.
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+sys.path[:0] = [str(EXAMPLES / "paper"), str(EXAMPLES / "huggingface")]

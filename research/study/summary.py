@@ -7,23 +7,15 @@ import math
 
 import numpy as np
 
+# The first update at or below a target NLL, interpolated: the transformers
+# examples' report (examples/huggingface/report.py) holds the one definition.
+from report import reach
+
 from natbias.tools import alc, plots
 from natbias.tools.stats import mean_stderr
 
 from .arms import CONVERGE_TEST_SETS, REFERENCE_ARM
 from .runs import bleu_curve, nll_curve
-
-
-def updates_to_reach(updates, values, target):
-    """First update at which the (interpolated) curve is at or below target."""
-    for i in range(len(values)):
-        if values[i] <= target:
-            if i == 0:
-                return 0.0
-            u0, u1, v0, v1 = updates[i - 1], updates[i], values[i - 1], values[i]
-            return float(u0 + (u1 - u0) * (v0 - target) / (v0 - v1))
-    return float("inf")
-
 
 # --converge's NLL plot has a second panel from this update on.
 ZOOM_FROM = 2000
@@ -84,9 +76,7 @@ def summarise(task, runs, converge=False):
                 if all("unigram_ce" in s for s in step0)
                 else None
             ),
-            "reach": (
-                [updates_to_reach(u, v, target) for u, v in nll] if target is not None else []
-            ),
+            "reach": ([reach(r, target) for r in records] if target is not None else []),
             "final_update": int(nll[0][0][-1]),
             "final_nll": mean_stderr([v[-1] for _, v in nll]),
             "gain": mean_stderr(gains) if gains else None,
@@ -219,11 +209,7 @@ def reach_by_horizon(runs):
     for arm, records in runs.items():
         if arm.name == REFERENCE_ARM:
             continue
-        curves = [nll_curve(r) for r in records]
-        ratios = [
-            [updates_to_reach(updates, values, target) / h for h, target in zip(horizons, targets)]
-            for updates, values in curves
-        ]
+        ratios = [[reach(r, target) / h for h, target in zip(horizons, targets)] for r in records]
         found[arm.name] = (horizons, np.array(ratios))
     return found
 
