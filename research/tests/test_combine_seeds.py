@@ -51,23 +51,6 @@ def results(tmp_path):
     return tmp_path
 
 
-def test_a_run_record_wins_over_a_typed_in_row(combine, results):
-    seeds = combine.collect_seeds(["x-y"], ARMS, results)
-    assert seeds[("x-y", "stock")][3] == {
-        "best_valid_nll": 2.3,
-        "bleu_test_2016": 34.0,
-        "chrf_test_2016": 52.0,
-        "bleu_test_2017": 24.0,
-        "chrf_test_2017": 40.0,
-    }
-    assert seeds[("x-y", "stock")][1] == {
-        "best_valid_nll": 2.0,
-        "bleu_test_2016": 30.0,
-        "bleu_test_2017": 20.0,
-    }
-    assert sorted(seeds) == [("x-y", "gain/unigram"), ("x-y", "stock")]
-
-
 def test_a_language_models_record_is_refused_with_where_to_go(combine, results):
     record = results / "runs" / "lm-en_n3000_short-converge" / "stock" / "seed1.json"
     record.parent.mkdir(parents=True)
@@ -118,11 +101,12 @@ def test_differences_pair_by_seed(combine, results):
     assert combine.differences(seeds, two_seed, ["x-y"], [("gain/zero", "stock")]) == ""
 
 
-def test_per_seed_table_sets_the_arms_side_by_side(combine, results):
+def test_per_seed_table_sets_the_arms_side_by_side_a_record_over_a_typed_in_row(combine, results):
     seeds = combine.collect_seeds(["x-y"], ARMS, results)
     text = combine.per_seed_table(seeds, ["x-y"], ["stock", "gain/unigram"])
     assert "| x-y 1 | 2.000 / 2.100 | 30.00 / 31.00 | 20.00 / 21.00 |" in text
-    # Seed 3: stock's record (NLL min 2.3), and no row of the default: a dash.
+    # Seed 3: stock's run record (NLL min 2.3), not its typed-in row (9.9, 99),
+    # and no row of the default: a dash.
     assert "| x-y 3 | 2.300 / – | 34.00 / – | 24.00 / – |" in text
     assert text.count("| x-y ") == 3
 
