@@ -24,6 +24,7 @@ names the command and the sources; --out writes elsewhere (any selection).
 
 import argparse
 import csv
+import itertools
 import json
 import shlex
 import sys
@@ -153,44 +154,35 @@ def digits_of(metric):
     return 3 if metric == "best_valid_nll" else 2
 
 
+def cell(values, metric):
+    """Mean ± standard error over seeds, to the metric's digits."""
+    return mean_stderr(values).format(digits_of(metric), count=False)
+
+
 def table(seeds, two_seed, pairs, arms):
-    header = "| pair, arm | seeds | " + " | ".join(METRICS) + " |"
-    lines = [header, "|" + "---|" * (len(METRICS) + 2)]
-    for pair in pairs:
-        for arm in arms:
-            if (pair, arm) not in seeds:
-                continue
-            cells = []
-            for metric in METRICS:
-                cells.append(
-                    mean_stderr(values_over_seeds(seeds, two_seed, pair, arm, metric)).format(
-                        digits_of(metric), count=False
-                    )
-                )
-            lines.append(
-                f"| {pair} {arm} | {seed_list(seeds, pair, arm)} | " + " | ".join(cells) + " |"
-            )
+    lines = [
+        "| pair, arm | seeds | " + " | ".join(METRICS) + " |",
+        "|---|---|" + "---|" * len(METRICS),
+    ]
+    for pair, arm in itertools.product(pairs, arms):
+        if (pair, arm) in seeds:
+            cells = [cell(values_over_seeds(seeds, two_seed, pair, arm, m), m) for m in METRICS]
+            lines.append(f"| {pair} {arm} | {seed_list(seeds, pair, arm)} | {' | '.join(cells)} |")
     return "\n".join(lines)
 
 
 def per_seed_table(seeds, pairs, arms):
     """One row per pair and seed: each paired metric as the arms' values in
     ``arms`` order ("–" where an arm lacks that seed or figure)."""
-    header = (
-        "| pair, seed | " + " | ".join(f"{metric}: {' / '.join(arms)}" for metric in PAIRED) + " |"
-    )
-    lines = [header, "|" + "---|" * (len(PAIRED) + 1)]
+    lines = ["| pair, seed | " + " | ".join(f"{m}: {' / '.join(arms)}" for m in PAIRED) + " |"]
+    lines.append("|---|" + "---|" * len(PAIRED))
     for pair in pairs:
         for seed in sorted({seed for arm in arms for seed in seeds.get((pair, arm), {})}):
-            cells = []
-            for metric in PAIRED:
-                values = [seeds.get((pair, arm), {}).get(seed, {}).get(metric) for arm in arms]
-                cells.append(
-                    " / ".join(
-                        "–" if value is None else f"{value:.{digits_of(metric)}f}"
-                        for value in values
-                    )
-                )
+            figures = [seeds.get((pair, arm), {}).get(seed, {}) for arm in arms]
+            cells = [
+                " / ".join("–" if f.get(m) is None else f"{f[m]:.{digits_of(m)}f}" for f in figures)
+                for m in PAIRED
+            ]
             lines.append(f"| {pair} {seed} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -226,17 +218,10 @@ def differences(seeds, two_seed, pairs, comparisons):
 def report(seeds, two_seed, pairs, arms, comparisons, budget=DEFAULT_BUDGET, setting=SETTING):
     """The text the script prints: the means, the per-seed table, the differences."""
     return (
-        "\n".join(
-            [
-                f"Multi30k, {setting}, {budget}: mean ± standard error over seeds\n",
-                table(seeds, two_seed, pairs, arms),
-                "\nPer seed:\n",
-                per_seed_table(seeds, pairs, arms),
-                "\nDifferences (NLL in bits, BLEU, chrF):\n",
-                differences(seeds, two_seed, pairs, comparisons),
-            ]
-        )
-        + "\n"
+        f"Multi30k, {setting}, {budget}: mean ± standard error over seeds\n\n"
+        f"{table(seeds, two_seed, pairs, arms)}\n\nPer seed:\n\n"
+        f"{per_seed_table(seeds, pairs, arms)}\n\nDifferences (NLL in bits, BLEU, chrF):\n\n"
+        f"{differences(seeds, two_seed, pairs, comparisons)}\n"
     )
 
 
