@@ -76,25 +76,17 @@ def summarise(task, runs, converge=False):
                 if all("unigram_ce" in s for s in step0)
                 else None
             ),
-            "reach": ([reach(r, target) for r in records] if target is not None else []),
+            "reach": [reach(r, target) for r in records] if target is not None else [],
             "final_update": int(nll[0][0][-1]),
             "final_nll": mean_stderr([v[-1] for _, v in nll]),
             "gain": mean_stderr(gains) if gains else None,
         }
         if converge:
-            row.update(
-                {
-                    "best_update": [int(u[np.argmin(v)]) for u, v in nll],
-                    "last_update": [int(u[-1]) for u, _ in nll],
-                }
-            )
+            row["best_update"] = [int(u[np.argmin(v)]) for u, v in nll]
+            row["last_update"] = [int(u[-1]) for u, _ in nll]
         if task.name == "translation":
-            row.update(
-                {
-                    "chrf": mean_stderr([s["chrf"] for s in scores]),
-                    "signatures": (scores[0]["bleu_signature"], scores[0]["chrf_signature"]),
-                }
-            )
+            row["chrf"] = mean_stderr([s["chrf"] for s in scores])
+            row["signatures"] = (scores[0]["bleu_signature"], scores[0]["chrf_signature"])
             for test_set in task.extra_test_sets:
                 row[f"chrf_{test_set}"] = mean_stderr([s[f"chrf_{test_set}"] for s in scores])
         else:
@@ -404,26 +396,18 @@ def write_table_and_plots(task, runs, title, study_dir, converge=False, patience
         if converge
         else markdown(rows, target, title)
     )
-    outputs = {
-        "md": study_dir / "study.md",
-        "nll": study_dir / "study_valid_nll.png",
-        "bleu": study_dir / "study_valid_bleu.png",
-    }
+    outputs = {"md": study_dir / "study.md", "nll": study_dir / "study_valid_nll.png"}
     if converge:
         found = reach_by_horizon(runs)
         table += markdown_reach_by_horizon(found)
         if found:
             outputs["reach"] = study_dir / "study_reach_by_horizon.png"
+            lines = [
+                reach_line(name, *horizons_and_ratios)
+                for name, horizons_and_ratios in found.items()
+            ]
             plots.curve_panels(
-                {
-                    title: [
-                        reach_line(name, horizons, ratios)
-                        for name, (horizons, ratios) in found.items()
-                    ]
-                },
-                "updates to reach stock at h / h",
-                str(outputs["reach"]),
-                logx=True,
+                {title: lines}, "updates to reach stock at h / h", str(outputs["reach"])
             )
     outputs["md"].write_text(table)
     nll_panels = {title: nll_lines}
@@ -432,9 +416,8 @@ def write_table_and_plots(task, runs, title, study_dir, converge=False, patience
         nll_panels[f"from update {zoom:,}"] = [from_update(line, zoom) for line in nll_lines]
     plots.curve_panels(nll_panels, "validation NLL (bits/token)", str(outputs["nll"]), logx=False)
     if bleu_lines:
+        outputs["bleu"] = study_dir / "study_valid_bleu.png"
         plots.curve_panels(
             {title: bleu_lines}, "validation BLEU (greedy)", str(outputs["bleu"]), logx=False
         )
-    else:
-        del outputs["bleu"]
     return table, outputs
