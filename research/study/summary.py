@@ -43,6 +43,11 @@ def band_of(values):
     return values.std(0, ddof=1) / np.sqrt(len(values))
 
 
+def plotted(label, x, mean, error):
+    """A line of :func:`natbias.tools.plots.curve_panels`: mean ± error shaded."""
+    return {"label": label, "x": x, "mean": mean, "low": mean - error, "high": mean + error}
+
+
 def band(curves):
     """Mean ± standard error over seeds on the first run's grid."""
     grid = curves[0][0]
@@ -100,10 +105,7 @@ def summarise(task, runs, converge=False):
         for lines, curves in ((nll_lines, nll), (bleu_lines, bleu)):
             if not curves:
                 continue
-            grid, mean, se = band(curves)
-            lines.append(
-                {"label": arm.name, "x": grid, "mean": mean, "low": mean - se, "high": mean + se}
-            )
+            lines.append(plotted(arm.name, *band(curves)))
     return rows, target, nll_lines, bleu_lines
 
 
@@ -197,13 +199,14 @@ def reach_by_horizon(runs):
     if not horizons:  # no stock run, or stock's runs shorter than the first horizon
         return {}
     targets = [float(np.mean([np.interp(h, u, v) for u, v in stock])) for h in horizons]
-    found = {}
-    for arm, records in runs.items():
-        if arm.name == REFERENCE_ARM:
-            continue
-        ratios = [[reach(r, target) / h for h, target in zip(horizons, targets)] for r in records]
-        found[arm.name] = (horizons, np.array(ratios))
-    return found
+    return {
+        arm.name: (
+            horizons,
+            np.array([[reach(r, t) / h for h, t in zip(horizons, targets)] for r in records]),
+        )
+        for arm, records in runs.items()
+        if arm.name != REFERENCE_ARM
+    }
 
 
 def markdown_reach_by_horizon(found):
@@ -228,14 +231,8 @@ def reach_line(name, horizons, ratios):
     at the horizons every seed reached (the table shows the others)."""
     reached = np.isfinite(ratios).all(0)
     ratios = ratios[:, reached]
-    mean, error = ratios.mean(0), band_of(ratios)
-    return {
-        "label": name,
-        "x": [h for h, ok in zip(horizons, reached) if ok],
-        "mean": mean,
-        "low": mean - error,
-        "high": mean + error,
-    }
+    x = [h for h, ok in zip(horizons, reached) if ok]
+    return plotted(name, x, ratios.mean(0), band_of(ratios))
 
 
 def horizon_cell(ratios):
@@ -367,17 +364,13 @@ def comparisons(rows, reference_updates=None):
                 continue
             value, spread = difference(by_arm[a], by_arm[b], key)
             parts.append(f"{label} {value:+.3f}{spread}")
-        reach = [r for r in by_arm[a]["reach"] if math.isfinite(r)]
-        if reach and by_arm[a]["reach"]:
+        reached = [r for r in by_arm[a]["reach"] if math.isfinite(r)]
+        if reached:
             span = reference_updates or by_arm[a]["final_update"]
-            of = (
-                f"stock's {span:.0f} to its best"
-                if reference_updates
-                else f"{by_arm[a]['final_update']}"
-            )
+            of = f"stock's {span:.0f} to its best" if reference_updates else f"{span}"
             parts.append(
-                f"updates to reach stock: {np.mean(reach) / span:.2f}x of {of}"
-                + ("" if len(reach) == len(by_arm[a]["reach"]) else " (some never)")
+                f"updates to reach stock: {np.mean(reached) / span:.2f}x of {of}"
+                + ("" if len(reached) == len(by_arm[a]["reach"]) else " (some never)")
             )
         lines.append(f"- {a} − {b}: " + "; ".join(parts))
     return ["", "Differences:"] + lines if lines else []
