@@ -32,6 +32,7 @@ tables and plots are written from the records.
 """
 
 import argparse
+import itertools
 import json
 import os
 import sys
@@ -462,22 +463,13 @@ def main(argv=None):
     if not args.summary_only:
         os.environ["OMP_NUM_THREADS"] = "1"
         data = {p: prepare_part(args.raw, args.work, p, args.vocab_size) for p in args.parts}
-        jobs = []
         # Seed by seed, setup by setup, stock first: a study cut short still compares.
-        order = [
-            (s, u, p, a)
-            for s in args.seeds
-            for u in args.setups
-            for p in args.parts
-            for a in args.arms
-        ]
+        order = itertools.product(args.seeds, args.setups, args.parts, args.arms)
         with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-            for seed, setup, part, arm in order:
-                jobs.append(
-                    pool.submit(
-                        run_one, data[part], args.work, args.results, part, setup, arm, seed, args
-                    )
-                )
+            jobs = [
+                pool.submit(run_one, data[p], args.work, args.results, p, u, a, s, args)
+                for s, u, p, a in order
+            ]
         for job in jobs:
             job.result()
     for part in args.parts:

@@ -99,21 +99,14 @@ def train_all(task, data_bin, work, study_dir, arms, seeds, args):
         ((arm, seed) for seed in seeds for arm in arms),
         key=lambda job: (job[1], job[0].name != REFERENCE_ARM),
     )
+
+    def run(job):
+        arm, seed = job
+        run_dir = study_dir / arm.folder / f"seed{seed}"
+        train_and_score(task, data_bin, work, run_dir, arm, seed, args)
+
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        for job in [
-            pool.submit(
-                train_and_score,
-                task,
-                data_bin,
-                work,
-                study_dir / arm.folder / f"seed{seed}",
-                arm,
-                seed,
-                args,
-            )
-            for arm, seed in plan
-        ]:
-            job.result()
+        list(pool.map(run, plan))  # a run's failure raised here
 
 
 # --- run records: what a summary reads of a finished run --------------------
