@@ -22,7 +22,6 @@ alike (same hypothesis, BLEU).
 """
 
 import argparse
-import gzip
 import os
 import re
 import statistics
@@ -33,14 +32,16 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "examples" / "paper"))  # make demo's data preparation
+
+import pipeline  # noqa: E402
+from quality import quality  # noqa: E402
 
 from natbias.ct2_converter import convert  # noqa: E402
-from natbias.tools import sentencepiece_text  # noqa: E402
 from natbias.tools.generate_output import parse_generate_output  # noqa: E402
 
 BIN = Path(sys.executable).parent
 MAX_LENGTH = 200  # fairseq-generate's default --max-len-b, given to both
-SPLITS = {"train": "train", "valid": "val", "test": "test_2016_flickr"}
 TRAINING = [
     "--arch", "transformer_natbias_iwslt_de_en", "--share-all-embeddings",
     "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr", "1.5e-3",
@@ -57,30 +58,6 @@ def run(command, threads, **kwargs):
     return subprocess.run(
         [str(c) for c in command], env=env, capture_output=True, text=True, check=True, **kwargs
     )
-
-
-def prepare_data(multi30k: Path, work: Path, threads: int) -> Path:
-    """Multi30k De-En as SentencePiece pieces (8,000, joint) and binarised."""
-    data = work / "data-bin"
-    if (data / "test.de-en.en.bin").exists():
-        return data
-    raw, pieces = work / "raw", work / "pieces"
-    raw.mkdir(parents=True, exist_ok=True)
-    for ours, theirs in SPLITS.items():
-        for lang in ("de", "en"):
-            with gzip.open(multi30k / f"{theirs}.{lang}.gz", "rt", encoding="utf-8") as f:
-                (raw / f"{ours}.{lang}").write_text(f.read(), encoding="utf-8")
-    model = work / "spm"
-    sentencepiece_text.train([raw / "train.de", raw / "train.en"], model, 8000, threads=threads)
-    sentencepiece_text.encode_files(f"{model}.model", sorted(raw.iterdir()), pieces)
-    run(
-        [BIN / "fairseq-preprocess", "--source-lang", "de", "--target-lang", "en",
-         "--trainpref", pieces / "train", "--validpref", pieces / "valid",
-         "--testpref", pieces / "test", "--destdir", data, "--joined-dictionary",
-         "--workers", threads],
-        threads,
-    )  # fmt: skip
-    return data
 
 
 def train(data: Path, work: Path, updates: int, threads: int) -> Path:
@@ -133,10 +110,8 @@ def ctranslate2_translate(translator, sources, args):
 
 
 def bleu(hypotheses, references):
-    import sacrebleu
-
     text = ["".join(h).replace("\u2581", " ").strip() for h in hypotheses]
-    return sacrebleu.corpus_bleu(text, [references]).score
+    return quality(text, references)["BLEU"]
 
 
 def main():
@@ -155,14 +130,15 @@ def main():
     import ctranslate2
 
     most = max(args.threads)
-    data = prepare_data(args.multi30k, args.work, most)
+    # Multi30k De-En, joint SentencePiece (8,000 pieces), binarised: make demo's
+    data = pipeline.prepare(args.multi30k, args.work, vocab_size=8000, langs=("de", "en"))
     checkpoint = train(data, args.work, args.updates, most)
     directories = {}
     for quantization in ("float32", "int8"):
         directories[quantization] = args.work / f"ct2-{quantization}"
         convert(checkpoint, directories[quantization], data, quantization=quantization, force=True)
-    sources = [line.split() for line in (args.work / "pieces/test.de").read_text().splitlines()]
-    references = (args.work / "raw/test.en").read_text(encoding="utf-8").splitlines()
+    sources = [line.split() for line in (args.work / "text/test.de").read_text().splitlines()]
+    references = (args.work / "text/test.raw.en").read_text(encoding="utf-8").splitlines()
     rates, outputs, load = {}, {}, [os.getloadavg()[0]]
     for threads in args.threads:
         # Each batch's operations on the threads (as fairseq's), and, with more than

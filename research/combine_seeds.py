@@ -24,6 +24,7 @@ names the command and the sources; --out writes elsewhere (any selection).
 
 import argparse
 import csv
+import itertools
 import json
 import shlex
 import sys
@@ -153,44 +154,35 @@ def digits_of(metric):
     return 3 if metric == "best_valid_nll" else 2
 
 
+def cell(values, metric):
+    """Mean ± standard error over seeds, to the metric's digits."""
+    return mean_stderr(values).format(digits_of(metric), count=False)
+
+
 def table(seeds, two_seed, pairs, arms):
-    header = "| pair, arm | seeds | " + " | ".join(METRICS) + " |"
-    lines = [header, "|" + "---|" * (len(METRICS) + 2)]
-    for pair in pairs:
-        for arm in arms:
-            if (pair, arm) not in seeds:
-                continue
-            cells = []
-            for metric in METRICS:
-                cells.append(
-                    mean_stderr(values_over_seeds(seeds, two_seed, pair, arm, metric)).format(
-                        digits_of(metric), count=False
-                    )
-                )
-            lines.append(
-                f"| {pair} {arm} | {seed_list(seeds, pair, arm)} | " + " | ".join(cells) + " |"
-            )
+    lines = [
+        "| pair, arm | seeds | " + " | ".join(METRICS) + " |",
+        "|---|---|" + "---|" * len(METRICS),
+    ]
+    for pair, arm in itertools.product(pairs, arms):
+        if (pair, arm) in seeds:
+            cells = [cell(values_over_seeds(seeds, two_seed, pair, arm, m), m) for m in METRICS]
+            lines.append(f"| {pair} {arm} | {seed_list(seeds, pair, arm)} | {' | '.join(cells)} |")
     return "\n".join(lines)
 
 
 def per_seed_table(seeds, pairs, arms):
     """One row per pair and seed: each paired metric as the arms' values in
     ``arms`` order ("–" where an arm lacks that seed or figure)."""
-    header = (
-        "| pair, seed | " + " | ".join(f"{metric}: {' / '.join(arms)}" for metric in PAIRED) + " |"
-    )
-    lines = [header, "|" + "---|" * (len(PAIRED) + 1)]
+    lines = ["| pair, seed | " + " | ".join(f"{m}: {' / '.join(arms)}" for m in PAIRED) + " |"]
+    lines.append("|---|" + "---|" * len(PAIRED))
     for pair in pairs:
         for seed in sorted({seed for arm in arms for seed in seeds.get((pair, arm), {})}):
-            cells = []
-            for metric in PAIRED:
-                values = [seeds.get((pair, arm), {}).get(seed, {}).get(metric) for arm in arms]
-                cells.append(
-                    " / ".join(
-                        "–" if value is None else f"{value:.{digits_of(metric)}f}"
-                        for value in values
-                    )
-                )
+            figures = [seeds.get((pair, arm), {}).get(seed, {}) for arm in arms]
+            cells = [
+                " / ".join("–" if f.get(m) is None else f"{f[m]:.{digits_of(m)}f}" for f in figures)
+                for m in PAIRED
+            ]
             lines.append(f"| {pair} {seed} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -226,26 +218,19 @@ def differences(seeds, two_seed, pairs, comparisons):
 def report(seeds, two_seed, pairs, arms, comparisons, budget=DEFAULT_BUDGET, setting=SETTING):
     """The text the script prints: the means, the per-seed table, the differences."""
     return (
-        "\n".join(
-            [
-                f"Multi30k, {setting}, {budget}: mean ± standard error over seeds\n",
-                table(seeds, two_seed, pairs, arms),
-                "\nPer seed:\n",
-                per_seed_table(seeds, pairs, arms),
-                "\nDifferences (NLL in bits, BLEU, chrF):\n",
-                differences(seeds, two_seed, pairs, comparisons),
-            ]
-        )
-        + "\n"
+        f"Multi30k, {setting}, {budget}: mean ± standard error over seeds\n\n"
+        f"{table(seeds, two_seed, pairs, arms)}\n\nPer seed:\n\n"
+        f"{per_seed_table(seeds, pairs, arms)}\n\nDifferences (NLL in bits, BLEU, chrF):\n\n"
+        f"{differences(seeds, two_seed, pairs, comparisons)}\n"
     )
 
 
-def results_file(text, pairs, arguments=(), setting=SETTING, results=RESULTS):
+def results_file(text, pairs, argv=(), setting=SETTING, results=RESULTS):
     """``text`` (what :func:`report` returns) as the committed results file:
-    a header naming the script, the command (with ``arguments``) and the
+    a header naming the script, the command (its arguments ``argv``) and the
     sources, then the text."""
     runs = ", ".join(f"`runs/{pair}_{setting}/*/seed*.json`" for pair in pairs)
-    command = " ".join([".venv/bin/python research/combine_seeds.py", *arguments])
+    command = " ".join([".venv/bin/python research/combine_seeds.py", *map(shlex.quote, argv)])
     typed_in = [
         f"`seeds/{setting}_{name}.csv`"
         for name in ("before_records", "two_seed_chrf")
@@ -264,37 +249,6 @@ def results_file(text, pairs, arguments=(), setting=SETTING, results=RESULTS):
         + ".\n\n"
         + text
     )
-
-
-def is_default_selection(args):
-    """Every pair, arm, comparison and the setting the defaults: the one
-    selection whose table is written to TABLE_NAME without --out."""
-    return (args.pairs, args.arms, args.compare, args.setting) == (
-        DEFAULT_PAIRS,
-        DEFAULT_ARMS,
-        DEFAULT_COMPARE,
-        SETTING,
-    )
-
-
-def selection_arguments(args):
-    """The options that chose other pairs, arms, comparisons or title than
-    the defaults, as a command line repeats them (quoted where needed); for
-    another selection also --out, without which nothing would be written, so
-    that the header's command regenerates its own file."""
-    chosen = []
-    for option, value, default in (
-        ("--pairs", args.pairs, DEFAULT_PAIRS),
-        ("--arms", args.arms, DEFAULT_ARMS),
-        ("--compare", args.compare, DEFAULT_COMPARE),
-        ("--budget", [args.budget], [DEFAULT_BUDGET]),
-        ("--setting", [args.setting], [SETTING]),
-    ):
-        if value != default:
-            chosen += [option, *(shlex.quote(item) for item in value)]
-    if args.out is not None and not is_default_selection(args):
-        chosen += ["--out", shlex.quote(str(args.out))]
-    return chosen
 
 
 def main(argv=None):
@@ -331,6 +285,7 @@ def main(argv=None):
         help=f"also write the tables to this file (default: {TABLE_NAME} in "
         "--results when every pair, arm and comparison is the default)",
     )
+    argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
     comparisons = [tuple(text.split(":", 1)) for text in args.compare]
     arms = list(dict.fromkeys(args.arms + [arm for pair in comparisons for arm in pair]))
@@ -339,12 +294,16 @@ def main(argv=None):
     text = report(seeds, two_seed, args.pairs, args.arms, comparisons, args.budget, args.setting)
     print(text, end="")
     out = args.out
-    if out is None and is_default_selection(args):
+    default_selection = (args.pairs, args.arms, args.compare, args.setting) == (
+        DEFAULT_PAIRS,
+        DEFAULT_ARMS,
+        DEFAULT_COMPARE,
+        SETTING,
+    )
+    if out is None and default_selection:
         out = args.results / TABLE_NAME
     if out is not None:
-        out.write_text(
-            results_file(text, args.pairs, selection_arguments(args), args.setting, args.results)
-        )
+        out.write_text(results_file(text, args.pairs, argv, args.setting, args.results))
         print(f"wrote {out}", file=sys.stderr)
 
 

@@ -208,6 +208,7 @@ def main(argv=None):
         help="write the table here (and the plot beside it, .png); "
         f"the default selection writes results/{TABLE_NAME}",
     )
+    argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
     settings = [parse_setting(text) for text in args.setting]
     rows = summarise(Path(args.results), args.pairs, settings, args.margin)
@@ -218,18 +219,11 @@ def main(argv=None):
         )
     table = markdown(rows, args.margin)
     print(table)
-    out = (
-        Path(args.out)
-        if args.out
-        else (RESULTS / TABLE_NAME if is_default_selection(args) else None)
-    )
+    out = args.out or (RESULTS / TABLE_NAME if is_default_selection(args) else None)
     if out is None:
         return
-    command = ".venv/bin/python research/head_start_at_best.py" + (
-        ""
-        if is_default_selection(args) and not args.out
-        else " " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
-    )
+    out = Path(out)
+    command = " ".join([".venv/bin/python research/head_start_at_best.py", *map(shlex.quote, argv)])
     png = Path(plot(rows, out.with_suffix(".png")))
     out.write_text(HEADER.format(command=command, png=png.name) + table + "\n")
     print(f"wrote {out}", file=sys.stderr)

@@ -35,28 +35,19 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "examples/multilingual"))
 from prepare import prepare  # noqa: E402
-from study_multilingual import ARMS, SETUPS  # noqa: E402  (the study's set-ups and arms)
+
+# The study's set-ups, arms, task options and model builder (here at d 256).
+from study_multilingual import ARMS, SETUPS, model_arguments, task_arguments  # noqa: E402
 
 from fairseq_natbias.in_process import build_from_training_args  # noqa: E402
 
-MODEL = (
-    "--encoder-layers 2 --decoder-layers 2 --encoder-embed-dim 256 --decoder-embed-dim 256 "
-    "--encoder-ffn-embed-dim 512 --decoder-ffn-embed-dim 512 --encoder-attention-heads 4 "
-    "--decoder-attention-heads 4 --share-all-embeddings --dropout 0.1"
-).split()
+MODEL = model_arguments(256)
 
 
 SAMPLING = {
     "concat": [],
     "temperature-5": ["--sampling-method", "temperature", "--sampling-temperature", "5"],
 }
-
-
-def task_args(data, pairs):
-    return [
-        str(data), "--task", "translation_multi_simple_epoch", "--lang-pairs", ",".join(pairs),
-        "--encoder-langtok", "src", "--decoder-langtok", "--cpu", "--num-workers", "0",
-    ]  # fmt: skip
 
 
 def text_unigram(paths, dictionary):
@@ -72,7 +63,8 @@ def text_unigram(paths, dictionary):
 
 def measure(data, pairs, arm, seed, sampling="concat"):
     """Bits per target token by target language: the model's, and the references'."""
-    argv = [*task_args(data, pairs), *SAMPLING[sampling], *ARMS[arm], *MODEL, "--seed", str(seed)]
+    argv = [str(data), *task_arguments(pairs), "--cpu", "--num-workers", "0", *SAMPLING[sampling]]
+    argv += [*ARMS[arm], *MODEL, "--seed", str(seed)]
     argv += ["--user-dir", str(REPO / "fairseq_natbias"), "--save-dir", os.devnull]
     _, task, model = build_from_training_args(argv)
     dictionary = task.target_dictionary

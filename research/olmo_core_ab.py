@@ -80,10 +80,8 @@ def summarise(runs: dict, args) -> str:
             f"{v:.4f}" if isinstance(v, float) else ("-" if v is None else str(v)) for v in row
         ]
         lines.append(f"| {seed} | " + " | ".join(cells) + " |")
-    mean = []
-    for column in zip(*means):
-        known = [v for v in column if v is not None]
-        mean.append(sum(known) / len(known) if len(known) == len(column) else None)
+    # a mean only where every seed reached the target
+    mean = [None if None in column else sum(column) / len(column) for column in zip(*means)]
     cells = [
         "-" if v is None else (f"{v:.4f}" if i in (0, 1, 5, 6) else f"{v:.0f}")
         for i, v in enumerate(mean)

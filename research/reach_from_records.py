@@ -20,24 +20,23 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "research"))
 
-from study.summary import updates_to_reach  # noqa: E402
+from study.summary import reach  # noqa: E402
 
 
 def row(path, target, horizon):
     record = json.loads(Path(path).read_text())
-    updates = np.asarray(record["updates"], dtype=np.float64)
-    nll = np.asarray(record["nll"])
-    reached = updates_to_reach(updates, nll, target)
+    reached = reach(record, target)
     scores = record["scores"]
     score = (
         f"BLEU {scores['bleu']:.2f} / chrF {scores['chrf']:.2f}"
         if "bleu" in scores
         else f"ppl {scores['ppl']:.2f}"
     )
-    reach = "never" if reached == float("inf") else f"{reached:.0f} ({reached / horizon:.2f}x)"
+    cell = "never" if reached == float("inf") else f"{reached:.0f} ({reached / horizon:.2f}x)"
     gain = record.get("gain")
+    at_horizon = np.interp(horizon, record["updates"], record["nll"])
     return (
-        f"| {path} | {reach} | {np.interp(horizon, updates, nll):.3f} | {score} | "
+        f"| {path} | {cell} | {at_horizon:.3f} | {score} | "
         f"{'' if gain is None else f'{gain:.2f}'} |"
     )
 

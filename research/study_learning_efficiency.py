@@ -59,9 +59,7 @@ test_2017_flickr. "Updates to reach" then aims at stock's best validation
 NLL, and its ratio is to stock's update of that best. Runs and results are
 named ``<schedule>-converge``. ``--patience 0`` trains every arm for the same
 budget, --max-update, instead: the fair comparison, since patience 6 stopped
-stock while it was still improving (research/studies/convergence.md). (Until
-issue 103 a run an earlier patience or a lower cap stopped trained on to the new
-budget, and --untied and --time-updates existed: in git history at 98d5798.)
+stock while it was still improving (research/studies/convergence.md).
 
 Measured per run, validating every --validate-every updates:
 
@@ -181,18 +179,14 @@ def main():
     parser.add_argument(
         "--converge",
         action="store_true",
-        help="train each run until its validation NLL has not improved for "
-        "--patience validations (best checkpoint: lowest validation NLL; "
-        "no BLEU during training; translation also scored on "
-        "test_2017_flickr); runs and results are named <setting>-converge",
+        help="train each run to convergence (above); named <setting>-converge",
     )
     parser.add_argument(
         "--patience",
         type=int,
         default=6,
-        help="with --converge: validations without improvement before a run "
-        "stops; 0: a fixed budget of --max-update updates (runs stopped "
-        "by their patience train on to it)",
+        help="with --converge: validations without a lower NLL before a run "
+        "stops; 0: every arm the same budget, --max-update",
     )
     parser.add_argument("--jobs", type=int, default=2, help="trainings side by side")
     parser.add_argument("--threads", type=int, default=1, help="CPU threads per training")
@@ -223,9 +217,7 @@ def main():
     parser.add_argument(
         "--preset",
         choices=sorted(PRESETS),
-        help="translation at a paper size instead of the small model (2+2, "
-        "d 128): iwslt (6+6, d 256, FFN 256, 4 heads); results named "
-        "<schedule>-iwslt",
+        help="translation at a paper size (above); named <schedule>-iwslt",
     )
     args = parser.parse_args()
     arms = [Arm.parse(text) for text in args.arms]

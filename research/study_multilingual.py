@@ -32,6 +32,7 @@ tables and plots are written from the records.
 """
 
 import argparse
+import itertools
 import json
 import os
 import sys
@@ -47,7 +48,7 @@ sys.path.insert(0, str(REPO / "research"))
 import pipeline  # noqa: E402
 from prepare import prepare  # noqa: E402
 from study.arms import EPOCHS_NEVER  # noqa: E402
-from study.summary import updates_to_reach  # noqa: E402
+from study.summary import reach  # noqa: E402
 
 from natbias.tools import fairseq_logs  # noqa: E402
 from natbias.tools.generate_output import parse_generate_output  # noqa: E402
@@ -73,6 +74,13 @@ def model_arguments(dim):
         f"--decoder-ffn-embed-dim {2 * dim} --encoder-attention-heads 4 "
         "--decoder-attention-heads 4 --share-all-embeddings --dropout 0.1"
     ).split()
+
+
+def task_arguments(pairs):
+    """The task and its language tokens, as training, generation and update 0
+    (multilingual_step0.py) give them."""
+    langtoks = ["--encoder-langtok", "src", "--decoder-langtok"]
+    return ["--task", TASK, "--lang-pairs", ",".join(pairs), *langtoks]
 
 
 def subset_name(pair):
@@ -122,9 +130,7 @@ def training_arguments(data, run_dir, setup, arm, seed, part, args):
     converge = PARTS[part] is not None
     every = 100 if converge else args.validate_every
     options = [
-        "--task", TASK, "--lang-pairs", ",".join(pairs),
-        "--encoder-langtok", "src", "--decoder-langtok",
-        *ARMS[arm], *model_arguments(args.dim),
+        *task_arguments(pairs), *ARMS[arm], *model_arguments(args.dim),
         "--cpu", "--seed", str(seed), "--optimizer", "adam", "--adam-betas", "(0.9,0.997)",
         "--lr", "1e-3", "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "100",
         "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
@@ -166,9 +172,8 @@ def generate_bleu(data, run_dir, setup, pair, checkpoint):
     if path.exists():
         return json.loads(path.read_text())
     src, tgt = pair.split("-")
-    arguments = [str(data), "--user-dir", "fairseq_natbias", "--task", TASK]
-    arguments += ["--lang-pairs", ",".join(SETUPS[setup]), "--encoder-langtok", "src"]
-    arguments += ["--decoder-langtok", "--source-lang", src, "--target-lang", tgt]
+    arguments = [str(data), "--user-dir", "fairseq_natbias", *task_arguments(SETUPS[setup])]
+    arguments += ["--source-lang", src, "--target-lang", tgt]
     arguments += ["--path", str(run_dir / checkpoint), *pipeline.TEST_DECODING, "--cpu"]
     output = pipeline.run([*pipeline.tool("fairseq-generate"), *arguments])
     sentences = parse_generate_output(output.splitlines())
@@ -277,11 +282,12 @@ def reach_table(found, setup, horizon=1000):
             if not runs:
                 continue
             at = [value_at(r, key, horizon) for _, r in runs]
-            reach = [updates_to_reach(*curve(r, key), target) for _, r in runs] if target else []
-            finite = [x for x in reach if x != float("inf")]
-            per_seed = ", ".join("never" if x == float("inf") else f"{x:.0f}" for x in reach)
+            curves = [dict(zip(("updates", "nll"), curve(r, key))) for _, r in runs]
+            reached = [reach(c, target) for c in curves] if target else []
+            finite = [x for x in reached if x != float("inf")]
+            per_seed = ", ".join("never" if x == float("inf") else f"{x:.0f}" for x in reached)
             ratio = (
-                f"{sum(finite) / len(finite) / horizon:.2f}×" if finite and len(finite) == len(reach)
+                f"{sum(finite) / len(finite) / horizon:.2f}×" if finite and len(finite) == len(reached)
                 else "–"
             )  # fmt: skip
             seeds = ", ".join(str(s) for s, _ in runs)
@@ -457,22 +463,13 @@ def main(argv=None):
     if not args.summary_only:
         os.environ["OMP_NUM_THREADS"] = "1"
         data = {p: prepare_part(args.raw, args.work, p, args.vocab_size) for p in args.parts}
-        jobs = []
         # Seed by seed, setup by setup, stock first: a study cut short still compares.
-        order = [
-            (s, u, p, a)
-            for s in args.seeds
-            for u in args.setups
-            for p in args.parts
-            for a in args.arms
-        ]
+        order = itertools.product(args.seeds, args.setups, args.parts, args.arms)
         with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-            for seed, setup, part, arm in order:
-                jobs.append(
-                    pool.submit(
-                        run_one, data[part], args.work, args.results, part, setup, arm, seed, args
-                    )
-                )
+            jobs = [
+                pool.submit(run_one, data[p], args.work, args.results, p, u, a, s, args)
+                for s, u, p, a in order
+            ]
         for job in jobs:
             job.result()
     for part in args.parts:

@@ -108,16 +108,9 @@ def on_device(options, device):
 def converge_options(options, loss_key):
     """The task's options for a --converge run: no BLEU during training (at
     every validation it would cost more than the training between them), the
-    best checkpoint by validation NLL, which --patience watches."""
-    kept, skip = [], 0
-    for option in options:
-        if skip:
-            skip -= 1
-        elif option in EVAL_BLEU and option.startswith("--"):
-            skip = 0 if option in ("--eval-bleu", "--maximize-best-checkpoint-metric") else 1
-        else:
-            kept.append(option)
-    return [*kept, "--best-checkpoint-metric", loss_key]
+    best checkpoint by validation NLL, which --patience watches. (No model
+    option or value is one of EVAL_BLEU's words.)"""
+    return [o for o in options if o not in EVAL_BLEU] + ["--best-checkpoint-metric", loss_key]
 
 
 class Translation:

@@ -69,23 +69,6 @@ def train_and_score(task, data_bin, work, run_dir, arm, seed, args):
         checkpoint.unlink()
 
 
-def curve(run_dir, key="nll_loss", loss_key="nll_loss"):
-    """Validation curve of key; the NLL (``loss_key``) starts at update 0 (the
-    demo's curve)."""
-    if key == loss_key:
-        by_update = pipeline.validation_curve(run_dir, loss_key)
-        updates = sorted(by_update)
-        return np.array(updates, dtype=np.float64), np.array([by_update[u] for u in updates])
-    records = fairseq_logs.read_log(str(run_dir / "train.log"))
-    return fairseq_logs.series(records, fairseq_logs.VALID, key)
-
-
-def last_gain(run_dir):
-    records = fairseq_logs.read_log(str(run_dir / "train.log"))
-    _, gains = fairseq_logs.series(records, fairseq_logs.VALID, "gain")
-    return float(gains[-1]) if len(gains) else None
-
-
 def finished(task, run_dir):
     return (run_dir / "done").exists() and task.finished(run_dir)
 
@@ -99,21 +82,14 @@ def train_all(task, data_bin, work, study_dir, arms, seeds, args):
         ((arm, seed) for seed in seeds for arm in arms),
         key=lambda job: (job[1], job[0].name != REFERENCE_ARM),
     )
+
+    def run(job):
+        arm, seed = job
+        run_dir = study_dir / arm.folder / f"seed{seed}"
+        train_and_score(task, data_bin, work, run_dir, arm, seed, args)
+
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        for job in [
-            pool.submit(
-                train_and_score,
-                task,
-                data_bin,
-                work,
-                study_dir / arm.folder / f"seed{seed}",
-                arm,
-                seed,
-                args,
-            )
-            for arm, seed in plan
-        ]:
-            job.result()
+        list(pool.map(run, plan))  # a run's failure raised here
 
 
 # --- run records: what a summary reads of a finished run --------------------
@@ -126,17 +102,18 @@ def run_record(task, run_dir, with_bleu_curve=False):
     the gain at the end. Kept beside the results (see :func:`collect_runs`)
     so that a study can add seeds on a machine that no longer has the
     earlier runs' logs: a machine lost its /tmp mid-study once (issue 19)."""
-    loss = task.loss_key
-    updates, nll = curve(run_dir, loss, loss)
+    by_update = pipeline.validation_curve(run_dir, task.loss_key)  # update 0 included
+    log = fairseq_logs.read_log(str(run_dir / "train.log"))
+    _, gains = fairseq_logs.series(log, fairseq_logs.VALID, "gain")
     record = {
-        "updates": updates.tolist(),
-        "nll": nll.tolist(),
+        "updates": [float(u) for u in sorted(by_update)],
+        "nll": [float(by_update[u]) for u in sorted(by_update)],
         "scores": task.test_scores(run_dir),
         "step0": json.loads((run_dir / "step0.json").read_text()),
-        "gain": last_gain(run_dir),
+        "gain": float(gains[-1]) if len(gains) else None,
     }
     if with_bleu_curve:
-        bleu_updates, bleu = curve(run_dir, "bleu", loss)
+        bleu_updates, bleu = fairseq_logs.series(log, fairseq_logs.VALID, "bleu")
         record.update(bleu_updates=bleu_updates.tolist(), bleu=bleu.tolist())
     return record
 

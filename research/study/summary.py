@@ -7,23 +7,15 @@ import math
 
 import numpy as np
 
+# The first update at or below a target NLL, interpolated: the transformers
+# examples' report (examples/huggingface/report.py) holds the one definition.
+from report import reach
+
 from natbias.tools import alc, plots
 from natbias.tools.stats import mean_stderr
 
 from .arms import CONVERGE_TEST_SETS, REFERENCE_ARM
 from .runs import bleu_curve, nll_curve
-
-
-def updates_to_reach(updates, values, target):
-    """First update at which the (interpolated) curve is at or below target."""
-    for i in range(len(values)):
-        if values[i] <= target:
-            if i == 0:
-                return 0.0
-            u0, u1, v0, v1 = updates[i - 1], updates[i], values[i - 1], values[i]
-            return float(u0 + (u1 - u0) * (v0 - target) / (v0 - v1))
-    return float("inf")
-
 
 # --converge's NLL plot has a second panel from this update on.
 ZOOM_FROM = 2000
@@ -49,6 +41,11 @@ def band_of(values):
     if len(values) < 2:
         return np.zeros(values.shape[1])
     return values.std(0, ddof=1) / np.sqrt(len(values))
+
+
+def plotted(label, x, mean, error):
+    """A line of :func:`natbias.tools.plots.curve_panels`: mean ± error shaded."""
+    return {"label": label, "x": x, "mean": mean, "low": mean - error, "high": mean + error}
 
 
 def band(curves):
@@ -84,27 +81,17 @@ def summarise(task, runs, converge=False):
                 if all("unigram_ce" in s for s in step0)
                 else None
             ),
-            "reach": (
-                [updates_to_reach(u, v, target) for u, v in nll] if target is not None else []
-            ),
+            "reach": [reach(r, target) for r in records] if target is not None else [],
             "final_update": int(nll[0][0][-1]),
             "final_nll": mean_stderr([v[-1] for _, v in nll]),
             "gain": mean_stderr(gains) if gains else None,
         }
         if converge:
-            row.update(
-                {
-                    "best_update": [int(u[np.argmin(v)]) for u, v in nll],
-                    "last_update": [int(u[-1]) for u, _ in nll],
-                }
-            )
+            row["best_update"] = [int(u[np.argmin(v)]) for u, v in nll]
+            row["last_update"] = [int(u[-1]) for u, _ in nll]
         if task.name == "translation":
-            row.update(
-                {
-                    "chrf": mean_stderr([s["chrf"] for s in scores]),
-                    "signatures": (scores[0]["bleu_signature"], scores[0]["chrf_signature"]),
-                }
-            )
+            row["chrf"] = mean_stderr([s["chrf"] for s in scores])
+            row["signatures"] = (scores[0]["bleu_signature"], scores[0]["chrf_signature"])
             for test_set in task.extra_test_sets:
                 row[f"chrf_{test_set}"] = mean_stderr([s[f"chrf_{test_set}"] for s in scores])
         else:
@@ -118,10 +105,7 @@ def summarise(task, runs, converge=False):
         for lines, curves in ((nll_lines, nll), (bleu_lines, bleu)):
             if not curves:
                 continue
-            grid, mean, se = band(curves)
-            lines.append(
-                {"label": arm.name, "x": grid, "mean": mean, "low": mean - se, "high": mean + se}
-            )
+            lines.append(plotted(arm.name, *band(curves)))
     return rows, target, nll_lines, bleu_lines
 
 
@@ -215,17 +199,14 @@ def reach_by_horizon(runs):
     if not horizons:  # no stock run, or stock's runs shorter than the first horizon
         return {}
     targets = [float(np.mean([np.interp(h, u, v) for u, v in stock])) for h in horizons]
-    found = {}
-    for arm, records in runs.items():
-        if arm.name == REFERENCE_ARM:
-            continue
-        curves = [nll_curve(r) for r in records]
-        ratios = [
-            [updates_to_reach(updates, values, target) / h for h, target in zip(horizons, targets)]
-            for updates, values in curves
-        ]
-        found[arm.name] = (horizons, np.array(ratios))
-    return found
+    return {
+        arm.name: (
+            horizons,
+            np.array([[reach(r, t) / h for h, t in zip(horizons, targets)] for r in records]),
+        )
+        for arm, records in runs.items()
+        if arm.name != REFERENCE_ARM
+    }
 
 
 def markdown_reach_by_horizon(found):
@@ -250,14 +231,8 @@ def reach_line(name, horizons, ratios):
     at the horizons every seed reached (the table shows the others)."""
     reached = np.isfinite(ratios).all(0)
     ratios = ratios[:, reached]
-    mean, error = ratios.mean(0), band_of(ratios)
-    return {
-        "label": name,
-        "x": [h for h, ok in zip(horizons, reached) if ok],
-        "mean": mean,
-        "low": mean - error,
-        "high": mean + error,
-    }
+    x = [h for h, ok in zip(horizons, reached) if ok]
+    return plotted(name, x, ratios.mean(0), band_of(ratios))
 
 
 def horizon_cell(ratios):
@@ -389,17 +364,13 @@ def comparisons(rows, reference_updates=None):
                 continue
             value, spread = difference(by_arm[a], by_arm[b], key)
             parts.append(f"{label} {value:+.3f}{spread}")
-        reach = [r for r in by_arm[a]["reach"] if math.isfinite(r)]
-        if reach and by_arm[a]["reach"]:
+        reached = [r for r in by_arm[a]["reach"] if math.isfinite(r)]
+        if reached:
             span = reference_updates or by_arm[a]["final_update"]
-            of = (
-                f"stock's {span:.0f} to its best"
-                if reference_updates
-                else f"{by_arm[a]['final_update']}"
-            )
+            of = f"stock's {span:.0f} to its best" if reference_updates else f"{span}"
             parts.append(
-                f"updates to reach stock: {np.mean(reach) / span:.2f}x of {of}"
-                + ("" if len(reach) == len(by_arm[a]["reach"]) else " (some never)")
+                f"updates to reach stock: {np.mean(reached) / span:.2f}x of {of}"
+                + ("" if len(reached) == len(by_arm[a]["reach"]) else " (some never)")
             )
         lines.append(f"- {a} − {b}: " + "; ".join(parts))
     return ["", "Differences:"] + lines if lines else []
@@ -418,26 +389,18 @@ def write_table_and_plots(task, runs, title, study_dir, converge=False, patience
         if converge
         else markdown(rows, target, title)
     )
-    outputs = {
-        "md": study_dir / "study.md",
-        "nll": study_dir / "study_valid_nll.png",
-        "bleu": study_dir / "study_valid_bleu.png",
-    }
+    outputs = {"md": study_dir / "study.md", "nll": study_dir / "study_valid_nll.png"}
     if converge:
         found = reach_by_horizon(runs)
         table += markdown_reach_by_horizon(found)
         if found:
             outputs["reach"] = study_dir / "study_reach_by_horizon.png"
+            lines = [
+                reach_line(name, *horizons_and_ratios)
+                for name, horizons_and_ratios in found.items()
+            ]
             plots.curve_panels(
-                {
-                    title: [
-                        reach_line(name, horizons, ratios)
-                        for name, (horizons, ratios) in found.items()
-                    ]
-                },
-                "updates to reach stock at h / h",
-                str(outputs["reach"]),
-                logx=True,
+                {title: lines}, "updates to reach stock at h / h", str(outputs["reach"])
             )
     outputs["md"].write_text(table)
     nll_panels = {title: nll_lines}
@@ -446,9 +409,8 @@ def write_table_and_plots(task, runs, title, study_dir, converge=False, patience
         nll_panels[f"from update {zoom:,}"] = [from_update(line, zoom) for line in nll_lines]
     plots.curve_panels(nll_panels, "validation NLL (bits/token)", str(outputs["nll"]), logx=False)
     if bleu_lines:
+        outputs["bleu"] = study_dir / "study_valid_bleu.png"
         plots.curve_panels(
             {title: bleu_lines}, "validation BLEU (greedy)", str(outputs["bleu"]), logx=False
         )
-    else:
-        del outputs["bleu"]
     return table, outputs

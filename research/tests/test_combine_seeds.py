@@ -51,23 +51,6 @@ def results(tmp_path):
     return tmp_path
 
 
-def test_a_run_record_wins_over_a_typed_in_row(combine, results):
-    seeds = combine.collect_seeds(["x-y"], ARMS, results)
-    assert seeds[("x-y", "stock")][3] == {
-        "best_valid_nll": 2.3,
-        "bleu_test_2016": 34.0,
-        "chrf_test_2016": 52.0,
-        "bleu_test_2017": 24.0,
-        "chrf_test_2017": 40.0,
-    }
-    assert seeds[("x-y", "stock")][1] == {
-        "best_valid_nll": 2.0,
-        "bleu_test_2016": 30.0,
-        "bleu_test_2017": 20.0,
-    }
-    assert sorted(seeds) == [("x-y", "gain/unigram"), ("x-y", "stock")]
-
-
 def test_a_language_models_record_is_refused_with_where_to_go(combine, results):
     record = results / "runs" / "lm-en_n3000_short-converge" / "stock" / "seed1.json"
     record.parent.mkdir(parents=True)
@@ -78,29 +61,6 @@ def test_a_language_models_record_is_refused_with_where_to_go(combine, results):
         combine.collect_seeds(["lm-en_n3000"], ["stock"], results)
 
 
-def test_two_seed_mean_and_stderr_give_back_the_two_values(combine, results):
-    # mean 50, s.e. 1: two values a, b with (a + b)/2 = 50 and
-    # s.e. = sqrt(((a-50)^2 + (b-50)^2) / 1 / 2) = |a - b|/2 = 1, so {49, 51}.
-    recovered = combine.two_seed_values(results)[("x-y", "stock", "chrf_test_2016")]
-    assert recovered == [49.0, 51.0]
-    mean, stderr = combine.mean_stderr(recovered).mean, combine.mean_stderr(recovered).stderr
-    assert (mean, stderr) == pytest.approx((50.0, 1.0))
-
-
-def test_values_over_seeds_fill_only_the_seeds_that_lack_one(combine, results):
-    seeds, two_seed = (
-        combine.collect_seeds(["x-y"], ARMS, results),
-        combine.two_seed_values(results),
-    )
-    assert sorted(combine.values_over_seeds(seeds, two_seed, "x-y", "stock", "chrf_test_2016")) == [
-        49.0,
-        51.0,
-        52.0,
-    ]
-    # No summary for test_2017: two seeds lack chrF, so there is no mean.
-    assert combine.values_over_seeds(seeds, two_seed, "x-y", "stock", "chrf_test_2017") == []
-
-
 def test_table_means_by_hand(combine, results):
     seeds, two_seed = (
         combine.collect_seeds(["x-y"], ARMS, results),
@@ -109,7 +69,10 @@ def test_table_means_by_hand(combine, results):
     text = combine.table(seeds, two_seed, ["x-y"], ["stock", "gain/unigram"])
     # stock NLL 2.0, 2.2, 2.3: mean 2.1667; squared deviations 0.02778 + 0.00111
     # + 0.01778 = 0.04667, / 2 = 0.02333, s = 0.15275, s.e. = s / sqrt 3 = 0.0882.
-    # BLEU 30, 32, 34: mean 32, s = 2, s.e. 1.1547. chrF 49, 51, 52: 50.67, s.e. 0.88.
+    # BLEU 30, 32, 34: mean 32, s = 2, s.e. 1.1547. chrF: seed 3's record 52, and
+    # seeds 1-2's two-seed mean 50 ± 1 read back as (a + b)/2 = 50, |a - b|/2 = 1,
+    # so 49 and 51: 50.67, s.e. 0.88. test_2017's chrF: two seeds lack it and no
+    # two-seed summary fills them, so n/a.
     assert (
         "| x-y stock | 1, 2, 3 | 2.167 ± 0.088 | 32.00 ± 1.15 | 50.67 ± 0.88 | 22.00 ± 1.15 | n/a |"
         in text
@@ -138,65 +101,44 @@ def test_differences_pair_by_seed(combine, results):
     assert combine.differences(seeds, two_seed, ["x-y"], [("gain/zero", "stock")]) == ""
 
 
-def test_per_seed_table_sets_the_arms_side_by_side(combine, results):
+def test_per_seed_table_sets_the_arms_side_by_side_a_record_over_a_typed_in_row(combine, results):
     seeds = combine.collect_seeds(["x-y"], ARMS, results)
     text = combine.per_seed_table(seeds, ["x-y"], ["stock", "gain/unigram"])
     assert "| x-y 1 | 2.000 / 2.100 | 30.00 / 31.00 | 20.00 / 21.00 |" in text
-    # Seed 3: stock's record (NLL min 2.3), and no row of the default: a dash.
+    # Seed 3: stock's run record (NLL min 2.3), not its typed-in row (9.9, 99),
+    # and no row of the default: a dash.
     assert "| x-y 3 | 2.300 / – | 34.00 / – | 24.00 / – |" in text
     assert text.count("| x-y ") == 3
 
 
-def test_the_default_selection_writes_what_it_prints(combine, results, capsys):
-    combine.main(["--results", str(results)])
+def test_the_committed_table_is_what_the_committed_sources_give(
+    combine, tmp_path, monkeypatch, capsys
+):
+    """The default command, on a results folder holding the committed run
+    records and CSVs, writes research/results/converge_3seeds.md byte for
+    byte: what it prints, under the header."""
+    for sources in ("runs", "seeds"):
+        (tmp_path / sources).symlink_to(combine.RESULTS / sources)
+    committed = combine.RESULTS / "converge_3seeds.md"
+    monkeypatch.setattr(combine, "RESULTS", tmp_path)
+    combine.main([])
     printed = capsys.readouterr()
-    written = (results / "converge_3seeds.md").read_text()
-    assert written.startswith("# Multi30k short-converge: every seed combined\n")
-    assert "`.venv/bin/python research/combine_seeds.py`" in written
-    assert written.endswith(printed.out) and printed.out.startswith("Multi30k, short-converge")
-    assert printed.err == f"wrote {results / 'converge_3seeds.md'}\n"
-    # Another selection writes nothing, unless asked with --out.
-    (results / "converge_3seeds.md").unlink()
+    assert (tmp_path / "converge_3seeds.md").read_bytes() == committed.read_bytes()
+    assert committed.read_text().endswith(printed.out)
+    assert printed.err == f"wrote {tmp_path / 'converge_3seeds.md'}\n"
+
+
+def test_another_selection_writes_only_with_out_and_names_its_command(combine, results, capsys):
     combine.main(["--results", str(results), "--pairs", "x-y"])
     assert not (results / "converge_3seeds.md").exists() and capsys.readouterr().err == ""
-    combine.main(["--results", str(results), "--pairs", "x-y", "--out", str(results / "o.md")])
-    assert (results / "o.md").read_text().endswith(capsys.readouterr().out)
-
-
-def test_the_committed_table_is_what_the_committed_sources_give(combine, tmp_path, capsys):
-    """research/results/converge_3seeds.md, regenerated from the committed
-    run records and CSVs (written to a scratch file), is byte-identical."""
-    combine.main(["--out", str(tmp_path / "converge_3seeds.md")])
-    capsys.readouterr()
-    committed = combine.RESULTS / "converge_3seeds.md"
-    assert (tmp_path / "converge_3seeds.md").read_bytes() == committed.read_bytes()
-
-
-def test_another_selection_names_itself_in_the_written_header(tmp_path):
-    """A file written for another selection (--out) says the command that
-    made it, and its title the budget given."""
-    combine = benchmark_script("combine_seeds")
-    out = tmp_path / "small.md"
-    combine.main(
-        [
-            "--pairs",
-            "de-en",
-            "--arms",
-            "stock",
-            "gain/zero",
-            "--compare",
-            "gain/zero:stock",
-            "--budget",
-            "2,000 updates",
-            "--out",
-            str(out),
-        ]
-    )
+    out = results / "o.md"
+    argv = ["--results", str(results), "--pairs", "x-y", "--budget", "2,000 updates"]
+    combine.main([*argv, "--out", str(out)])
     text = out.read_text()
+    assert text.endswith(capsys.readouterr().out)
     assert (
-        "regenerate with `.venv/bin/python research/combine_seeds.py --pairs de-en "
-        f"--arms stock gain/zero --compare gain/zero:stock --budget '2,000 updates' "
-        f"--out {out}`"
+        f"regenerate with `.venv/bin/python research/combine_seeds.py --results {results} "
+        f"--pairs x-y --budget '2,000 updates' --out {out}`"
     ) in text
     assert "Multi30k, short-converge, 2,000 updates: mean ± standard error" in text
 

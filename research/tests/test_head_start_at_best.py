@@ -68,43 +68,23 @@ def test_seed_figures_worked_by_hand(lead, results):
     )
 
 
-def test_table_is_the_mean_over_seeds_with_both_arms(lead, results, capsys):
-    lead.main(
-        [
-            "--results",
-            str(results),
-            "--pairs",
-            "de-en",
-            "fr-en",
-            "--setting",
-            f"3,000 short={SETTING}:{ARM}",
-        ]
-    )
-    out = capsys.readouterr().out
+def test_table_is_the_mean_over_seeds_with_both_arms_written_with_its_plot(
+    lead, results, tmp_path, capsys
+):
+    out = tmp_path / "lead.md"
+    setting = f"3,000 short={SETTING}:{ARM}"
+    argv = ["--results", str(results), "--pairs", "de-en", "fr-en", "--setting", setting]
+    lead.main([*argv, "--out", str(out)])
+    printed = capsys.readouterr().out
     # lead at 1,000: -0.5 and -0.1; at stock's best (1,500): +0.25 and -0.1;
     # bests: 0.0 and -0.1; fr-en has no records and no row.
-    assert (
+    row = (
         "| 3,000 short | de-en | 1, 2 | -0.300 ± 0.200 | 1500 ± 0 | +0.075 ± 0.175 | "
         "-0.050 ± 0.050 | 2000 ± 0 |"
-    ) in out
-    assert "| fr-en |" not in out
-
-
-def test_out_writes_the_table_and_the_plot(lead, results, tmp_path):
-    out = tmp_path / "lead.md"
-    lead.main(
-        [
-            "--results",
-            str(results),
-            "--pairs",
-            "de-en",
-            "--setting",
-            f"3,000 short={SETTING}:{ARM}",
-            "--out",
-            str(out),
-        ]
     )
+    assert row in printed and "| fr-en |" not in printed
     text = out.read_text()
+    assert text.endswith(printed.rstrip("\n") + "\n")
     assert "regenerate with `.venv/bin/python research/head_start_at_best.py --results" in text
     assert "--out" in text and "[lead.png](lead.png)" in text
     assert (tmp_path / "lead.png").stat().st_size > 0

@@ -210,8 +210,6 @@ def test_archived_records_stand_in_for_runs_whose_logs_are_gone(study, tmp_path)
 
 
 def test_zoomed_panel_keeps_the_line_from_its_first_update(study):
-    import numpy as np
-
     line = {
         "label": "stock",
         "x": np.array([0, 1000, 2000, 3000]),
