@@ -3,7 +3,7 @@ natural-bias settings, so that its parameters mean what they meant when saved.
 
 :func:`checkpoint_to_load` finds, by fairseq's own restore rules, whether and
 what a run will load; :func:`check_saved_settings` refuses a checkpoint
-whose settings this version no longer offers; :func:`reconcile_with_checkpoint`
+this version cannot build; :func:`reconcile_with_checkpoint`
 takes the checkpoint's structural settings for those left at their
 defaults, refusing an explicit option that disagrees. The file itself is read by
 :mod:`fairseq_natbias.checkpoint_loading`; what loads, and what is refused:
@@ -27,38 +27,18 @@ from natbias.head import check_format_version
 
 logger = logging.getLogger(__name__)
 
-# The last version that reads the checkpoints of settings 1.0 retired.
+# The last version that reads a checkpoint of 0.x (never published; it records no format).
 LAST_READER = "0.8.0"
-
-
-def retired_settings(saved) -> list:
-    """The settings of a 0.x config (one without a format version) that 1.0
-    retired: gains other than ``abs-capped`` on the ``lr`` schedule (0.2.0
-    recorded no form: its gain was linear), and the ``damped`` init."""
-    if getattr(saved, FORMAT_KEY, None) is not None:
-        return []
-    weight_init = getattr(saved, "natbias_weight_init", None)
-    if weight_init == "damped":
-        return ["--natbias-weight-init damped"]
-    if weight_init != "gain":
-        return []
-    form = getattr(saved, "natbias_gain_form", None) or "linear"
-    schedule = getattr(saved, "natbias_gain_schedule", None) or "lr"
-    return ([f"--natbias-gain-form {form}"] if form != "abs-capped" else []) + (
-        [f"--natbias-gain-schedule {schedule}"] if schedule != "lr" else []
-    )
 
 
 def check_saved_settings(saved, where: str) -> None:
     """Refuse, in one line, a saved config this version cannot build."""
-    check_format_version(getattr(saved, FORMAT_KEY, None), where)
-    retired = retired_settings(saved)
-    if retired:
+    if getattr(saved, FORMAT_KEY, None) is None:
         raise NaturalBiasError(
-            f"{where} was trained by fairseq-natbias 0.x with "
-            f"{' '.join(retired)}, retired in 1.0: read it with "
-            f"fairseq-natbias {LAST_READER}, the last version that does"
+            f"{where} was written by fairseq-natbias 0.x, before 1.0's checkpoint format: "
+            f"read it with fairseq-natbias {LAST_READER}, the last version that does"
         )
+    check_format_version(getattr(saved, FORMAT_KEY), where)
 
 
 def checkpoint_to_load(args):

@@ -135,7 +135,7 @@ def set_defaults(args) -> None:
         setattr(args, DEFAULTED_RECORD, defaulted)
     for name in defaulted:
         setattr(args, name, DEFAULTS[name])
-    # A config read back from a checkpoint keeps what it recorded (0.x: nothing).
+    # A config read back from a checkpoint keeps the format it recorded.
     if getattr(args, FORMAT_KEY, None) is None and getattr(args, COUNTED_MARKER, None) is None:
         setattr(args, FORMAT_KEY, FORMAT_VERSION)
 

@@ -144,9 +144,8 @@ def saved_settings(smoothing: float, prior_tokens, gain_init, gain_speed) -> dic
 
 
 def check_format_version(version, where: str, required: bool = False) -> None:
-    """Refuse, in one line, what a newer natbias saved. ``version`` None:
-    saved before formats were recorded (fairseq checkpoints of 0.x, read by
-    their own rules), refused where ``required``."""
+    """Refuse, in one line, what a newer natbias saved; ``version`` None
+    (nothing recorded) is refused where ``required``."""
     if (version is not None or required) and (
         not isinstance(version, int) or version > FORMAT_VERSION
     ):

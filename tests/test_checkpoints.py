@@ -1,7 +1,7 @@
 """Checkpoints and their natural-bias settings (fairseq_natbias/checkpoints.py):
-a checkpoint of settings 1.0 offers loads, resumes and generates as the version
-that wrote it printed; one of a retired setting is refused in one line naming
-0.8.0; resuming with other settings is refused in one line, by every way
+a checkpoint of a published format (1.0 on) loads, resumes and generates as the
+version that wrote it printed; one of 0.x (never published, no format recorded)
+is refused in one line naming 0.8.0; resuming with other settings is refused in one line, by every way
 fairseq resumes; fine-tuning says what it does with the bias."""
 
 import filecmp
@@ -19,12 +19,12 @@ from natbias import FORMAT_VERSION, __version__
 from natbias.errors import NaturalBiasError
 
 FIXTURES = Path(__file__).parent / "fixtures"
-V039 = FIXTURES / "v0.3.9"  # 0.3.9's uncapped linear gain, retired in 1.0
-V080 = FIXTURES / "v0.8.0"  # 0.8.0's defaults, which 1.0 still offers
+V039 = FIXTURES / "v0.3.9"  # 0.3.9's uncapped linear gain (0.x: refused)
+V080 = FIXTURES / "v0.8.0"  # 0.8.0's defaults (0.x: refused all the same)
 V100 = FIXTURES / "v1.0.0"  # 1.0.0's defaults, with its format version
 V220 = FIXTURES / "v2.2.0"  # 2.2.0's defaults, format 3
 # The format each fixture records (None: before formats were recorded).
-RECORDED_FORMAT = {V080: None, V100: 1, V220: 3}
+RECORDED_FORMAT = {V100: 1, V220: 3}
 # The model of the fixtures (their READMEs say how they were made).
 FIXTURE_MODEL = [
     "--encoder-layers",
@@ -46,7 +46,7 @@ FIXTURE_MODEL = [
     "--share-decoder-input-output-embed",
 ]
 GENERATE = ["--beam", "5", "--cpu", "--max-len-b", "10", "--required-batch-size-multiple", "1"]
-LOADABLE = [V080, V100, V220]
+LOADABLE = [V100, V220]
 
 
 @pytest.mark.parametrize("fixture", [V039, V080, V100, V220], ids=lambda p: p.name)
@@ -58,7 +58,7 @@ def test_the_fixtures_match_the_toy_corpus(toy_bin, fixture):
 @pytest.mark.parametrize("fixture", LOADABLE, ids=lambda p: p.name)
 def test_a_checkpoint_builds_its_own_model_exactly(toy_bin, fixture):
     """Every tensor as saved (format 1's 0-d gain as format 2's (1,)), the
-    gain g = 20 u by hand; the format each version recorded (none by 0.8.0)."""
+    gain g = 20 u by hand; the format each version recorded."""
     path = fixture / "checkpoint_last.pt"
     models, cfg, _ = checkpoint_utils.load_model_ensemble_and_task(
         [str(path)], arg_overrides={"data": str(toy_bin)}
@@ -67,7 +67,7 @@ def test_a_checkpoint_builds_its_own_model_exactly(toy_bin, fixture):
     built = models[0].state_dict()
     assert sorted(built) == sorted(saved["model"])
     scalar = "decoder.output_projection.gain_param"
-    saved_shape = () if (RECORDED_FORMAT[fixture] or 1) == 1 else (1,)
+    saved_shape = () if RECORDED_FORMAT[fixture] == 1 else (1,)
     assert saved["model"][scalar].shape == saved_shape and built[scalar].shape == (1,)
     for name, value in saved["model"].items():
         assert torch.equal(built[name], value.reshape(built[name].shape)), name
@@ -202,13 +202,15 @@ def test_a_checkpoint_resumes_and_then_records_the_format(toy_bin, tmp_path, fix
     assert 0 < 20 * state["model"]["decoder.output_projection.gain_param"].item() < 1
 
 
+@pytest.mark.parametrize("fixture", [V039, V080], ids=lambda p: p.name)
 @pytest.mark.training
-def test_a_retired_checkpoint_is_refused_in_one_line_naming_080(toy_bin, tmp_path):
-    """0.3.9's linear gain: generating, loading in Python and resuming all refuse it."""
-    path = V039 / "checkpoint_last.pt"
+def test_a_0x_checkpoint_is_refused_in_one_line_naming_080(toy_bin, tmp_path, fixture):
+    """Compatibility starts at 1.0: generating and resuming both refuse 0.x's
+    checkpoints, whatever their settings (0.3.9's retired gain, 0.8.0's defaults)."""
+    path = fixture / "checkpoint_last.pt"
     expected = (
-        "was trained by fairseq-natbias 0.x with --natbias-gain-form linear, retired "
-        "in 1.0: read it with fairseq-natbias 0.8.0, the last version that does"
+        "was written by fairseq-natbias 0.x, before 1.0's checkpoint format: "
+        "read it with fairseq-natbias 0.8.0, the last version that does"
     )
     result = fairseq(
         "fairseq-generate",
