@@ -21,7 +21,6 @@ all variants alike; the figures are medians and the ratios are against stock.
     .venv/bin/python research/bench_overhead.py [--multi30k DIR] [--rounds 5]
 """
 
-import argparse
 import logging
 import os
 import statistics
@@ -38,6 +37,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "examples" / "paper"))  # make demo's pipeline
 
 import pipeline  # noqa: E402
+from study import parser_for  # noqa: E402  (research/, the script's folder, is on the path)
 
 from fairseq_natbias import in_process  # noqa: E402
 
@@ -249,12 +249,7 @@ def run_suite(name, data_bin, workdir, args):
 
 
 def main():
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument(
-        "--multi30k", default=os.environ.get("NATBIAS_MULTI30K", "../shared/data/multi30k")
-    )
+    parser = parser_for(__doc__)
     parser.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "natbias-bench"))
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--updates", type=int, default=10, help="batches per round")

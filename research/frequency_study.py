@@ -30,7 +30,6 @@ skipped when its output exists, so the study stops and resumes anywhere;
         --train-pairs 3000 --seeds 1 2 3 --workdir /work/study105 --results research/results
 """
 
-import argparse
 import csv
 import json
 import math
@@ -49,6 +48,7 @@ sys.path.insert(0, str(REPO / "examples" / "paper"))  # make demo's pipeline
 import numpy as np  # noqa: E402
 import pipeline  # noqa: E402
 from pipeline import say  # noqa: E402
+from study import parser_for  # noqa: E402
 from study.arms import (  # noqa: E402
     REFERENCE_ARM,
     Arm,
@@ -421,12 +421,7 @@ def plot(plotted, pairs, path):
 
 
 def main():
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument(
-        "--multi30k", default=os.environ.get("NATBIAS_MULTI30K", "../shared/data/multi30k")
-    )
+    parser = parser_for(__doc__)
     parser.add_argument("--workdir", default="work/frequency_study")
     parser.add_argument(
         "--pairs", nargs="+", default=["de-en", "fr-en"], choices=["de-en", "fr-en"]

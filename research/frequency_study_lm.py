@@ -12,10 +12,8 @@ model's tokens. Finished steps are skipped; --jobs runs side by side.
         --workdir /work/study105/lm-en --results research/results
 """
 
-import argparse
 import gzip
 import json
-import os
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -23,7 +21,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "research"))
-import frequency_study as study  # noqa: E402  (the combining over seeds and the plot)
+import frequency_study as frequency  # noqa: E402  (the combining over seeds and the plot)
+from study import parser_for  # noqa: E402
 
 ARMS = {"stock": "none", "natbias": "natural"}  # run folder -> language_model.py's --bias
 POINTS = {"early": "update-{early}", "end": "best"}  # point -> the run's model folder
@@ -39,7 +38,7 @@ def train(args, arm, seed):
     folder = args.workdir / "runs" / arm / f"seed{seed}"
     if (folder / "done").exists():
         return
-    study.say(f"lm-{args.lang} {arm} seed{seed}: training, {args.max_steps} updates")
+    frequency.say(f"lm-{args.lang} {arm} seed{seed}: training, {args.max_steps} updates")
     folder.mkdir(parents=True, exist_ok=True)
     script = REPO / "examples" / "huggingface" / "language_model.py"
     run(
@@ -54,7 +53,7 @@ def score(args, seed, point):
     out = args.workdir / "by_frequency" / f"seed{seed}" / point
     if (out / "loss_by_frequency.csv").exists():
         return
-    study.say(f"lm-{args.lang} seed{seed}: loss by frequency against stock, {point}")
+    frequency.say(f"lm-{args.lang} seed{seed}: loss by frequency against stock, {point}")
     models = [
         args.workdir / "runs" / arm / f"seed{seed}" / POINTS[point].format(early=args.early_update)
         for arm in ARMS
@@ -70,7 +69,7 @@ def score(args, seed, point):
     output = subprocess.run(command, capture_output=True, text=True)
     if output.returncode:
         raise SystemExit(f"frequency_study_lm: {output.stderr.strip()}")
-    kl = {m[1]: float(m[2]) for m in map(study.KL_LINE.match, output.stdout.splitlines()) if m}
+    kl = {m[1]: float(m[2]) for m in map(frequency.KL_LINE.match, output.stdout.splitlines()) if m}
     (out / "kl.json").write_text(json.dumps(kl) + "\n")
 
 
@@ -96,12 +95,12 @@ def report(args):
         if not seeds:
             continue
         per_seed = [
-            study.read_csv(folder / f"seed{s}/{point}/loss_by_frequency.csv") for s in seeds
+            frequency.read_csv(folder / f"seed{s}/{point}/loss_by_frequency.csv") for s in seeds
         ]
-        combined = plotted[(name, point, "natbias")] = study.combine_bins(per_seed, keys)
+        combined = plotted[(name, point, "natbias")] = frequency.combine_bins(per_seed, keys)
         kls = [json.loads((folder / f"seed{s}/{point}/kl.json").read_text()) for s in seeds]
         kl = [
-            study.cell(study.mean_and_error([k[m] for k in kls]), False)
+            frequency.cell(frequency.mean_and_error([k[m] for k in kls]), False)
             for m in ("baseline", "model")
         ]
         lines += [
@@ -113,26 +112,21 @@ def report(args):
             "| training count | tokens | median difference | mean difference |",
             "|---|---|---|---|",
             *(
-                f"| {r['bin']} | {r['tokens']} | {study.cell(r[keys[0]])} | {study.cell(r[keys[1]])} |"
+                f"| {r['bin']} | {r['tokens']} | {frequency.cell(r[keys[0]])} | {frequency.cell(r[keys[1]])} |"
                 for r in combined
                 if r["tokens"] != "0"
             ),
         ]
     path = Path(args.results) / f"frequency_study_{name}.md"
     if plotted:
-        png = study.plot(plotted, [name], path.with_suffix(".png"))
+        png = frequency.plot(plotted, [name], path.with_suffix(".png"))
         lines += ["", f"![binned median difference]({png.name})"]
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return path
 
 
 def main():
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument(
-        "--multi30k", default=os.environ.get("NATBIAS_MULTI30K", "../shared/data/multi30k")
-    )
+    parser = parser_for(__doc__)
     parser.add_argument("--lang", default="en")
     parser.add_argument("--workdir", type=Path, default=Path("work/frequency_study_lm"))
     parser.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3])
@@ -149,11 +143,14 @@ def main():
             with gzip.open(Path(args.multi30k) / f"{split}.{args.lang}.gz", "rt") as source:
                 plain.write_text(source.read(), encoding="utf-8")
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        jobs = [pool.submit(train, args, arm, seed) for seed in args.seeds for arm in ARMS]
-        [job.result() for job in jobs]
+        runs = [(arm, seed) for seed in args.seeds for arm in ARMS]
+        train(
+            args, *runs[0]
+        )  # alone: it trains the tokenizer every run shares, which two would race
+        [job.result() for job in [pool.submit(train, args, *run) for run in runs[1:]]]
         jobs = [pool.submit(score, args, seed, point) for seed in args.seeds for point in POINTS]
         [job.result() for job in jobs]
-    study.say(f"report: {report(args)}")
+    frequency.say(f"report: {report(args)}")
 
 
 if __name__ == "__main__":

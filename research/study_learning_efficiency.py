@@ -99,7 +99,6 @@ another machine, or before a lost /tmp, still count.
         --patience 0 --max-update 20000 --seeds 1 2 3 --arms stock gain/unigram gain/zero
 """
 
-import argparse
 import os
 import shutil
 import sys
@@ -114,6 +113,7 @@ sys.path.insert(0, str(REPO / "research"))  # the study package, research/study/
 # names tests/test_study_learning_efficiency.py reads from this script are
 # imported here too, so that it reads the whole study from one place.
 from multi30k import has_all_files  # noqa: E402
+from study import parser_for  # noqa: E402
 from study.arms import (  # noqa: E402,F401
     CONVERGE_TEST_SETS,
     EPOCHS_NEVER,
@@ -138,12 +138,7 @@ from study.summary import (  # noqa: E402,F401
 
 
 def main():
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument(
-        "--multi30k", default=os.environ.get("NATBIAS_MULTI30K", "../shared/data/multi30k")
-    )
+    parser = parser_for(__doc__)
     parser.add_argument("--workdir", default="work/study")
     parser.add_argument("--task", default="translation", choices=["translation", "lm"])
     parser.add_argument(

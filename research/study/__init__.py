@@ -6,6 +6,8 @@ settings), ``study.runs`` (running them, and their records) and
 and import it as ``study``.
 """
 
+import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -16,3 +18,15 @@ from pathlib import Path
 # the study's own.
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 sys.path[:0] = [str(EXAMPLES / "paper"), str(EXAMPLES / "huggingface")]
+
+
+def parser_for(doc: str) -> argparse.ArgumentParser:
+    """A study script's command line: its docstring as --help, and --multi30k
+    (the data; NATBIAS_MULTI30K, else ../shared/data/multi30k)."""
+    parser = argparse.ArgumentParser(
+        description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--multi30k", default=os.environ.get("NATBIAS_MULTI30K", "../shared/data/multi30k")
+    )
+    return parser
