@@ -1,4 +1,4 @@
-"""The statistics of :mod:`natbias.statistics` on fairseq's own ``train_inner``,
+"""The statistics of :mod:`natbias.statistics` (App. A.6) on fairseq's own ``train_inner``,
 ``train`` and ``valid`` lines (docs/options.md#the-training-log): the
 divergences travel in the logging outputs as sums with a token count, so
 fairseq's reduction over micro-batches and workers weights every token once.

@@ -1,4 +1,8 @@
-"""The natural bias on a fairseq decoder: what ``transformer_natbias`` and
+"""The natural bias on a fairseq decoder (Meister et al., 2023, sec. 2.2:
+
+    p_theta(y | y_<t) ∝ p_Wphi(y | y_<t) * p_b(y),    p_b = softmax(b)     (4)
+
+with b starting as the target log-unigram), what ``transformer_natbias`` and
 ``transformer_lm_natbias`` share: the decoder's output projection replaced
 once, by :class:`natbias.projection.NaturalBiasProjection` around its own
 weight (tied embeddings stay tied), b counted once, for training from scratch

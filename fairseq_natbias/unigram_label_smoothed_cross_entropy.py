@@ -1,6 +1,6 @@
 """``unigram_label_smoothed_cross_entropy``: label smoothing towards the
-target unigram omega instead of the uniform distribution
-(:mod:`natbias.label_smoothing`; docs/criteria.md). omega is taken on first
+target unigram omega instead of the uniform distribution (Chorowski and Jaitly,
+2017; Pereyra et al., 2017: :mod:`natbias.label_smoothing`; docs/criteria.md). omega is taken on first
 use, as fairseq builds the criterion before it loads any data.
 """
 

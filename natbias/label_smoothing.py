@@ -1,5 +1,6 @@
 """Label smoothing towards the target unigram instead of the uniform distribution
-(not ours: Chorowski and Jaitly, 2017; Pereyra et al., 2017; the credits and why
+(not ours: label smoothing is Szegedy et al., 2016; towards the unigram,
+Chorowski and Jaitly, 2017, and Pereyra et al., 2017; the credits and why
 it suits the natural bias: docs/criteria.md). Each target position is trained
 towards
 

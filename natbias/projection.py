@@ -1,6 +1,10 @@
-"""The output layer with the natural bias: logits ``W (g phi) + b``, the paper's
-eq. 1 with the gain (:mod:`natbias.head`). g multiplies phi, not the logits: a
-(tokens x d) product, not a (tokens x |V|) one.
+"""The output layer with the natural bias (Meister et al., 2023, eq. 1,
+
+    p(y | y_<t) = softmax(W phi(y_<t) + b)_y                                (1)
+
+b starting as the log-unigram), with the gain (:mod:`natbias.head`): logits
+``W (g phi) + b``. g multiplies phi, not the logits: a (tokens x d) product,
+not a (tokens x |V|) one.
 
 :class:`NaturalBiasProjection` shares the weight W it is given (tied
 embeddings stay tied); its state keys are ``weight``, ``bias`` and
