@@ -67,6 +67,7 @@ ARMS = ("stock", "gain/unigram", "gain/unigram+unigram-ls")
 # on the 100-update save grid the screening uses.
 EARLY_UPDATE = 200
 STEPS, STAGES = ["train", "score", "report"], ["early", "end"]
+DIFFERENCES = ("median_difference_bits", "mean_difference_bits")  # per bin, as tabled
 KL_LINE = re.compile(r"^(baseline|model) .*KL\(average prediction \|\| training unigram\) ([\d.]+)")
 
 
@@ -248,12 +249,33 @@ def cell(pair, signed=True):
     return f"{mean:{'+' if signed else ''}.3f}" + ("" if math.isnan(error) else f" ± {error:.3f}")
 
 
-def loss_csv(work, arm, seed, point):
-    return work / "by_frequency" / arm.folder / f"seed{seed}" / point / "loss_by_frequency.csv"
-
-
 def output_csv(work, arm, seed):
     return run_dir(work, arm, seed) / "output_frequency" / "output_frequency.csv"
+
+
+def read_comparison(folder, seeds, point):
+    """One comparison from FOLDER/seed<k>/<point>/: the ``seeds`` scored there,
+    their bins combined, and each one's KLs."""
+    seeds = [s for s in seeds if (folder / f"seed{s}" / point / "kl.json").exists()]
+    per_seed = [read_csv(folder / f"seed{s}" / point / "loss_by_frequency.csv") for s in seeds]
+    kls = [json.loads((folder / f"seed{s}" / point / "kl.json").read_text()) for s in seeds]
+    return seeds, combine_bins(per_seed, DIFFERENCES), kls
+
+
+def difference_table(name, kls, combined):
+    """One comparison's Markdown: both models' KL from the unigram, then each bin."""
+    kl = [cell(mean_and_error([k.get(m) for k in kls]), False) for m in ("baseline", "model")]
+    return [
+        f"KL(average prediction ‖ training unigram), bits: stock {kl[0]}, {name} {kl[1]}",
+        "",
+        "| training count | tokens | median difference | mean difference |",
+        "|---|---|---|---|",
+        *(
+            f"| {row['bin']} | {row['tokens']} | {cell(row[DIFFERENCES[0]])} | {cell(row[DIFFERENCES[1]])} |"
+            for row in combined
+            if row["tokens"] != "0"  # bins the test set leaves empty
+        ),
+    ]
 
 
 def report(pairs, arms, args):
@@ -297,32 +319,16 @@ def report(pairs, arms, args):
             for arm in arms:
                 if arm.name == REFERENCE_ARM:
                     continue
-                seeds = [s for s in args.seeds if loss_csv(work, arm, s, point).exists()]
+                folder = work / "by_frequency" / arm.folder
+                seeds, combined, kls = read_comparison(folder, args.seeds, point)
                 if not seeds:
                     continue
-                folder = work / "by_frequency" / arm.folder
-                per_seed = [read_csv(loss_csv(work, arm, s, point)) for s in seeds]
-                keys = ("median_difference_bits", "mean_difference_bits")
-                combined = combine_bins(per_seed, keys)
                 plotted[(pair, point, arm.name)] = combined
-                kls = [
-                    json.loads((folder / f"seed{s}" / point / "kl.json").read_text()) for s in seeds
-                ]
                 lines += [
                     "",
                     f"### {pair}, {point}: {arm.name} − stock (seeds {', '.join(map(str, seeds))})",
                     "",
-                    "KL(average prediction ‖ training unigram), bits: stock "
-                    f"{cell(mean_and_error([k.get('baseline') for k in kls]), False)}, "
-                    f"{arm.name} {cell(mean_and_error([k.get('model') for k in kls]), False)}",
-                    "",
-                    "| training count | tokens | median difference | mean difference |",
-                    "|---|---|---|---|",
-                ]
-                lines += [
-                    f"| {row['bin']} | {row['tokens']} | {cell(row[keys[0]])} | {cell(row[keys[1]])} |"
-                    for row in combined
-                    if row["tokens"] != "0"  # bins the test set leaves empty
+                    *difference_table(arm.name, kls, combined),
                 ]
         generated = {a: [s for s in args.seeds if output_csv(work, a, s).exists()] for a in arms}
         done = [a for a in arms if generated[a]]

@@ -88,34 +88,17 @@ def report(args):
         "text; mean ± standard error over the seeds named. Negative: the natural bias is better.",
     ]
     plotted = {}
-    keys = ("median_difference_bits", "mean_difference_bits")
     for point in POINTS:
         folder = args.workdir / "by_frequency"
-        seeds = [s for s in args.seeds if (folder / f"seed{s}" / point / "kl.json").exists()]
+        seeds, combined, kls = frequency.read_comparison(folder, args.seeds, point)
         if not seeds:
             continue
-        per_seed = [
-            frequency.read_csv(folder / f"seed{s}/{point}/loss_by_frequency.csv") for s in seeds
-        ]
-        combined = plotted[(name, point, "natbias")] = frequency.combine_bins(per_seed, keys)
-        kls = [json.loads((folder / f"seed{s}/{point}/kl.json").read_text()) for s in seeds]
-        kl = [
-            frequency.cell(frequency.mean_and_error([k[m] for k in kls]), False)
-            for m in ("baseline", "model")
-        ]
+        plotted[(name, point, "natbias")] = combined
         lines += [
             "",
             f"## {point}: natbias − stock (seeds {', '.join(map(str, seeds))})",
             "",
-            f"KL(average prediction ‖ training unigram), bits: stock {kl[0]}, natbias {kl[1]}",
-            "",
-            "| training count | tokens | median difference | mean difference |",
-            "|---|---|---|---|",
-            *(
-                f"| {r['bin']} | {r['tokens']} | {frequency.cell(r[keys[0]])} | {frequency.cell(r[keys[1]])} |"
-                for r in combined
-                if r["tokens"] != "0"
-            ),
+            *frequency.difference_table("natbias", kls, combined),
         ]
     path = Path(args.results) / f"frequency_study_{name}.md"
     if plotted:
