@@ -111,10 +111,10 @@ test:
 	$(PY) -m pytest tests research/tests -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder \
 	    --durations=20 --durations-min=1 $(PYTEST_ARGS)
 
-# Every test that runs no training loop (those marked `training` left out) and
-# starts no vLLM engine (NATBIAS_VLLM_PYTHON empty: tests/test_vllm.py skips).
+# Every test that runs no training loop and starts no inference engine (those
+# marked `training` or `engine` left out: pytest.ini).
 test-fast: install
-	NATBIAS_VLLM_PYTHON= $(PY) -m pytest tests research/tests -m "not training" -n 2 \
+	$(PY) -m pytest tests research/tests -m "not training and not engine" -n 2 \
 	    --dist loadscope $(PYTEST_ARGS)
 
 lint: install

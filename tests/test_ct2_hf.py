@@ -233,6 +233,7 @@ def converted():
     return {f for f in FAMILIES if stock_converts(f, word_tokenizer(stock_model(f).config))}
 
 
+@pytest.mark.engine
 def test_the_families_served_include_the_large_language_models_and_translation_models(converted):
     """So that the test below checks serving, not only refusals: the families
     issue 89 names that CTranslate2 converts here (GPT-NeoX's loader reads
@@ -242,6 +243,7 @@ def test_the_families_served_include_the_large_language_models_and_translation_m
     assert "gpt_neox" not in converted and "cohere" not in converted
 
 
+@pytest.mark.engine
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_each_family_ctranslate2_converts_is_served_with_the_natural_bias(
     family, converted, tmp_path
@@ -281,6 +283,7 @@ def test_gemma_2_with_attention_soft_capping_is_refused_as_inexact(tmp_path):
     assert not (tmp_path / "ct2").exists()
 
 
+@pytest.mark.engine
 def test_the_console_script_converts_a_saved_model_and_quantizes_it(tmp_path, capsys):
     model = natural_bias_model("llama")
     tokenizer = word_tokenizer(model.config)

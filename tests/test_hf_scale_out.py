@@ -62,6 +62,7 @@ def _close(a, b):
     return all(x == pytest.approx(y, rel=RELATIVE) for x, y in zip(a, b)) and len(a) == len(b)
 
 
+@pytest.mark.training
 @pytest.mark.parametrize("natural_bias", [True, False], ids=["natural-bias", "stock"])
 def test_accumulating_gradients_trains_the_model_one_batch_trains(tmp_path, natural_bias):
     whole, whole_grads = worker.train(tmp_path / "8x1", 8, 1, natural_bias=natural_bias)

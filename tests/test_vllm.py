@@ -28,6 +28,8 @@ from vllm_worker import KV_CACHE  # noqa: E402  (what each engine of the worker 
 
 from natbias.hf import BiasScaleLogitsProcessor, add_natural_bias  # noqa: E402
 
+pytestmark = pytest.mark.engine  # make test-fast leaves vLLM out
+
 ROOT = Path(__file__).resolve().parents[1]
 VLLM_PYTHON = Path(os.environ.get("NATBIAS_VLLM_PYTHON", ROOT / ".venv-vllm" / "bin" / "python"))
 if os.environ.get("NATBIAS_VLLM_PYTHON") == "":
