@@ -18,7 +18,6 @@ LONGEST_FIRST = [
     "test_vllm.py",  # vLLM in a subprocess for all families, then its server: about 2 minutes
     "test_examples.py",
     "test_half_precision.py",
-    "test_gpu_check.py",
     "test_recipes.py",
     "test_hf_examples.py",
     "test_ct2_fairseq.py",
