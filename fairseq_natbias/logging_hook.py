@@ -43,13 +43,9 @@ class BiasDivergenceHook:
         self.armed = due
         self._log_bias_now = self._log_bias_now or due
         try:
-            out = step()
+            loss, sample_size, logging_output = step()
         finally:
             self.armed = False
-        return self._with_sums(out)
-
-    def _with_sums(self, step_output):
-        loss, sample_size, logging_output = step_output
         # The same keys on every worker: fairseq's fast all-reduce stacks them key by key.
         logging_output.update(self._sums)
         self._sums = dict.fromkeys(SUM_KEYS, 0.0)

@@ -73,7 +73,8 @@ def _drop_natural_bias(model, stock_class: type) -> None:
 
 def _fold_gain(model, head, gain: float) -> None:
     """W phi g as W' phi or W phi', the head tied where it was."""
-    if not _is_shared(model, head.weight):
+    named = model.named_parameters(remove_duplicate=False)
+    if sum(1 for _, other in named if other is head.weight) == 1:
         fold_gain(head.weight, gain, in_place=True)
         return
     norm = _fold_into_norm(model, head, gain)
@@ -97,11 +98,6 @@ def _fold_gain(model, head, gain: float) -> None:
     head.weight = nn.Parameter(fold_gain(head.weight.detach(), gain))
     model.config.tie_word_embeddings = False
     model.all_tied_weights_keys = {}
-
-
-def _is_shared(model, parameter) -> bool:
-    named = model.named_parameters(remove_duplicate=False)
-    return sum(1 for _, other in named if other is parameter) > 1
 
 
 def _fold_into_norm(model, head, gain: float) -> Optional[str]:

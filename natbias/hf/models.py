@@ -197,33 +197,28 @@ def natural_bias_config_class(stock_config_class: type) -> type:
     ``natbias-<its model type>``."""
     if stock_config_class.model_type.startswith(TYPE_PREFIX):
         return stock_config_class
-    made = _MADE.get(stock_config_class)
-    if made is None:
-        made = _make(
-            stock_config_class,
-            (stock_config_class,),
-            {"model_type": TYPE_PREFIX + stock_config_class.model_type},
-        )
-    return made
+    attributes = {"model_type": TYPE_PREFIX + stock_config_class.model_type}
+    return _make(stock_config_class, (stock_config_class,), attributes)
 
 
 def natural_bias_class(stock_class: type) -> type:
     """``NaturalBias<X>`` for a transformers model class ``X``, made once."""
     if issubclass(stock_class, NaturalBiasModel):
         return stock_class
-    made = _MADE.get(stock_class)
-    if made is None:
-        config_class = natural_bias_config_class(stock_class.config_class)
-        attributes = {"config_class": config_class, "natbias_stock_class": stock_class}
-        made = _make(stock_class, (NaturalBiasModel, stock_class), attributes)
-        if stock_class.__name__ in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values():
-            # The Trainer shifts label_smoothing_factor's labels for the
-            # causal LMs this table names, as it does for the stock class.
-            MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[config_class.model_type] = made.__name__
+    config_class = natural_bias_config_class(stock_class.config_class)
+    attributes = {"config_class": config_class, "natbias_stock_class": stock_class}
+    made = _make(stock_class, (NaturalBiasModel, stock_class), attributes)
+    if stock_class.__name__ in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values():
+        # The Trainer shifts label_smoothing_factor's labels for the
+        # causal LMs this table names, as it does for the stock class.
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[config_class.model_type] = made.__name__
     return made
 
 
 def _make(stock: type, bases: tuple, attributes: dict) -> type:
+    """``NaturalBias<stock>``, made once."""
+    if stock in _MADE:
+        return _MADE[stock]
     name = CLASS_PREFIX + stock.__name__
     doc = f"{stock.__name__} with the natural bias (natbias.hf)."
     made = type(name, bases, {"__module__": __name__, "__doc__": doc, **attributes})
