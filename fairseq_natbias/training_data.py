@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from natbias import head
-from natbias.counts import binarised_index, check_counts, count_binarised
+from natbias.counts import binarised_index, check_counts, count_binarised, count_chunks
 from natbias.errors import NaturalBiasError
 from natbias.prior import DEFAULT_SMOOTHING, log_unigram
 
@@ -79,10 +79,7 @@ def count_split(split: Split, vocab_size: int, pairs=None) -> np.ndarray:
     if dataset is None:
         raise NaturalBiasError(f"could not read {split.prefix} as --dataset-impl {split.impl}")
     tokens = np.concatenate([np.asarray(dataset[i]) for i in range(len(dataset))] or [[]])
-    if pairs is not None:
-        pairs.start_stream()
-        pairs.add(tokens.astype(np.int64))
-    return np.bincount(tokens.astype(np.int64), minlength=vocab_size)
+    return count_chunks([tokens], vocab_size, split.prefix, pairs)
 
 
 def _sum_counts(splits, vocab_size, pairs=None) -> np.ndarray:

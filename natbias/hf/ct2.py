@@ -132,7 +132,10 @@ class NaturalBiasLoader:
     specification it made."""
 
     def __call__(self, model, tokenizer):
-        output = natural_bias_output(model)
+        gain = model.output_gain()  # g as a float, 1 without a gain
+        gain = 1.0 if gain is None else float(gain.detach().reshape(()))
+        cap = (model.natbias_logit_map or {}).get("softcap")  # None without one
+        bias = model.output_bias().detach().clone()
         try:
             spec = super().__call__(model, tokenizer)
         except (AttributeError, KeyError, ValueError, NotImplementedError) as error:
@@ -143,7 +146,7 @@ class NaturalBiasLoader:
                 f"{str(error).splitlines()[0] if str(error) else ''}), nor the stock "
                 "model: it cannot serve this family here"
             ) from error
-        place_natural_bias(spec, *output)
+        place_natural_bias(spec, bias, gain, cap)
         return spec
 
 
@@ -170,15 +173,6 @@ def check_servable(config, settings: dict) -> None:
             f"this Gemma 2 has {' and '.join(left_out)}, which CTranslate2 "
             f"{ctranslate2.__version__}'s Gemma2 loader leaves out: it cannot be served exactly"
         )
-
-
-def natural_bias_output(model):
-    """b (a copy), g (a float; 1 without a gain) and the logits' soft cap
-    (None without one) of a natural-bias model."""
-    gain = model.output_gain()
-    gain = 1.0 if gain is None else float(gain.detach().reshape(()))
-    cap = (model.natbias_logit_map or {}).get("softcap")
-    return model.output_bias().detach().clone(), gain, cap
 
 
 def place_natural_bias(spec, bias: torch.Tensor, gain: float, cap: Optional[float]) -> None:

@@ -17,7 +17,7 @@ from torch import nn
 
 from natbias.errors import NaturalBiasError
 from natbias.head import fold_gain
-from natbias.hf.logit_map import one_token_inputs
+from natbias.hf.logit_map import run_probe
 from natbias.hf.models import FINAL_LOGITS_BIAS, SETTINGS, NaturalBiasModel
 
 logger = logging.getLogger(__name__)
@@ -132,14 +132,11 @@ def _head_input_and_norm_outputs(model, head):
             if weight.numel() == head.in_features:
                 handles.append(module.register_forward_hook(_keep(outputs, name)))
     handles.append(head.register_forward_pre_hook(lambda m, args: captured.update(x=args[0])))
-    training = model.training
-    model.eval()
     try:
-        model(**one_token_inputs(model))
+        run_probe(model)
     finally:
         for handle in handles:
             handle.remove()
-        model.train(training)
     return captured["x"].detach(), outputs
 
 

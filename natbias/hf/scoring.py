@@ -20,6 +20,7 @@ from typing import Optional
 
 import numpy as np
 import torch
+from torch.nn.utils.rnn import pad_sequence
 
 from natbias.counts import count_ids, open_text, read_counts_file
 from natbias.errors import NaturalBiasError
@@ -86,13 +87,10 @@ def _log_probs(model, sequences: Sequence[Sequence[int]], batch_size: int):
     start = start_token(model)
     device = next(model.parameters()).device
     for first in range(0, len(sequences), batch_size):
-        chunk = [list(s) for s in sequences[first : first + batch_size]]
-        width = max(map(len, chunk))
-        target = torch.zeros((len(chunk), width), dtype=torch.long)
-        mask = torch.zeros((len(chunk), width), dtype=torch.bool)
-        for row, ids in enumerate(chunk):
-            target[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
-            mask[row, : len(ids)] = True
+        chunk = sequences[first : first + batch_size]
+        ids = [torch.tensor(list(s), dtype=torch.long) for s in chunk]
+        target = pad_sequence(ids, batch_first=True)
+        mask = torch.arange(target.shape[1]) < torch.tensor([len(s) for s in ids])[:, None]
         inputs = torch.cat([torch.full((len(chunk), 1), start), target[:, :-1]], dim=1)
         attention = torch.cat([torch.ones((len(chunk), 1), dtype=torch.long), mask[:, :-1]], 1)
         logits = model(input_ids=inputs.to(device), attention_mask=attention.to(device)).logits
