@@ -168,32 +168,28 @@ def target_language_tokens(task) -> dict:
 
 def _sampled_sentences(task, keys, sizes):
     """How many sentences the task draws from each pair in one pass over its
-    sampled data, by its own rules (None: concatenated, each sentence once)."""
+    sampled data, by its own rules and ratios (None: concatenated, each sentence once)."""
     from fairseq.data.multilingual.sampled_multi_dataset import default_virtual_size_func
 
-    ratios = _sampling_ratios(task, keys, sizes)
-    if ratios is None:
-        return None
+    args = task.args
+    if args.sampling_weights_from_file:
+        from fairseq.data.multilingual.multilingual_data_manager import load_sampling_weights
+
+        weights = load_sampling_weights(args.sampling_weights_from_file)
+        ratios = [weights[key] for key in keys]
+    elif args.sampling_weights:
+        ratios = [args.sampling_weights[key] for key in keys]
+    else:
+        sample = task.data_manager.sampling_method.sampling_method_selector()
+        if sample is None:
+            return None
+        ratios = sample(sizes)
     ratios = np.asarray(ratios, dtype=np.float64)
     total = task.args.virtual_data_size or default_virtual_size_func(
         [range(n) for n in sizes],
         ratios,  # fairseq's rule reads len() of each pair
     )
     return total * ratios / ratios.sum()
-
-
-def _sampling_ratios(task, keys, sizes):
-    """The task's own sampling ratios, by its own rules (None: concatenated)."""
-    args = task.args
-    if args.sampling_weights_from_file:
-        from fairseq.data.multilingual.multilingual_data_manager import load_sampling_weights
-
-        weights = load_sampling_weights(args.sampling_weights_from_file)
-        return [weights[key] for key in keys]
-    if args.sampling_weights:
-        return [args.sampling_weights[key] for key in keys]
-    sample = task.data_manager.sampling_method.sampling_method_selector()
-    return None if sample is None else sample(sizes)
 
 
 def count_multilingual_targets(task, split: str) -> tuple[np.ndarray, dict]:

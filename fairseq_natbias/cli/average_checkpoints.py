@@ -71,11 +71,8 @@ def last_checkpoints(folder, n, by_update, upper_bound=None):
             f"{'update' if by_update else 'epoch'}-checkpoints give "
             "--inputs the save dir holding the checkpoints"
         )
-    found = []
-    for name in os.listdir(folder):
-        match = pattern.fullmatch(name)
-        if match and (upper_bound is None or int(match[1]) <= upper_bound):
-            found.append((int(match[1]), name))
+    numbered = [(int(m[1]), m[0]) for m in map(pattern.fullmatch, os.listdir(folder)) if m]
+    found = [(k, name) for k, name in numbered if upper_bound is None or k <= upper_bound]
     if len(found) < n:
         raise AverageError(
             f"{folder} holds {len(found)} {kind} files{' up to ' + str(upper_bound) if upper_bound is not None else ''}, "

@@ -70,8 +70,11 @@ def measure_logit_map(model, name: str) -> Optional[dict]:
     z = torch.linspace(-16.0, 16.0, vocab_size, dtype=torch.float64)
     logits = logits_for_bias(model, z)
     tolerance = _tolerance(model, logits)
-    cap = _config_value(model.config, "final_logit_softcapping")
-    if cap:
+    config = model.config
+    cap = getattr(config, "final_logit_softcapping", None)
+    if cap is None and hasattr(config, "get_text_config"):
+        cap = getattr(config.get_text_config(), "final_logit_softcapping", None)
+    if isinstance(cap, (int, float)) and math.isfinite(cap) and cap:
         if (logits - cap * torch.tanh(z / cap)).abs().max() <= tolerance:
             return {"softcap": float(cap)}
     centred = z - z.mean()
@@ -169,10 +172,3 @@ def _first_in(config, keys, vocab_size: int, default: int) -> int:
 def _tolerance(model, logits: torch.Tensor) -> float:
     eps = torch.finfo(model.get_output_embeddings().weight.dtype).eps
     return 16 * eps * max(1.0, logits.abs().max().item())
-
-
-def _config_value(config, key: str):
-    value = getattr(config, key, None)
-    if value is None and hasattr(config, "get_text_config"):
-        value = getattr(config.get_text_config(), key, None)
-    return value if isinstance(value, (int, float)) and math.isfinite(value) else None

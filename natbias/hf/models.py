@@ -98,31 +98,28 @@ class NaturalBiasModel(KeepsFloat32):
         if FINAL_LOGITS_BIAS in self._buffers:
             self.natbias_slot = FINAL_LOGITS_BIAS
             del self._buffers[FINAL_LOGITS_BIAS]
-            self.natbias_initial_values[FINAL_LOGITS_BIAS] = bias.reshape(1, -1)
+            row = bias.reshape(1, -1)
+            self.natbias_initial_values[FINAL_LOGITS_BIAS] = row
             self.register_parameter(
-                FINAL_LOGITS_BIAS, nn.Parameter(bias.reshape(1, -1).to(weight.device, copy=True))
+                FINAL_LOGITS_BIAS, nn.Parameter(row.to(weight.device, copy=True))
             )
             bias = None  # added by the stock forward, through the property below
         else:
             self.natbias_slot = "head" if head.bias is not None else None
-        self.set_output_embeddings(
-            NaturalBiasProjection(
-                weight, bias, settings.get("gain_init"), settings.get("gain_speed")
-            )
+        head = NaturalBiasProjection(
+            weight, bias, settings.get("gain_init"), settings.get("gain_speed")
         )
-        self._replicate_gain_under_tensor_parallelism()
-        # log p of the training targets: for the statistics, the criterion and λ·b.
-        self.register_buffer("natbias_log_prior", log_prior.to(weight.device, copy=True))
-        self.natbias_logit_map = settings.get("logit_map")
-
-    def _replicate_gain_under_tensor_parallelism(self) -> None:
-        """transformers' tensor parallelism gives a module's style to each of
-        its parameters: the head's would split the one-entry gain by the
-        vocabulary. The gain is kept whole on every process instead."""
-        plan, head = getattr(self, "_tp_plan", None), self.get_output_embeddings()
+        self.set_output_embeddings(head)
+        # transformers' tensor parallelism gives a module's style to each of its
+        # parameters: the head's would split the one-entry gain by the vocabulary.
+        # The gain is kept whole on every process instead.
+        plan = getattr(self, "_tp_plan", None)
         names = [name for name, module in self.named_modules() if module is head]
         if plan and head.gain_speed is not None and names and names[0] in plan:
             plan[f"{names[0]}.gain_param"] = "replicate"
+        # log p of the training targets: for the statistics, the criterion and λ·b.
+        self.register_buffer("natbias_log_prior", log_prior.to(weight.device, copy=True))
+        self.natbias_logit_map = settings.get("logit_map")
 
     def _init_weights(self, module):
         """transformers' initialisation (``init_weights``, after ``to_empty``

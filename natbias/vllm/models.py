@@ -15,6 +15,8 @@ refused in one line saying why (:func:`refusal_of`), when vLLM looks it up.
 vLLM's private names are :mod:`natbias.vllm._compat`'s.
 """
 
+import functools
+
 import torch
 from torch import nn
 
@@ -69,16 +71,14 @@ class NaturalBiasLogits(HeadProduct):
         return logits + self.natbias_bias.to(logits.dtype)
 
 
-_LOGITS: dict = {}
+@functools.cache
+def _logits_class(stock: type) -> type:
+    return type(f"NaturalBias{stock.__name__}", (NaturalBiasLogits, stock), {})
 
 
 def natural_bias_logits(stock: nn.Module, head: nn.Module, own_bias: bool, gain_speed, dtype):
     """The stock ``LogitsProcessor`` made a natural-bias one, in place."""
-    made = _LOGITS.get(type(stock))
-    if made is None:
-        made = type(f"NaturalBias{type(stock).__name__}", (NaturalBiasLogits, type(stock)), {})
-        _LOGITS[type(stock)] = made
-    stock.__class__ = made
+    stock.__class__ = _logits_class(type(stock))
     stock.install(head, own_bias, gain_speed, dtype)
     return stock
 
@@ -195,20 +195,16 @@ def refusal_of(name: str):
 
 
 EXPORTABLE = {"PhiForCausalLM", "GPTJForCausalLM", "CodeGenForCausalLM"}
-_MADE: dict = {}
 
 
+@functools.cache
 def natural_bias_class(stock_name: str) -> type:
     """``NaturalBias<stock_name>`` over vLLM's class of that architecture
-    (served: :func:`refusal_of` has let it through)."""
-    made = _MADE.get(stock_name)
-    if made is None:
-        stock = load_model_class(stock_name)
-        name = CLASS_PREFIX + stock_name
-        doc = f"vLLM's {stock.__name__} with the natural bias (natbias.vllm)."
-        made = type(name, (NaturalBiasCausalLM, stock), {"__module__": __name__, "__doc__": doc})
-        _MADE[stock_name] = made
-    return made
+    (served: :func:`refusal_of` has let it through), made once."""
+    stock = load_model_class(stock_name)
+    doc = f"vLLM's {stock.__name__} with the natural bias (natbias.vllm)."
+    attributes = {"__module__": __name__, "__doc__": doc}
+    return type(CLASS_PREFIX + stock_name, (NaturalBiasCausalLM, stock), attributes)
 
 
 def register_architectures() -> None:
