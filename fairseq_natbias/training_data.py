@@ -9,6 +9,7 @@ uniformly within it, so each of pair i's n_i sentences counts S r_i / sum(r)
 for one pair.
 """
 
+import itertools
 import logging
 import os
 from dataclasses import dataclass
@@ -53,8 +54,7 @@ def find_splits(data: str, split: str, names) -> list[Split]:
 
     found = []
     for shard in [p for p in data.split(":") if p]:
-        k = 0
-        while True:
+        for k in itertools.count():
             split_k = split + (str(k) if k > 0 else "")
             existing = [
                 prefix
@@ -64,7 +64,6 @@ def find_splits(data: str, split: str, names) -> list[Split]:
             if not existing:
                 break
             found.append(Split(existing[0], indexed_dataset.infer_dataset_impl(existing[0])))
-            k += 1
     return found
 
 
@@ -121,10 +120,9 @@ def count_lm_targets(data, split, dictionary, cfg, pairs=None):
             f"`fairseq-preprocess --only-source` writes it, in {data!r}). "
             f"{NO_SPLIT_FIX}"
         )
-    output_size = getattr(cfg, "output_dictionary_size", -1)
-    output_size = (
-        output_size if output_size is not None and 0 <= output_size < len(dictionary) else None
-    )
+    output_size = getattr(cfg, "output_dictionary_size", None)
+    if output_size is not None and not 0 <= output_size < len(dictionary):
+        output_size = None
     if pairs is not None and output_size is not None:
         raise NaturalBiasError(
             f"--natbias-order 2 with --output-dictionary-size {output_size}: the "

@@ -83,13 +83,11 @@ def last_checkpoints(folder, n, by_update, upper_bound=None):
 
 
 def input_paths(args):
-    if args.checkpoint_upper_bound is not None and not (
-        args.num_epoch_checkpoints or args.num_update_checkpoints
-    ):
+    count = args.num_update_checkpoints or args.num_epoch_checkpoints
+    if args.checkpoint_upper_bound is not None and not count:
         raise AverageError(
             "--checkpoint-upper-bound needs --num-epoch-checkpoints or --num-update-checkpoints"
         )
-    count = args.num_update_checkpoints or args.num_epoch_checkpoints
     if count:
         if len(args.inputs) != 1:
             raise AverageError("with --num-*-checkpoints give --inputs one folder (the save dir)")

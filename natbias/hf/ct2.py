@@ -184,9 +184,7 @@ def place_natural_bias(spec, bias: torch.Tensor, gain: float, cap: Optional[floa
             f"CTranslate2's {type(spec).__name__} has no decoder output projection to "
             "hold b (or no soft cap for the logits): it cannot serve this model exactly"
         )
-    weight = projection.weight
-    if isinstance(weight, np.ndarray):
-        weight = torch.from_numpy(weight)
+    weight = torch.as_tensor(projection.weight)  # numpy's shared, not copied
     projection.weight = fold_gain(weight, gain)  # a new tensor: shared embeddings keep W
     # A loader may drop trailing rows it does not serve (Marian's <pad>).
     projection.bias = bias[: weight.shape[0]].to(weight.dtype)

@@ -52,23 +52,19 @@ def to_stock(model) -> nn.Module:
         linear.weight = head.weight
         if slot == "head":
             linear.bias = nn.Parameter(bias.to(dtype))
-    _drop_natural_bias(model, stock_class)
-    model.set_output_embeddings(linear)
-    if slot == FINAL_LOGITS_BIAS:
-        model.register_buffer(FINAL_LOGITS_BIAS, bias.reshape(1, -1).to(dtype))
-    return model
-
-
-def _drop_natural_bias(model, stock_class: type) -> None:
+    # The natural bias dropped: its parameter, prior, attributes and settings.
     model._parameters.pop(FINAL_LOGITS_BIAS, None)
     model._buffers.pop("natbias_log_prior", None)
     for name in ("natbias_slot", "natbias_logit_map"):
         model.__dict__.pop(name, None)
     model.__class__ = stock_class
-    config = model.config
-    config.__class__ = stock_class.config_class
-    config.__dict__.pop(SETTINGS, None)
-    config.architectures = [stock_class.__name__]
+    model.config.__class__ = stock_class.config_class
+    model.config.__dict__.pop(SETTINGS, None)
+    model.config.architectures = [stock_class.__name__]
+    model.set_output_embeddings(linear)
+    if slot == FINAL_LOGITS_BIAS:
+        model.register_buffer(FINAL_LOGITS_BIAS, bias.reshape(1, -1).to(dtype))
+    return model
 
 
 def _fold_gain(model, head, gain: float) -> None:
@@ -132,11 +128,7 @@ def _head_input_and_norm_outputs(model, head):
             if weight.numel() == head.in_features:
                 handles.append(module.register_forward_hook(_keep(outputs, name)))
     handles.append(head.register_forward_pre_hook(lambda m, args: captured.update(x=args[0])))
-    try:
-        run_probe(model)
-    finally:
-        for handle in handles:
-            handle.remove()
+    run_probe(model, *handles)
     return captured["x"].detach(), outputs
 
 

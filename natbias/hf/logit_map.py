@@ -115,17 +115,13 @@ def logits_for_bias(model, bias: torch.Tensor) -> torch.Tensor:
         device = "cpu" if output.device.type == "meta" else output.device
         return value.to(device, output.dtype).expand(output.shape).clone()
 
-    handle = head.register_forward_hook(replace)
-    try:
-        logits = run_probe(model)
-    finally:
-        handle.remove()
-    return logits[0, -1].double().cpu()
+    return run_probe(model, head.register_forward_hook(replace))[0, -1].double().cpu()
 
 
-def run_probe(model) -> torch.Tensor:
+def run_probe(model, *handles) -> torch.Tensor:
     """The logits of ``model`` on :func:`one_token_inputs`, in eval mode and
-    without gradients; a model that fails on them is refused in one line."""
+    without gradients; a model that fails on them is refused in one line.
+    ``handles``: hooks on its modules, removed once it has run."""
     training = model.training
     model.eval()
     try:
@@ -141,6 +137,8 @@ def run_probe(model) -> torch.Tensor:
         ) from error
     finally:
         model.train(training)
+        for handle in handles:
+            handle.remove()
 
 
 def one_token_inputs(model) -> dict:

@@ -54,13 +54,11 @@ def vocabulary_size(model) -> int:
 def check_same_vocabulary(first, second, paths: Sequence[str]) -> None:
     """``first``, ``second``: (model, tokenizer); refused unless they map text to the same ids."""
     (model_a, tok_a), (model_b, tok_b) = first, second
-    if (
-        vocabulary_size(model_a) != vocabulary_size(model_b)
-        or tok_a.get_vocab() != tok_b.get_vocab()
-    ):
+    size_a, size_b = vocabulary_size(model_a), vocabulary_size(model_b)
+    if size_a != size_b or tok_a.get_vocab() != tok_b.get_vocab():
         raise NaturalBiasError(
-            f"models of different dictionaries: {paths[0]} ({vocabulary_size(model_a)} "
-            f"outputs, {len(tok_a)} tokens) and {paths[1]} ({vocabulary_size(model_b)} outputs, "
+            f"models of different dictionaries: {paths[0]} ({size_a} "
+            f"outputs, {len(tok_a)} tokens) and {paths[1]} ({size_b} outputs, "
             f"{len(tok_b)} tokens), their tokenizers map text to other ids; compare models "
             "trained with one tokenizer"
         )
