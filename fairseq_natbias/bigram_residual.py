@@ -289,12 +289,10 @@ class BigramResidualDecoder:
         one), -1 where it is not known (padding; a language model's last)."""
         following = torch.full_like(prev_output_tokens, -1)
         following[:, :-1] = prev_output_tokens[:, 1:]
-        pad = self.padding_idx
-        real = prev_output_tokens != pad
-        ends = real & ((following == pad) | (following == -1))
-        following = torch.where(following == pad, -1, following)
-        if self.eos_ends_the_input:
-            following = torch.where(ends, self.dictionary.eos(), following)
+        following[following == self.padding_idx] = -1
+        real = prev_output_tokens != self.padding_idx
+        if self.eos_ends_the_input:  # a real token followed by nothing: the last
+            following = torch.where(real & (following == -1), self.dictionary.eos(), following)
         return torch.where(real, following, -1)
 
     def forward(self, prev_output_tokens, encoder_out=None, incremental_state=None, **kwargs):

@@ -76,9 +76,8 @@ def read_checkpoint(path: str) -> dict:
     since torch 1.6): tensors are read only when touched, so reading the
     configuration of a large checkpoint costs next to nothing."""
     require_file(path)
-    is_archive = zipfile.is_zipfile(path)
     try:
-        state = torch.load(path, map_location="cpu", mmap=is_archive)
+        state = torch.load(path, map_location="cpu", mmap=zipfile.is_zipfile(path))
     except Exception as error:  # unpickling a file that is no checkpoint fails in any way
         raise refusal(path, error) from None
     if not isinstance(state, dict):

@@ -39,9 +39,8 @@ class BiasDivergenceHook:
     def around_step(self, step, update_num):
         """``step()``, a training step (its ``update_num``) or a validation
         step (None), observed if due, with this hook's sums in its logging output."""
-        due = update_num is None or (update_num + 1) % self.stats_interval == 0
-        self.armed = due
-        self._log_bias_now = self._log_bias_now or due
+        self.armed = update_num is None or (update_num + 1) % self.stats_interval == 0
+        self._log_bias_now = self._log_bias_now or self.armed
         try:
             loss, sample_size, logging_output = step()
         finally:

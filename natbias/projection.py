@@ -127,9 +127,8 @@ class NaturalBiasProjection(KeepsFloat32, nn.Linear):
         self.initial_values = {"bias": bias, "gain_param": None}
         self.bias = self._parameter(bias)
         if self.gain_speed is not None:
-            initial_gain = torch.full(
-                (1,), head.initial_gain_param(gain_init, self.gain_speed), device="cpu"
-            )
+            u = head.initial_gain_param(gain_init, self.gain_speed)
+            initial_gain = torch.full((1,), u, device="cpu")
             self.initial_values["gain_param"] = initial_gain
             self.gain_param = self._parameter(initial_gain)
         # Set on the meta device; a forward before reset_parameters is refused.

@@ -34,8 +34,7 @@ def bias_statistics(
     if gain is not None:
         stats["gain"] = gain.item()
     if bias is not None:  # one row, or one per target language (their mean)
-        b = full(bias.detach()).float()
-        b = head.all_rows(b)
+        b = head.all_rows(full(bias.detach()).float())
         log_b = b.log_softmax(-1)
         log_u = head.all_rows(log_prior.to(b.device, torch.float32))
         kl = (log_b.exp() * (log_b - log_u)).sum(-1).mean() / LN2

@@ -110,20 +110,19 @@ def register_loader(config):
     configuration that cannot be served exactly is refused first."""
     check_servable(config, natural_bias_settings(config))
     name = type(config).__name__
-    loader = LOADERS.get(name)
-    if loader is None:
-        stock_name = type(config).__mro__[1].__name__
-        stock = LOADERS.get(stock_name)
-        if stock is None:
-            raise NaturalBiasError(
-                f"CTranslate2 {ctranslate2.__version__} has no loader for {stock_name} "
-                f"(ct2-transformers-converter cannot convert the stock model either), "
-                "so it cannot serve this model"
-            )
-        made = type(f"NaturalBias{type(stock).__name__}", (NaturalBiasLoader, type(stock)), {})
-        ct2_transformers.register_loader(name)(made)
-        loader = LOADERS[name]
-    return loader
+    if name in LOADERS:
+        return LOADERS[name]
+    stock_name = type(config).__mro__[1].__name__
+    stock = LOADERS.get(stock_name)
+    if stock is None:
+        raise NaturalBiasError(
+            f"CTranslate2 {ctranslate2.__version__} has no loader for {stock_name} "
+            f"(ct2-transformers-converter cannot convert the stock model either), "
+            "so it cannot serve this model"
+        )
+    made = type(f"NaturalBias{type(stock).__name__}", (NaturalBiasLoader, type(stock)), {})
+    ct2_transformers.register_loader(name)(made)
+    return LOADERS[name]
 
 
 class NaturalBiasLoader:

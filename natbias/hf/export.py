@@ -9,6 +9,7 @@ normalisation whose output the head reads (g phi exactly), which keeps the
 head tied; else the head is untied, with a warning.
 """
 
+import functools
 import logging
 from typing import Optional
 
@@ -122,19 +123,16 @@ def _head_input_and_norm_outputs(model, head):
     """The head's input on one token, and the outputs of the modules that
     could be a normalisation before it (a 1-d weight of the head's width)."""
     captured, outputs, handles = {}, {}, []
+    width = head.in_features
     for name, module in model.named_modules():
         weight = getattr(module, "weight", None)
-        if isinstance(weight, nn.Parameter) and weight.dim() == 1 and module is not head:
-            if weight.numel() == head.in_features:
-                handles.append(module.register_forward_hook(_keep(outputs, name)))
+        if isinstance(weight, nn.Parameter) and weight.shape == (width,) and module is not head:
+            handles.append(module.register_forward_hook(functools.partial(_keep, outputs, name)))
     handles.append(head.register_forward_pre_hook(lambda m, args: captured.update(x=args[0])))
     run_probe(model, *handles)
     return captured["x"].detach(), outputs
 
 
-def _keep(outputs: dict, name: str):
-    def hook(module, args, output):
-        if isinstance(output, torch.Tensor):
-            outputs[name] = output
-
-    return hook
+def _keep(outputs: dict, name: str, module, args, output) -> None:
+    if isinstance(output, torch.Tensor):
+        outputs[name] = output

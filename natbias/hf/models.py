@@ -229,9 +229,8 @@ def __getattr__(name: str):
     it in a process that has not made it yet."""
     import transformers
 
-    stock = None
-    if name.startswith(CLASS_PREFIX):
-        stock = getattr(transformers, name[len(CLASS_PREFIX) :], None)
+    prefixed = name.startswith(CLASS_PREFIX)
+    stock = getattr(transformers, name[len(CLASS_PREFIX) :], None) if prefixed else None
     if isinstance(stock, type):
         if issubclass(stock, PreTrainedModel):
             return natural_bias_class(stock)

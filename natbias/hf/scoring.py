@@ -51,19 +51,6 @@ def vocabulary_size(model) -> int:
     return model.get_output_embeddings().weight.shape[0]
 
 
-def check_same_vocabulary(first, second, paths: Sequence[str]) -> None:
-    """``first``, ``second``: (model, tokenizer); refused unless they map text to the same ids."""
-    (model_a, tok_a), (model_b, tok_b) = first, second
-    size_a, size_b = vocabulary_size(model_a), vocabulary_size(model_b)
-    if size_a != size_b or tok_a.get_vocab() != tok_b.get_vocab():
-        raise NaturalBiasError(
-            f"models of different dictionaries: {paths[0]} ({size_a} "
-            f"outputs, {len(tok_a)} tokens) and {paths[1]} ({size_b} outputs, "
-            f"{len(tok_b)} tokens), their tokenizers map text to other ids; compare models "
-            "trained with one tokenizer"
-        )
-
-
 def start_token(model) -> int:
     config = model.config
     start = config.bos_token_id if config.bos_token_id is not None else config.eos_token_id
@@ -153,7 +140,16 @@ def score_pair(args, progress):
         raise NaturalBiasError("transformers models need --text, the text to score")
     cuda = torch.cuda.is_available() and not args.cpu
     loaded = [load_causal_lm(path, cuda) for path in (args.baseline, args.model)]
-    check_same_vocabulary(*loaded, (args.baseline, args.model))
+    # Refused unless the two map text to the same ids.
+    (model_a, tok_a), (model_b, tok_b) = loaded
+    size_a, size_b = vocabulary_size(model_a), vocabulary_size(model_b)
+    if size_a != size_b or tok_a.get_vocab() != tok_b.get_vocab():
+        raise NaturalBiasError(
+            f"models of different dictionaries: {args.baseline} ({size_a} "
+            f"outputs, {len(tok_a)} tokens) and {args.model} ({size_b} outputs, "
+            f"{len(tok_b)} tokens), their tokenizers map text to other ids; compare models "
+            "trained with one tokenizer"
+        )
     model, tokenizer = loaded[0]
     counts = training_counts(model, tokenizer, args.counts, args.train_text)
     lines = [line for line in read_text_lines(args.text, "text, one sentence a line") if line]

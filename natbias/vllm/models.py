@@ -56,10 +56,6 @@ class NaturalBiasLogits(HeadProduct):
         self.natbias_gain_speed = gain_speed
         self.natbias_gain = None  # g, set once loaded
 
-    def set_gain(self) -> None:
-        # g in float32, as transformers computes it (cast to phi's dtype where used).
-        self.natbias_gain = head.gain(self.natbias_gain_param.float(), self.natbias_gain_speed)
-
     def head_product(self, product, hidden_states):
         if self.natbias_gain is not None:
             hidden_states = hidden_states * self.natbias_gain.to(hidden_states.dtype)
@@ -92,8 +88,7 @@ class NaturalBiasCausalLM:
 
     def __init__(self, *, vllm_config, prefix: str = "", **kwargs):
         super().__init__(vllm_config=vllm_config, prefix=prefix, **kwargs)
-        config = vllm_config.model_config.hf_config
-        settings = natural_bias_settings(config)
+        settings = natural_bias_settings(vllm_config.model_config.hf_config)
         head = _head(self)
         stock_bias = getattr(head, "bias", None) is not None  # GPT-J's: b is the stock bias
         natural_bias_logits(
@@ -125,9 +120,11 @@ class NaturalBiasCausalLM:
                     "(save_pretrained of a model given add_natural_bias)"
                 )
             param.weight_loader(param, kept[key].to(param.dtype))
-            loaded.add(_name(self, param))
-        if logits.natbias_gain_param is not None:
-            logits.set_gain()
+            loaded.add(next(name for name, p in self.named_parameters() if p is param))
+        if logits.natbias_gain_param is not None:  # g in float32, as transformers computes it
+            logits.natbias_gain = head.gain(
+                logits.natbias_gain_param.float(), logits.natbias_gain_speed
+            )
         return loaded
 
 
@@ -137,17 +134,10 @@ def _head(model: nn.Module) -> nn.Module:
     by the vocabulary alike."""
     from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
 
-    head = getattr(model, "lm_head", None)
-    if isinstance(head, VocabParallelEmbedding):
-        return head
-    for module in model.modules():
+    for module in (getattr(model, "lm_head", None), *model.modules()):
         if isinstance(module, VocabParallelEmbedding):
             return module
     raise NaturalBiasError(f"{type(model).__name__} has no vocabulary-parallel head in vLLM")
-
-
-def _name(model: nn.Module, param: nn.Parameter) -> str:
-    return next(name for name, p in model.named_parameters() if p is param)
 
 
 # Why a natural-bias generator is refused: vLLM's registry has no class for
