@@ -42,7 +42,8 @@ def _fairseq_checkpoint_globals():
     except ImportError:  # numpy 1.x
         from numpy.core.multiarray import _reconstruct
     dtypes = [
-        type(numpy.dtype(n)) for n in ("int32", "int64", "float32", "float64", "uint16", "bool")
+        type(numpy.dtype(name))
+        for name in ("int32", "int64", "float32", "float64", "uint16", "bool")
     ]
     value_nodes = [nodes.AnyNode, nodes.StringNode, nodes.IntegerNode, nodes.FloatNode]
     containers = [DictConfig, ListConfig, base.ContainerMetadata, base.Metadata]

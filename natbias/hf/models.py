@@ -98,10 +98,9 @@ class NaturalBiasModel(KeepsFloat32):
         if FINAL_LOGITS_BIAS in self._buffers:
             self.natbias_slot = FINAL_LOGITS_BIAS
             del self._buffers[FINAL_LOGITS_BIAS]
-            row = bias.reshape(1, -1)
-            self.natbias_initial_values[FINAL_LOGITS_BIAS] = row
+            self.natbias_initial_values[FINAL_LOGITS_BIAS] = bias.reshape(1, -1)
             self.register_parameter(
-                FINAL_LOGITS_BIAS, nn.Parameter(row.to(weight.device, copy=True))
+                FINAL_LOGITS_BIAS, nn.Parameter(bias.reshape(1, -1).to(weight.device, copy=True))
             )
             bias = None  # added by the stock forward, through the property below
         else:
