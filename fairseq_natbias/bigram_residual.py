@@ -107,24 +107,25 @@ class BigramResidual(KeepsFloat32):
         counts: Optional[torch.Tensor] = None,
     ):
         super().__init__()
-        self.register_buffer("indptr", indptr.to(torch.int64))
-        self.register_buffer("indices", indices.to(torch.int64))
-        self.register_buffer("values", values.to(torch.float32))
-        # c(v, y) per entry, for leaving each target out in training; empty
-        # after the prior is swapped (the text's counts are not the training's).
-        self.register_buffer("counts", _counts_or_empty(counts, indices))
         # beta, of shape (1,): FSDP shards no 0-d parameter (format 1 saved it 0-d).
         self.weight = nn.Parameter(torch.ones(1, dtype=torch.float32))
+        self._set_table(indptr, indices, values, counts, indices.device)
+
+    def _set_table(self, indptr, indices, values, counts, device) -> None:
+        self.register_buffer("indptr", indptr.to(device, torch.int64))
+        self.register_buffer("indices", indices.to(device, torch.int64))
+        self.register_buffer("values", values.to(device, torch.float32))
+        # c(v, y) per entry, for leaving each target out in training; empty
+        # after the prior is swapped (the text's counts are not the training's).
+        counts = torch.zeros(0) if counts is None else counts
+        self.register_buffer("counts", counts.to(device, torch.float32))
         self._split_dense_rows()
 
     @classmethod
     def placeholder(cls, vocab_size: int) -> "BigramResidual":
         """An empty table for a model whose checkpoint will fill it."""
-        return cls(
-            torch.zeros(vocab_size + 1, dtype=torch.int64),
-            torch.zeros(0, dtype=torch.int64),
-            torch.zeros(0),
-        )
+        empty = torch.zeros(0, dtype=torch.int64)
+        return cls(torch.zeros(vocab_size + 1, dtype=torch.int64), empty, empty)
 
     @property
     def vocab_size(self) -> int:
@@ -194,14 +195,7 @@ class BigramResidual(KeepsFloat32):
         dense_positions = torch.nonzero(dense_slot >= 0).flatten()
         if targets is not None and self.leaves_one_out:
             flat_index, values = self._leave_one_out(
-                rows,
-                targets.reshape(-1),
-                positions,
-                entries,
-                columns,
-                flat_index,
-                values,
-                dense_slot,
+                rows, targets, positions, entries, columns, flat_index, values, dense_slot
             )
         return _AddResidual.apply(
             logits,
@@ -220,6 +214,7 @@ class BigramResidual(KeepsFloat32):
         (module docstring), plus one correcting entry per position whose row
         is dense and holds its target. A sparse row's target entry is found
         among the entries already gathered, a dense row's in its dense counts."""
+        targets = targets.reshape(-1)
         is_target = columns == targets[positions]
         count = torch.zeros(len(rows), dtype=torch.float32, device=rows.device)
         count.index_add_(0, positions[is_target], self.counts[entries[is_target]])
@@ -253,12 +248,7 @@ class BigramResidual(KeepsFloat32):
             raise ValueError(
                 f"the new table has {len(indptr) - 1} rows, the model {self.vocab_size}"
             )
-        device = self.indptr.device
-        self.indptr = indptr.to(device, torch.int64)
-        self.indices = indices.to(device, torch.int64)
-        self.values = values.to(device, torch.float32)
-        self.counts = _counts_or_empty(counts, indices).to(device)
-        self._split_dense_rows()
+        self._set_table(indptr, indices, values, counts, self.indptr.device)
 
     # The table, its dense rows and beta stay float32 when the model is cast
     # to half; they only move device.
@@ -272,11 +262,9 @@ class BigramResidual(KeepsFloat32):
         # A placeholder table takes the saved one's size before it is copied;
         # the dense rows are derived again from what was loaded.
         for name in ("indices", "values", "counts"):
-            saved = state_dict.get(prefix + name)
-            if saved is not None and saved.shape != self._buffers[name].shape:
-                self._buffers[name] = torch.empty(
-                    saved.shape, dtype=self._buffers[name].dtype, device=self._buffers[name].device
-                )
+            saved, buffer = state_dict.get(prefix + name), self._buffers[name]
+            if saved is not None and saved.shape != buffer.shape:
+                self._buffers[name] = buffer.new_empty(saved.shape)
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
         self._split_dense_rows()
 
@@ -284,12 +272,6 @@ class BigramResidual(KeepsFloat32):
         return (
             f"rows={self.vocab_size}, pairs={len(self.indices)}, dense rows={len(self.dense_rows)}"
         )
-
-
-def _counts_or_empty(counts, indices):
-    if counts is None:
-        return torch.zeros(0, dtype=torch.float32, device=indices.device)
-    return counts.to(indices.device, torch.float32)
 
 
 class BigramResidualDecoder:
@@ -307,30 +289,15 @@ class BigramResidualDecoder:
         one), -1 where it is not known (padding; a language model's last)."""
         following = torch.full_like(prev_output_tokens, -1)
         following[:, :-1] = prev_output_tokens[:, 1:]
-        pad = self.padding_idx
-        real = prev_output_tokens != pad
-        ends = real & ((following == pad) | (following == -1))
-        following = torch.where(following == pad, -1, following)
-        if self.eos_ends_the_input:
-            following = torch.where(ends, self.dictionary.eos(), following)
+        following[following == self.padding_idx] = -1
+        real = prev_output_tokens != self.padding_idx
+        if self.eos_ends_the_input:  # a real token followed by nothing: the last
+            following = torch.where(real & (following == -1), self.dictionary.eos(), following)
         return torch.where(real, following, -1)
 
-    def forward(
-        self,
-        prev_output_tokens,
-        encoder_out=None,
-        incremental_state=None,
-        features_only: bool = False,
-        **kwargs,
-    ):
-        x, extra = super().forward(
-            prev_output_tokens,
-            encoder_out=encoder_out,
-            incremental_state=incremental_state,
-            features_only=features_only,
-            **kwargs,
-        )
-        if features_only:
+    def forward(self, prev_output_tokens, encoder_out=None, incremental_state=None, **kwargs):
+        x, extra = super().forward(prev_output_tokens, encoder_out, incremental_state, **kwargs)
+        if kwargs.get("features_only", False):
             return x, extra
         if incremental_state is not None:
             return self.bigram_residual(x, prev_output_tokens[:, -1:]), extra

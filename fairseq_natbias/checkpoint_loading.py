@@ -33,34 +33,27 @@ WEIGHTS_ONLY_HINT = (
 WRITTEN_BY_FAIRSEQ = "give a checkpoint_*.pt written by fairseq-train"
 
 
-def _numpy_array_globals():
+def _fairseq_checkpoint_globals():
+    from fairseq.distributed.utils import _TensorPlaceholder  # stands for each tensor sent apart
+    from omegaconf import DictConfig, ListConfig, base, nodes
+
     try:  # numpy >= 2
         from numpy._core.multiarray import _reconstruct
     except ImportError:  # numpy 1.x
         from numpy.core.multiarray import _reconstruct
-    dtype_classes = [
+    dtypes = [
         type(numpy.dtype(name))
         for name in ("int32", "int64", "float32", "float64", "uint16", "bool")
     ]
-    return [_reconstruct, numpy.ndarray, numpy.dtype, *dtype_classes]
-
-
-def _multi_rank_resume_globals():
-    from fairseq.distributed.utils import _TensorPlaceholder  # stands for each tensor sent apart
-    from omegaconf import DictConfig, ListConfig, base, nodes
-
     value_nodes = [nodes.AnyNode, nodes.StringNode, nodes.IntegerNode, nodes.FloatNode]
     containers = [DictConfig, ListConfig, base.ContainerMetadata, base.Metadata]
     # what those containers pickle besides themselves
     extra = [nodes.BooleanNode, typing.Any, dict, list, int, defaultdict, _TensorPlaceholder]
-    return [*containers, *value_nodes, *extra]
+    arrays = [_reconstruct, numpy.ndarray, numpy.dtype, *dtypes]
+    return [argparse.Namespace, *arrays, *containers, *value_nodes, *extra]
 
 
-FAIRSEQ_CHECKPOINT_GLOBALS = [
-    argparse.Namespace,
-    *_numpy_array_globals(),
-    *_multi_rank_resume_globals(),
-]
+FAIRSEQ_CHECKPOINT_GLOBALS = _fairseq_checkpoint_globals()
 
 if hasattr(torch.serialization, "add_safe_globals"):
     torch.serialization.add_safe_globals(FAIRSEQ_CHECKPOINT_GLOBALS)
@@ -84,9 +77,8 @@ def read_checkpoint(path: str) -> dict:
     since torch 1.6): tensors are read only when touched, so reading the
     configuration of a large checkpoint costs next to nothing."""
     require_file(path)
-    is_archive = zipfile.is_zipfile(path)
     try:
-        state = torch.load(path, map_location="cpu", mmap=is_archive)
+        state = torch.load(path, map_location="cpu", mmap=zipfile.is_zipfile(path))
     except Exception as error:  # unpickling a file that is no checkpoint fails in any way
         raise refusal(path, error) from None
     if not isinstance(state, dict):

@@ -47,7 +47,9 @@ class NaturalBiasFairseqConverter(FairseqConverter):
             spec = super()._load()
         finally:
             ARCH_MODEL_NAME_REGISTRY[arch] = name
-        g = saved_gain(read_checkpoint(self.checkpoint)["model"], saved)
+        state = read_checkpoint(self.checkpoint)["model"]
+        param = state.get("decoder.output_projection.gain_param")  # u; None without a gain
+        g = 1.0 if param is None else gain(param.float(), saved.natbias_gain_speed).item()
         spec.decoder.projection.weight = fold_gain(spec.decoder.projection.weight, g)
         return spec
 
@@ -57,11 +59,3 @@ def to_ctranslate2(model_path, output_dir, data_dir, quantization=None, **option
     the checkpoint file ``model_path`` (its dictionaries in ``data_dir``) written to ``output_dir``."""
     converter = NaturalBiasFairseqConverter(os.fspath(model_path), os.fspath(data_dir))
     return converter.convert(os.fspath(output_dir), quantization=quantization, **options)
-
-
-def saved_gain(model_state: dict, saved) -> float:
-    """g of a saved model; 1 without a gain."""
-    param = model_state.get("decoder.output_projection.gain_param")
-    if param is None:
-        return 1.0
-    return float(gain(param.float(), saved.natbias_gain_speed).reshape(()))

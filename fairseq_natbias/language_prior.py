@@ -49,8 +49,7 @@ def attach_language_prior(decoder, language_tokens: list) -> None:
             f"--natbias-prior per-language supports fairseq's transformer decoder, not "
             f"{type(decoder).__name__}: use --natbias-prior pooled"
         )
-    vocab = decoder.output_projection.out_features
-    token_rows = torch.zeros(vocab, dtype=torch.long)
+    token_rows = torch.zeros(decoder.output_projection.out_features, dtype=torch.long)
     token_rows[torch.tensor(language_tokens)] = torch.arange(1, len(language_tokens) + 1)
     decoder.__class__ = LanguagePriorDecoder
     decoder.register_buffer("token_rows", token_rows, persistent=False)

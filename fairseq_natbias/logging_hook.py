@@ -39,17 +39,12 @@ class BiasDivergenceHook:
     def around_step(self, step, update_num):
         """``step()``, a training step (its ``update_num``) or a validation
         step (None), observed if due, with this hook's sums in its logging output."""
-        due = update_num is None or (update_num + 1) % self.stats_interval == 0
-        self.armed = due
-        self._log_bias_now = self._log_bias_now or due
+        self.armed = update_num is None or (update_num + 1) % self.stats_interval == 0
+        self._log_bias_now = self._log_bias_now or self.armed
         try:
-            out = step()
+            loss, sample_size, logging_output = step()
         finally:
             self.armed = False
-        return self._with_sums(out)
-
-    def _with_sums(self, step_output):
-        loss, sample_size, logging_output = step_output
         # The same keys on every worker: fairseq's fast all-reduce stacks them key by key.
         logging_output.update(self._sums)
         self._sums = dict.fromkeys(SUM_KEYS, 0.0)

@@ -52,11 +52,9 @@ DEFAULTS = {
 def add_args(parser) -> None:
     # fairseq hands models its "Model-specific configuration" group; nesting a
     # group in it is deprecated (Python 3.11), so add to it directly.
-    group = (
-        parser
-        if isinstance(parser, argparse._ArgumentGroup)
-        else (parser.add_argument_group("natural bias (fairseq_natbias)"))
-    )
+    group = parser
+    if not isinstance(parser, argparse._ArgumentGroup):
+        group = parser.add_argument_group("natural bias (fairseq_natbias)")
     add = group.add_argument
     add(
         "--natbias-init",

@@ -15,6 +15,7 @@ from typing import Optional
 
 import numpy as np
 import torch
+from torch.nn.utils.rnn import pad_sequence
 
 from fairseq_natbias import checkpoint_loading, training_data
 from natbias.errors import NaturalBiasError
@@ -164,11 +165,8 @@ def sentence_log_probs(
     pad, eos = dictionary.pad(), dictionary.eos()
     with torch.no_grad():
         for start in range(0, len(sentences), batch_size):
-            chunk = [list(s) + [eos] for s in sentences[start : start + batch_size]]
-            width = max(map(len, chunk))
-            target = torch.full((len(chunk), width), pad, dtype=torch.long)
-            for row, ids in enumerate(chunk):
-                target[row, : len(ids)] = torch.tensor(ids)
+            chunk = [torch.tensor([*s, eos]) for s in sentences[start : start + batch_size]]
+            target = pad_sequence(chunk, batch_first=True, padding_value=pad)
             source = torch.cat([torch.full((len(chunk), 1), eos), target[:, :-1]], dim=1)
             source[source == pad] = eos  # after the sentence's end: never read for its tokens
             lengths = torch.tensor([len(ids) for ids in chunk])

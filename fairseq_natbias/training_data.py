@@ -9,6 +9,7 @@ uniformly within it, so each of pair i's n_i sentences counts S r_i / sum(r)
 for one pair.
 """
 
+import itertools
 import logging
 import os
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ import numpy as np
 import torch
 
 from natbias import head
-from natbias.counts import binarised_index, check_counts, count_binarised
+from natbias.counts import binarised_index, check_counts, count_binarised, count_chunks
 from natbias.errors import NaturalBiasError
 from natbias.prior import DEFAULT_SMOOTHING, log_unigram
 
@@ -53,8 +54,7 @@ def find_splits(data: str, split: str, names) -> list[Split]:
 
     found = []
     for shard in [p for p in data.split(":") if p]:
-        k = 0
-        while True:
+        for k in itertools.count():
             split_k = split + (str(k) if k > 0 else "")
             existing = [
                 prefix
@@ -64,7 +64,6 @@ def find_splits(data: str, split: str, names) -> list[Split]:
             if not existing:
                 break
             found.append(Split(existing[0], indexed_dataset.infer_dataset_impl(existing[0])))
-            k += 1
     return found
 
 
@@ -79,10 +78,7 @@ def count_split(split: Split, vocab_size: int, pairs=None) -> np.ndarray:
     if dataset is None:
         raise NaturalBiasError(f"could not read {split.prefix} as --dataset-impl {split.impl}")
     tokens = np.concatenate([np.asarray(dataset[i]) for i in range(len(dataset))] or [[]])
-    if pairs is not None:
-        pairs.start_stream()
-        pairs.add(tokens.astype(np.int64))
-    return np.bincount(tokens.astype(np.int64), minlength=vocab_size)
+    return count_chunks([tokens], vocab_size, split.prefix, pairs)
 
 
 def _sum_counts(splits, vocab_size, pairs=None) -> np.ndarray:
@@ -124,10 +120,9 @@ def count_lm_targets(data, split, dictionary, cfg, pairs=None):
             f"`fairseq-preprocess --only-source` writes it, in {data!r}). "
             f"{NO_SPLIT_FIX}"
         )
-    output_size = getattr(cfg, "output_dictionary_size", -1)
-    output_size = (
-        output_size if output_size is not None and 0 <= output_size < len(dictionary) else None
-    )
+    output_size = getattr(cfg, "output_dictionary_size", None)
+    if output_size is not None and not 0 <= output_size < len(dictionary):
+        output_size = None
     if pairs is not None and output_size is not None:
         raise NaturalBiasError(
             f"--natbias-order 2 with --output-dictionary-size {output_size}: the "
@@ -171,32 +166,28 @@ def target_language_tokens(task) -> dict:
 
 def _sampled_sentences(task, keys, sizes):
     """How many sentences the task draws from each pair in one pass over its
-    sampled data, by its own rules (None: concatenated, each sentence once)."""
+    sampled data, by its own rules and ratios (None: concatenated, each sentence once)."""
     from fairseq.data.multilingual.sampled_multi_dataset import default_virtual_size_func
 
-    ratios = _sampling_ratios(task, keys, sizes)
-    if ratios is None:
-        return None
+    args = task.args
+    if args.sampling_weights_from_file:
+        from fairseq.data.multilingual.multilingual_data_manager import load_sampling_weights
+
+        weights = load_sampling_weights(args.sampling_weights_from_file)
+        ratios = [weights[key] for key in keys]
+    elif args.sampling_weights:
+        ratios = [args.sampling_weights[key] for key in keys]
+    else:
+        sample = task.data_manager.sampling_method.sampling_method_selector()
+        if sample is None:
+            return None
+        ratios = sample(sizes)
     ratios = np.asarray(ratios, dtype=np.float64)
     total = task.args.virtual_data_size or default_virtual_size_func(
         [range(n) for n in sizes],
         ratios,  # fairseq's rule reads len() of each pair
     )
     return total * ratios / ratios.sum()
-
-
-def _sampling_ratios(task, keys, sizes):
-    """The task's own sampling ratios, by its own rules (None: concatenated)."""
-    args = task.args
-    if args.sampling_weights_from_file:
-        from fairseq.data.multilingual.multilingual_data_manager import load_sampling_weights
-
-        weights = load_sampling_weights(args.sampling_weights_from_file)
-        return [weights[key] for key in keys]
-    if args.sampling_weights:
-        return [args.sampling_weights[key] for key in keys]
-    sample = task.data_manager.sampling_method.sampling_method_selector()
-    return None if sample is None else sample(sizes)
 
 
 def count_multilingual_targets(task, split: str) -> tuple[np.ndarray, dict]:

@@ -38,18 +38,11 @@ class TransformerLanguageModelNatbias(natural_bias.NaturalBiasModel, Transformer
 def _dataclass_defaults(args):
     """Fill what a preset left unset with TransformerLanguageModelConfig's own
     defaults (not the ``${task...}`` ones: those options come from the task)."""
-    for field in dataclasses.fields(TransformerLanguageModelConfig):
-        if getattr(args, field.name, None) is not None:
-            continue
-        if field.default is not dataclasses.MISSING:
-            default = field.default
-        elif field.default_factory is not dataclasses.MISSING:
-            default = field.default_factory()
-        else:
-            continue
-        if isinstance(default, str) and default.startswith("${"):
-            continue
-        setattr(args, field.name, default)
+    defaults = TransformerLanguageModelConfig()
+    for field in dataclasses.fields(defaults):
+        default = getattr(defaults, field.name)
+        if getattr(args, field.name, None) is None and not str(default).startswith("${"):
+            setattr(args, field.name, default)
 
 
 def _natbias_lm(args, fairseq_preset):

@@ -98,10 +98,9 @@ class UnigramRegularizedCrossEntropyCriterion(TargetUnigramCriterion):
     ):
         args = (sentence_avg, label_smoothing, train_subset, ignore_prefix_size, report_accuracy)
         super().__init__(task, *args)
-        self.weight, self.reg_updates = _check_options(
+        self.weight, self.reg_updates, self.clamp = _check_options(
             unigram_reg_weight, unigram_reg_updates, unigram_reg_clamp
         )
-        self.clamp = float(unigram_reg_clamp)
         self.num_updates = 0
         self._pending = None
         # Told the update number before each step, prepared when an epoch begins.
@@ -213,4 +212,4 @@ def _check_options(weight, updates, clamp):
             f"--unigram-reg-clamp must be > 0 (a multiple of ln|V|; inf for no "
             f"bound), got {clamp!r}"
         )
-    return float(weight), int(updates)
+    return float(weight), int(updates), float(clamp)

@@ -65,9 +65,7 @@ class PairCounter:
         if tokens.size == 0:
             return
         tokens = tokens.astype(np.int64, copy=False)
-        previous = np.empty_like(tokens)
-        previous[0] = self._previous
-        previous[1:] = tokens[:-1]
+        previous = np.concatenate(([self._previous], tokens[:-1]))
         self._previous = int(tokens[-1])
         keys, counts = np.unique(previous * self.vocab_size + tokens, return_counts=True)
         self._pending.append((keys, counts))

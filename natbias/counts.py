@@ -45,10 +45,10 @@ def count_ids(
     id sequences (lists, numpy arrays, torch tensors) or one array. Ids in
     ``ignore`` are skipped; any other id outside ``[0, vocab_size)`` is refused."""
     kept = (c[~np.isin(c, ignore)] if len(ignore) else c for c in _chunks_of(sequences))
-    return _count_chunks(kept, vocab_size, "the token ids")
+    return count_chunks(kept, vocab_size, "the token ids")
 
 
-def _count_chunks(chunks, vocab_size: int, where: str, pairs=None) -> np.ndarray:
+def count_chunks(chunks, vocab_size: int, where: str, pairs=None) -> np.ndarray:
     """Counts of the ids of all ``chunks``; ``pairs`` (a :class:`natbias.bigram.PairCounter`)
     counts each token's pair with the one before it in the same pass."""
     counts = np.zeros(vocab_size, dtype=np.int64)
@@ -156,7 +156,7 @@ def count_binarised(prefix: str, vocab_size: int, pairs=None) -> np.ndarray:
     """Token counts of one binarised split (``PREFIX.bin`` / ``PREFIX.idx``);
     with ``pairs`` (a :class:`natbias.bigram.PairCounter`) the same pass counts
     each token's pair with the one before it."""
-    return _count_chunks(binarised_tokens(prefix), vocab_size, prefix + ".bin", pairs)
+    return count_chunks(binarised_tokens(prefix), vocab_size, prefix + ".bin", pairs)
 
 
 # --- text and counts files ----------------------------------------------------
@@ -174,7 +174,7 @@ def count_text(
     ending in ``eos`` (as fairseq binarises it); ``index_of`` maps a piece to
     its id (the unknown id for pieces outside the vocabulary)."""
     ids = ([index_of(token) for token in line.split()] + [eos] for line in lines)
-    return _count_chunks(_chunks_of(ids), vocab_size, "the text", pairs)
+    return count_chunks(_chunks_of(ids), vocab_size, "the text", pairs)
 
 
 def write_counts_file(path: str, symbols: Sequence[str], counts: Sequence[int]) -> None:

@@ -53,16 +53,8 @@ class KeepsFloat32(nn.Module):
     def _apply(self, fn, *args, **kwargs):
         if fn(torch.empty(0)).dtype == torch.float32:  # not a cast: a move, to_empty, ...
             return super()._apply(fn, *args, **kwargs)
-        kept = {
-            name: self._parameters.pop(name)
-            for name in self.float32_parameters
-            if self._parameters.get(name) is not None
-        }
-        buffers = {
-            name: self._buffers.pop(name)
-            for name in self.float32_buffers
-            if self._buffers.get(name) is not None
-        }
+        kept = _take(self._parameters, self.float32_parameters)
+        buffers = _take(self._buffers, self.float32_buffers)
         try:
             module = super()._apply(fn, *args, **kwargs)
         finally:
@@ -73,6 +65,11 @@ class KeepsFloat32(nn.Module):
             for name, buffer in buffers.items():
                 self._buffers[name] = buffer.to(device=device, dtype=torch.float32)
         return module
+
+
+def _take(entries: dict, names) -> dict:
+    """The named entries that are set, taken out of ``entries``."""
+    return {name: entries.pop(name) for name in names if entries.get(name) is not None}
 
 
 class _ScaleByGain(torch.autograd.Function):
@@ -130,9 +127,8 @@ class NaturalBiasProjection(KeepsFloat32, nn.Linear):
         self.initial_values = {"bias": bias, "gain_param": None}
         self.bias = self._parameter(bias)
         if self.gain_speed is not None:
-            initial_gain = torch.full(
-                (1,), head.initial_gain_param(gain_init, self.gain_speed), device="cpu"
-            )
+            u = head.initial_gain_param(gain_init, self.gain_speed)
+            initial_gain = torch.full((1,), u, device="cpu")
             self.initial_values["gain_param"] = initial_gain
             self.gain_param = self._parameter(initial_gain)
         # Set on the meta device; a forward before reset_parameters is refused.

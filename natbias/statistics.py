@@ -34,8 +34,7 @@ def bias_statistics(
     if gain is not None:
         stats["gain"] = gain.item()
     if bias is not None:  # one row, or one per target language (their mean)
-        b = full(bias.detach()).float()
-        b = head.all_rows(b)
+        b = head.all_rows(full(bias.detach()).float())
         log_b = b.log_softmax(-1)
         log_u = head.all_rows(log_prior.to(b.device, torch.float32))
         kl = (log_b.exp() * (log_b - log_u)).sum(-1).mean() / LN2
@@ -64,7 +63,9 @@ def divergence_sums(
     log_p = log_probs.detach().reshape(-1, vocab)
     weights = mask.reshape(-1)
     log_u = head.all_rows(log_prior.to(log_p.device, torch.float32)).T  # (|V|, rows)
-    prior_rows = None if prior_rows is None else prior_rows.reshape(-1, 1)
+    if prior_rows is None:  # one prior: row 0 at every position
+        prior_rows = torch.zeros(log_p.size(0), dtype=torch.long, device=log_p.device)
+    prior_rows = prior_rows.reshape(-1, 1)
     rows = max(1, chunk_elements // vocab)
     kl_unigram = kl_uniform = log_p.new_zeros((), dtype=torch.float32)
     for start in range(0, log_p.size(0), rows):
@@ -72,12 +73,7 @@ def divergence_sums(
         p = chunk.exp()
         neg_entropy = (p * chunk).sum(-1)
         w = weights[start : start + rows].to(torch.float32)
-        cross = torch.matmul(p, log_u)
-        cross = (
-            cross[:, 0]
-            if prior_rows is None
-            else cross.gather(1, prior_rows[start : start + rows])[:, 0]
-        )
+        cross = torch.matmul(p, log_u).gather(1, prior_rows[start : start + rows])[:, 0]
         kl_unigram = kl_unigram + ((neg_entropy - cross) * w).sum()
         kl_uniform = kl_uniform + ((neg_entropy + math.log(vocab)) * w).sum()
     return kl_unigram, kl_uniform, weights.sum().to(torch.float32)

@@ -19,6 +19,8 @@ import sys
 from natbias.errors import NaturalBiasError
 
 PROG = "natbias-average-checkpoints"
+# The files --num-epoch-checkpoints and --num-update-checkpoints average.
+NUMBERED = {"epoch": "checkpoint<epoch>.pt", "update": "checkpoint_<epoch>_<update>.pt"}
 
 
 class AverageError(NaturalBiasError):
@@ -40,18 +42,9 @@ def build_parser():
         "--output", required=True, metavar="FILE", help="where the averaged checkpoint is written"
     )
     count = parser.add_mutually_exclusive_group()
-    count.add_argument(
-        "--num-epoch-checkpoints",
-        type=int,
-        metavar="N",
-        help="average the last N checkpoint<epoch>.pt of the folder --inputs",
-    )
-    count.add_argument(
-        "--num-update-checkpoints",
-        type=int,
-        metavar="N",
-        help="average the last N checkpoint_<epoch>_<update>.pt of the folder --inputs",
-    )
+    for kind, files in NUMBERED.items():
+        text = f"average the last N {files} of the folder --inputs"
+        count.add_argument(f"--num-{kind}-checkpoints", type=int, metavar="N", help=text)
     parser.add_argument(
         "--checkpoint-upper-bound",
         type=int,
@@ -64,18 +57,15 @@ def build_parser():
 def last_checkpoints(folder, n, by_update, upper_bound=None):
     """The newest ``n`` epoch (or update) checkpoints in ``folder``, newest first."""
     pattern = re.compile(r"checkpoint_\d+_(\d+)\.pt" if by_update else r"checkpoint(\d+)\.pt")
-    kind = "checkpoint_<epoch>_<update>.pt" if by_update else "checkpoint<epoch>.pt"
+    kind = NUMBERED["update" if by_update else "epoch"]
     if not os.path.isdir(folder):
         raise AverageError(
             f"{folder} is not a folder: with --num-"
             f"{'update' if by_update else 'epoch'}-checkpoints give "
             "--inputs the save dir holding the checkpoints"
         )
-    found = []
-    for name in os.listdir(folder):
-        match = pattern.fullmatch(name)
-        if match and (upper_bound is None or int(match[1]) <= upper_bound):
-            found.append((int(match[1]), name))
+    numbered = [(int(m[1]), m[0]) for m in map(pattern.fullmatch, os.listdir(folder)) if m]
+    found = [(k, name) for k, name in numbered if upper_bound is None or k <= upper_bound]
     if len(found) < n:
         raise AverageError(
             f"{folder} holds {len(found)} {kind} files{' up to ' + str(upper_bound) if upper_bound is not None else ''}, "
@@ -86,13 +76,11 @@ def last_checkpoints(folder, n, by_update, upper_bound=None):
 
 
 def input_paths(args):
-    if args.checkpoint_upper_bound is not None and not (
-        args.num_epoch_checkpoints or args.num_update_checkpoints
-    ):
+    count = args.num_update_checkpoints or args.num_epoch_checkpoints
+    if args.checkpoint_upper_bound is not None and not count:
         raise AverageError(
             "--checkpoint-upper-bound needs --num-epoch-checkpoints or --num-update-checkpoints"
         )
-    count = args.num_update_checkpoints or args.num_epoch_checkpoints
     if count:
         if len(args.inputs) != 1:
             raise AverageError("with --num-*-checkpoints give --inputs one folder (the save dir)")

@@ -66,17 +66,6 @@ def count_text_files(paths, dictionary):
     return counts
 
 
-def check_target_dictionary(dictionary, args):
-    """With --data the ids counted are those of that directory's target
-    dictionary: a --dict with other symbols would mislabel them."""
-    own = os.path.join(args.data, f"dict.{args.target_lang}.txt")
-    if os.path.isfile(own) and load_dictionary(own).symbols != dictionary.symbols:
-        raise NaturalBiasError(
-            f"--dict {args.dict} is not the target dictionary of {args.data} "
-            f"({own} holds other symbols); give --dict {own}"
-        )
-
-
 def main(argv=None):
     args = build_parser().parse_args(argv)
     try:
@@ -86,7 +75,14 @@ def main(argv=None):
         else:
             if not (args.source_lang and args.target_lang):
                 raise NaturalBiasError("--data needs --source-lang and --target-lang")
-            check_target_dictionary(dictionary, args)
+            # The ids counted are those of the directory's target dictionary:
+            # a --dict with other symbols would mislabel them.
+            own = os.path.join(args.data, f"dict.{args.target_lang}.txt")
+            if os.path.isfile(own) and load_dictionary(own).symbols != dictionary.symbols:
+                raise NaturalBiasError(
+                    f"--dict {args.dict} is not the target dictionary of {args.data} "
+                    f"({own} holds other symbols); give --dict {own}"
+                )
             counts = count_translation_targets(
                 args.data, args.split, args.source_lang, args.target_lang, len(dictionary)
             )

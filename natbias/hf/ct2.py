@@ -110,20 +110,19 @@ def register_loader(config):
     configuration that cannot be served exactly is refused first."""
     check_servable(config, natural_bias_settings(config))
     name = type(config).__name__
-    loader = LOADERS.get(name)
-    if loader is None:
-        stock_name = type(config).__mro__[1].__name__
-        stock = LOADERS.get(stock_name)
-        if stock is None:
-            raise NaturalBiasError(
-                f"CTranslate2 {ctranslate2.__version__} has no loader for {stock_name} "
-                f"(ct2-transformers-converter cannot convert the stock model either), "
-                "so it cannot serve this model"
-            )
-        made = type(f"NaturalBias{type(stock).__name__}", (NaturalBiasLoader, type(stock)), {})
-        ct2_transformers.register_loader(name)(made)
-        loader = LOADERS[name]
-    return loader
+    if name in LOADERS:
+        return LOADERS[name]
+    stock_name = type(config).__mro__[1].__name__
+    stock = LOADERS.get(stock_name)
+    if stock is None:
+        raise NaturalBiasError(
+            f"CTranslate2 {ctranslate2.__version__} has no loader for {stock_name} "
+            f"(ct2-transformers-converter cannot convert the stock model either), "
+            "so it cannot serve this model"
+        )
+    made = type(f"NaturalBias{type(stock).__name__}", (NaturalBiasLoader, type(stock)), {})
+    ct2_transformers.register_loader(name)(made)
+    return LOADERS[name]
 
 
 class NaturalBiasLoader:
@@ -132,7 +131,10 @@ class NaturalBiasLoader:
     specification it made."""
 
     def __call__(self, model, tokenizer):
-        output = natural_bias_output(model)
+        gain = model.output_gain()  # g as a float, 1 without a gain
+        gain = 1.0 if gain is None else float(gain.detach().reshape(()))
+        cap = (model.natbias_logit_map or {}).get("softcap")  # None without one
+        bias = model.output_bias().detach().clone()
         try:
             spec = super().__call__(model, tokenizer)
         except (AttributeError, KeyError, ValueError, NotImplementedError) as error:
@@ -143,7 +145,7 @@ class NaturalBiasLoader:
                 f"{str(error).splitlines()[0] if str(error) else ''}), nor the stock "
                 "model: it cannot serve this family here"
             ) from error
-        place_natural_bias(spec, *output)
+        place_natural_bias(spec, bias, gain, cap)
         return spec
 
 
@@ -172,15 +174,6 @@ def check_servable(config, settings: dict) -> None:
         )
 
 
-def natural_bias_output(model):
-    """b (a copy), g (a float; 1 without a gain) and the logits' soft cap
-    (None without one) of a natural-bias model."""
-    gain = model.output_gain()
-    gain = 1.0 if gain is None else float(gain.detach().reshape(()))
-    cap = (model.natbias_logit_map or {}).get("softcap")
-    return model.output_bias().detach().clone(), gain, cap
-
-
 def place_natural_bias(spec, bias: torch.Tensor, gain: float, cap: Optional[float]) -> None:
     """The decoder's output projection made ``g W phi + b`` (then capped)."""
     decoder = getattr(spec, "decoder", None)
@@ -190,9 +183,7 @@ def place_natural_bias(spec, bias: torch.Tensor, gain: float, cap: Optional[floa
             f"CTranslate2's {type(spec).__name__} has no decoder output projection to "
             "hold b (or no soft cap for the logits): it cannot serve this model exactly"
         )
-    weight = projection.weight
-    if isinstance(weight, np.ndarray):
-        weight = torch.from_numpy(weight)
+    weight = torch.as_tensor(projection.weight)  # numpy's shared, not copied
     projection.weight = fold_gain(weight, gain)  # a new tensor: shared embeddings keep W
     # A loader may drop trailing rows it does not serve (Marian's <pad>).
     projection.bias = bias[: weight.shape[0]].to(weight.dtype)

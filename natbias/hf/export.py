@@ -9,6 +9,7 @@ normalisation whose output the head reads (g phi exactly), which keeps the
 head tied; else the head is untied, with a warning.
 """
 
+import functools
 import logging
 from typing import Optional
 
@@ -17,7 +18,7 @@ from torch import nn
 
 from natbias.errors import NaturalBiasError
 from natbias.head import fold_gain
-from natbias.hf.logit_map import one_token_inputs
+from natbias.hf.logit_map import run_probe
 from natbias.hf.models import FINAL_LOGITS_BIAS, SETTINGS, NaturalBiasModel
 
 logger = logging.getLogger(__name__)
@@ -52,28 +53,25 @@ def to_stock(model) -> nn.Module:
         linear.weight = head.weight
         if slot == "head":
             linear.bias = nn.Parameter(bias.to(dtype))
-    _drop_natural_bias(model, stock_class)
+    # The natural bias dropped: its parameter, prior, attributes and settings.
+    model._parameters.pop(FINAL_LOGITS_BIAS, None)
+    model._buffers.pop("natbias_log_prior", None)
+    for name in ("natbias_slot", "natbias_logit_map"):
+        model.__dict__.pop(name, None)
+    model.__class__ = stock_class
+    model.config.__class__ = stock_class.config_class
+    model.config.__dict__.pop(SETTINGS, None)
+    model.config.architectures = [stock_class.__name__]
     model.set_output_embeddings(linear)
     if slot == FINAL_LOGITS_BIAS:
         model.register_buffer(FINAL_LOGITS_BIAS, bias.reshape(1, -1).to(dtype))
     return model
 
 
-def _drop_natural_bias(model, stock_class: type) -> None:
-    model._parameters.pop(FINAL_LOGITS_BIAS, None)
-    model._buffers.pop("natbias_log_prior", None)
-    for name in ("natbias_slot", "natbias_logit_map"):
-        model.__dict__.pop(name, None)
-    model.__class__ = stock_class
-    config = model.config
-    config.__class__ = stock_class.config_class
-    config.__dict__.pop(SETTINGS, None)
-    config.architectures = [stock_class.__name__]
-
-
 def _fold_gain(model, head, gain: float) -> None:
     """W phi g as W' phi or W phi', the head tied where it was."""
-    if not _is_shared(model, head.weight):
+    named = model.named_parameters(remove_duplicate=False)
+    if sum(1 for _, other in named if other is head.weight) == 1:
         fold_gain(head.weight, gain, in_place=True)
         return
     norm = _fold_into_norm(model, head, gain)
@@ -97,11 +95,6 @@ def _fold_gain(model, head, gain: float) -> None:
     head.weight = nn.Parameter(fold_gain(head.weight.detach(), gain))
     model.config.tie_word_embeddings = False
     model.all_tied_weights_keys = {}
-
-
-def _is_shared(model, parameter) -> bool:
-    named = model.named_parameters(remove_duplicate=False)
-    return sum(1 for _, other in named if other is parameter) > 1
 
 
 def _fold_into_norm(model, head, gain: float) -> Optional[str]:
@@ -130,26 +123,16 @@ def _head_input_and_norm_outputs(model, head):
     """The head's input on one token, and the outputs of the modules that
     could be a normalisation before it (a 1-d weight of the head's width)."""
     captured, outputs, handles = {}, {}, []
+    width = head.in_features
     for name, module in model.named_modules():
         weight = getattr(module, "weight", None)
-        if isinstance(weight, nn.Parameter) and weight.dim() == 1 and module is not head:
-            if weight.numel() == head.in_features:
-                handles.append(module.register_forward_hook(_keep(outputs, name)))
+        if isinstance(weight, nn.Parameter) and weight.shape == (width,) and module is not head:
+            handles.append(module.register_forward_hook(functools.partial(_keep, outputs, name)))
     handles.append(head.register_forward_pre_hook(lambda m, args: captured.update(x=args[0])))
-    training = model.training
-    model.eval()
-    try:
-        model(**one_token_inputs(model))
-    finally:
-        for handle in handles:
-            handle.remove()
-        model.train(training)
+    run_probe(model, *handles)
     return captured["x"].detach(), outputs
 
 
-def _keep(outputs: dict, name: str):
-    def hook(module, args, output):
-        if isinstance(output, torch.Tensor):
-            outputs[name] = output
-
-    return hook
+def _keep(outputs: dict, name: str, module, args, output) -> None:
+    if isinstance(output, torch.Tensor):
+        outputs[name] = output

@@ -55,11 +55,7 @@ def contextual_scale(model, logit_map: Optional[dict] = None) -> Optional[float]
     if head.weight.is_meta:
         return None
     features = []
-    handle = head.register_forward_pre_hook(lambda module, args: features.append(args[:1]))
-    try:
-        run_probe(model)
-    finally:
-        handle.remove()
+    run_probe(model, head.register_forward_pre_hook(lambda module, args: features.append(args[:1])))
     if not features or not features[-1]:  # the head never ran, or took phi by keyword
         return None
     phi = features[-1][0]

@@ -70,8 +70,11 @@ def measure_logit_map(model, name: str) -> Optional[dict]:
     z = torch.linspace(-16.0, 16.0, vocab_size, dtype=torch.float64)
     logits = logits_for_bias(model, z)
     tolerance = _tolerance(model, logits)
-    cap = _config_value(model.config, "final_logit_softcapping")
-    if cap:
+    config = model.config
+    cap = getattr(config, "final_logit_softcapping", None)
+    if cap is None and hasattr(config, "get_text_config"):
+        cap = getattr(config.get_text_config(), "final_logit_softcapping", None)
+    if isinstance(cap, (int, float)) and math.isfinite(cap) and cap:
         if (logits - cap * torch.tanh(z / cap)).abs().max() <= tolerance:
             return {"softcap": float(cap)}
     centred = z - z.mean()
@@ -112,17 +115,13 @@ def logits_for_bias(model, bias: torch.Tensor) -> torch.Tensor:
         device = "cpu" if output.device.type == "meta" else output.device
         return value.to(device, output.dtype).expand(output.shape).clone()
 
-    handle = head.register_forward_hook(replace)
-    try:
-        logits = run_probe(model)
-    finally:
-        handle.remove()
-    return logits[0, -1].double().cpu()
+    return run_probe(model, head.register_forward_hook(replace))[0, -1].double().cpu()
 
 
-def run_probe(model) -> torch.Tensor:
+def run_probe(model, *handles) -> torch.Tensor:
     """The logits of ``model`` on :func:`one_token_inputs`, in eval mode and
-    without gradients; a model that fails on them is refused in one line."""
+    without gradients; a model that fails on them is refused in one line.
+    ``handles``: hooks on its modules, removed once it has run."""
     training = model.training
     model.eval()
     try:
@@ -138,6 +137,8 @@ def run_probe(model) -> torch.Tensor:
         ) from error
     finally:
         model.train(training)
+        for handle in handles:
+            handle.remove()
 
 
 def one_token_inputs(model) -> dict:
@@ -169,10 +170,3 @@ def _first_in(config, keys, vocab_size: int, default: int) -> int:
 def _tolerance(model, logits: torch.Tensor) -> float:
     eps = torch.finfo(model.get_output_embeddings().weight.dtype).eps
     return 16 * eps * max(1.0, logits.abs().max().item())
-
-
-def _config_value(config, key: str):
-    value = getattr(config, key, None)
-    if value is None and hasattr(config, "get_text_config"):
-        value = getattr(config.get_text_config(), key, None)
-    return value if isinstance(value, (int, float)) and math.isfinite(value) else None

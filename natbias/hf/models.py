@@ -105,24 +105,20 @@ class NaturalBiasModel(KeepsFloat32):
             bias = None  # added by the stock forward, through the property below
         else:
             self.natbias_slot = "head" if head.bias is not None else None
-        self.set_output_embeddings(
-            NaturalBiasProjection(
-                weight, bias, settings.get("gain_init"), settings.get("gain_speed")
-            )
+        head = NaturalBiasProjection(
+            weight, bias, settings.get("gain_init"), settings.get("gain_speed")
         )
-        self._replicate_gain_under_tensor_parallelism()
-        # log p of the training targets: for the statistics, the criterion and λ·b.
-        self.register_buffer("natbias_log_prior", log_prior.to(weight.device, copy=True))
-        self.natbias_logit_map = settings.get("logit_map")
-
-    def _replicate_gain_under_tensor_parallelism(self) -> None:
-        """transformers' tensor parallelism gives a module's style to each of
-        its parameters: the head's would split the one-entry gain by the
-        vocabulary. The gain is kept whole on every process instead."""
-        plan, head = getattr(self, "_tp_plan", None), self.get_output_embeddings()
+        self.set_output_embeddings(head)
+        # transformers' tensor parallelism gives a module's style to each of its
+        # parameters: the head's would split the one-entry gain by the vocabulary.
+        # The gain is kept whole on every process instead.
+        plan = getattr(self, "_tp_plan", None)
         names = [name for name, module in self.named_modules() if module is head]
         if plan and head.gain_speed is not None and names and names[0] in plan:
             plan[f"{names[0]}.gain_param"] = "replicate"
+        # log p of the training targets: for the statistics, the criterion and λ·b.
+        self.register_buffer("natbias_log_prior", log_prior.to(weight.device, copy=True))
+        self.natbias_logit_map = settings.get("logit_map")
 
     def _init_weights(self, module):
         """transformers' initialisation (``init_weights``, after ``to_empty``
@@ -197,33 +193,28 @@ def natural_bias_config_class(stock_config_class: type) -> type:
     ``natbias-<its model type>``."""
     if stock_config_class.model_type.startswith(TYPE_PREFIX):
         return stock_config_class
-    made = _MADE.get(stock_config_class)
-    if made is None:
-        made = _make(
-            stock_config_class,
-            (stock_config_class,),
-            {"model_type": TYPE_PREFIX + stock_config_class.model_type},
-        )
-    return made
+    attributes = {"model_type": TYPE_PREFIX + stock_config_class.model_type}
+    return _make(stock_config_class, (stock_config_class,), attributes)
 
 
 def natural_bias_class(stock_class: type) -> type:
     """``NaturalBias<X>`` for a transformers model class ``X``, made once."""
     if issubclass(stock_class, NaturalBiasModel):
         return stock_class
-    made = _MADE.get(stock_class)
-    if made is None:
-        config_class = natural_bias_config_class(stock_class.config_class)
-        attributes = {"config_class": config_class, "natbias_stock_class": stock_class}
-        made = _make(stock_class, (NaturalBiasModel, stock_class), attributes)
-        if stock_class.__name__ in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values():
-            # The Trainer shifts label_smoothing_factor's labels for the
-            # causal LMs this table names, as it does for the stock class.
-            MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[config_class.model_type] = made.__name__
+    config_class = natural_bias_config_class(stock_class.config_class)
+    attributes = {"config_class": config_class, "natbias_stock_class": stock_class}
+    made = _make(stock_class, (NaturalBiasModel, stock_class), attributes)
+    if stock_class.__name__ in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values():
+        # The Trainer shifts label_smoothing_factor's labels for the
+        # causal LMs this table names, as it does for the stock class.
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[config_class.model_type] = made.__name__
     return made
 
 
 def _make(stock: type, bases: tuple, attributes: dict) -> type:
+    """``NaturalBias<stock>``, made once."""
+    if stock in _MADE:
+        return _MADE[stock]
     name = CLASS_PREFIX + stock.__name__
     doc = f"{stock.__name__} with the natural bias (natbias.hf)."
     made = type(name, bases, {"__module__": __name__, "__doc__": doc, **attributes})
@@ -237,9 +228,8 @@ def __getattr__(name: str):
     it in a process that has not made it yet."""
     import transformers
 
-    stock = None
-    if name.startswith(CLASS_PREFIX):
-        stock = getattr(transformers, name[len(CLASS_PREFIX) :], None)
+    prefixed = name.startswith(CLASS_PREFIX)
+    stock = getattr(transformers, name[len(CLASS_PREFIX) :], None) if prefixed else None
     if isinstance(stock, type):
         if issubclass(stock, PreTrainedModel):
             return natural_bias_class(stock)

@@ -167,11 +167,8 @@ class _InPlace:
 
 
 def _prior_counts(model, vocab_size, targets, counts, counts_file, vocabulary):
-    given = [
-        name
-        for name, value in (("targets", targets), ("counts", counts), ("counts_file", counts_file))
-        if value is not None
-    ]
+    sources = {"targets": targets, "counts": counts, "counts_file": counts_file}
+    given = [name for name, value in sources.items() if value is not None]
     if len(given) != 1:
         raise NaturalBiasError(
             "give the prior as exactly one of targets (a tokenised dataset or "

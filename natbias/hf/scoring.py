@@ -20,6 +20,7 @@ from typing import Optional
 
 import numpy as np
 import torch
+from torch.nn.utils.rnn import pad_sequence
 
 from natbias.counts import count_ids, open_text, read_counts_file
 from natbias.errors import NaturalBiasError
@@ -50,21 +51,6 @@ def vocabulary_size(model) -> int:
     return model.get_output_embeddings().weight.shape[0]
 
 
-def check_same_vocabulary(first, second, paths: Sequence[str]) -> None:
-    """``first``, ``second``: (model, tokenizer); refused unless they map text to the same ids."""
-    (model_a, tok_a), (model_b, tok_b) = first, second
-    if (
-        vocabulary_size(model_a) != vocabulary_size(model_b)
-        or tok_a.get_vocab() != tok_b.get_vocab()
-    ):
-        raise NaturalBiasError(
-            f"models of different dictionaries: {paths[0]} ({vocabulary_size(model_a)} "
-            f"outputs, {len(tok_a)} tokens) and {paths[1]} ({vocabulary_size(model_b)} outputs, "
-            f"{len(tok_b)} tokens), their tokenizers map text to other ids; compare models "
-            "trained with one tokenizer"
-        )
-
-
 def start_token(model) -> int:
     config = model.config
     start = config.bos_token_id if config.bos_token_id is not None else config.eos_token_id
@@ -86,13 +72,10 @@ def _log_probs(model, sequences: Sequence[Sequence[int]], batch_size: int):
     start = start_token(model)
     device = next(model.parameters()).device
     for first in range(0, len(sequences), batch_size):
-        chunk = [list(s) for s in sequences[first : first + batch_size]]
-        width = max(map(len, chunk))
-        target = torch.zeros((len(chunk), width), dtype=torch.long)
-        mask = torch.zeros((len(chunk), width), dtype=torch.bool)
-        for row, ids in enumerate(chunk):
-            target[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
-            mask[row, : len(ids)] = True
+        chunk = sequences[first : first + batch_size]
+        ids = [torch.tensor(list(s), dtype=torch.long) for s in chunk]
+        target = pad_sequence(ids, batch_first=True)
+        mask = torch.arange(target.shape[1]) < torch.tensor([len(s) for s in ids])[:, None]
         inputs = torch.cat([torch.full((len(chunk), 1), start), target[:, :-1]], dim=1)
         attention = torch.cat([torch.ones((len(chunk), 1), dtype=torch.long), mask[:, :-1]], 1)
         logits = model(input_ids=inputs.to(device), attention_mask=attention.to(device)).logits
@@ -157,7 +140,16 @@ def score_pair(args, progress):
         raise NaturalBiasError("transformers models need --text, the text to score")
     cuda = torch.cuda.is_available() and not args.cpu
     loaded = [load_causal_lm(path, cuda) for path in (args.baseline, args.model)]
-    check_same_vocabulary(*loaded, (args.baseline, args.model))
+    # Refused unless the two map text to the same ids.
+    (model_a, tok_a), (model_b, tok_b) = loaded
+    size_a, size_b = vocabulary_size(model_a), vocabulary_size(model_b)
+    if size_a != size_b or tok_a.get_vocab() != tok_b.get_vocab():
+        raise NaturalBiasError(
+            f"models of different dictionaries: {args.baseline} ({size_a} "
+            f"outputs, {len(tok_a)} tokens) and {args.model} ({size_b} outputs, "
+            f"{len(tok_b)} tokens), their tokenizers map text to other ids; compare models "
+            "trained with one tokenizer"
+        )
     model, tokenizer = loaded[0]
     counts = training_counts(model, tokenizer, args.counts, args.train_text)
     lines = [line for line in read_text_lines(args.text, "text, one sentence a line") if line]

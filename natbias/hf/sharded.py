@@ -46,7 +46,13 @@ def gathered(model: torch.nn.Module, wrapped: Optional[torch.nn.Module] = None):
     ZeRO-3 gathers those parameters alone; nothing to do for DTensors or an
     unsharded model."""
     if any(_zero3(parameter) for parameter in model.parameters()):
-        return _zero3_gathered(model)
+        import deepspeed
+
+        # The head's partitions (W, b, the gain) and the model's own parameters
+        # (final_logits_bias), whole on every process, read-only.
+        head = model.get_output_embeddings()
+        parameters = [*head.parameters(), *model.parameters(recurse=False)]
+        return deepspeed.zero.GatheredParameters(parameters, modifier_rank=None)
     roots = _fsdp1_roots(runner(model, wrapped))
     check_reachable(model, wrapped, roots)
     if not roots:
@@ -57,16 +63,6 @@ def gathered(model: torch.nn.Module, wrapped: Optional[torch.nn.Module] = None):
     for root in roots:
         stack.enter_context(FullyShardedDataParallel.summon_full_params(root, writeback=False))
     return stack
-
-
-def _zero3_gathered(model: torch.nn.Module):
-    """ZeRO-3's partitions of the head (W, b, the gain) and of the model's own
-    parameters (``final_logits_bias``), whole on every process, read-only."""
-    import deepspeed
-
-    head = model.get_output_embeddings()
-    parameters = [*head.parameters(), *model.parameters(recurse=False)]
-    return deepspeed.zero.GatheredParameters(parameters, modifier_rank=None)
 
 
 def check_reachable(model: torch.nn.Module, wrapped=None, roots: Optional[list] = None) -> None:

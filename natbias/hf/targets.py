@@ -27,8 +27,7 @@ def target_sequences(targets) -> Iterator:
     if names is not None and hasattr(targets, "iter"):
         yield from _columns(targets, names)
         return
-    for example in _examples(targets):
-        yield _ids_of(example)
+    yield from map(_ids_of, _examples(targets))
 
 
 def _check_container(targets) -> None:

@@ -82,12 +82,9 @@ class BiasScale(LogitsProcessor):
         if process_dict_updates(self.scales, batch_update, self._new_state):
             rows = sorted(self.scales)
             self.rows = torch.tensor(rows, dtype=torch.long, device=self.device)
-            self.shifts = head.generation_shift(self.bias, self.scale_column(rows))
-
-    def scale_column(self, rows) -> torch.Tensor:
-        """The requests' lambdas as a column: one shift row a request."""
-        scales = [self.scales[r] for r in rows]
-        return torch.tensor(scales, dtype=torch.float64, device=self.device)[:, None]
+            scales = [self.scales[r] for r in rows]  # a column: one shift row a request
+            column = torch.tensor(scales, dtype=torch.float64, device=self.device)[:, None]
+            self.shifts = head.generation_shift(self.bias, column)
 
     def _new_state(self, params, prompt_ids, output_ids) -> float | None:
         scale = requested_scale(params)

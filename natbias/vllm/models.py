@@ -15,6 +15,8 @@ refused in one line saying why (:func:`refusal_of`), when vLLM looks it up.
 vLLM's private names are :mod:`natbias.vllm._compat`'s.
 """
 
+import functools
+
 import torch
 from torch import nn
 
@@ -54,10 +56,6 @@ class NaturalBiasLogits(HeadProduct):
         self.natbias_gain_speed = gain_speed
         self.natbias_gain = None  # g, set once loaded
 
-    def set_gain(self) -> None:
-        # g in float32, as transformers computes it (cast to phi's dtype where used).
-        self.natbias_gain = head.gain(self.natbias_gain_param.float(), self.natbias_gain_speed)
-
     def head_product(self, product, hidden_states):
         if self.natbias_gain is not None:
             hidden_states = hidden_states * self.natbias_gain.to(hidden_states.dtype)
@@ -69,16 +67,14 @@ class NaturalBiasLogits(HeadProduct):
         return logits + self.natbias_bias.to(logits.dtype)
 
 
-_LOGITS: dict = {}
+@functools.cache
+def _logits_class(stock: type) -> type:
+    return type(f"NaturalBias{stock.__name__}", (NaturalBiasLogits, stock), {})
 
 
 def natural_bias_logits(stock: nn.Module, head: nn.Module, own_bias: bool, gain_speed, dtype):
     """The stock ``LogitsProcessor`` made a natural-bias one, in place."""
-    made = _LOGITS.get(type(stock))
-    if made is None:
-        made = type(f"NaturalBias{type(stock).__name__}", (NaturalBiasLogits, type(stock)), {})
-        _LOGITS[type(stock)] = made
-    stock.__class__ = made
+    stock.__class__ = _logits_class(type(stock))
     stock.install(head, own_bias, gain_speed, dtype)
     return stock
 
@@ -92,8 +88,7 @@ class NaturalBiasCausalLM:
 
     def __init__(self, *, vllm_config, prefix: str = "", **kwargs):
         super().__init__(vllm_config=vllm_config, prefix=prefix, **kwargs)
-        config = vllm_config.model_config.hf_config
-        settings = natural_bias_settings(config)
+        settings = natural_bias_settings(vllm_config.model_config.hf_config)
         head = _head(self)
         stock_bias = getattr(head, "bias", None) is not None  # GPT-J's: b is the stock bias
         natural_bias_logits(
@@ -125,9 +120,11 @@ class NaturalBiasCausalLM:
                     "(save_pretrained of a model given add_natural_bias)"
                 )
             param.weight_loader(param, kept[key].to(param.dtype))
-            loaded.add(_name(self, param))
-        if logits.natbias_gain_param is not None:
-            logits.set_gain()
+            loaded.add(next(name for name, p in self.named_parameters() if p is param))
+        if logits.natbias_gain_param is not None:  # g in float32, as transformers computes it
+            logits.natbias_gain = head.gain(
+                logits.natbias_gain_param.float(), logits.natbias_gain_speed
+            )
         return loaded
 
 
@@ -137,17 +134,10 @@ def _head(model: nn.Module) -> nn.Module:
     by the vocabulary alike."""
     from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
 
-    head = getattr(model, "lm_head", None)
-    if isinstance(head, VocabParallelEmbedding):
-        return head
-    for module in model.modules():
+    for module in (getattr(model, "lm_head", None), *model.modules()):
         if isinstance(module, VocabParallelEmbedding):
             return module
     raise NaturalBiasError(f"{type(model).__name__} has no vocabulary-parallel head in vLLM")
-
-
-def _name(model: nn.Module, param: nn.Parameter) -> str:
-    return next(name for name, p in model.named_parameters() if p is param)
 
 
 # Why a natural-bias generator is refused: vLLM's registry has no class for
@@ -195,20 +185,16 @@ def refusal_of(name: str):
 
 
 EXPORTABLE = {"PhiForCausalLM", "GPTJForCausalLM", "CodeGenForCausalLM"}
-_MADE: dict = {}
 
 
+@functools.cache
 def natural_bias_class(stock_name: str) -> type:
     """``NaturalBias<stock_name>`` over vLLM's class of that architecture
-    (served: :func:`refusal_of` has let it through)."""
-    made = _MADE.get(stock_name)
-    if made is None:
-        stock = load_model_class(stock_name)
-        name = CLASS_PREFIX + stock_name
-        doc = f"vLLM's {stock.__name__} with the natural bias (natbias.vllm)."
-        made = type(name, (NaturalBiasCausalLM, stock), {"__module__": __name__, "__doc__": doc})
-        _MADE[stock_name] = made
-    return made
+    (served: :func:`refusal_of` has let it through), made once."""
+    stock = load_model_class(stock_name)
+    doc = f"vLLM's {stock.__name__} with the natural bias (natbias.vllm)."
+    attributes = {"__module__": __name__, "__doc__": doc}
+    return type(CLASS_PREFIX + stock_name, (NaturalBiasCausalLM, stock), attributes)
 
 
 def register_architectures() -> None:
