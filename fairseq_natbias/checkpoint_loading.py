@@ -55,8 +55,17 @@ def _fairseq_checkpoint_globals():
 
 FAIRSEQ_CHECKPOINT_GLOBALS = _fairseq_checkpoint_globals()
 
-if hasattr(torch.serialization, "add_safe_globals"):
-    torch.serialization.add_safe_globals(FAIRSEQ_CHECKPOINT_GLOBALS)
+
+def allow_fairseq_checkpoints() -> None:
+    """Allow-list those types: on import, and again before each read, since a
+    ``torch.serialization.safe_globals`` block takes its types off the list
+    when it ends, ours among them (transformers' Trainer opens one for
+    numpy's types whenever it resumes)."""
+    if hasattr(torch.serialization, "add_safe_globals"):
+        torch.serialization.add_safe_globals(FAIRSEQ_CHECKPOINT_GLOBALS)
+
+
+allow_fairseq_checkpoints()
 
 
 def require_file(path: str) -> None:
@@ -77,6 +86,7 @@ def read_checkpoint(path: str) -> dict:
     since torch 1.6): tensors are read only when touched, so reading the
     configuration of a large checkpoint costs next to nothing."""
     require_file(path)
+    allow_fairseq_checkpoints()
     try:
         state = torch.load(path, map_location="cpu", mmap=zipfile.is_zipfile(path))
     except Exception as error:  # unpickling a file that is no checkpoint fails in any way

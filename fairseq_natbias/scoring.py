@@ -28,6 +28,7 @@ def read_with_fairseq(path: str, arg_overrides: dict) -> dict:
     from fairseq import checkpoint_utils
 
     checkpoint_loading.require_file(path)
+    checkpoint_loading.allow_fairseq_checkpoints()
     try:
         return checkpoint_utils.load_checkpoint_to_cpu(path, arg_overrides)
     except Exception:

@@ -49,6 +49,24 @@ def test_reads_what_fairseq_saved_under_weights_only_loading(fixture_state, tmp_
     assert state["extra_state"]["bleu_counts"].tolist() == [0, 1, 2, 3]
 
 
+def test_both_readers_read_numpy_arrays_after_transformers_took_them_off_the_list(
+    fixture_state, tmp_path
+):
+    """transformers' Trainer resumes inside its safe_globals block, which takes
+    numpy's types off torch's allow-list when it ends, ours too: a process
+    that resumed a Trainer still reads fairseq's checkpoints."""
+    trainer_pt_utils = pytest.importorskip("transformers.trainer_pt_utils")
+    path = _saved(tmp_path, dict(fixture_state, extra_state={"bleu_counts": np.arange(4)}))
+    try:
+        with trainer_pt_utils.safe_globals():
+            pass
+        assert np.ndarray not in torch.serialization.get_safe_globals()  # the list it leaves
+        for read in (checkpoint_loading.read_checkpoint, lambda p: read_with_fairseq(p, {})):
+            assert read(path)["extra_state"]["bleu_counts"].tolist() == [0, 1, 2, 3]
+    finally:
+        checkpoint_loading.allow_fairseq_checkpoints()  # for the tests after this one
+
+
 def test_the_configuration_comes_from_cfg_else_from_args(fixture_state, tmp_path):
     model_args = checkpoint_loading.saved_model_args(str(FIXTURE))
     as_args = {k: v for k, v in fixture_state.items() if k != "cfg"}

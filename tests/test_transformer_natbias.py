@@ -14,6 +14,7 @@ from fairseq.data import Dictionary
 from natbias_testing import BIN, NO_LOADER_PROCESS, REPO, TINY_MODEL, TINY_TRAINING, fairseq, train
 from test_counts import hand_counts
 
+from fairseq_natbias.checkpoint_loading import read_checkpoint
 from fairseq_natbias.cli import step0
 from fairseq_natbias.cli.step0 import build_from_training_args
 from fairseq_natbias.training_data import symbols
@@ -224,7 +225,7 @@ def test_checkpoint_trained_with_eval_bleu_loads(toy_bin, tmp_path):
         "--maximize-best-checkpoint-metric",
         max_update=1,
     )
-    state = torch.load(tmp_path / "ckpt/checkpoint_last.pt", map_location="cpu")
+    state = read_checkpoint(str(tmp_path / "ckpt/checkpoint_last.pt"))
     assert "decoder.output_projection.bias" in state["model"]
     result = fairseq(
         "fairseq-generate",
