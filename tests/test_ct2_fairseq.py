@@ -61,7 +61,12 @@ def with_bias_zeroed(checkpoint, path):
 
 
 def fairseq_model(checkpoint, data):
+    """fairseq's own loading, the plugin imported first as ``--user-dir`` has it
+    (its import lets torch's loader read fairseq's checkpoints): else this test
+    passed only after another test of its process had imported it."""
     from fairseq import checkpoint_utils
+
+    import fairseq_natbias  # noqa: F401
 
     models, _, task = checkpoint_utils.load_model_ensemble_and_task(
         [str(checkpoint)], arg_overrides={"data": str(data)}

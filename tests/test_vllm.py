@@ -267,8 +267,11 @@ def vllm_environment(tmp_path):
 
 @pytest.fixture(scope="module")
 def served(references, tmp_path_factory):
-    """What vLLM generated for each family (one subprocess for all)."""
+    """What vLLM generated for each family, and what it raised for each family
+    it cannot serve (one subprocess for all: a second would add vLLM's start-up)."""
     work = tmp_path_factory.mktemp("vllm_worker")
+    for family in REFUSED:
+        add_natural_bias(build(family, REFUSED), zipf_targets()).save_pretrained(work / family)
     spec = dict(
         prompts=PROMPTS,
         steps=STEPS,
@@ -289,6 +292,7 @@ def served(references, tmp_path_factory):
                 tensor_parallel_size=2,
             )
         ],
+        refused=[dict(name=f, path=str(work / f)) for f in REFUSED],
     )
     return run_worker(work, spec)
 
@@ -392,24 +396,15 @@ def test_lambda_b_per_request_serves_log_softmax_of_g_w_phi_plus_lambda_b(
         assert behind < TOLERANCE, f"{family}, lambda {scale}: a token {behind:.2e} below the top"
 
 
-@pytest.fixture(scope="module")
-def refused(tmp_path_factory):
-    """What vLLM raised, asked for each family it cannot serve: refused when
-    vLLM reads the model's architecture, before any engine starts."""
-    work = tmp_path_factory.mktemp("vllm_refused")
-    for family in REFUSED:
-        add_natural_bias(build(family, REFUSED), zipf_targets()).save_pretrained(work / family)
-    spec = dict(models=[], refused=[dict(name=f, path=str(work / f)) for f in REFUSED])
-    return run_worker(work, spec)[0]
-
-
 @pytest.mark.parametrize("family", REFUSED)
-def test_a_family_vllm_has_no_class_for_is_refused_in_our_one_line(family, refused):
-    """The error vLLM raises is natbias's line naming the architecture and what
-    to do, not vLLM's "failed to be inspected" (an error vLLM logged)."""
-    error = refused[family].get("error", "")
+def test_a_family_vllm_has_no_class_for_is_refused_in_our_one_line(family, served):
+    """The error vLLM raises, asked for the family when it reads the model's
+    architecture (before any engine starts), is natbias's line naming the
+    architecture and what to do, not vLLM's "failed to be inspected"."""
+    refused = served[0][family]
+    error = refused.get("error", "")
     stock = REFUSED[family][1]
-    assert f"cannot serve a natural-bias {stock}: " in error, refused[family]
+    assert f"cannot serve a natural-bias {stock}: " in error, refused
     assert "natbias.hf" in error and "failed to be inspected" not in error, error
 
 
