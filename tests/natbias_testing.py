@@ -140,6 +140,21 @@ def console_script_help(tool):
     return fairseq(tool, "--help").stdout
 
 
+def load_fairseq_model(checkpoint, data, **overrides):
+    """``(model in eval mode, task)`` by fairseq's own loading, ``data`` and
+    ``overrides`` given as ``--model-overrides``. The plugin is imported first,
+    as ``--user-dir`` has it: its import lets torch's loader read fairseq's
+    checkpoints (without it a test passed only after another had imported it)."""
+    from fairseq import checkpoint_utils
+
+    import fairseq_natbias  # noqa: F401
+
+    models, _, task = checkpoint_utils.load_model_ensemble_and_task(
+        [str(checkpoint)], arg_overrides={"data": str(data), **overrides}
+    )
+    return models[0].eval(), task
+
+
 def train(
     data,
     save_dir,

@@ -15,7 +15,14 @@ import pytest
 import torch
 
 ctranslate2 = pytest.importorskip("ctranslate2")
-from natbias_testing import NO_LOADER_PROCESS, fairseq, train, train_lm, write_multi30k_slice  # noqa: E402
+from natbias_testing import (  # noqa: E402
+    NO_LOADER_PROCESS,
+    fairseq,
+    load_fairseq_model,
+    train,
+    train_lm,
+    write_multi30k_slice,
+)
 
 from natbias.ct2_converter import convert, main  # noqa: E402
 from natbias.errors import NaturalBiasError  # noqa: E402
@@ -60,20 +67,6 @@ def with_bias_zeroed(checkpoint, path):
     return path
 
 
-def fairseq_model(checkpoint, data):
-    """fairseq's own loading, the plugin imported first as ``--user-dir`` has it
-    (its import lets torch's loader read fairseq's checkpoints): else this test
-    passed only after another test of its process had imported it."""
-    from fairseq import checkpoint_utils
-
-    import fairseq_natbias  # noqa: F401
-
-    models, _, task = checkpoint_utils.load_model_ensemble_and_task(
-        [str(checkpoint)], arg_overrides={"data": str(data)}
-    )
-    return models[0].eval(), task
-
-
 def fairseq_scores(model, task, pairs):
     """log p of each target token and the end of sentence, as fairseq scores them."""
     scores = []
@@ -112,7 +105,7 @@ def test_a_translation_checkpoint_is_scored_by_ctranslate2_as_by_fairseq(
         options = [*options, "--natbias-counts", counts]
     train(data, tmp_path / "run", *options, arch=arch, max_update=3)
     checkpoint = tmp_path / "run" / "checkpoint_last.pt"
-    model, task = fairseq_model(checkpoint, data)
+    model, task = load_fairseq_model(checkpoint, data)
     pairs = list(zip(lines_of(toy_text / "valid.src"), lines_of(toy_text / "valid.tgt")))
     expected = fairseq_scores(model, task, pairs)
     translator = ctranslate2.Translator(
@@ -151,7 +144,7 @@ def test_a_language_model_is_scored_by_ctranslate2_as_by_fairseq(
 ):
     train_lm(toy_lm_bin, tmp_path / "run", *LANGUAGE_MODEL[arch], arch=arch, max_update=3)
     checkpoint = tmp_path / "run" / "checkpoint_last.pt"
-    model, task = fairseq_model(checkpoint, toy_lm_bin)
+    model, task = load_fairseq_model(checkpoint, toy_lm_bin)
     sentences = lines_of(toy_text / "valid.tgt")
     expected = lm_scores(model, task, sentences)
     generator = ctranslate2.Generator(
@@ -292,7 +285,7 @@ def test_ctranslate2_translates_real_text_as_fairseq_generate(
         hypotheses = [result.hypotheses[0] for result in results]
         return sum(h == o for h, o in zip(hypotheses, ours)) / len(ours), hypotheses, translator
 
-    model, task = fairseq_model(translation_model, data)
+    model, task = load_fairseq_model(translation_model, data)
     same, hypotheses, _ = served(translation_model, "float32")
     assert same >= SAME
     for i, (theirs, mine) in enumerate(zip(hypotheses, ours)):

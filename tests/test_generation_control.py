@@ -10,7 +10,14 @@ import pytest
 import sweep as sweep_cli
 import torch
 import torch.nn.functional as F
-from natbias_testing import NO_LOADER_PROCESS, console_script_help, fairseq, script_python, train
+from natbias_testing import (
+    NO_LOADER_PROCESS,
+    console_script_help,
+    fairseq,
+    load_fairseq_model,
+    script_python,
+    train,
+)
 
 GENERATE_ARGS = ["--beam", "2", "--batch-size", "20", "--max-len-a", "0", "--max-len-b", "12"]
 
@@ -21,17 +28,6 @@ def unigram_checkpoint(toy_bin, tmp_path_factory):
     save_dir = tmp_path_factory.mktemp("control_model")
     train(toy_bin, save_dir, "--natbias-init", "unigram", "--natbias-freeze", max_update=4)
     return save_dir / "checkpoint_last.pt"
-
-
-def _load(checkpoint, data, **overrides):
-    from fairseq import checkpoint_utils
-
-    import fairseq_natbias  # noqa: F401  (registers the model)
-
-    models, _, task = checkpoint_utils.load_model_ensemble_and_task(
-        [str(checkpoint)], arg_overrides={"data": str(data), **overrides}
-    )
-    return models[0].eval(), task
 
 
 def _test_batch(task):
@@ -62,7 +58,7 @@ def _contextual_logits(model, sample):
 @torch.no_grad()
 @pytest.mark.training
 def test_overrides_reach_the_model_and_act_on_the_logits(unigram_checkpoint, toy_bin):
-    plain, task = _load(unigram_checkpoint, toy_bin)
+    plain, task = load_fairseq_model(unigram_checkpoint, toy_bin)
     sample = _test_batch(task)
     bias = plain.decoder.output_projection.bias
     log_u = plain.target_log_unigram
@@ -77,7 +73,7 @@ def test_overrides_reach_the_model_and_act_on_the_logits(unigram_checkpoint, toy
         ),
         ({"natbias_bias_scale": 1.0, "natbias_logit_adjustment": 1.0}, w_phi),
     ):
-        model, _ = _load(unigram_checkpoint, toy_bin, **overrides)
+        model, _ = load_fairseq_model(unigram_checkpoint, toy_bin, **overrides)
         scores = model.get_normalized_probs(model(**sample["net_input"]), log_probs=True)
         torch.testing.assert_close(scores, F.log_softmax(logits, dim=-1), atol=1e-5, rtol=1e-5)
 
@@ -93,9 +89,9 @@ def test_lambda_zero_on_a_unigram_model_is_the_model_without_bias(
     del state["model"]["decoder.output_projection.bias"]
     state["cfg"]["model"].natbias_init = "none"
     torch.save(state, tmp_path / "none_like.pt")
-    none_like, task = _load(tmp_path / "none_like.pt", toy_bin)
+    none_like, task = load_fairseq_model(tmp_path / "none_like.pt", toy_bin)
     assert none_like.decoder.output_projection.bias is None
-    lambda_zero, _ = _load(unigram_checkpoint, toy_bin, natbias_bias_scale=0.0)
+    lambda_zero, _ = load_fairseq_model(unigram_checkpoint, toy_bin, natbias_bias_scale=0.0)
     sample = _test_batch(task)
     torch.testing.assert_close(
         lambda_zero.get_normalized_probs(lambda_zero(**sample["net_input"]), log_probs=True),
@@ -122,7 +118,7 @@ def test_the_settings_are_refused_in_training_and_never_saved(unigram_checkpoint
             ],
         )
     assert "unrecognized arguments: --natbias-bias-scale 0.5" in capsys.readouterr().err
-    model, task = _load(unigram_checkpoint, toy_bin, natbias_bias_scale=0.5)
+    model, task = load_fairseq_model(unigram_checkpoint, toy_bin, natbias_bias_scale=0.5)
     model.train()
     with pytest.raises(ValueError, match="generation-time settings"):
         model.get_normalized_probs(model(**_test_batch(task)["net_input"]), log_probs=True)
