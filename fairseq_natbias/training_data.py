@@ -19,6 +19,8 @@ import torch
 
 from natbias import head
 from natbias.counts import binarised_index, check_counts, count_binarised, count_chunks
+from natbias.counts.corpus import count_source
+from natbias.counts.sources import TokenFiles, indexed_file
 from natbias.errors import NaturalBiasError
 from natbias.prior import DEFAULT_SMOOTHING, log_unigram
 
@@ -82,9 +84,19 @@ def count_split(split: Split, vocab_size: int, pairs=None) -> np.ndarray:
 
 
 def _sum_counts(splits, vocab_size, pairs=None) -> np.ndarray:
+    """The splits' counts. The mmap ones (fairseq-preprocess's default) are
+    counted together, split across the ranks of a distributed run, and kept
+    in the first data directory for the next start (natbias.counts.corpus)."""
     counts = np.zeros(vocab_size, dtype=np.int64)
+    mmap = [s for s in splits if s.impl == "mmap"] if pairs is None else []
+    if mmap:
+        where = f"the training split(s) {[s.prefix for s in mmap]}"
+        files = TokenFiles([indexed_file(s.prefix) for s in mmap])
+        folder = os.path.dirname(mmap[0].prefix) or "."
+        counts += count_source(files, vocab_size, where, cache_dir=folder, quiet_cache=True)
     for split in splits:
-        counts += count_split(split, vocab_size, pairs)
+        if split not in mmap:
+            counts += count_split(split, vocab_size, pairs)
     counts = check_counts(counts, f"the training split(s) {[s.prefix for s in splits]}")
     logger.info(
         "target unigram: %d tokens counted in %s",

@@ -387,10 +387,10 @@ def test_incremental_decoding_picks_the_rows_of_a_full_forward(per_language):
 
 
 def _counts_file(data, tmp_path):
-    from fairseq_natbias.cli import count
+    from natbias import count_cli
 
     path = tmp_path / "de.counts"
-    count.main(["--dict", str(data / "dict.de.txt"), "--text", str(data / "pieces/train.de"),
+    count_cli.main(["--dict", str(data / "dict.de.txt"), "--text", str(data / "pieces/train.de"),
                 "--output", str(path)])  # fmt: skip
     return path
 

@@ -22,7 +22,7 @@ import numpy as np
 from torch import nn
 from transformers import AutoConfig, PreTrainedModel
 
-from natbias.counts import check_counts, count_ids, read_counts_file
+from natbias.counts import check_counts, count_dataset, count_ids, is_by_id, read_counts_file
 from natbias.errors import NaturalBiasError
 from natbias.head import DEFAULT_GAIN_SPEED, check_gain, saved_settings
 from natbias.hf._compat import model_class
@@ -38,17 +38,29 @@ from natbias.hf.models import (
 )
 from natbias.hf.registry import GENERATOR_AUTO_CLASSES, register
 from natbias.hf.sharded import is_sharded
-from natbias.hf.targets import target_sequences
+from natbias.hf.targets import target_column, target_sequences
 from natbias.prior import DEFAULT_SMOOTHING, log_unigram
 
 
-def count_targets(targets, vocab_size: int, causal: bool = False) -> np.ndarray:
+def count_targets(
+    targets, vocab_size: int, causal: bool = False, *, cache: bool = True, cache_dir=None
+) -> np.ndarray:
     """Counts of the tokens a model is trained to predict, from what a
     Trainer is given as its dataset (:mod:`natbias.hf.targets`: a 🤗 dataset,
     a list or torch dataset of dicts, token-id sequences); each example's
     ``labels``, else its ``input_ids``. ``causal``: each sequence's first
     token is never a target (a decoder predicts token t + 1 from tokens
-    1..t). -100 is skipped."""
+    1..t). -100 is skipped.
+
+    A 🤗 dataset is read as Arrow arrays, split across the ranks of an
+    initialised process group, and its counts kept beside its cache files
+    (or in ``cache_dir``; ``cache=False``: never) for the next start
+    (:mod:`natbias.counts.corpus`)."""
+    column = target_column(targets)
+    if column is not None:
+        counts = count_dataset(targets, vocab_size, column, causal=causal, cache=cache,
+                               cache_dir=cache_dir)  # fmt: skip
+        return check_counts(counts, "the training targets")
     sequences = target_sequences(targets)
     if causal:
         sequences = (sequence[1:] for sequence in sequences)
@@ -66,6 +78,8 @@ def add_natural_bias(
     gain: bool = True,
     gain_init: Optional[float] = None,
     gain_speed: float = DEFAULT_GAIN_SPEED,
+    cache: bool = True,
+    cache_dir: Optional[str] = None,
 ) -> NaturalBiasModel:
     """Gives ``model`` the natural bias in place and returns it, now of its
     natural-bias class (:func:`natbias.hf.models.natural_bias_class`): every
@@ -77,10 +91,13 @@ def add_natural_bias(
     the tokenizer, maps its symbols to ids). ``gain=False`` leaves W phi as
     it is (g = 1) instead of starting it at ``gain_init``; without one, the
     start is 0.05, lowered where the model's W phi is large enough to take it
-    from the unigram (:mod:`natbias.hf.gain_start`)."""
+    from the unigram (:mod:`natbias.hf.gain_start`). A 🤗 dataset is counted
+    across the ranks of an initialised process group and its counts kept for
+    the next start (``cache``, ``cache_dir``: :func:`count_targets`)."""
     name = check_generator(model)
     vocab_size = model.get_output_embeddings().weight.shape[0]
-    counts = _prior_counts(model, vocab_size, targets, counts, counts_file, vocabulary)
+    counts = _prior_counts(model, vocab_size, targets, counts, counts_file, vocabulary,
+                           {"cache": cache, "cache_dir": cache_dir})  # fmt: skip
     log_prior = log_unigram(counts, smoothing)
     logit_map = measure_logit_map(model, name)
     if gain:
@@ -166,7 +183,7 @@ class _InPlace:
         model.set_output_embeddings(self.head)
 
 
-def _prior_counts(model, vocab_size, targets, counts, counts_file, vocabulary):
+def _prior_counts(model, vocab_size, targets, counts, counts_file, vocabulary, caching):
     sources = {"targets": targets, "counts": counts, "counts_file": counts_file}
     given = [name for name, value in sources.items() if value is not None]
     if len(given) != 1:
@@ -177,12 +194,14 @@ def _prior_counts(model, vocab_size, targets, counts, counts_file, vocabulary):
         )
     if targets is not None:
         causal = not getattr(model.config, "is_encoder_decoder", False)
-        return count_targets(targets, vocab_size, causal)
+        return count_targets(targets, vocab_size, causal, **caching)
     if counts_file is not None:
+        if is_by_id(counts_file):
+            return read_counts_file(counts_file, range(vocab_size))
         if vocabulary is None:
             raise NaturalBiasError(
-                "a counts file needs vocabulary= (the tokenizer) to map its "
-                "symbols to the model's ids"
+                "a counts file of symbols needs vocabulary= (the tokenizer) to map them "
+                "to the model's ids"
             )
         symbols = vocabulary.convert_ids_to_tokens(list(range(vocab_size)))
         return read_counts_file(counts_file, symbols)

@@ -43,14 +43,24 @@ def _check_container(targets) -> None:
         )
 
 
-def _columns(dataset, names) -> Iterator:
-    """A 🤗 dataset's target column, a batch at a time (Arrow reads it fast)."""
+def target_column(targets):
+    """The target column (``labels``, else ``input_ids``) of a 🤗 dataset,
+    which is counted from its Arrow arrays; None for anything else."""
+    names = getattr(targets, "column_names", None)
+    if names is None or not hasattr(targets, "iter") or not hasattr(targets, "with_format"):
+        return None
     column = next((name for name in COLUMNS if name in names), None)
     if column is None:
         raise NaturalBiasError(
             f"the dataset has no 'labels' or 'input_ids' column (it has {list(names)}): "
             "tokenise it first"
         )
+    return column
+
+
+def _columns(dataset, names) -> Iterator:
+    """A 🤗 dataset's target column, a batch at a time."""
+    column = target_column(dataset)
     for batch in dataset.iter(batch_size=BATCH):
         yield from batch[column]
 

@@ -22,6 +22,7 @@ built on the meta device takes it there, and gets its values in
 ``init_weights``.
 """
 
+import os
 from collections.abc import Sequence
 from typing import Optional
 
@@ -29,7 +30,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from natbias.counts import CHUNK_TOKENS, check_counts, count_ids
+from natbias.counts import check_counts, count_ids, count_token_files, is_by_id, read_counts_file
 from natbias.errors import NaturalBiasError
 from natbias.head import DEFAULT_GAIN_INIT, DEFAULT_GAIN_SPEED, check_gain, saved_settings
 from natbias.olmo_core import _compat
@@ -38,7 +39,7 @@ from natbias.projection import NaturalBiasProjection
 from natbias.sharding import is_dtensor
 
 
-def count_targets(dataset, vocab_size: int) -> np.ndarray:
+def count_targets(dataset, vocab_size: int, *, cache: bool = True, cache_dir=None) -> np.ndarray:
     """Counts (one per id of the model's ``vocab_size``) of the tokens OLMo-core
     trains on ``dataset`` to predict: every token of every instance but its
     first (``olmo_core.data.utils.get_labels`` shifts the ids left), from the
@@ -47,7 +48,12 @@ def count_targets(dataset, vocab_size: int) -> np.ndarray:
     dataset or its config (``NumpyFSLDatasetConfig``, ...); a dataset whose
     instances are not plain chunks (label masks, instance filters, padded
     or packed documents) is counted instance by instance, through
-    ``get_labels``."""
+    ``get_labels``.
+
+    The token files are split across the ranks of an initialised process
+    group, and the counts kept in the dataset's ``work_dir`` (or
+    ``cache_dir``; ``cache=False``: never) for the next start
+    (:mod:`natbias.counts.corpus`)."""
     if isinstance(dataset, _compat.NumpyDatasetConfig):
         dataset = dataset.build()
     if not isinstance(dataset, _compat.NumpyDatasetBase):
@@ -62,13 +68,16 @@ def count_targets(dataset, vocab_size: int) -> np.ndarray:
         )
     where = "the token files"
     if _compat.is_chunked(dataset):
-        counts = np.zeros(vocab_size, dtype=np.int64)
+        quiet = cache_dir is None  # the default folder: no warning where it is read-only
+        if cache_dir is None and getattr(dataset, "work_dir_set", False):
+            cache_dir = dataset.work_dir
         length = dataset.sequence_length
-        for path, (start, end) in zip(dataset.paths, dataset.offsets):
-            tokens = np.memmap(path, dtype=dataset.dtype, mode="r")[: (end - start) * length]
-            step = max(length, CHUNK_TOKENS // length * length)
-            chunks = (tokens[i : i + step] for i in range(0, tokens.size, step))
-            counts += count_ids(chunks, vocab_size) - count_ids(tokens[::length], vocab_size)
+        instances = [end - start for start, end in dataset.offsets]
+        counts = count_token_files(
+            dataset.paths, dataset.dtype, vocab_size, instance_length=length,
+            lengths=[n * length for n in instances], tokenizer_size=dataset.vocab_size,
+            cache=cache, cache_dir=cache_dir, quiet_cache=quiet,
+        )  # fmt: skip
         return check_counts(counts, where)
     labels = (
         _compat.get_labels({k: torch.as_tensor(v)[None] for k, v in _tensors(dataset[i]).items()})
@@ -86,23 +95,36 @@ def add_natural_bias(
     dataset=None,
     *,
     counts: Optional[Sequence[int]] = None,
+    counts_file: Optional[str] = None,
     smoothing: float = DEFAULT_SMOOTHING,
     gain: bool = True,
     gain_init: Optional[float] = None,
     gain_speed: float = DEFAULT_GAIN_SPEED,
+    cache: bool = True,
+    cache_dir=None,
 ):
     """Gives the OLMo-core ``Transformer`` ``model`` the natural bias in place
     and returns it. The prior comes from exactly one of ``dataset`` (an
-    OLMo-core numpy dataset or its config: :func:`count_targets`) and
-    ``counts`` (one per id of the model's output layer). ``gain=False``
+    OLMo-core numpy dataset or its config: :func:`count_targets`), ``counts``
+    (one per id of the model's output layer) and ``counts_file`` (natbias-count's,
+    by id). ``gain=False``
     leaves W phi as it is (g = 1); otherwise g starts at ``gain_init``
-    (the core's 0.05 by default)."""
+    (the core's 0.05 by default). The dataset is counted across the ranks of
+    an initialised process group and its counts kept for the next start
+    (``cache``, ``cache_dir``: :func:`count_targets`)."""
     head, linear = check_model(model)
     vocab_size = linear.weight.shape[0]
-    if (dataset is None) == (counts is None):
-        raise NaturalBiasError("give the prior as exactly one of dataset and counts")
+    if sum(x is not None for x in (dataset, counts, counts_file)) != 1:
+        raise NaturalBiasError("give the prior as exactly one of dataset, counts and counts_file")
+    if counts_file is not None:
+        if os.path.isfile(counts_file) and not is_by_id(counts_file):
+            raise NaturalBiasError(
+                f"{counts_file} is keyed by symbols: make it by id, with natbias-count "
+                "--tokens (or --hf-dataset)"
+            )
+        counts = read_counts_file(counts_file, range(vocab_size))
     if dataset is not None:
-        counts = count_targets(dataset, vocab_size)
+        counts = count_targets(dataset, vocab_size, cache=cache, cache_dir=cache_dir)
     elif np.shape(counts) != (vocab_size,):
         shape = np.shape(counts)
         raise NaturalBiasError(

@@ -10,32 +10,104 @@ joined dictionary they add the source side, fairseq drops the EOS count from
 import gzip
 import os
 import re
-import struct
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Optional
 
 import numpy as np
 
+from natbias.counts.corpus import count_source
+from natbias.counts.sources import (
+    CHUNK_TOKENS,
+    IGNORE_INDEX,
+    Arrays,
+    ArrowDataset,
+    StreamingDataset,
+    TokenFiles,
+    bincount,
+    indexed_file,
+    read_index,
+    token_file,
+)
 from natbias.errors import NaturalBiasError
 
-# Tokens read per step: bounds the extra memory at one chunk as int64 (16 MiB).
-CHUNK_TOKENS = 1 << 21
 COUNTS_FILE_HEADER = "#natbias-counts v1"
-IGNORE_INDEX = -100  # PyTorch's and transformers' label for "no target here"
+# A counts file keyed by id (``id<TAB>count``, ids 0..V-1 in order), for
+# token files and datasets, which come with no symbols.
+COUNTS_BY_ID_HEADER = COUNTS_FILE_HEADER + " by-id"
 
-# fairseq's mmap index (``MMapIndexedDataset.Index``): magic, uint64 version,
-# uint8 dtype code, uint64 sentence count, then int32 sentence lengths.
-MMAP_MAGIC = b"MMIDIDX\x00\x00"
-MMAP_DTYPES = {
-    1: np.uint8,
-    2: np.int8,
-    3: np.int16,
-    4: np.int32,
-    5: np.int64,
-    8: np.uint16,
-    9: np.uint32,
-    10: np.uint64,
-}
+
+def count_token_files(
+    paths: Sequence,
+    dtype,
+    vocab_size: int,
+    *,
+    instance_length: Optional[int] = None,
+    lengths: Optional[Sequence[int]] = None,
+    tokenizer_size: Optional[int] = None,
+    cache: bool = True,
+    cache_dir: Optional[str] = None,
+    quiet_cache: bool = False,
+    workers: int = 1,
+) -> np.ndarray:
+    """Counts of flat token files (numpy ``tofile``: OLMo-core's, nanoGPT's
+    ``train.bin``), memory-mapped; ``instance_length``: the files hold
+    instances of that many tokens, each one's first no target and a file's
+    remainder no instance; ``lengths``: count only each file's first tokens;
+    ``tokenizer_size``: the ids the tokenizer makes, where fewer than the
+    model's ``vocab_size`` (padded). Split across ranks, cached in
+    ``cache_dir`` (:mod:`natbias.counts.corpus`)."""
+    ids = tokenizer_size or vocab_size
+    if np.dtype(dtype).kind in "iu" and ids > np.iinfo(dtype).max + 1:
+        raise NaturalBiasError(
+            f"{np.dtype(dtype).name} holds ids below {np.iinfo(dtype).max + 1:,}, but the "
+            f"tokenizer has {ids:,}: give the dtype the files were written with "
+            "(a wider one, e.g. uint32)"
+        )
+    files = [
+        token_file(path, dtype, instance_length, None if lengths is None else lengths[i])
+        for i, path in enumerate(paths)
+    ]
+    rules = {"instance_length": instance_length}
+    return count_source(TokenFiles(files), vocab_size, "the token files", cache=cache,
+                        cache_dir=cache_dir, rules=rules, quiet_cache=quiet_cache,
+                        workers=workers)  # fmt: skip
+
+
+def count_indexed(
+    prefixes: Sequence[str], vocab_size: int, *, cache: bool = True, cache_dir=None
+) -> np.ndarray:
+    """Counts of every token of fairseq's or Megatron's indexed datasets
+    (``PREFIX.bin`` / ``PREFIX.idx``), read without either."""
+    files = [indexed_file(prefix) for prefix in prefixes]
+    where = ", ".join(f.path for f in files)
+    return count_source(TokenFiles(files), vocab_size, where, cache=cache, cache_dir=cache_dir)
+
+
+def count_dataset(
+    dataset,
+    vocab_size: int,
+    column: str,
+    *,
+    causal: bool = False,
+    cache: bool = True,
+    cache_dir: Optional[str] = None,
+    workers: int = 1,
+) -> np.ndarray:
+    """Counts of a 🤗 dataset's ``column`` of token-id lists, read as Arrow
+    arrays: a map-style ``Dataset`` (split across ranks by rows, cached in
+    ``cache_dir``, else beside its cache files) or a streaming
+    ``IterableDataset`` (split by ``split_dataset_by_node``, never cached).
+    ``causal``: each row's first token is no target; -100 is skipped."""
+    quiet = cache_dir is None  # the default folder: no warning where it is read-only
+    if hasattr(dataset, "cache_files") and hasattr(dataset, "_fingerprint"):
+        source = ArrowDataset(dataset, column, causal)
+        if cache_dir is None and dataset.cache_files:
+            cache_dir = os.path.dirname(dataset.cache_files[0]["filename"])
+    else:
+        source = StreamingDataset(dataset, column, causal)
+    rules = {"column": column, "causal": causal}
+    return count_source(source, vocab_size, "the dataset", cache=cache, cache_dir=cache_dir,
+                        rules=rules, quiet_cache=quiet, workers=workers)  # fmt: skip
 
 
 def count_ids(
@@ -45,17 +117,18 @@ def count_ids(
     id sequences (lists, numpy arrays, torch tensors) or one array. Ids in
     ``ignore`` are skipped; any other id outside ``[0, vocab_size)`` is refused."""
     kept = (c[~np.isin(c, ignore)] if len(ignore) else c for c in _chunks_of(sequences))
-    return count_chunks(kept, vocab_size, "the token ids")
+    return count_source(Arrays(kept, "the token ids"), vocab_size, "the token ids", cache=False)
 
 
 def count_chunks(chunks, vocab_size: int, where: str, pairs=None) -> np.ndarray:
-    """Counts of the ids of all ``chunks``; ``pairs`` (a :class:`natbias.bigram.PairCounter`)
-    counts each token's pair with the one before it in the same pass."""
+    """Counts of the ids of all ``chunks`` in one process; ``pairs`` (a
+    :class:`natbias.bigram.PairCounter`) counts each token's pair with the one
+    before it in the same pass."""
     counts = np.zeros(vocab_size, dtype=np.int64)
     if pairs is not None:
         pairs.start_stream()
     for chunk in chunks:
-        counts += _bincount(chunk, vocab_size, where)
+        counts += bincount(chunk, vocab_size, lambda i: where)
         if pairs is not None:
             pairs.add(chunk)
     return counts
@@ -81,6 +154,8 @@ def _ids(sequence) -> np.ndarray:
     """One sequence's ids, flat, as int64. Not np.asarray(..., int64), which
     truncates floats and fails on text with a traceback: anything but
     integers is refused, naming what it holds."""
+    if hasattr(sequence, "numpy") and hasattr(sequence, "device"):  # a torch tensor
+        sequence = sequence.detach().cpu().numpy()
     try:
         ids = np.asarray(sequence)
     except ValueError:  # numpy's "inhomogeneous shape": nested lists of unequal lengths
@@ -97,66 +172,34 @@ def _ids(sequence) -> np.ndarray:
     return ids.reshape(-1).astype(np.int64, copy=False)
 
 
-def _bincount(ids: np.ndarray, vocab_size: int, where: str) -> np.ndarray:
-    ids = ids.astype(np.int64, copy=False)
-    if ids.size and (ids.min() < 0 or ids.max() >= vocab_size):
-        bad = int(ids.min()) if ids.min() < 0 else int(ids.max())
-        raise NaturalBiasError(
-            f"{where} hold token id {bad}, outside the vocabulary of {vocab_size} entries: "
-            "count with the vocabulary the model is trained with"
-        )
-    return np.bincount(ids, minlength=vocab_size)
-
-
 # --- fairseq's binarised files ------------------------------------------------
 
 
 def binarised_index(prefix: str):
     """Token dtype and the sentence lengths (memory-mapped int32) of
-    ``PREFIX.idx``, fairseq's mmap index, read without fairseq."""
-    path = prefix + ".idx"
-    try:
-        with open(path, "rb") as stream:
-            header = stream.read(len(MMAP_MAGIC) + 17)
-    except OSError as error:
-        raise NaturalBiasError(
-            f"{path}: {error.strerror}; binarise the data with fairseq-preprocess"
-        ) from None
-    if not header.startswith(MMAP_MAGIC):
-        raise NaturalBiasError(
-            f"{path} is not a fairseq mmap index: binarise with "
-            "fairseq-preprocess --dataset-impl mmap (its default)"
-        )
-    version, code, sentences = struct.unpack_from("<QBQ", header, len(MMAP_MAGIC))
-    if version != 1 or code not in MMAP_DTYPES:
-        raise NaturalBiasError(f"{path}: unknown index version {version} or dtype code {code}")
-    if sentences == 0:
-        return MMAP_DTYPES[code], np.zeros(0, dtype=np.int32)
-    lengths = np.memmap(path, dtype=np.int32, mode="r", offset=len(header), shape=(sentences,))
-    return MMAP_DTYPES[code], lengths
+    ``PREFIX.idx``, fairseq's (or Megatron's) mmap index, read without fairseq."""
+    dtype, lengths, _ = read_index(prefix)
+    return np.dtype(dtype).type, lengths
 
 
 def binarised_tokens(prefix: str) -> Iterator[np.ndarray]:
     """The tokens of ``PREFIX.bin`` in order, CHUNK_TOKENS at a time."""
-    dtype, lengths = binarised_index(prefix)
-    total = int(lengths.sum(dtype=np.int64)) if len(lengths) else 0
-    path = prefix + ".bin"
-    if not os.path.isfile(path) or os.path.getsize(path) < total * np.dtype(dtype).itemsize:
-        raise NaturalBiasError(
-            f"{path} is missing or shorter than {prefix}.idx says: re-run fairseq-preprocess"
-        )
-    if total == 0:
+    f = indexed_file(prefix)
+    if f.length == 0:
         return
-    tokens = np.memmap(path, dtype=dtype, mode="r", shape=(total,))
-    for start in range(0, total, CHUNK_TOKENS):
+    tokens = np.memmap(f.path, dtype=f.dtype, mode="r", shape=(f.length,))
+    for start in range(0, f.length, CHUNK_TOKENS):
         yield np.asarray(tokens[start : start + CHUNK_TOKENS])
 
 
 def count_binarised(prefix: str, vocab_size: int, pairs=None) -> np.ndarray:
     """Token counts of one binarised split (``PREFIX.bin`` / ``PREFIX.idx``);
     with ``pairs`` (a :class:`natbias.bigram.PairCounter`) the same pass counts
-    each token's pair with the one before it."""
-    return count_chunks(binarised_tokens(prefix), vocab_size, prefix + ".bin", pairs)
+    each token's pair with the one before it (one process, in order)."""
+    if pairs is not None:
+        return count_chunks(binarised_tokens(prefix), vocab_size, prefix + ".bin", pairs)
+    files = [indexed_file(prefix)]
+    return count_source(TokenFiles(files), vocab_size, prefix + ".bin", cache=False)
 
 
 # --- text and counts files ----------------------------------------------------
@@ -177,17 +220,21 @@ def count_text(
     return count_chunks(_chunks_of(ids), vocab_size, "the text", pairs)
 
 
-def write_counts_file(path: str, symbols: Sequence[str], counts: Sequence[int]) -> None:
-    """One ``symbol<TAB>count`` line per vocabulary entry, in vocabulary order."""
+def write_counts_file(path: str, symbols: Optional[Sequence[str]], counts: Sequence[int]) -> None:
+    """One ``symbol<TAB>count`` line per vocabulary entry, in vocabulary order;
+    without ``symbols``, one ``id<TAB>count`` line per id (a file by id)."""
+    header = COUNTS_FILE_HEADER if symbols is not None else COUNTS_BY_ID_HEADER
+    symbols = symbols if symbols is not None else [str(i) for i in range(len(counts))]
     if len(counts) != len(symbols):
         raise NaturalBiasError(f"{len(counts)} counts for a vocabulary of {len(symbols)}")
     with open(path, "w", encoding="utf-8") as out:
-        out.write(COUNTS_FILE_HEADER + "\n")
+        out.write(header + "\n")
         out.writelines(f"{symbol}\t{int(count)}\n" for symbol, count in zip(symbols, counts))
 
 
 def read_counts_by_symbol(path: str) -> dict[str, int]:
-    """A counts file written by natbias-count, as ``{symbol: count}``."""
+    """A counts file written by natbias-count, as ``{symbol: count}`` (a file
+    by id: ``{"0": count, ...}``, marked by its header: see :func:`is_by_id`)."""
     if not os.path.isfile(path):
         raise NaturalBiasError(
             f"{path}: no such file; make a counts file with "
@@ -196,7 +243,7 @@ def read_counts_by_symbol(path: str) -> dict[str, int]:
     by_symbol = {}
     # errors="replace": a binary file fails the header check, by name.
     with open(path, encoding="utf-8", errors="replace") as lines:
-        if lines.readline().rstrip("\n") != COUNTS_FILE_HEADER:
+        if lines.readline().rstrip("\n") not in (COUNTS_FILE_HEADER, COUNTS_BY_ID_HEADER):
             raise NaturalBiasError(
                 f"{path} does not start with {COUNTS_FILE_HEADER!r}: it is "
                 "not a counts file written by natbias-count"
@@ -211,11 +258,23 @@ def read_counts_by_symbol(path: str) -> dict[str, int]:
     return by_symbol
 
 
+def is_by_id(path: str) -> bool:
+    """Whether a counts file is keyed by id (natbias-count's --tokens, --hf-dataset)."""
+    if not os.path.isfile(path):
+        return False
+    with open(path, encoding="utf-8", errors="replace") as lines:
+        return lines.readline().rstrip("\n") == COUNTS_BY_ID_HEADER
+
+
 def read_counts_file(path: str, symbols: Sequence[str], added: Sequence[str] = ()) -> np.ndarray:
     """Counts aligned to ``symbols`` (the vocabulary, in id order); a file
     made for another vocabulary is refused. ``added``: symbols a task adds to
-    the dictionary it reads (language tokens), counted 0 where the file lacks them."""
+    the dictionary it reads (language tokens), counted 0 where the file lacks them.
+    A file by id holds one count per id: its ids are the vocabulary's."""
     by_symbol = read_counts_by_symbol(path)
+    if is_by_id(path):
+        symbols = [str(i) for i in range(len(symbols))]
+        added = ()
     missing = [s for s in symbols if s not in by_symbol and s not in added]
     extra = sorted(set(by_symbol) - set(symbols))
     if missing or extra:
