@@ -5,6 +5,7 @@ fairseq the plugin's console scripts say in one line what to install."""
 import subprocess
 import sys
 
+import numpy as np
 import tomllib
 from natbias_testing import BIN, REPO
 
@@ -63,7 +64,7 @@ def test_without_fairseq_the_plugins_scripts_say_what_to_install_in_one_line(tmp
     plugin_scripts = [
         name for name, target in scripts.items() if target.startswith("fairseq_natbias")
     ]
-    assert {"natbias-step0", "natbias-count", "natbias-average-checkpoints"} <= set(plugin_scripts)
+    assert {"natbias-step0", "natbias-average-checkpoints"} <= set(plugin_scripts)
     for name in plugin_scripts:
         run = subprocess.run(
             [str(BIN / name), "--help"],
@@ -75,6 +76,31 @@ def test_without_fairseq_the_plugins_scripts_say_what_to_install_in_one_line(tmp
         )
         assert run.returncode == 1, (name, run.stdout, run.stderr)
         assert run.stderr.strip() == f"{name}: error: {FAIRSEQ_MISSING}", run.stderr
+
+
+def test_without_fairseq_natbias_count_counts_token_files_and_refuses_text_in_one_line(tmp_path):
+    """natbias-count is the core's: token files need no fairseq; its --text
+    and --data (fairseq's part, by entry point) say what to install."""
+    (tmp_path / "fairseq").mkdir()
+    (tmp_path / "fairseq/__init__.py").write_text("raise ImportError('hidden by the test')\n")
+    ids = np.array([3, 1, 4, 1, 5, 9, 2, 6], dtype=np.uint16)
+    ids.tofile(tmp_path / "tokens.bin")
+    (tmp_path / "text").write_text("a b\n")
+
+    def run(*args):
+        command = [str(BIN / "natbias-count"), *args, "--output", str(tmp_path / "out.counts")]
+        env = {"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"}
+        return subprocess.run(command, env=env, cwd=tmp_path, capture_output=True, text=True)
+
+    counted = run("--tokens", "tokens.bin", "--dtype", "uint16", "--vocab-size", "10")
+    assert counted.returncode == 0, counted.stderr
+    written = (tmp_path / "out.counts").read_text().splitlines()[1:]
+    assert [int(line.split("\t")[1]) for line in written] == np.bincount(ids, minlength=10).tolist()
+    refused = run("--dict", "dict.txt", "--text", "text")
+    assert refused.returncode == 1
+    assert refused.stderr.strip().startswith(
+        "natbias-count: error: fairseq models need the [fairseq]"
+    )
 
 
 def test_without_ctranslate2_the_converter_says_what_to_install_in_one_line(tmp_path):

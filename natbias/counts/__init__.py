@@ -15,18 +15,18 @@ from typing import Optional
 
 import numpy as np
 
+from natbias.counts.corpus import count_dataset as count_dataset
+from natbias.counts.corpus import count_indexed as count_indexed
 from natbias.counts.corpus import count_source
+from natbias.counts.corpus import count_token_files as count_token_files
 from natbias.counts.sources import (
     CHUNK_TOKENS,
     IGNORE_INDEX,
     Arrays,
-    ArrowDataset,
-    StreamingDataset,
     TokenFiles,
     bincount,
     indexed_file,
     read_index,
-    token_file,
 )
 from natbias.errors import NaturalBiasError
 
@@ -34,80 +34,6 @@ COUNTS_FILE_HEADER = "#natbias-counts v1"
 # A counts file keyed by id (``id<TAB>count``, ids 0..V-1 in order), for
 # token files and datasets, which come with no symbols.
 COUNTS_BY_ID_HEADER = COUNTS_FILE_HEADER + " by-id"
-
-
-def count_token_files(
-    paths: Sequence,
-    dtype,
-    vocab_size: int,
-    *,
-    instance_length: Optional[int] = None,
-    lengths: Optional[Sequence[int]] = None,
-    tokenizer_size: Optional[int] = None,
-    cache: bool = True,
-    cache_dir: Optional[str] = None,
-    quiet_cache: bool = False,
-    workers: int = 1,
-) -> np.ndarray:
-    """Counts of flat token files (numpy ``tofile``: OLMo-core's, nanoGPT's
-    ``train.bin``), memory-mapped; ``instance_length``: the files hold
-    instances of that many tokens, each one's first no target and a file's
-    remainder no instance; ``lengths``: count only each file's first tokens;
-    ``tokenizer_size``: the ids the tokenizer makes, where fewer than the
-    model's ``vocab_size`` (padded). Split across ranks, cached in
-    ``cache_dir`` (:mod:`natbias.counts.corpus`)."""
-    ids = tokenizer_size or vocab_size
-    if np.dtype(dtype).kind in "iu" and ids > np.iinfo(dtype).max + 1:
-        raise NaturalBiasError(
-            f"{np.dtype(dtype).name} holds ids below {np.iinfo(dtype).max + 1:,}, but the "
-            f"tokenizer has {ids:,}: give the dtype the files were written with "
-            "(a wider one, e.g. uint32)"
-        )
-    files = [
-        token_file(path, dtype, instance_length, None if lengths is None else lengths[i])
-        for i, path in enumerate(paths)
-    ]
-    rules = {"instance_length": instance_length}
-    return count_source(TokenFiles(files), vocab_size, "the token files", cache=cache,
-                        cache_dir=cache_dir, rules=rules, quiet_cache=quiet_cache,
-                        workers=workers)  # fmt: skip
-
-
-def count_indexed(
-    prefixes: Sequence[str], vocab_size: int, *, cache: bool = True, cache_dir=None
-) -> np.ndarray:
-    """Counts of every token of fairseq's or Megatron's indexed datasets
-    (``PREFIX.bin`` / ``PREFIX.idx``), read without either."""
-    files = [indexed_file(prefix) for prefix in prefixes]
-    where = ", ".join(f.path for f in files)
-    return count_source(TokenFiles(files), vocab_size, where, cache=cache, cache_dir=cache_dir)
-
-
-def count_dataset(
-    dataset,
-    vocab_size: int,
-    column: str,
-    *,
-    causal: bool = False,
-    cache: bool = True,
-    cache_dir: Optional[str] = None,
-    workers: int = 1,
-) -> np.ndarray:
-    """Counts of a 🤗 dataset's ``column`` of token-id lists, read as Arrow
-    arrays: a map-style ``Dataset`` (split across ranks by rows, cached in
-    ``cache_dir``, else beside its cache files) or a streaming
-    ``IterableDataset`` (split by ``split_dataset_by_node``, never cached).
-    ``causal``: each row's first token is no target; -100 is skipped."""
-    quiet = cache_dir is None  # the default folder: no warning where it is read-only
-    if hasattr(dataset, "cache_files") and hasattr(dataset, "_fingerprint"):
-        source = ArrowDataset(dataset, column, causal)
-        if cache_dir is None and dataset.cache_files:
-            cache_dir = os.path.dirname(dataset.cache_files[0]["filename"])
-    else:
-        source = StreamingDataset(dataset, column, causal)
-    rules = {"column": column, "causal": causal}
-    return count_source(source, vocab_size, "the dataset", cache=cache, cache_dir=cache_dir,
-                        rules=rules, quiet_cache=quiet, workers=workers)  # fmt: skip
 
 
 def count_ids(

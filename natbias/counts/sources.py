@@ -131,10 +131,13 @@ class TokenFiles:
         counts = np.zeros(vocab_size, dtype=np.int64)
         if stop <= start:
             return counts
-        tokens = np.memmap(f.path, dtype=f.dtype, mode="r", offset=f.offset, shape=(f.length,))
         step = CHUNK_TOKENS - CHUNK_TOKENS % f.instance if f.instance else CHUNK_TOKENS
+        itemsize = np.dtype(f.dtype).itemsize
         for first in range(start, stop, step):
-            chunk = tokens[first : min(first + step, stop)]
+            # Each chunk mapped on its own and unmapped after: a mapping of the
+            # whole file would keep every page read resident in this process.
+            offset, size = f.offset + first * itemsize, min(step, stop - first)
+            chunk = np.memmap(f.path, dtype=f.dtype, mode="r", offset=offset, shape=(size,))
             counts += bincount(chunk, vocab_size, lambda i, s=first: f"{f.path} at token {s + i}")
             if f.instance:  # an instance's first token is what the model reads first
                 counts -= np.bincount(chunk[:: f.instance], minlength=vocab_size)
