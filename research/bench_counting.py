@@ -17,7 +17,6 @@ Every figure is from the machine it ran on; the table's head says which.
 import argparse
 import os
 import platform
-import resource
 import statistics
 import subprocess
 import sys
@@ -116,8 +115,17 @@ def ranks(folder, path, world):
     return max(times.values()), all((c == counts[0]).all() for c in counts)
 
 
-def rss_child(path):
-    """Run in its own process: peak RSS growth (MiB) of one count of ``path``."""
+def resident_mib() -> float:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def rss_child(path, numpy_baseline=False):
+    """Run in its own process: the peak resident memory (MiB) during one count
+    of ``path`` above what the process held before it, sampled every 2 ms
+    (the process's lifetime peak, ru_maxrss, is set by torch's import)."""
+    import threading
+
     import torch  # noqa: F401  (imported before the baseline, as a user has it)
 
     from natbias.counts import count_token_files
@@ -125,10 +133,22 @@ def rss_child(path):
     warm = path + ".warm"  # imports and first calls, on a file of its own
     np.arange(1 << 16, dtype=np.uint32).tofile(warm)
     count_token_files([warm], "uint32", VOCAB, cache=False, instance_length=16)
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    count_token_files([path], "uint32", VOCAB, cache=False, instance_length=INSTANCE)
-    after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    print((after - before) / 1024)
+    before, peak, done = resident_mib(), [0.0], threading.Event()
+
+    def sample():
+        while not done.is_set():
+            peak[0] = max(peak[0], resident_mib())
+            time.sleep(0.002)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    if numpy_baseline:
+        numpy_files(path)
+    else:
+        count_token_files([path], "uint32", VOCAB, cache=False, instance_length=INSTANCE)
+    done.set()
+    sampler.join()
+    print(max(peak[0] - before, 0.0))
 
 
 def main():
@@ -144,9 +164,10 @@ def main():
     )
     parser.add_argument("--out", help="write the Markdown table here too")
     parser.add_argument("--rss-child", help=argparse.SUPPRESS)
+    parser.add_argument("--rss-numpy", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.rss_child:
-        return rss_child(args.rss_child)
+        return rss_child(args.rss_child, args.rss_numpy)
     import datasets
     import torch
 
@@ -206,15 +227,21 @@ def main():
     lines.append(f"| cached call | {cached:.4f} | {cached / first:.4f} of the first | |")
     print(*lines[-2:], sep="\n", flush=True)
 
-    lines += ["", "| tokens counted | peak RSS growth MiB |", "|---|---|"]
+    lines += ["", "| tokens counted | peak RSS growth, natbias MiB | numpy on one memmap of the file MiB |",
+              "|---|---|---|"]  # fmt: skip
     for gib in args.rss_gib:
         n = int(gib * 2**30) // 4
         sized = os.path.join(work, f"rss_{gib:g}.u32")
         if not os.path.exists(sized) or os.path.getsize(sized) != 4 * n:
             zipf_file(sized, n, seed=2)
-        out = subprocess.run([sys.executable, __file__, "--rss-child", sized], check=True,
-                             capture_output=True, text=True).stdout  # fmt: skip
-        lines.append(f"| {gib:g} GiB ({n / 2**20:.0f} Mi uint32) | {float(out.split()[-1]):.1f} |")
+        grown = []
+        for extra in ([], ["--rss-numpy"]):
+            command = [sys.executable, __file__, "--rss-child", sized, *extra]
+            out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
+            grown.append(float(out.split()[-1]))
+        lines.append(
+            f"| {gib:g} GiB ({n / 2**20:.0f} Mi uint32) | {grown[0]:.1f} | {grown[1]:.1f} |"
+        )
         print(lines[-1], flush=True)
     if args.out:
         with open(args.out, "w") as report:
