@@ -1,9 +1,9 @@
 """Counting the targets on gloo processes (tests/test_counting_engine.py):
 ``python counts_gloo_worker.py FOLDER``. Three processes count as one group
 of 3, then the first two as a group of 2: OLMo-core's token files (its rule:
-instances of 50, each one's first token no target), a 🤗 Arrow dataset
-through ``natbias.hf.count_targets``, then a file holding an id outside the
-vocabulary in the last rank's share only. Each rank writes what it got to
+instances of 50, each one's first token no target), a 🤗 Arrow dataset as
+``natbias.hf.count_targets`` counts it (without transformers' import), then a
+file holding an id outside the vocabulary in the last rank's share only. Each rank writes what it got to
 ``FOLDER/world<W>-rank<k>.npz``."""
 
 import os
@@ -17,13 +17,13 @@ import torch.multiprocessing as mp
 def count_all(folder, world, rank):
     import datasets
 
-    from natbias.counts import count_token_files
+    from natbias.counts import count_dataset, count_token_files
     from natbias.errors import NaturalBiasError
-    from natbias.hf import count_targets
 
     paths = sorted(p.path for p in os.scandir(folder) if p.name.startswith("part"))
     files = count_token_files(paths, "uint16", 1024, instance_length=50, cache=False)
-    arrow = count_targets(datasets.load_from_disk(f"{folder}/arrow"), 1024, True, cache=False)
+    dataset = datasets.load_from_disk(f"{folder}/arrow")  # what natbias.hf.count_targets calls:
+    arrow = count_dataset(dataset, 1024, "input_ids", causal=True, cache=False)
     try:
         count_token_files([f"{folder}/bad.npy"], "uint16", 1000, cache=False)
         error = ""
