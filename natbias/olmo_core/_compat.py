@@ -89,6 +89,34 @@ def uses_fused_loss(head) -> bool:
     return head.loss_implementation == LMLossImplementation.fused_linear
 
 
+class _ScaleHeadInput:
+    """A forward hook giving ``scale`` the tensor that OLMo-core 3.0's
+    ``LMHead.forward`` hands its linear map: ``h = self.norm(x) if self.norm
+    is not None else x``, then ``w_out(h)``, or the fused-linear loss of h,
+    ``w_out.weight`` and ``w_out.bias``. A callable object, not a closure:
+    ``copy.deepcopy`` of the model then scales by the copy's gain."""
+
+    def __init__(self, scale):
+        self.scale = scale
+
+    def __call__(self, module, args, *rest):
+        if rest and isinstance(rest[0], dict):  # the head's pre-hook: (module, args, kwargs)
+            return (self.scale(args[0]), *args[1:]), rest[0]
+        return self.scale(rest[0])  # the norm's hook: (module, args, output)
+
+
+def scale_head_input(head, scale) -> None:
+    """Makes ``scale`` act on h, the head's input after its norm: a hook on
+    the norm's output (a norm would undo a scale of its input), else a
+    pre-hook on the head (appended: FSDP's own pre-hook, which gathers the
+    head's parameters, runs first)."""
+    hook = _ScaleHeadInput(scale)
+    if head.norm is not None:
+        head.norm.register_forward_hook(hook)
+    else:
+        head.register_forward_pre_hook(hook, with_kwargs=True)
+
+
 __all__ = [
     "VERSION",
     "Callback",
@@ -105,5 +133,6 @@ __all__ = [
     "save_hf_model",
     "is_chunked",
     "set_head_linear",
+    "scale_head_input",
     "uses_fused_loss",
 ]
