@@ -6,6 +6,9 @@ layout), so another minor version is refused in one line rather than
 trained on a head that silently lacks the bias.
 """
 
+from contextlib import contextmanager
+from importlib import import_module
+
 from packaging.version import Version
 
 from natbias.errors import MissingExtraError, NaturalBiasError
@@ -89,6 +92,24 @@ def uses_fused_loss(head) -> bool:
     return head.loss_implementation == LMLossImplementation.fused_linear
 
 
+@contextmanager
+def fused_linear_kernel(function):
+    """OLMo-core's fused-linear loss computed by ``function`` while the
+    context lasts, in place of Liger-Kernel's
+    ``LigerFusedLinearCrossEntropyFunction.apply`` (its positional
+    arguments and its (loss, z-loss, accuracy) result): OLMo-core 3.0 has no
+    other, and Liger-Kernel's is a GPU kernel, so a machine without one
+    checks the head's fused path with a CPU stand-in (tests, research)."""
+    # the module, not the function of that name its package exports
+    losses = import_module("olmo_core.nn.functional.cross_entropy_loss")
+    saved = losses._fused_linear_cross_entropy_loss
+    losses._fused_linear_cross_entropy_loss = function
+    try:
+        yield
+    finally:
+        losses._fused_linear_cross_entropy_loss = saved
+
+
 class _ScaleHeadInput:
     """A forward hook giving ``scale`` the tensor that OLMo-core 3.0's
     ``LMHead.forward`` hands its linear map: ``h = self.norm(x) if self.norm
@@ -126,6 +147,7 @@ __all__ = [
     "ReduceType",
     "Transformer",
     "check_version",
+    "fused_linear_kernel",
     "get_labels",
     "HEAD_BIAS_KEY",
     "HEAD_GAIN_KEY",
