@@ -87,7 +87,6 @@ def loss_and_gradients(model, ids, labels, targets: int) -> dict:
     targets of the whole batch, the z-loss added), then its backward: the
     losses and every parameter's gradient, whole."""
     from natbias.olmo_core import _compat
-    from natbias.sharding import full
 
     model.zero_grad()
     with _compat.fused_linear_kernel(olmo_fused_cpu.fused_linear_cross_entropy):
@@ -103,8 +102,17 @@ def loss_and_gradients(model, ids, labels, targets: int) -> dict:
         "loss": output.loss.detach(),
         "ce_loss": output.ce_loss.detach(),
         "z_loss": output.z_loss.detach(),
-        "gradients": {n: full(p.grad).detach().clone() for n, p in model.named_parameters()},
+        "gradients": {n: gradient(p) for n, p in model.named_parameters()},
     }
+
+
+def gradient(parameter) -> torch.Tensor:
+    """The whole gradient; zeros where none reached the parameter."""
+    from natbias.sharding import full
+
+    if parameter.grad is None:
+        return torch.zeros(parameter.shape)
+    return full(parameter.grad).detach().clone()
 
 
 def assert_same(fused: dict, default: dict, tolerance: float = SUM_ORDER) -> None:
@@ -141,7 +149,8 @@ def test_the_fused_loss_with_the_gain_equals_the_default_loss_and_its_gradients(
     assert_same(got, expected)
     with torch.no_grad():  # no labels: the logits, by the projection, g applied once
         logits = default(ids)
-        assert float((fused(ids) - logits).norm() / logits.norm()) <= SUM_ORDER
+        scores = logits - default.natbias_head.bias  # W g h, what g scales
+        assert float((fused(ids) - logits).norm() / scores.norm()) <= SUM_ORDER
 
 
 # --- under FSDP: 2 gloo processes ----------------------------------------------
