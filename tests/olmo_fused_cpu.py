@@ -11,7 +11,15 @@ and research/bench_fused_loss.py, passed to OLMo-core through
 - each chunk's logits ``x W^T + b`` in float32, its loss and, in the forward
   already, the gradients of x, W and b (softmax - one-hot, with the z-loss's
   ``2 s lse softmax``), W's and b's accumulated in ``accum_dtype``;
-- the backward multiplies them by the loss's incoming gradient.
+- the backward multiplies them by the loss's incoming gradient;
+- the z-loss ``s lse^2`` added to the loss whenever s (``lse_square_scale``)
+  is not 0, returned apart only where asked: Liger-Kernel's rule, to which
+  OLMo-core 3.0 hands ``z_loss_multiplier or 1e-4``, so that its fused loss
+  carries a 1e-4 z-loss even where none is asked for (stock models too).
+
+Its arguments are those OLMo-core 3.0 passes (Liger-Kernel 0.8.5's first
+twelve); it returns the three values OLMo-core 3.0 unpacks (Liger-Kernel
+0.8.5 returns four, read from its source, not run here).
 
 What it cannot stand for: Triton's own rounding and speed on a GPU.
 """
@@ -22,8 +30,8 @@ import torch
 
 
 def chunk_tokens(tokens: int, vocab: int, width: int) -> int:
-    """Liger-Kernel's chunk: ``next_power_of_2(cdiv(N, cdiv(V, d)))`` tokens."""
-    return 1 << max(0, math.ceil(tokens / math.ceil(vocab / width)) - 1).bit_length()
+    """Liger-Kernel's chunk: ``next_power_of_2(cdiv(N, cdiv(V, d)))`` tokens, at most N."""
+    return min(tokens, 1 << max(0, math.ceil(tokens / math.ceil(vocab / width)) - 1).bit_length())
 
 
 class FusedLinearCrossEntropy(torch.autograd.Function):

@@ -33,7 +33,11 @@ pytest.importorskip("olmo_core", reason="the [olmo] extra is not installed")
 
 VOCAB = 1024  # the olmo2_1M preset's output layer, as in tests/olmo_tiny.py
 BATCH, LENGTH = 8, 64
-Z_LOSS = 1e-4  # OLMo-core's z-loss multiplier, so that both losses' z-loss paths run
+# OLMo-core's z-loss multiplier. Not left out: OLMo-core 3.0 hands Liger-Kernel
+# ``z_loss_multiplier or 1e-4``, which it adds to the loss either way, so that
+# without a z-loss the fused loss differs from the default by 1e-4 lse^2 (by
+# 7e-4 of a stock olmo2_1M's loss at the start: OLMo-core's, not the gain's).
+Z_LOSS = 1e-4
 
 # Float32 rounding, derived: the two losses compute the same float32 numbers,
 # and differ only in the order of two kinds of sums: over the vocabulary (the
