@@ -11,7 +11,11 @@ Parameter: logits ``g W phi + b``, b the smoothed log-unigram
 (:func:`natbias.prior.log_unigram`) of the tokens OLMo-core trains the model
 to predict (:func:`count_targets`), the gain g starting at the core's 0.05.
 Ids the tokenizer never produces (the vocabulary padded to a multiple of
-128) count 0 and get add-alpha's finite floor, never -inf.
+128) count 0 and get add-alpha's finite floor, never -inf. A head built
+with OLMo-core's ``fused_linear`` loss reads W and b without calling its
+linear map: there g scales the head's input h instead (a hook on the
+head's norm, :func:`natbias.olmo_core._compat.scale_head_input`), the
+same ``W (g h) + b`` without the logits.
 
 The model's class becomes its natural-bias subclass, which puts b and g back
 after OLMo-core's ``init_weights`` (whose ``init_final_w_out`` zeroes every
