@@ -154,6 +154,19 @@ class NaturalBiasProjection(KeepsFloat32, nn.Linear):
             return None
         return head.gain(self.gain_param, self.gain_speed)
 
+    # True where the caller scales the features by g (:meth:`scale_by_gain`)
+    # before they reach W: a fused-linear loss (natbias.olmo_core) reads W and
+    # b, never this forward, so g must act on its input.
+    input_scaled_by_caller = False
+
+    def scale_by_gain(self, features: torch.Tensor) -> torch.Tensor:
+        """g phi (phi itself without a gain): what W multiplies in eq. 1 with the gain."""
+        gain = self.gain()
+        if gain is None:
+            return features
+        gain = replicated_like(gain, features)  # one g, whole on every process
+        return _ScaleByGain.apply(features, gain, self.gain_speed * self.in_features)
+
     def forward(self, features: torch.Tensor, rows: Optional[torch.Tensor] = None) -> torch.Tensor:
         """``rows`` (the features' leading shape): which row of a bias with one
         row per condition (a target language) each position adds."""
@@ -163,10 +176,8 @@ class NaturalBiasProjection(KeepsFloat32, nn.Linear):
                 "without initialising it: after to_empty, call model.init_weights() "
                 "(transformers) or each module's reset_parameters()"
             )
-        gain = self.gain()
-        if gain is not None:
-            gain = replicated_like(gain, features)  # one g, whole on every process
-            features = _ScaleByGain.apply(features, gain, self.gain_speed * self.in_features)
+        if not self.input_scaled_by_caller:
+            features = self.scale_by_gain(features)
         bias = None if self.bias is None else self.bias.to(features.dtype)
         if bias is not None and head.per_language(bias):
             return F.linear(features, self.weight) + head.bias_rows(bias, rows)

@@ -6,6 +6,9 @@ layout), so another minor version is refused in one line rather than
 trained on a head that silently lacks the bias.
 """
 
+from contextlib import contextmanager
+from importlib import import_module
+
 from packaging.version import Version
 
 from natbias.errors import MissingExtraError, NaturalBiasError
@@ -89,6 +92,52 @@ def uses_fused_loss(head) -> bool:
     return head.loss_implementation == LMLossImplementation.fused_linear
 
 
+@contextmanager
+def fused_linear_kernel(function):
+    """OLMo-core's fused-linear loss computed by ``function`` while the
+    context lasts, in place of Liger-Kernel's
+    ``LigerFusedLinearCrossEntropyFunction.apply`` (its positional
+    arguments and its (loss, z-loss, accuracy) result): OLMo-core 3.0 has no
+    other, and Liger-Kernel's is a GPU kernel, so a machine without one
+    checks the head's fused path with a CPU stand-in (tests, research)."""
+    # the module, not the function of that name its package exports
+    losses = import_module("olmo_core.nn.functional.cross_entropy_loss")
+    saved = losses._fused_linear_cross_entropy_loss
+    losses._fused_linear_cross_entropy_loss = function
+    try:
+        yield
+    finally:
+        losses._fused_linear_cross_entropy_loss = saved
+
+
+class _ScaleHeadInput:
+    """A forward hook giving ``scale`` the tensor that OLMo-core 3.0's
+    ``LMHead.forward`` hands its linear map: ``h = self.norm(x) if self.norm
+    is not None else x``, then ``w_out(h)``, or the fused-linear loss of h,
+    ``w_out.weight`` and ``w_out.bias``. A callable object, not a closure:
+    ``copy.deepcopy`` of the model then scales by the copy's gain."""
+
+    def __init__(self, scale):
+        self.scale = scale
+
+    def __call__(self, module, args, *rest):
+        if rest and isinstance(rest[0], dict):  # the head's pre-hook: (module, args, kwargs)
+            return (self.scale(args[0]), *args[1:]), rest[0]
+        return self.scale(rest[0])  # the norm's hook: (module, args, output)
+
+
+def scale_head_input(head, scale) -> None:
+    """Makes ``scale`` act on h, the head's input after its norm: a hook on
+    the norm's output (a norm would undo a scale of its input), else a
+    pre-hook on the head (appended: FSDP's own pre-hook, which gathers the
+    head's parameters, runs first)."""
+    hook = _ScaleHeadInput(scale)
+    if head.norm is not None:
+        head.norm.register_forward_hook(hook)
+    else:
+        head.register_forward_pre_hook(hook, with_kwargs=True)
+
+
 __all__ = [
     "VERSION",
     "Callback",
@@ -98,6 +147,7 @@ __all__ = [
     "ReduceType",
     "Transformer",
     "check_version",
+    "fused_linear_kernel",
     "get_labels",
     "HEAD_BIAS_KEY",
     "HEAD_GAIN_KEY",
@@ -105,5 +155,6 @@ __all__ = [
     "save_hf_model",
     "is_chunked",
     "set_head_linear",
+    "scale_head_input",
     "uses_fused_loss",
 ]

@@ -11,7 +11,11 @@ Parameter: logits ``g W phi + b``, b the smoothed log-unigram
 (:func:`natbias.prior.log_unigram`) of the tokens OLMo-core trains the model
 to predict (:func:`count_targets`), the gain g starting at the core's 0.05.
 Ids the tokenizer never produces (the vocabulary padded to a multiple of
-128) count 0 and get add-alpha's finite floor, never -inf.
+128) count 0 and get add-alpha's finite floor, never -inf. A head built
+with OLMo-core's ``fused_linear`` loss reads W and b without calling its
+linear map: there g scales the head's input h instead (a hook on the
+head's norm, :func:`natbias.olmo_core._compat.scale_head_input`), the
+same ``W (g h) + b`` without the logits.
 
 The model's class becomes its natural-bias subclass, which puts b and g back
 after OLMo-core's ``init_weights`` (whose ``init_final_w_out`` zeroes every
@@ -136,14 +140,15 @@ def add_natural_bias(
     if gain:
         gain_init = DEFAULT_GAIN_INIT if gain_init is None else gain_init
         check_gain(gain_init, gain_speed)
-        if _compat.uses_fused_loss(head):
-            raise NaturalBiasError(
-                "the head's fused_linear loss reads W and b without the gain: use the "
-                "default loss implementation, or add_natural_bias(..., gain=False)"
-            )
     projection = NaturalBiasProjection(
         linear.weight, log_prior, gain_init if gain else None, gain_speed if gain else None
     )
+    if gain and _compat.uses_fused_loss(head):
+        # The fused-linear loss reads W and b and never calls the projection:
+        # g scales its input h instead, the same logits W (g h) + b (eq. 1
+        # with the gain) without materialising them.
+        projection.input_scaled_by_caller = True
+        _compat.scale_head_input(head, projection.scale_by_gain)
     projection.natbias_log_prior = log_prior
     projection.natbias_counts = counts  # for the export to natbias.hf (natbias.olmo_core.export)
     projection.natbias_settings = saved_settings(
