@@ -151,6 +151,12 @@ def rss_child(path, numpy_baseline=False):
     print(max(peak[0] - before, 0.0))
 
 
+def cpu_model() -> str:
+    with open("/proc/cpuinfo") as info:
+        names = [line.split(":", 1)[1].strip() for line in info if line.startswith("model name")]
+    return names[0] if names else platform.machine()
+
+
 def main():
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -176,7 +182,7 @@ def main():
     work = args.work or tempfile.mkdtemp(prefix="bench_counting_")
     os.makedirs(work, exist_ok=True)
     lines = [
-        f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+        f"Machine: {cpu_model()}, {os.cpu_count()} cores, "
         f"Python {platform.python_version()}, numpy {np.__version__}, torch {torch.__version__}, "
         f"datasets {datasets.__version__}; {args.rounds} rounds, medians.",
         "",
