@@ -28,6 +28,7 @@ import numpy as np
 VOCAB = 100_278  # a pretraining tokenizer's (OLMo 2's dolma2): uint32 ids
 INSTANCE = 2048
 CHUNK = 1 << 22
+PARTS = ("rates", "ranks", "cache", "rss")
 
 
 def zipf_file(path, tokens, dtype=np.uint32, seed=0):
@@ -66,17 +67,6 @@ def natbias_arrow(dataset):
     return count_targets(dataset, VOCAB, causal=True, cache=False)
 
 
-def rate(call, argument, tokens, rounds, pair):
-    """Median M tok/s of ``call`` over ``rounds`` (alternating with ``pair``'s)."""
-    times = []
-    for _ in range(rounds):
-        start = time.perf_counter()
-        call(argument)
-        times.append(time.perf_counter() - start)
-        pair and pair()
-    return tokens / statistics.median(times) / 1e6
-
-
 def side_by_side(ours, baseline, argument, tokens, rounds):
     base_times, our_times = [], []
     for _ in range(rounds):
@@ -89,30 +79,36 @@ def side_by_side(ours, baseline, argument, tokens, rounds):
     return ours_rate, base_rate
 
 
-def ranks_worker(rank, world, folder, path, times):
+def ranks_worker(rank, world, folder, path, rounds, times):
     import torch.distributed as dist
 
     dist.init_process_group("gloo", init_method=f"file://{folder}/store{world}", rank=rank,
                             world_size=world)  # fmt: skip
     natbias_files(path)  # warm: the same pages, the same imports
-    dist.barrier()
-    start = time.perf_counter()
-    counts = natbias_files(path)
-    elapsed = time.perf_counter() - start
+    elapsed = []
+    for _ in range(rounds):
+        dist.barrier()
+        start = time.perf_counter()
+        counts = natbias_files(path)
+        elapsed.append(time.perf_counter() - start)
     np.save(f"{folder}/w{world}r{rank}.npy", counts)
     times[rank] = elapsed
     dist.destroy_process_group()
 
 
-def ranks(folder, path, world):
-    """The slowest rank's wall time of one count, and whether all ranks agree."""
+def ranks(folder, path, world, rounds):
+    """The median over rounds of the slowest rank's wall time of one count,
+    and whether all ranks got the same counts."""
     import torch.multiprocessing as mp
 
+    for stale in os.listdir(folder):
+        os.remove(os.path.join(folder, stale))
     manager = mp.Manager()
     times = manager.dict()
-    mp.spawn(ranks_worker, args=(world, folder, path, times), nprocs=world)
+    mp.spawn(ranks_worker, args=(world, folder, path, rounds, times), nprocs=world)
     counts = [np.load(f"{folder}/w{world}r{r}.npy") for r in range(world)]
-    return max(times.values()), all((c == counts[0]).all() for c in counts)
+    slowest = [max(times[r][k] for r in range(world)) for k in range(rounds)]
+    return statistics.median(slowest), all((c == counts[0]).all() for c in counts)
 
 
 def resident_mib() -> float:
@@ -169,6 +165,7 @@ def main():
         "--work", default=None, help="folder for the data (default: a temporary one)"
     )
     parser.add_argument("--out", help="write the Markdown table here too")
+    parser.add_argument("--parts", nargs="+", default=PARTS, choices=PARTS, help="what to measure")
     parser.add_argument("--rss-child", help=argparse.SUPPRESS)
     parser.add_argument("--rss-numpy", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -192,6 +189,36 @@ def main():
     path = os.path.join(work, "tokens.u32")
     if not os.path.exists(path) or os.path.getsize(path) != 4 * args.tokens:
         zipf_file(path, args.tokens)
+    if "rates" in args.parts:
+        rates(args, work, path, lines)
+    if "ranks" in args.parts or "cache" in args.parts:
+        lines += [
+            "",
+            "| count | wall s | against one process | all ranks equal |",
+            "|---|---|---|---|",
+        ]
+    if "ranks" in args.parts:
+        gloo = os.path.join(work, "gloo")
+        os.makedirs(gloo, exist_ok=True)
+        one, _ = ranks(gloo, path, 1, args.rounds)
+        two, equal = ranks(gloo, path, 2, args.rounds)
+        lines.append(f"| 1 gloo rank | {one:.2f} | 1.00 | yes |")
+        lines.append(f"| 2 gloo ranks | {two:.2f} | {two / one:.2f} | {'yes' if equal else 'NO'} |")
+        print(*lines[-2:], sep="\n", flush=True)
+    if "cache" in args.parts:
+        cache_rows(path, work, lines)
+    if "rss" in args.parts:
+        rss_rows(args, work, lines)
+    if args.out:
+        with open(args.out, "w") as report:
+            report.write("# Counting the targets at scale\n\n`OMP_NUM_THREADS=1 python "
+                         "research/bench_counting.py` (research/bench_counting.py).\n\n")  # fmt: skip
+            report.write("\n".join(lines) + "\n")
+
+
+def rates(args, work, path, lines):
+    import datasets
+
     ours, base = side_by_side(natbias_files, numpy_files, path, args.tokens, args.rounds)
     lines.append(f"| token files, {args.tokens / 2**20:.0f} Mi uint32 | {ours:.0f} | {base:.0f} | "
                  f"{ours / base:.2f} |")  # fmt: skip
@@ -211,15 +238,8 @@ def main():
                  f"{ours / base:.2f} |")  # fmt: skip
     print(lines[-1], flush=True)
 
-    lines += ["", "| count | wall s | against one process | all ranks equal |", "|---|---|---|---|"]
-    gloo = os.path.join(work, "gloo")
-    os.makedirs(gloo, exist_ok=True)
-    one, _ = ranks(gloo, path, 1)
-    two, equal = ranks(gloo, path, 2)
-    lines.append(f"| 1 gloo rank | {one:.2f} | 1.00 | yes |")
-    lines.append(f"| 2 gloo ranks | {two:.2f} | {two / one:.2f} | {'yes' if equal else 'NO'} |")
-    print(*lines[-2:], sep="\n", flush=True)
 
+def cache_rows(path, work, lines):
     from natbias.counts import count_token_files
 
     cache = tempfile.mkdtemp(prefix="cache_", dir=work)
@@ -233,6 +253,8 @@ def main():
     lines.append(f"| cached call | {cached:.4f} | {cached / first:.4f} of the first | |")
     print(*lines[-2:], sep="\n", flush=True)
 
+
+def rss_rows(args, work, lines):
     lines += ["", "| tokens counted | peak RSS growth, natbias MiB | numpy on one memmap of the file MiB |",
               "|---|---|---|"]  # fmt: skip
     for gib in args.rss_gib:
@@ -249,11 +271,6 @@ def main():
             f"| {gib:g} GiB ({n / 2**20:.0f} Mi uint32) | {grown[0]:.1f} | {grown[1]:.1f} |"
         )
         print(lines[-1], flush=True)
-    if args.out:
-        with open(args.out, "w") as report:
-            report.write("# Counting the targets at scale\n\n`OMP_NUM_THREADS=1 python "
-                         "research/bench_counting.py` (research/bench_counting.py).\n\n")  # fmt: skip
-            report.write("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":
