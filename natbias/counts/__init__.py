@@ -22,7 +22,6 @@ from natbias.counts.corpus import count_token_files as count_token_files
 from natbias.counts.sources import (
     CHUNK_TOKENS,
     IGNORE_INDEX,
-    Arrays,
     TokenFiles,
     bincount,
     indexed_file,
@@ -41,9 +40,10 @@ def count_ids(
 ) -> np.ndarray:
     """Counts (int64, one per id) of the ids in ``sequences``: an iterable of
     id sequences (lists, numpy arrays, torch tensors) or one array. Ids in
-    ``ignore`` are skipped; any other id outside ``[0, vocab_size)`` is refused."""
+    ``ignore`` are skipped; any other id outside ``[0, vocab_size)`` is refused.
+    Counted here, by this process alone: ids in memory are on every rank already."""
     kept = (c[~np.isin(c, ignore)] if len(ignore) else c for c in _chunks_of(sequences))
-    return count_source(Arrays(kept, "the token ids"), vocab_size, "the token ids", cache=False)
+    return count_chunks(kept, vocab_size, "the token ids")
 
 
 def count_chunks(chunks, vocab_size: int, where: str, pairs=None) -> np.ndarray:

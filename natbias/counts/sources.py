@@ -11,7 +11,7 @@ Only then, on that error path, is the offending id looked for and named.
 """
 
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Optional
 
@@ -311,33 +311,4 @@ class StreamingDataset:
                 counts += count_list_array(array, vocab_size, self.causal, self.ignore, rows)
                 progress(span(array))
             rows += table.num_rows
-        return counts
-
-
-# --- arrays in memory ---------------------------------------------------------
-
-
-class Arrays:
-    """Id sequences already in memory (lists, numpy arrays, torch tensors):
-    counted by the first rank alone (they are small, or they would not be in
-    memory); never cached."""
-
-    def __init__(self, chunks: Iterator[np.ndarray], where: str):
-        self.chunks, self.where = chunks, where
-
-    def key(self):
-        return None
-
-    def shares(self, rank: int, world: int) -> list:
-        return [self.chunks] if rank == 0 else []
-
-    @staticmethod
-    def total(shares):
-        return None
-
-    def count(self, share, vocab_size: int, progress) -> np.ndarray:
-        counts = np.zeros(vocab_size, dtype=np.int64)
-        for chunk in share:
-            counts += bincount(chunk, vocab_size, lambda i: self.where)
-            progress(chunk.size)
         return counts
