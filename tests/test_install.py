@@ -73,7 +73,7 @@ def test_the_wheel_carries_licence_versions_and_readme(wheel):
         for r in metadata.get_all("Requires-Dist")
         if "extra ==" not in r
     }
-    assert base == {"torch", "numpy"}
+    assert base == {"torch", "numpy", "tqdm"}  # tqdm: the counting engine's progress bar
     fairseq_needs = [r for r in metadata.get_all("Requires-Dist") if 'extra == "fairseq"' in r]
     assert any(r.startswith("hydra-core") for r in fairseq_needs)
     assert metadata["Description-Content-Type"] == "text/markdown"
