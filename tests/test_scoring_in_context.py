@@ -441,3 +441,80 @@ def test_transformers_sentence_scores_are_each_sentence_scored_alone(
     check_sentence_scores(
         tmp_path, pairs, lambda text: transformers_log_probs(folder, names, [text])[0]
     )
+
+
+# --- transformers' logged statistics (natbias.hf.callback) ---------------------------
+
+
+@pytest.mark.training
+def test_logged_statistics_are_the_probes_divergences_computed_here(
+    transformers_models, chain_text
+):
+    """kl_unigram and kl_uniform of a probe batch (as a collator makes it:
+    right-padded, labels -100 at the padding), and bias_kl, bias_norm,
+    weight_norm and gain, against float64 computations here: each line run
+    alone, every real token after the first predicted from the positions
+    before it (log2), the prior counted from the training text."""
+    import copy
+
+    from transformers import AutoModelForCausalLM
+
+    from natbias.hf.callback import statistics
+
+    _, folder, names = transformers_models
+    model = AutoModelForCausalLM.from_pretrained(folder).eval()
+    sequences = [
+        [2] + [names.index(w) for w in line.split()] + [1]
+        for line in lines(chain_text / "test.tgt")
+    ]
+    input_ids = padded(sequences)
+    attention = input_ids.ne(0).long()
+    probe = {
+        "input_ids": input_ids,
+        "attention_mask": attention,
+        "labels": input_ids.masked_fill(attention == 0, -100),
+    }
+    logged, unrounded = statistics(model, probe), statistics(model, probe, digits=None)
+
+    counts = Counter(w for line in lines(chain_text / "train.tgt") for w in line.split() + ["</s>"])
+    counts = np.array([counts[n] for n in names], dtype=np.float64)
+    log_u = np.log((counts + 1) / (counts.sum() + len(names)))  # add-1, as the model was given
+    double = copy.deepcopy(model).double()
+    kl_unigram, kl_uniform, distributions = [], [], []
+    with torch.no_grad():
+        for ids in sequences:
+            log_p = torch.log_softmax(
+                double(input_ids=torch.tensor([ids])).logits[0, :-1], -1
+            ).numpy()
+            p = np.exp(log_p)
+            kl_unigram += list((p * (log_p - log_u)).sum(-1))
+            kl_uniform += list((p * (log_p + np.log(len(names)))).sum(-1))
+            distributions.append(p)
+    b = double.bias_in_logits().detach().numpy()
+    log_b = b - np.logaddexp.reduce(b)
+    gain = float(double.output_gain().detach())
+    expected = {
+        "kl_unigram": np.mean(kl_unigram) / LN2,
+        "kl_uniform": np.mean(kl_uniform) / LN2,
+        "bias_kl": (np.exp(log_b) * (log_b - log_u)).sum() / LN2,
+        "bias_norm": np.linalg.norm(b),
+        "weight_norm": np.linalg.norm(double.get_output_embeddings().weight.detach().numpy())
+        * abs(gain),
+        "gain": gain,
+    }
+    assert set(logged) == set(expected)
+    # float32's rounding of a KL: its log-probabilities' (margin) and the sum
+    # over the vocabulary (len(names) terms, each at most the largest |log p|)
+    tolerance = margin(distributions) + len(names) * 2**-24 * max(
+        np.abs(np.log(d)).max() for d in distributions
+    )
+    # the norms: float32 sums of at most 40 x 16 squares (W), relative error 640 u
+    relative = 640 * 2**-24
+    for key, value in expected.items():
+        assert unrounded[key] == pytest.approx(value, abs=tolerance, rel=relative), key
+        assert logged[key] == pytest.approx(value, abs=5e-5 + tolerance, rel=relative), (
+            key
+        )  # 4 decimals
+    # the probe's positions matter: the model is far from the unigram after
+    # the first token of a line, near it at the first
+    assert expected["kl_unigram"] > 0.5
