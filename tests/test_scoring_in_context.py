@@ -315,6 +315,93 @@ def test_language_model_sentence_scores_are_each_sentence_scored_alone(
     check_sentence_scores(tmp_path, pairs, sentence_log_prob)
 
 
+# --- fairseq-generate's lambda and tau on the trained translation model ---------------
+
+LAMBDA, TAU = 0.5, 0.3
+
+
+def greedy_search(model, tgt_dict, src, shift, max_len):
+    """fairseq's beam-1 search redone here, one full forward a step (no
+    incremental state): the likeliest token under log softmax(logits +
+    ``shift``), padding never, EOS not first (--min-len 1) and forced after
+    ``max_len`` tokens; (tokens, their log-probabilities, the distributions,
+    the smallest gap between the chosen token and the next best)."""
+    pad, eos = tgt_dict.pad(), tgt_dict.eos()
+    tokens, scores, distributions, gaps = [], [], [], []
+    for step in range(max_len + 1):
+        prev = torch.tensor([[eos, *tokens]])
+        logits = model(torch.tensor([src]), torch.tensor([len(src)]), prev)[0][0, -1]
+        log_p = torch.log_softmax(logits.double() + shift, -1)
+        allowed = log_p.clone()
+        allowed[pad] = -math.inf
+        if step == 0:
+            allowed[eos] = -math.inf
+        if step == max_len:
+            token = eos
+        else:
+            best, second = allowed.topk(2).values.tolist()
+            token, gap = int(allowed.argmax()), best - second
+            gaps.append(gap)
+        tokens.append(token)
+        scores.append(float(log_p[token]))
+        distributions.append(log_p.exp().numpy())
+        if token == eos:
+            break
+    return tokens, np.array(scores), np.array(distributions), min(gaps)
+
+
+LAMBDA, TAU = 0.5, 0.3
+
+
+@pytest.mark.training
+def test_fairseq_generate_applies_lambda_to_b_and_tau_to_the_log_unigram(translation, chain_text):
+    """fairseq-generate's beam-1 search with --model-overrides lambda and
+    tau: its hypotheses (H-) and their tokens' scores (P-, bits, 4 decimals)
+    are the search redone here on log softmax(g W phi + lambda b - tau log p),
+    with b the model's trained bias (no longer log p) and log p the add-1
+    unigram counted from the text."""
+    from natbias_testing import NO_LOADER_PROCESS, fairseq, reference_log_unigram
+
+    data, _, checkpoint = translation
+    overrides = f"{{'natbias_bias_scale': {LAMBDA}, 'natbias_logit_adjustment': {TAU}}}"
+    output = fairseq(
+        "fairseq-generate", *NO_LOADER_PROCESS, data, "--path", checkpoint,
+        "--user-dir", "fairseq_natbias", "--beam", "1", "--batch-size", "16",
+        "--required-batch-size-multiple", "1", "--max-len-a", "0", "--max-len-b", "12",
+        "--model-overrides", overrides,
+    ).stdout  # fmt: skip
+    printed = {}
+    for line in output.splitlines():
+        kind, _, rest = line.partition("\t")
+        if kind[:2] in ("H-", "P-"):
+            printed.setdefault(int(kind[2:]), {})[kind[0]] = rest.split("\t")[-1]
+    sources = lines(chain_text / "test.src")
+    assert sorted(printed) == list(range(len(sources)))
+
+    model, task = fairseq_double(checkpoint, data)
+    src_dict, tgt_dict = task.source_dictionary, task.target_dictionary
+    b = model.decoder.output_projection.bias.detach()
+    log_p = reference_log_unigram(chain_text / "train.tgt", tgt_dict)
+    shift = (LAMBDA - 1) * b - TAU * log_p  # g W phi + b  ->  g W phi + lambda b - tau log p
+    wrong = (LAMBDA - 1 - TAU) * b  # tau applied to b
+    with torch.no_grad():
+        for i, source in enumerate(sources):
+            src = [src_dict.index(w) for w in source.split()] + [src_dict.eos()]
+            tokens, scores, distributions, gap = greedy_search(model, tgt_dict, src, shift, 12)
+            # 4 decimals printed, and float32's rounding (margin, in bits)
+            tolerance = 5e-5 + margin(distributions) / LN2
+            assert gap > 2 * tolerance * LN2  # no near tie: float32 picks the same tokens
+            assert printed[i]["H"] == tgt_dict.string(torch.tensor(tokens)), i
+            np.testing.assert_allclose(
+                [float(x) for x in printed[i]["P"].split()], scores / LN2, atol=tolerance, rtol=0
+            )
+            # trained, b is no longer log p: tau on b scores these tokens otherwise
+            prev = torch.tensor([[tgt_dict.eos(), *tokens[:-1]]])
+            logits = model(torch.tensor([src]), torch.tensor([len(src)]), prev)[0][0]
+            other = picked(tokens, logits + wrong)[1] / LN2
+            assert np.abs(other - scores / LN2).max() > 10 * tolerance
+
+
 # --- transformers --------------------------------------------------------------------
 
 
