@@ -30,6 +30,7 @@ from natbias_testing import (
     log_records,
     multi30k_has,
     reference_log_unigram,
+    skip_without_data,
 )
 
 from fairseq_natbias.language_prior import ROWS_KEY
@@ -48,7 +49,7 @@ LANGTOKS = ["--encoder-langtok", "src", "--decoder-langtok"]
 def data(tmp_path_factory):
     """600 Multi30k sentences a pair, a 1,000-piece joint SentencePiece model."""
     if not multi30k_has("de", "en", "fr"):
-        pytest.skip(f"Multi30k's de, en and fr not found at {MULTI30K}")
+        skip_without_data(f"Multi30k's de, en and fr not found at {MULTI30K}")
     pairs = [p.split("-") for p in PAIRS]
     return built_once(
         tmp_path_factory,
