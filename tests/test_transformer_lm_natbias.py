@@ -337,7 +337,7 @@ def test_stock_transformer_lm_is_the_same_network_given_its_dims_and_norm(toy_lm
 
 
 @pytest.mark.training
-def test_analysis_tools_work_on_a_language_model(lm_run, toy_lm_bin, tmp_path):
+def test_analysis_tools_work_on_a_language_model(lm_run, toy_lm_bin, toy_text, tmp_path):
     """natbias-step0, natbias-frequency (Fig. 4: bias kept and dropped),
     natbias-dynamics and natbias-alc on an LM run, through their CLIs."""
     import csv
@@ -357,7 +357,13 @@ def test_analysis_tools_work_on_a_language_model(lm_run, toy_lm_bin, tmp_path):
         tmp_path / "fresh",
     )
     values = json.loads(step0.stdout.strip().splitlines()[-1])
-    assert abs(values["nll"] - values["unigram_ce"]) < 0.3
+    # the unigram's cross-entropy on the validation text, counted here (JSON: 4 decimals)
+    dictionary = Dictionary.load(str(toy_lm_bin / "dict.txt"))
+    log_u = log_unigram_of(hand_counts(toy_text / "train.tgt", dictionary))
+    valid = hand_counts(toy_text / "valid.tgt", dictionary)
+    unigram_ce_bits = -(valid * log_u).sum() / valid.sum() / math.log(2)
+    assert values["unigram_ce"] == pytest.approx(unigram_ce_bits, abs=5e-5)
+    assert abs(values["nll"] - unigram_ce_bits) < 0.3
     fairseq(
         "examples/paper/frequency.py",
         toy_lm_bin,
@@ -385,4 +391,10 @@ def test_analysis_tools_work_on_a_language_model(lm_run, toy_lm_bin, tmp_path):
     )
     assert (tmp_path / "dyn/gain.png").exists() and (tmp_path / "dyn/valid_loss.png").exists()
     alc = fairseq("natbias-alc", save_dir / "train.log", "--metric", "loss")
-    assert "ALC" in alc.stdout or "alc" in alc.stdout.lower()
+    # the trapezoids under the validation losses read here (the last line of an update wins)
+    curve = {int(r["num_updates"]): r["loss"] for r in log_records(lm_run[1] + lm_run[2], "valid")}
+    updates = sorted(curve)
+    area = sum((b - a) * (curve[a] + curve[b]) / 2 for a, b in zip(updates, updates[1:]))
+    expected = f"{area / (updates[-1] - updates[0]):.4f}  over updates {updates[0]}-{updates[-1]}"
+    note = f", {len(updates)} points (run stops before the limit)"  # 4 updates of 20,000
+    assert f"{save_dir / 'train.log'}\t{expected}{note}" in alc.stdout.splitlines()
