@@ -653,6 +653,18 @@ def test_averaged_and_ensembled_checkpoints_generate(data, trained, tmp_path):
     averaged = tmp_path / "averaged.pt"
     fairseq("natbias-average-checkpoints", "--inputs", save, "--num-update-checkpoints", "2",
             "--output", averaged)  # fmt: skip
+    # each tensor (the bias's three rows too) the mean of the last two update
+    # checkpoints', in float64 and rounded to float32 once: within |mean| 2^-24
+    inputs = sorted(save.glob("checkpoint_*_*.pt"), key=lambda p: int(p.stem.split("_")[-1]))
+    newest, older = (torch.load(p, map_location="cpu")["model"] for p in inputs[-1:-3:-1])
+    mean = torch.load(averaged, map_location="cpu")["model"]
+    assert mean.keys() == newest.keys() and mean["decoder.output_projection.bias"].shape[0] == 3
+    for name, tensor in mean.items():
+        if tensor.is_floating_point():
+            exact = (newest[name].double() + older[name].double()) / 2
+            torch.testing.assert_close(tensor.double(), exact, rtol=2**-24, atol=0, msg=name)
+    bias = "decoder.output_projection.bias"
+    assert ((newest[bias] - older[bias]).abs().amax(1) > 0).all()  # each row a real average
     assert len(_generate(data, averaged, "de")) == 100
     (twelve,) = save.glob("checkpoint_*_12.pt")
     ensemble = f"{twelve}:{save / 'checkpoint_last.pt'}"
