@@ -248,6 +248,36 @@ def test_language_model_scores_are_each_block_scored_alone(language_model, chain
     assert reads_context(expected[1]) > 1.0
 
 
+@pytest.mark.training
+def test_fairseq_validate_logs_the_divergences_of_each_block_scored_alone(
+    language_model, chain_text
+):
+    """fairseq-validate's kl_unigram and kl_uniform (the logging hook's, on
+    the test split in batches of two blocks, the last padded) against each
+    position's KL computed here from the blocks scored alone, in float64,
+    and the prior counted from the text."""
+    from natbias_testing import NO_LOADER_PROCESS, fairseq, log_records, reference_log_unigram
+
+    data, _, checkpoint = language_model
+    validated = fairseq(
+        "fairseq-validate", *NO_LOADER_PROCESS, data, "--task", "language_modeling",
+        "--user-dir", "fairseq_natbias", "--path", checkpoint, "--cpu", "--valid-subset", "test",
+        "--max-tokens", "64", "--required-batch-size-multiple", "1",
+    )  # fmt: skip
+    logged = log_records(validated.stdout + validated.stderr, "test")[-1]  # tagged by subset
+    model, task = fairseq_double(checkpoint, data)
+    dictionary = task.target_dictionary
+    blocks, first = stream_blocks(dictionary, lines(chain_text / "test.tgt"))
+    _, _, p = joined(lm_log_probs(model, dictionary, blocks, first))
+    log_u = reference_log_unigram(chain_text / "train.tgt", dictionary).numpy()
+    expected = {
+        "kl_unigram": (p * (np.log(p) - log_u)).sum(-1).mean() / LN2,
+        "kl_uniform": (p * (np.log(p) + np.log(len(dictionary)))).sum(-1).mean() / LN2,
+    }
+    for key, value in expected.items():  # logged to 3 decimals; float32's rounding (margin)
+        assert logged[key] == pytest.approx(value, abs=5e-4 + margin([p]) / LN2), key
+
+
 def replacement_pairs(text_lines):
     """Each test line of three words or more, and it with its last word
     replaced by the word ten after it (a chain never takes that step)."""
