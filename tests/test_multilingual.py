@@ -559,6 +559,21 @@ def test_the_default_is_a_row_per_target_language_where_the_decoder_is_told_it(
     assert model.natbias_args.natbias_prior == ("pooled" if rows == 1 else "per-language")
 
 
+@pytest.mark.parametrize(
+    "option", ["--extra-data={'mono_dae': '/nowhere'}", "--extra-lang-pairs={'mono_dae': 'en-en'}"]
+)
+def test_extra_data_is_refused_in_one_line(data, tmp_path, option):
+    """docs/options.md: the natural bias counts the main data of --lang-pairs only."""
+    with pytest.raises(NaturalBiasError) as refusal:
+        build(data, tmp_path, *ONE_TO_MANY, *LANGTOKS, option)
+    message = str(refusal.value)
+    assert "\n" not in message
+    assert message.startswith(
+        "the natural bias counts the main data of --lang-pairs; --extra-data and "
+        "--extra-lang-pairs are not counted: drop them"
+    )
+
+
 def test_per_language_needs_a_task_with_target_languages(toy_bin, toy_lm_bin, tmp_path):
     per_language = ["--natbias-prior", "per-language"]
     with pytest.raises(NaturalBiasError, match="it needs a multilingual task"):

@@ -257,6 +257,7 @@ def test_python_sampling_with_the_bias_scaled(lm_run, toy_lm_bin, fresh_copy):
     [
         (["--adaptive-softmax-cutoff", "10,20"], "adaptive-softmax-cutoff"),
         (["--adaptive-input", "--adaptive-input-cutoff", "10,20"], "--adaptive-input"),
+        (["--character-embeddings"], "--character-embeddings splits: drop it"),
         (["--natbias-init", "file"], "needs --natbias-counts"),
     ],
 )
