@@ -1,7 +1,10 @@
 """The frequency tools' scoring (fairseq_natbias.scoring, natbias.hf.scoring)
 on models that read their context: each token's log-probability the tools
 use (natbias-loss-by-frequency's and natbias-frequency-bias's) against the
-same token scored here one sentence at a time, in float64.
+same token scored here one sentence at a time, in float64. On the same
+models, what else reads positions and padding: fairseq-generate's lambda and
+tau (b trained off log p), fairseq-validate's and transformers' logged
+divergences (the logging hook, natbias.hf.callback's probe).
 
 The text is a chain: each target word is the previous one plus 1 (three
 times in four) or 2, modulo 20; the source spells the same chain in its own
