@@ -436,6 +436,46 @@ def test_fairseq_generate_applies_lambda_to_b_and_tau_to_the_log_unigram(transla
             assert np.abs(other - scores / LN2).max() > 10 * tolerance
 
 
+@pytest.mark.training
+def test_fairseq_interactive_applies_lambda_and_tau_as_generate_does(translation, chain_text):
+    """fairseq-interactive (the sentences on its standard input) with the
+    same --model-overrides: each hypothesis the beam-1 search redone here."""
+    import os
+    import subprocess
+
+    from natbias_testing import REPO, command_of, reference_log_unigram
+
+    data, _, checkpoint = translation
+    sources = lines(chain_text / "test.src")[:10]
+    overrides = f"{{'natbias_bias_scale': {LAMBDA}, 'natbias_logit_adjustment': {TAU}}}"
+    command = [
+        *command_of("fairseq-interactive"), str(data), "--path", str(checkpoint),
+        "--user-dir", "fairseq_natbias", "--source-lang", "src", "--target-lang", "tgt",
+        "--beam", "1", "--max-len-a", "0", "--max-len-b", "12", "--cpu",
+        "--model-overrides", overrides,
+    ]  # fmt: skip
+    result = subprocess.run(
+        command, input="".join(s + "\n" for s in sources), capture_output=True, text=True,
+        cwd=REPO, env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore"),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    printed = dict(
+        line.split("\t")[0:3:2] for line in result.stdout.splitlines() if line.startswith("H-")
+    )
+    assert sorted(printed) == sorted(f"H-{i}" for i in range(len(sources)))
+    model, task = fairseq_double(checkpoint, data)
+    src_dict, tgt_dict = task.source_dictionary, task.target_dictionary
+    b = model.decoder.output_projection.bias.detach()
+    log_p = reference_log_unigram(chain_text / "train.tgt", tgt_dict)
+    shift = (LAMBDA - 1) * b - TAU * log_p
+    with torch.no_grad():
+        for i, source in enumerate(sources):
+            src = [src_dict.index(w) for w in source.split()] + [src_dict.eos()]
+            tokens, _, distributions, gap = greedy_search(model, tgt_dict, src, shift, 12)
+            assert gap > 2 * margin(distributions)  # no near tie: float32 picks the same tokens
+            assert printed[f"H-{i}"] == tgt_dict.string(torch.tensor(tokens)), source
+
+
 # --- transformers --------------------------------------------------------------------
 
 
