@@ -37,7 +37,7 @@ LONGEST_FIRST = [
     "test_hf_examples.py",
     "test_ct2_fairseq.py",
     "test_transformer_natbias.py",
-    "test_scoring_in_context.py",  # three models trained (fairseq MT and LM, GPT-2): about 40 s
+    "test_scoring_in_context.py",  # three models trained (fairseq MT and LM, GPT-2): 45 s alone
     "test_hf_families.py",
     "test_transformer_lm_natbias.py",
     "test_logging_hook.py",
