@@ -3,6 +3,7 @@ and the check that the run wrote nothing into the working tree."""
 
 import os
 import platform
+from collections import Counter
 
 import pytest
 import working_tree
@@ -36,6 +37,7 @@ LONGEST_FIRST = [
     "test_hf_examples.py",
     "test_ct2_fairseq.py",
     "test_transformer_natbias.py",
+    "test_scoring_in_context.py",  # three models trained (fairseq MT and LM, GPT-2): 45 s alone
     "test_hf_families.py",
     "test_transformer_lm_natbias.py",
     "test_logging_hook.py",
@@ -88,3 +90,20 @@ def pytest_sessionfinish(session, exitstatus):
         if reporter:
             reporter.write_sep("=", f"ERROR: {message}", red=True, bold=True)
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+# The run ends by naming what it skipped and why, each reason with its count
+# (a headline test skipped where ../shared/data is absent would otherwise pass
+# unseen among the dots; under CI=true such a skip fails: skip_without_data).
+@pytest.hookimpl(trylast=True)  # after --durations' table: the line above the counts
+def pytest_terminal_summary(terminalreporter):
+    reasons = Counter()
+    for report in terminalreporter.stats.get("skipped", []):
+        longrepr = report.longrepr
+        reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+        reasons[reason.removeprefix("Skipped: ")] += 1
+    if not reasons:
+        terminalreporter.write_sep("=", "skipped: nothing")
+        return
+    listed = "; ".join(f"{count} x {reason}" for reason, count in reasons.most_common())
+    terminalreporter.write_sep("=", f"skipped {sum(reasons.values())}: {listed}", yellow=True)

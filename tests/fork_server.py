@@ -389,9 +389,13 @@ def serve(name, owner):
         return
     scripts = {e.name: e for e in entry_points(group="console_scripts")}
     entries = {tool: scripts[tool] for tool in served_tools()}
-    with basic_configs_recorded("fairseq"):
-        import fairseq  # noqa: F401
-    for tool in PRELOADED:
+    try:
+        with basic_configs_recorded("fairseq"):
+            import fairseq  # noqa: F401
+        preloaded = PRELOADED
+    except ImportError:  # the [hf] extra alone: torch preloaded, natbias's tools and python served
+        preloaded = ()
+    for tool in preloaded:
         if not configures_logging_first(entries[tool]):
             with basic_configs_recorded(tool):
                 entries[tool].load()

@@ -10,7 +10,7 @@ import shutil
 import pytest
 import torch
 from filelock import FileLock
-from natbias_testing import MULTI30K, fairseq
+from natbias_testing import MULTI30K, fairseq, skip_without_data
 
 # One thread per pytest worker (make test runs one worker per core), for the
 # fairseq runs in this process as for the subprocesses (OMP_NUM_THREADS=1).
@@ -126,7 +126,7 @@ def multi30k_text(tmp_path_factory):
     """Multi30k De-En encoded with a joint 8k SentencePiece model: all 29,000
     training pairs, the first EVAL_SENTENCES of val and test_2016_flickr."""
     if not (MULTI30K / "train.de.gz").exists():
-        pytest.skip(f"Multi30k not found at {MULTI30K} (set NATBIAS_MULTI30K)")
+        skip_without_data(f"Multi30k not found at {MULTI30K} (set NATBIAS_MULTI30K)")
     return built_once(tmp_path_factory, "multi30k_text", encode_multi30k)
 
 

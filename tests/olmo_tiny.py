@@ -8,7 +8,6 @@ import gzip
 import math
 
 import numpy as np
-import pytest
 import torch
 
 VOCAB = 1000  # the SentencePiece model's; the model's output layer is padded to 1024
@@ -54,10 +53,10 @@ def write_token_files(source, root, spm_lines: int = 8000) -> dict:
 def multi30k_token_files(tmp_path_factory):
     """Multi30k English as OLMo-core token files (:func:`write_token_files`),
     or the test skipped where Multi30k is absent."""
-    from natbias_testing import MULTI30K
+    from natbias_testing import MULTI30K, skip_without_data
 
     if not (MULTI30K / "train.en.gz").exists():
-        pytest.skip(f"Multi30k not found at {MULTI30K} (set NATBIAS_MULTI30K)")
+        skip_without_data(f"Multi30k not found at {MULTI30K} (set NATBIAS_MULTI30K)")
     return write_token_files(MULTI30K, tmp_path_factory.mktemp("olmo_multi30k"))
 
 

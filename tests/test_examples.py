@@ -21,7 +21,7 @@ from collections import Counter
 
 import pytest
 import torch
-from natbias_testing import MULTI30K, REPO, script_path, script_python
+from natbias_testing import MULTI30K, REPO, script_path, script_python, skip_without_data
 
 EXAMPLES = REPO / "examples"
 SCRIPTS = {
@@ -98,7 +98,7 @@ def multi30k_lines(name, lang, n):
 @pytest.fixture(scope="module")
 def multi30k():
     if not (MULTI30K / "train.de.gz").exists():
-        pytest.skip(f"Multi30k not found at {MULTI30K} (set NATBIAS_MULTI30K)")
+        skip_without_data(f"Multi30k not found at {MULTI30K} (set NATBIAS_MULTI30K)")
     return MULTI30K
 
 

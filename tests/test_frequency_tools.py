@@ -391,3 +391,46 @@ def test_a_start_token_the_tokenizer_puts_first_is_context(hf_models):
         [names.index("t1"), names.index("t2"), 1]
     ]
     assert scoring.encode(tokenizer, model, ["<s> t1"]) == [[names.index("t1"), 1]]
+
+
+def test_output_frequency_of_plain_hypotheses_and_references(toy_text, tmp_path):
+    """natbias-output-frequency --hypotheses --references --train-text (the
+    documented plain-text form): each bin's tokens produced and in the
+    references, and their ratio, counted here from the three texts; unequal
+    line counts refused in one line."""
+    references = (toy_text / "test.tgt").read_text().splitlines()
+    train_counts = Counter((toy_text / "train.tgt").read_text().split())  # no EOS: plain text
+    top = train_counts.most_common(1)[0][0]
+    hypotheses = [" ".join(line.split()[::-2] + [top, top]) for line in references]
+    (tmp_path / "hyp.txt").write_text("".join(h + "\n" for h in hypotheses))
+    result = fairseq(
+        "natbias-output-frequency", "--hypotheses", tmp_path / "hyp.txt",
+        "--references", toy_text / "test.tgt", "--train-text", toy_text / "train.tgt",
+        "--edges", *EDGES, "--out-dir", tmp_path / "out",
+    )  # fmt: skip
+    produced = Counter(t for line in hypotheses for t in line.split())
+    reference = Counter(t for line in references for t in line.split())
+    summary = f"{sum(produced.values())} tokens produced, {sum(reference.values())} in the "
+    assert summary + f"references, {len(references)} sentences" in result.stdout.splitlines()
+    rows = read_csv(tmp_path / "out" / "output_frequency.csv")
+    assert [r["bin"] for r in rows] == ["1-19", "20-99", ">=100"]
+    for row, (low, high) in zip(rows, [(1, 20), (20, 100), (100, math.inf)]):
+        n_produced, n_reference = (
+            sum(n for t, n in counts.items() if low <= train_counts[t] < high)
+            for counts in (produced, reference)
+        )
+        assert (int(row["produced"]), int(row["reference"])) == (n_produced, n_reference)
+        if n_reference:
+            assert float(row["ratio"]) == pytest.approx(n_produced / n_reference)
+    assert float(rows[-1]["ratio"]) > 1  # the most frequent word over-produced
+    (tmp_path / "short.txt").write_text("".join(h + "\n" for h in hypotheses[:-1]))
+    refused = fairseq(
+        "natbias-output-frequency", "--hypotheses", tmp_path / "short.txt",
+        "--references", toy_text / "test.tgt", "--train-text", toy_text / "train.tgt",
+        "--out-dir", tmp_path / "out2", check=False,
+    )  # fmt: skip
+    assert refused.returncode != 0
+    assert refused.stderr.strip().splitlines() == [
+        f"natbias-output-frequency: error: {len(references) - 1} hypotheses, "
+        f"{len(references)} references: give one of each a line"
+    ]

@@ -11,7 +11,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 from hf_tiny import FAMILIES, SLOTS, V, build, inputs_for, is_seq2seq, zipf_targets  # noqa: E402
-from natbias_testing import MULTI30K  # noqa: E402
+from natbias_testing import MULTI30K, skip_without_data  # noqa: E402
 from torch import nn  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM  # noqa: E402
 
@@ -116,7 +116,7 @@ def test_ctranslate2_serves_an_exported_marian_as_transformers_does(tmp_path):
     from ctranslate2.converters import TransformersConverter
 
     if not (MULTI30K / "train.de.gz").exists():
-        pytest.skip(f"Multi30k not found at {MULTI30K}")
+        skip_without_data(f"Multi30k not found at {MULTI30K}")
     source, target = lines("train", "de", 1500), lines("train", "en", 1500)
     tests = lines("test_2016_flickr", "de", 200)
     tokenizer = pad_last_tokenizer(source + target)

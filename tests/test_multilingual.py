@@ -30,6 +30,7 @@ from natbias_testing import (
     log_records,
     multi30k_has,
     reference_log_unigram,
+    skip_without_data,
 )
 
 from fairseq_natbias.language_prior import ROWS_KEY
@@ -48,7 +49,7 @@ LANGTOKS = ["--encoder-langtok", "src", "--decoder-langtok"]
 def data(tmp_path_factory):
     """600 Multi30k sentences a pair, a 1,000-piece joint SentencePiece model."""
     if not multi30k_has("de", "en", "fr"):
-        pytest.skip(f"Multi30k's de, en and fr not found at {MULTI30K}")
+        skip_without_data(f"Multi30k's de, en and fr not found at {MULTI30K}")
     pairs = [p.split("-") for p in PAIRS]
     return built_once(
         tmp_path_factory,
@@ -558,6 +559,21 @@ def test_the_default_is_a_row_per_target_language_where_the_decoder_is_told_it(
     assert model.natbias_args.natbias_prior == ("pooled" if rows == 1 else "per-language")
 
 
+@pytest.mark.parametrize(
+    "option", ["--extra-data={'mono_dae': '/nowhere'}", "--extra-lang-pairs={'mono_dae': 'en-en'}"]
+)
+def test_extra_data_is_refused_in_one_line(data, tmp_path, option):
+    """docs/options.md: the natural bias counts the main data of --lang-pairs only."""
+    with pytest.raises(NaturalBiasError) as refusal:
+        build(data, tmp_path, *ONE_TO_MANY, *LANGTOKS, option)
+    message = str(refusal.value)
+    assert "\n" not in message
+    assert message.startswith(
+        "the natural bias counts the main data of --lang-pairs; --extra-data and "
+        "--extra-lang-pairs are not counted: drop them"
+    )
+
+
 def test_per_language_needs_a_task_with_target_languages(toy_bin, toy_lm_bin, tmp_path):
     per_language = ["--natbias-prior", "per-language"]
     with pytest.raises(NaturalBiasError, match="it needs a multilingual task"):
@@ -652,6 +668,18 @@ def test_averaged_and_ensembled_checkpoints_generate(data, trained, tmp_path):
     averaged = tmp_path / "averaged.pt"
     fairseq("natbias-average-checkpoints", "--inputs", save, "--num-update-checkpoints", "2",
             "--output", averaged)  # fmt: skip
+    # each tensor (the bias's three rows too) the mean of the last two update
+    # checkpoints', in float64 and rounded to float32 once: within |mean| 2^-24
+    inputs = sorted(save.glob("checkpoint_*_*.pt"), key=lambda p: int(p.stem.split("_")[-1]))
+    newest, older = (torch.load(p, map_location="cpu")["model"] for p in inputs[-1:-3:-1])
+    mean = torch.load(averaged, map_location="cpu")["model"]
+    assert mean.keys() == newest.keys() and mean["decoder.output_projection.bias"].shape[0] == 3
+    for name, tensor in mean.items():
+        if tensor.is_floating_point():
+            exact = (newest[name].double() + older[name].double()) / 2
+            torch.testing.assert_close(tensor.double(), exact, rtol=2**-24, atol=0, msg=name)
+    bias = "decoder.output_projection.bias"
+    assert ((newest[bias] - older[bias]).abs().amax(1) > 0).all()  # each row a real average
     assert len(_generate(data, averaged, "de")) == 100
     (twelve,) = save.glob("checkpoint_*_12.pt")
     ensemble = f"{twelve}:{save / 'checkpoint_last.pt'}"

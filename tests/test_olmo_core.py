@@ -285,6 +285,9 @@ def test_the_prior_is_the_cores():
     model = olmo_tiny.model_1m(meta=False)
     add_natural_bias(model, counts=counts, smoothing=0.5)
     assert torch.equal(model.natbias_log_prior, log_unigram(counts, 0.5))
+    # and its values, add-0.5 counted here in float64 (rounded to float32 once: |x| 2^-24)
+    expected = torch.from_numpy(np.log((counts + 0.5) / (counts.sum() + 0.5 * len(counts))))
+    torch.testing.assert_close(model.natbias_log_prior.double(), expected, rtol=2**-24, atol=0)
     model.to(torch.bfloat16)  # b and u stay float32 where the model is cast
     head = model.lm_head.w_out
     assert (

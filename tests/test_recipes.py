@@ -24,6 +24,7 @@ from natbias_testing import (
     recipe_settings,
     run_recipe,
     setting_lines,
+    skip_without_data,
     start_recipe,
     wait_recipe,
 )
@@ -52,7 +53,9 @@ TEMPLATE_BLANKS = {"SRC", "TGT", "RAW_DIR"}
 
 def skip_without(*langs):
     if not multi30k_has(*langs):
-        pytest.skip(f"Multi30k {'/'.join(langs)} not found at {MULTI30K} (set NATBIAS_MULTI30K)")
+        skip_without_data(
+            f"Multi30k {'/'.join(langs)} not found at {MULTI30K} (set NATBIAS_MULTI30K)"
+        )
 
 
 def run_dirs(runs, seeds):

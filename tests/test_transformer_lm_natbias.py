@@ -12,8 +12,16 @@ import numpy as np
 import pytest
 import torch
 from fairseq.data import Dictionary
-from natbias_testing import NO_LOADER_PROCESS, TINY_LM, fairseq, log_records, train_lm
+from natbias_testing import (
+    NO_LOADER_PROCESS,
+    TINY_LM,
+    fairseq,
+    load_fairseq_model,
+    log_records,
+    train_lm,
+)
 from test_counts import hand_counts
+from test_scoring_in_context import stream_blocks
 
 from fairseq_natbias import numpy_compat, training_data
 from fairseq_natbias.cli.step0 import build_from_training_args, validation_divergence
@@ -148,7 +156,7 @@ def test_lm_trains_logs_and_resumes_without_recounting(lm_run):
 
 
 @pytest.mark.training
-def test_eval_lm_and_validate_need_no_training_split(lm_run, toy_lm_bin, fresh_copy):
+def test_eval_lm_and_validate_need_no_training_split(lm_run, toy_lm_bin, toy_text, fresh_copy):
     save_dir = lm_run[0]
     data = fresh_copy(toy_lm_bin)
     for path in data.glob("train.*"):
@@ -184,9 +192,35 @@ def test_eval_lm_and_validate_need_no_training_split(lm_run, toy_lm_bin, fresh_c
         "1024",
         "--tokens-per-sample",
         "32",
+        "--required-batch-size-multiple",  # fairseq's default 8 drops 2 of the 10 blocks
+        "1",
     )
     values = log_records(validated.stdout + validated.stderr, "valid")[-1]
-    assert values["kl_unigram"] >= 0 and values["kl_uniform"] > 0 and "bias_kl" in values
+    # computed here in float64: the validation text's blocks, each position's
+    # KL from the prior counted from the training text and from the uniform
+    model, task = load_fairseq_model(save_dir / "checkpoint_last.pt", data)
+    model = model.double()
+    dictionary = task.target_dictionary
+    log_u = log_unigram_of(hand_counts(toy_text / "train.tgt", dictionary))
+    blocks, first = stream_blocks(dictionary, (toy_text / "valid.tgt").read_text().splitlines())
+    kl_unigram, kl_uniform = [], []
+    with torch.no_grad():
+        for block, start in zip(blocks, first):
+            logits = model(torch.tensor([[start, *block[:-1]]]))[0][0]
+            log_p = torch.log_softmax(logits, -1).numpy()
+            p = np.exp(log_p)
+            kl_unigram += list((p * (log_p - log_u)).sum(-1))
+            kl_uniform += list((p * (log_p + math.log(len(dictionary)))).sum(-1))
+    b = model.decoder.output_projection.bias.detach().numpy()
+    log_b = b - np.logaddexp.reduce(b)
+    expected = {
+        "kl_unigram": np.mean(kl_unigram) / math.log(2),
+        "kl_uniform": np.mean(kl_uniform) / math.log(2),
+        "bias_kl": (np.exp(log_b) * (log_b - log_u)).sum() / math.log(2),
+    }
+    for key, value in expected.items():  # fairseq logs 3 decimals; float32 far below that
+        assert values[key] == pytest.approx(value, abs=5e-4 + 1e-5), key
+    assert expected["kl_uniform"] > 0.5  # a model at the unigram, far from the uniform
 
 
 @pytest.mark.training
@@ -223,6 +257,7 @@ def test_python_sampling_with_the_bias_scaled(lm_run, toy_lm_bin, fresh_copy):
     [
         (["--adaptive-softmax-cutoff", "10,20"], "adaptive-softmax-cutoff"),
         (["--adaptive-input", "--adaptive-input-cutoff", "10,20"], "--adaptive-input"),
+        (["--character-embeddings"], "--character-embeddings splits: drop it"),
         (["--natbias-init", "file"], "needs --natbias-counts"),
     ],
 )
@@ -337,7 +372,7 @@ def test_stock_transformer_lm_is_the_same_network_given_its_dims_and_norm(toy_lm
 
 
 @pytest.mark.training
-def test_analysis_tools_work_on_a_language_model(lm_run, toy_lm_bin, tmp_path):
+def test_analysis_tools_work_on_a_language_model(lm_run, toy_lm_bin, toy_text, tmp_path):
     """natbias-step0, natbias-frequency (Fig. 4: bias kept and dropped),
     natbias-dynamics and natbias-alc on an LM run, through their CLIs."""
     import csv
@@ -357,7 +392,13 @@ def test_analysis_tools_work_on_a_language_model(lm_run, toy_lm_bin, tmp_path):
         tmp_path / "fresh",
     )
     values = json.loads(step0.stdout.strip().splitlines()[-1])
-    assert abs(values["nll"] - values["unigram_ce"]) < 0.3
+    # the unigram's cross-entropy on the validation text, counted here (JSON: 4 decimals)
+    dictionary = Dictionary.load(str(toy_lm_bin / "dict.txt"))
+    log_u = log_unigram_of(hand_counts(toy_text / "train.tgt", dictionary))
+    valid = hand_counts(toy_text / "valid.tgt", dictionary)
+    unigram_ce_bits = -(valid * log_u).sum() / valid.sum() / math.log(2)
+    assert values["unigram_ce"] == pytest.approx(unigram_ce_bits, abs=5e-5)
+    assert abs(values["nll"] - unigram_ce_bits) < 0.3
     fairseq(
         "examples/paper/frequency.py",
         toy_lm_bin,
@@ -385,4 +426,10 @@ def test_analysis_tools_work_on_a_language_model(lm_run, toy_lm_bin, tmp_path):
     )
     assert (tmp_path / "dyn/gain.png").exists() and (tmp_path / "dyn/valid_loss.png").exists()
     alc = fairseq("natbias-alc", save_dir / "train.log", "--metric", "loss")
-    assert "ALC" in alc.stdout or "alc" in alc.stdout.lower()
+    # the trapezoids under the validation losses read here (the last line of an update wins)
+    curve = {int(r["num_updates"]): r["loss"] for r in log_records(lm_run[1] + lm_run[2], "valid")}
+    updates = sorted(curve)
+    area = sum((b - a) * (curve[a] + curve[b]) / 2 for a, b in zip(updates, updates[1:]))
+    expected = f"{area / (updates[-1] - updates[0]):.4f}  over updates {updates[0]}-{updates[-1]}"
+    note = f", {len(updates)} points (run stops before the limit)"  # 4 updates of 20,000
+    assert f"{save_dir / 'train.log'}\t{expected}{note}" in alc.stdout.splitlines()
