@@ -1,6 +1,8 @@
 """How far the output bias and the model are from the target unigram: the
 statistics of the paper's App. A.6 (Figs. 13, 14) and Fig. 1, in bits, each
 defined in docs/options.md#the-training-log.
+:class:`Statistics` computes them; :mod:`natbias.metrics` says which each
+engine logs and how.
 """
 
 import math
@@ -15,6 +17,39 @@ LN2 = math.log(2.0)  # nats per bit: every figure in bits divides by it
 # float32 entries per temporary of the per-token divergences (32 MiB), so that
 # 8k tokens x a 32k vocabulary never need two such tensors whole.
 CHUNK_ELEMENTS = 1 << 23
+
+
+class Statistics:
+    """Every statistic of one log line: :meth:`add` sums each batch's
+    per-token divergences (on its device, without host synchronisation);
+    ``values`` holds the output layer's (:func:`bias_statistics`)."""
+
+    def __init__(self, chunk_elements: int = CHUNK_ELEMENTS, dtype=torch.float32):
+        self.chunk_elements = chunk_elements  # float32 entries per temporary
+        self.dtype = dtype  # of the running sums; float64 where many batches are read once
+        self.sums, self.values = {}, {}  # nats over target tokens ("tokens": how many)
+
+    def add(self, log_probs, mask, log_prior=None, rows=None, targets=None) -> None:
+        """Adds the sums over the positions where ``mask`` is true of
+        kl_unigram and kl_uniform (``rows``: each position's row of a
+        per-language prior) and, given ``targets``, of their cross-entropy
+        under the model (``nll``) and the prior (``unigram_ce``), which
+        natbias-step0 prints. No prior: ``nll`` alone."""
+        sums, scores = {"tokens": mask.sum()}, {"nll": log_probs}
+        if log_prior is not None:
+            kl = divergence_sums(log_probs, mask, log_prior, self.chunk_elements, rows)
+            sums.update(kl_unigram=kl[0], kl_uniform=kl[1])
+            scores["unigram_ce"] = head.bias_rows(log_prior, rows).expand_as(log_probs)
+        for key, each in scores.items() if targets is not None else ():
+            sums[key] = -each.gather(-1, targets.unsqueeze(-1)).squeeze(-1)[mask].sum()
+        for key, value in sums.items():
+            self.sums[key] = self.sums.get(key, 0.0) + value.to(self.dtype)
+
+    def bits(self) -> dict[str, float]:
+        """``values``, then each per-token sum / tokens / ln 2 (no tokens: 0)."""
+        sums = dict(self.sums)
+        tokens = max(float(sums.pop("tokens", 0.0)), 1.0)
+        return {**self.values, **{key: float(s) / tokens / LN2 for key, s in sums.items()}}
 
 
 def bias_statistics(

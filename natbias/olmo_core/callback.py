@@ -31,6 +31,7 @@ from typing import Optional
 import torch
 
 from natbias.errors import NaturalBiasError
+from natbias.metrics import METRICS
 from natbias.olmo_core import _compat
 from natbias.olmo_core.natural_bias import NaturalBiasModel, count_targets
 from natbias.prior import DEFAULT_SMOOTHING, log_unigram
@@ -80,5 +81,6 @@ class NaturalBiasCallback(_compat.Callback):
     def post_step(self):
         if not self.enabled:
             return
-        for name, value in statistics(self.trainer.train_module.model, self._log_prior).items():
-            self.trainer.record_metric(name, value, namespace=NAMESPACE)
+        stats = statistics(self.trainer.train_module.model, self._log_prior)
+        for name in (name for name in METRICS if name in stats):  # b, W, g: the same on every rank
+            self.trainer.record_metric(name, stats[name], namespace=NAMESPACE)

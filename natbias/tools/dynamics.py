@@ -14,19 +14,13 @@ from pathlib import Path
 import numpy as np
 
 from natbias.errors import NaturalBiasError
+from natbias.metrics import METRICS
 from natbias.tools import fairseq_logs, plots, runs
 from natbias.tools.stats import mean_stderr
 
 DEFAULT_METRICS = ("kl_unigram", "kl_uniform", "bias_kl", "bias_norm", "valid_bleu")
-LABELS = {
-    "kl_unigram": "KL(model || unigram) (bits)",
-    "kl_uniform": "KL(model || uniform) (bits)",
-    "bias_kl": "KL(softmax(b) || unigram) (bits)",
-    "bias_norm": "||b||_2",
-    "weight_norm": "||g W||_F",
-    "gain": "gain g on W phi",
-    "valid_bleu": "validation BLEU",
-}
+LABELS = {name: m.label + (f" ({m.unit})" if m.unit else "") for name, m in METRICS.items()}
+LABELS["valid_bleu"] = "validation BLEU"
 
 
 @dataclass
