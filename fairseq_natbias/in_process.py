@@ -60,23 +60,19 @@ def validation_divergence(task, model, split="valid", max_tokens=4000):
     iterator = task.get_batch_iterator(
         task.dataset(split), max_tokens=max_tokens, ignore_invalid_inputs=True
     ).next_epoch_itr(shuffle=False)
-    log_unigram = getattr(model, "target_log_unigram", None)
-    pad = task.target_dictionary.pad()
+    prior, pad = getattr(model, "target_log_unigram", None), task.target_dictionary.pad()
     totals = Statistics(dtype=torch.float64)  # batch sums added in float64
     model.eval()
     with torch.no_grad():
         for sample in iterator:
-            net_output = model(**sample["net_input"])
-            log_p = model.get_normalized_probs(net_output, log_probs=True).float()
-            target = sample["target"]
-            rows = net_output[1].get(ROWS_KEY)  # per-language: each position's row
-            totals.add(log_p, target.ne(pad), log_unigram, rows, targets=target)
-    tokens = int(totals.sums.get("tokens", 0))
-    if tokens == 0:
+            out = model(**sample["net_input"])
+            log_p = model.get_normalized_probs(out, log_probs=True).float()
+            target = sample["target"]  # ROWS_KEY: each position's row of a per-language prior
+            totals.add(log_p, target.ne(pad), prior, out[1].get(ROWS_KEY), targets=target)
+    if not totals.sums.get("tokens"):
         raise NaturalBiasError(
             f"the {split} split has no target tokens: give another --valid-subset"
         )
     bits = totals.bits()
     result = {key: bits[key] for key in ("nll", "unigram_ce", "kl_unigram") if key in bits}
-    result["tokens"] = tokens
-    return result
+    return {**result, "tokens": int(totals.sums["tokens"])}

@@ -12,13 +12,12 @@ import logging
 from fairseq.logging import metrics
 
 from fairseq_natbias.language_prior import ROWS_KEY as PRIOR_ROWS_KEY
-from natbias.metrics import METRICS, PER_TOKEN, TOKENS
-from natbias.statistics import CHUNK_ELEMENTS, Statistics, bias_statistics
+from natbias.metrics import METRICS, per_token
+from natbias.statistics import CHUNK_ELEMENTS, Statistics
 
 logger = logging.getLogger(__name__)
 
 TARGET_MASK_KEY = "natbias_target_mask"
-SUMS = [*PER_TOKEN, "tokens"]  # what each logging output carries
 
 
 class BiasDivergenceHook:
@@ -45,7 +44,8 @@ class BiasDivergenceHook:
         finally:
             self.armed = False
         # The same keys on every worker: fairseq's fast all-reduce stacks them key by key.
-        logging_output.update({"natbias_" + k: self._statistics.sums.get(k, 0.0) for k in SUMS})
+        sums = self._statistics.sums
+        logging_output.update({"natbias_" + k: sums.get(k, 0.0) for k in [*per_token(), "tokens"]})
         return loss, sample_size, logging_output
 
     def observe(self, lprobs, net_output) -> None:
@@ -60,30 +60,23 @@ class BiasDivergenceHook:
         self._statistics.add(lprobs, mask, self.model.target_log_unigram, extra.get(PRIOR_ROWS_KEY))
 
     def bias_statistics(self) -> dict:
-        decoder = self.model.decoder
-        projection = decoder.output_projection
-        stats = bias_statistics(
-            projection.bias, self.model.target_log_unigram, projection.weight, projection.gain()
-        )
-        residual = getattr(decoder, "bigram_residual", None)
-        if residual is not None:
-            stats["bigram_weight"] = residual.weight.detach().float().item()
-        return stats
+        decoder, stats = self.model.decoder, Statistics()
+        beta = getattr(getattr(decoder, "bigram_residual", None), "weight", None)  # order 2's
+        p = decoder.output_projection
+        stats.add_head(p.bias, self.model.target_log_unigram, p.weight, p.gain(), beta)
+        return stats.values
 
     def log(self, logging_outputs) -> None:
-        """The per-token statistics weighted by their tokens, then the output
-        layer's (if observed since the last line), as :data:`METRICS` says."""
+        """What :data:`METRICS` lists: the per-token statistics weighted by their tokens."""
         _drop_empty_meters()
         totals = Statistics()
-        totals.sums = {
-            k: float(sum(o.get("natbias_" + k, 0.0) for o in logging_outputs)) for k in SUMS
-        }
+        for k in [*per_token(), "tokens"]:
+            totals.sums[k] = float(sum(o.get("natbias_" + k, 0.0) for o in logging_outputs))
         if self._log_bias_now:
-            self._log_bias_now = False
-            totals.values = self.bias_statistics()
+            self._log_bias_now, totals.values = False, self.bias_statistics()
         values = totals.bits()
         for name, metric in METRICS.items():
-            weight = totals.sums["tokens"] if metric.reduce == TOKENS else 1
+            weight = totals.sums["tokens"] if metric.reduce == "tokens" else 1
             if name in values and weight > 0:
                 metrics.log_scalar(name, values[name], weight, round=metric.digits)
 

@@ -6,7 +6,7 @@ import argparse
 from natbias import FORMAT_VERSION
 from natbias.errors import NaturalBiasError
 from natbias.head import DEFAULT_GAIN_INIT, DEFAULT_GAIN_SPEED, check_gain
-from natbias.metrics import METRICS, PER_TOKEN
+from natbias.metrics import METRICS, per_token
 from natbias.prior import DEFAULT_SMOOTHING, check_smoothing
 
 BIAS_INITS = ("unigram", "zero", "none", "file")
@@ -121,7 +121,7 @@ def add_args(parser) -> None:
         "--natbias-stats-interval",
         type=int,
         metavar="N",
-        help=f"compute {' and '.join(PER_TOKEN)} every N updates (default: --log-interval)",
+        help=f"compute {' and '.join(per_token())} every N updates (default: --log-interval)",
     )
 
 

@@ -29,7 +29,7 @@ from transformers import TrainerCallback
 from natbias.counts import IGNORE_INDEX
 from natbias.hf.sharded import check_reachable, gathered, is_sharded, runner
 from natbias.metrics import METRICS
-from natbias.statistics import Statistics, bias_statistics
+from natbias.statistics import Statistics
 
 
 class BiasStatisticsCallback(TrainerCallback):
@@ -97,20 +97,18 @@ def statistics(
     stats = Statistics()
     with gathered(model, wrapped):
         head = model.get_output_embeddings()
-        stats.values = bias_statistics(
+        stats.add_head(
             model.bias_in_logits(), model.natbias_log_prior, head.weight, model.output_gain()
         )
     if probe is not None:
         probe_divergences(model, probe, stats, runner(model, wrapped))
-    rounded = (lambda value: value) if digits is None else (lambda value: round(value, digits))
-    return {key: rounded(value) for key, value in stats.bits().items() if key in METRICS}
+    stats = {key: value for key, value in stats.bits().items() if key in METRICS}
+    return stats if digits is None else {key: round(v, digits) for key, v in stats.items()}
 
 
 @torch.no_grad()
-def probe_divergences(model, batch: dict, stats: Statistics, run=None) -> None:
-    """Adds the per-token statistics over the batch's target tokens to
-    ``stats``; the forward through ``run`` (``model``'s wrapper), if given."""
-    run = model if run is None else run
+def probe_divergences(model, batch: dict, stats: Statistics, run) -> None:
+    """Adds the batch's per-token statistics to ``stats``, the forward through ``run``."""
     training = run.training
     run.eval()
     try:

@@ -1,8 +1,7 @@
 """Training dynamics over updates, one line per bias initialisation (mean over
-seeds, ± standard error shaded): ``kl_unigram`` and ``kl_uniform`` (the paper's
-Fig. 1), ``valid_bleu`` (Fig. 5), ``bias_kl`` (Fig. 13), ``bias_norm`` (Fig. 14),
-``gain`` and ``weight_norm``, as ``fairseq_natbias.logging_hook`` logs them; a
-``valid_`` prefix reads the validation lines, other names the ``train_inner`` lines.
+seeds, ± standard error shaded): the statistics of :mod:`natbias.metrics` as
+fairseq's log shows them, and ``valid_bleu`` (Fig. 5); a ``valid_`` prefix
+reads the validation lines, other names the ``train_inner`` lines.
 """
 
 import math
