@@ -1,7 +1,7 @@
 """natbias.metrics is the one table of what is logged: fairseq's log hook, the
 transformers and OLMo-core callbacks log exactly its names (those each can
-measure), --no-natbias-logging's help and natbias-dynamics' labels list
-them, and a statistic added to the table and to the accumulator
+measure), --no-natbias-logging's help and natbias-dynamics' labels and help
+list them, and a statistic added to the table and to the accumulator
 (natbias.statistics) alone reaches every log, with the value computed here
 from the model's own logits and bias in float64.
 """
@@ -104,9 +104,10 @@ def test_every_engine_logs_exactly_the_tables_names(tmp_path, toy_bin):
     expected = {f"natbias/{n}" for n in set(METRICS) - FAIRSEQ_ONLY - set(per_token())}
     assert set(olmo_recorded()[0]) == expected
     assert help_names() == list(METRICS)
-    from natbias.tools import dynamics
+    from natbias.tools import cli, dynamics
 
     assert set(METRICS) <= set(dynamics.LABELS)
+    assert ", ".join(METRICS) in cli.DYNAMICS_DOC  # natbias-dynamics --help
 
 
 @pytest.fixture
