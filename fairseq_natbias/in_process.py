@@ -7,9 +7,8 @@ import os
 import sys
 
 from fairseq_natbias.language_prior import ROWS_KEY
-from natbias import head
 from natbias.errors import NaturalBiasError
-from natbias.statistics import LN2, divergence_sums
+from natbias.statistics import Statistics
 
 
 def build_from_training_args(argv):
@@ -61,32 +60,19 @@ def validation_divergence(task, model, split="valid", max_tokens=4000):
     iterator = task.get_batch_iterator(
         task.dataset(split), max_tokens=max_tokens, ignore_invalid_inputs=True
     ).next_epoch_itr(shuffle=False)
-    log_unigram = getattr(model, "target_log_unigram", None)
-    pad = task.target_dictionary.pad()
-    totals = {"nll": 0.0, "unigram_ce": 0.0, "kl_unigram": 0.0}
-    tokens = 0
+    prior, pad = getattr(model, "target_log_unigram", None), task.target_dictionary.pad()
+    totals = Statistics(dtype=torch.float64)  # batch sums added in float64
     model.eval()
     with torch.no_grad():
         for sample in iterator:
-            net_output = model(**sample["net_input"])
-            log_p = model.get_normalized_probs(net_output, log_probs=True).float()
-            target = sample["target"]
-            mask = target.ne(pad)
-            totals["nll"] -= log_p.gather(-1, target.unsqueeze(-1)).squeeze(-1)[mask].sum().item()
-            tokens += int(mask.sum())
-            if log_unigram is not None:  # per-language: each position's row
-                rows = net_output[1].get(ROWS_KEY)
-                prior = head.bias_rows(log_unigram, rows).expand_as(log_p)
-                picked = prior.gather(-1, target.unsqueeze(-1)).squeeze(-1)
-                totals["unigram_ce"] -= picked[mask].sum().item()
-                kl_sum = divergence_sums(log_p, mask, log_unigram, prior_rows=rows)[0]
-                totals["kl_unigram"] += kl_sum.item()
-    if tokens == 0:
+            out = model(**sample["net_input"])
+            log_p = model.get_normalized_probs(out, log_probs=True).float()
+            target = sample["target"]  # ROWS_KEY: each position's row of a per-language prior
+            totals.add(log_p, target.ne(pad), prior, out[1].get(ROWS_KEY), targets=target)
+    if not totals.sums.get("tokens"):
         raise NaturalBiasError(
             f"the {split} split has no target tokens: give another --valid-subset"
         )
-    result = {key: value / tokens / LN2 for key, value in totals.items()}
-    result["tokens"] = tokens
-    if log_unigram is None:
-        del result["unigram_ce"], result["kl_unigram"]
-    return result
+    bits = totals.bits()
+    result = {key: bits[key] for key in ("nll", "unigram_ce", "kl_unigram") if key in bits}
+    return {**result, "tokens": int(totals.sums["tokens"])}

@@ -12,14 +12,12 @@ import logging
 from fairseq.logging import metrics
 
 from fairseq_natbias.language_prior import ROWS_KEY as PRIOR_ROWS_KEY
-from natbias.statistics import CHUNK_ELEMENTS, LN2, bias_statistics, divergence_sums
+from natbias.metrics import METRICS, per_token
+from natbias.statistics import CHUNK_ELEMENTS, Statistics
 
 logger = logging.getLogger(__name__)
 
 TARGET_MASK_KEY = "natbias_target_mask"
-SUM_KEYS = ("natbias_kl_unigram", "natbias_kl_uniform", "natbias_tokens")
-# What this hook logs (a meter fairseq would print as None is dropped).
-LOGGED_KEYS = "kl_unigram kl_uniform gain weight_norm bias_norm bias_kl bigram_weight".split()
 
 
 class BiasDivergenceHook:
@@ -29,7 +27,6 @@ class BiasDivergenceHook:
         self.armed = False
         self.chunk_elements = CHUNK_ELEMENTS  # float32 entries per temporary
         self._log_bias_now = False
-        self._sums = dict.fromkeys(SUM_KEYS, 0.0)
         if model.decoder.output_projection.bias is None:
             logger.info(
                 "natbias: this model has no output bias (--natbias-init none); "
@@ -41,13 +38,14 @@ class BiasDivergenceHook:
         step (None), observed if due, with this hook's sums in its logging output."""
         self.armed = update_num is None or (update_num + 1) % self.stats_interval == 0
         self._log_bias_now = self._log_bias_now or self.armed
+        self._statistics = Statistics(self.chunk_elements)
         try:
             loss, sample_size, logging_output = step()
         finally:
             self.armed = False
         # The same keys on every worker: fairseq's fast all-reduce stacks them key by key.
-        logging_output.update(self._sums)
-        self._sums = dict.fromkeys(SUM_KEYS, 0.0)
+        sums = self._statistics.sums
+        logging_output.update({"natbias_" + k: sums.get(k, 0.0) for k in [*per_token(), "tokens"]})
         return loss, sample_size, logging_output
 
     def observe(self, lprobs, net_output) -> None:
@@ -59,33 +57,28 @@ class BiasDivergenceHook:
         mask = extra.pop(TARGET_MASK_KEY, None)  # pop: count each output once
         if mask is None:
             return
-        prior, rows = self.model.target_log_unigram, extra.get(PRIOR_ROWS_KEY)
-        sums = divergence_sums(lprobs, mask, prior, self.chunk_elements, rows)
-        for key, value in zip(SUM_KEYS, sums):
-            self._sums[key] = self._sums[key] + value
+        self._statistics.add(lprobs, mask, self.model.target_log_unigram, extra.get(PRIOR_ROWS_KEY))
 
     def bias_statistics(self) -> dict:
-        decoder = self.model.decoder
-        projection = decoder.output_projection
-        stats = bias_statistics(
-            projection.bias, self.model.target_log_unigram, projection.weight, projection.gain()
-        )
-        residual = getattr(decoder, "bigram_residual", None)
-        if residual is not None:
-            stats["bigram_weight"] = residual.weight.detach().float().item()
-        return stats
+        decoder, stats = self.model.decoder, Statistics()
+        beta = getattr(getattr(decoder, "bigram_residual", None), "weight", None)  # order 2's
+        p = decoder.output_projection
+        stats.add_head(p.bias, self.model.target_log_unigram, p.weight, p.gain(), beta)
+        return stats.values
 
     def log(self, logging_outputs) -> None:
+        """What :data:`METRICS` lists: the per-token statistics weighted by their tokens."""
         _drop_empty_meters()
-        tokens = float(sum(log.get("natbias_tokens", 0.0) for log in logging_outputs))
-        if tokens > 0:
-            for key in ("kl_unigram", "kl_uniform"):
-                total = float(sum(log.get("natbias_" + key, 0.0) for log in logging_outputs))
-                metrics.log_scalar(key, total / tokens / LN2, tokens, round=3)
+        totals = Statistics()
+        for k in [*per_token(), "tokens"]:
+            totals.sums[k] = float(sum(o.get("natbias_" + k, 0.0) for o in logging_outputs))
         if self._log_bias_now:
-            self._log_bias_now = False
-            for key, value in self.bias_statistics().items():
-                metrics.log_scalar(key, value, 1, round=4)
+            self._log_bias_now, totals.values = False, self.bias_statistics()
+        values = totals.bits()
+        for name, metric in METRICS.items():
+            weight = totals.sums["tokens"] if metric.reduce == "tokens" else 1
+            if name in values and weight > 0:
+                metrics.log_scalar(name, values[name], weight, round=metric.digits)
 
 
 def _drop_empty_meters() -> None:
@@ -98,7 +91,7 @@ def _drop_empty_meters() -> None:
         meters = metrics.get_meters(name)
         if not meters:
             continue
-        for key in LOGGED_KEYS:
+        for key in METRICS:
             if key in meters and getattr(meters[key], "count", 1) == 0:
                 del meters[key]
                 meters.priorities = [p for p in meters.priorities if p[2] != key]

@@ -6,6 +6,7 @@ import argparse
 from natbias import FORMAT_VERSION
 from natbias.errors import NaturalBiasError
 from natbias.head import DEFAULT_GAIN_INIT, DEFAULT_GAIN_SPEED, check_gain
+from natbias.metrics import METRICS, per_token
 from natbias.prior import DEFAULT_SMOOTHING, check_smoothing
 
 BIAS_INITS = ("unigram", "zero", "none", "file")
@@ -114,13 +115,13 @@ def add_args(parser) -> None:
         "--no-natbias-logging",
         action="store_true",
         default=None,
-        help="do not log bias_kl, bias_norm, weight_norm, gain, kl_unigram, kl_uniform",
+        help="do not log " + ", ".join(METRICS),
     )
     add(
         "--natbias-stats-interval",
         type=int,
         metavar="N",
-        help="compute kl_unigram and kl_uniform every N updates (default: --log-interval)",
+        help=f"compute {' and '.join(per_token())} every N updates (default: --log-interval)",
     )
 
 

@@ -28,7 +28,7 @@ from natbias_testing import (
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from natbias.statistics import divergence_sums
+from natbias.statistics import Statistics
 
 LN2 = math.log(2.0)
 HOOK_KEYS = ("kl_unigram", "kl_uniform", "weight_norm", "bias_norm", "bias_kl")
@@ -191,9 +191,10 @@ def test_statistics_memory_is_bounded_by_the_chunk(tmp_path, toy_bin):
     peaks = {}
     for chunk_elements in (tokens * vocab, 1 << 16):
         hook.chunk_elements = chunk_elements
+        stats = Statistics(hook.chunk_elements)
         with torch.no_grad(), _LiveBytes() as tracker:
-            sums = divergence_sums(lprobs, mask, hook.model.target_log_unigram, hook.chunk_elements)
-        peaks[chunk_elements] = (tracker.peak, [s.item() for s in sums])
+            stats.add(lprobs, mask, hook.model.target_log_unigram)
+        peaks[chunk_elements] = (tracker.peak, [s.item() for s in stats.sums.values()])
     one_pass, chunked = peaks[tokens * vocab], peaks[1 << 16]
     assert one_pass[0] >= 2 * tokens * vocab * 4
     rows = (1 << 16) // vocab

@@ -9,7 +9,7 @@ from torch import nn
 
 from natbias.errors import NaturalBiasError
 from natbias.projection import NaturalBiasProjection, _ScaleByGain, paper_weight_init_
-from natbias.statistics import bias_statistics
+from natbias.statistics import Statistics
 
 
 class FakeDecoder(nn.Module):
@@ -95,8 +95,9 @@ def test_gained_projection_is_g_w_phi_plus_b_and_keeps_the_tie():
     }
     assert gained.gain().item() == pytest.approx(0.05)
     norm = decoder.embed_tokens.weight.detach().norm().item()
-    stats = bias_statistics(gained.bias, values, gained.weight, gained.gain())
-    assert stats["weight_norm"] == pytest.approx(0.05 * norm, rel=1e-6)
+    stats = Statistics()
+    stats.add_head(gained.bias, values, gained.weight, gained.gain())
+    assert stats.values["weight_norm"] == pytest.approx(0.05 * norm, rel=1e-6)
 
 
 def test_adding_the_gain_draws_no_random_numbers():

@@ -146,6 +146,8 @@ def main(argv=None):
             if "train/CE loss" in metrics:
                 train_curve[step] = metrics["train/CE loss"] / math.log(2)
 
+    console = ConsoleLoggerCallback(log_interval=args.eval_every)
+    console.metrics.append("natbias/*")  # NaturalBiasCallback's: its default list leaves them out
     trainer = (
         TrainerConfig(
             save_folder=str(args.out / "checkpoints"), save_overwrite=True, device="cpu",
@@ -154,7 +156,7 @@ def main(argv=None):
         )
         .with_callback("natbias", natbias.olmo_core.NaturalBiasCallback(enabled=args.arm == "natural"))
         .with_callback("validation", Validation())
-        .with_callback("console", ConsoleLoggerCallback(log_interval=args.eval_every))
+        .with_callback("console", console)
         .build(module, loader)
     )  # fmt: skip
     start = time.time()

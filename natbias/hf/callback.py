@@ -28,7 +28,8 @@ from transformers import TrainerCallback
 
 from natbias.counts import IGNORE_INDEX
 from natbias.hf.sharded import check_reachable, gathered, is_sharded, runner
-from natbias.statistics import LN2, bias_statistics, divergence_sums
+from natbias.metrics import METRICS
+from natbias.statistics import Statistics
 
 
 class BiasStatisticsCallback(TrainerCallback):
@@ -93,23 +94,21 @@ def statistics(
     bias_norm of b as the logits see it. Under sharding, call it on every
     process; under FSDP1 with ``model`` inside its wrapper, give the wrapper
     as ``wrapped`` (:mod:`natbias.hf.sharded`)."""
+    stats = Statistics()
     with gathered(model, wrapped):
         head = model.get_output_embeddings()
-        stats = bias_statistics(
+        stats.add_head(
             model.bias_in_logits(), model.natbias_log_prior, head.weight, model.output_gain()
         )
     if probe is not None:
-        stats.update(probe_divergences(model, probe, runner(model, wrapped)))
-    if digits is None:
-        return stats
-    return {key: round(value, digits) for key, value in stats.items()}
+        probe_divergences(model, probe, stats, runner(model, wrapped))
+    stats = {key: value for key, value in stats.bits().items() if key in METRICS}
+    return stats if digits is None else {key: round(v, digits) for key, v in stats.items()}
 
 
 @torch.no_grad()
-def probe_divergences(model, batch: dict, run=None) -> dict:
-    """``kl_unigram`` and ``kl_uniform`` (bits) over the batch's target
-    tokens; the forward through ``run`` (``model``'s wrapper), if given."""
-    run = model if run is None else run
+def probe_divergences(model, batch: dict, stats: Statistics, run) -> None:
+    """Adds the batch's per-token statistics to ``stats``, the forward through ``run``."""
     training = run.training
     run.eval()
     try:
@@ -119,13 +118,7 @@ def probe_divergences(model, batch: dict, run=None) -> dict:
         logits = run(**inputs).logits
         if not getattr(model.config, "is_encoder_decoder", False):
             logits, labels = logits[:, :-1], labels[:, 1:]
-        kl_unigram, kl_uniform, tokens = divergence_sums(
-            torch.log_softmax(logits.float(), -1), labels.ne(IGNORE_INDEX), model.natbias_log_prior
-        )
+        log_probs = torch.log_softmax(logits.float(), -1)
+        stats.add(log_probs, labels.ne(IGNORE_INDEX), model.natbias_log_prior)
     finally:
         run.train(training)
-    tokens = max(tokens.item(), 1.0)
-    return {
-        "kl_unigram": kl_unigram.item() / tokens / LN2,
-        "kl_uniform": kl_uniform.item() / tokens / LN2,
-    }

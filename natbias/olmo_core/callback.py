@@ -3,9 +3,8 @@ callback, and the bias statistics in OLMo-core's metrics.
 
     trainer_config.with_callback("natbias", NaturalBiasCallback())
 
-At every step the callback records ``natbias/bias_kl``, ``natbias/bias_norm``,
-``natbias/weight_norm`` and ``natbias/gain`` (the names of
-:mod:`natbias.statistics`, as natbias.hf logs them) with
+At every step the callback records the output layer's statistics of
+:mod:`natbias.metrics` as ``natbias/bias_kl`` etc. with
 ``Trainer.record_metric``, so they reach every metrics destination the
 trainer has (console, W&B, Comet, the metrics saver). Under FSDP and tensor
 parallelism every process gathers b and the norm of W (collectives), as
@@ -31,11 +30,12 @@ from typing import Optional
 import torch
 
 from natbias.errors import NaturalBiasError
+from natbias.metrics import METRICS
 from natbias.olmo_core import _compat
 from natbias.olmo_core.natural_bias import NaturalBiasModel, count_targets
 from natbias.prior import DEFAULT_SMOOTHING, log_unigram
 from natbias.sharding import fill_
-from natbias.statistics import bias_statistics
+from natbias.statistics import Statistics
 
 NAMESPACE = "natbias"
 
@@ -44,11 +44,11 @@ def statistics(model, log_prior: Optional[torch.Tensor] = None) -> dict:
     """``bias_kl``, ``bias_norm``, ``weight_norm`` and ``gain`` of the model's
     head (a collective where it is sharded: call it on every process)."""
     head = _compat.head_of(model)[1]
-    if log_prior is None:
-        log_prior = model.natbias_log_prior
-    gain = head.gain() if hasattr(head, "gain") else None
+    log_prior = model.natbias_log_prior if log_prior is None else log_prior
+    gain, stats = head.gain() if hasattr(head, "gain") else None, Statistics()
     with torch.no_grad():
-        return bias_statistics(head.bias, log_prior, head.weight, gain)
+        stats.add_head(head.bias, log_prior, head.weight, gain)
+    return stats.values
 
 
 @dataclass
@@ -80,5 +80,6 @@ class NaturalBiasCallback(_compat.Callback):
     def post_step(self):
         if not self.enabled:
             return
-        for name, value in statistics(self.trainer.train_module.model, self._log_prior).items():
-            self.trainer.record_metric(name, value, namespace=NAMESPACE)
+        stats = statistics(self.trainer.train_module.model, self._log_prior)
+        for name in (name for name in METRICS if name in stats):  # b, W, g: the same on every rank
+            self.trainer.record_metric(name, stats[name], namespace=NAMESPACE)

@@ -190,10 +190,10 @@ standard error over seeds shaded (Meister et al., 2023, Figs. 1, 5, 13, 14)::
     natbias-dynamics --log unigram=a/train.log --log zero=c/train.log --out-dir out
 
 RUNS is a run grid (see natbias-report --help); --log INIT=LOG adds single
-logs (repeat an INIT for its seeds). Metrics: kl_unigram, kl_uniform, bias_kl,
-bias_norm, gain, weight_norm (train_inner lines) and validation keys with a
-valid_ prefix (valid_bleu). Writes <metric>.png per metric and dynamics.tsv.
-"""
+logs (repeat an INIT for its seeds). Writes <metric>.png per metric and
+dynamics.tsv. Metrics: validation keys with a valid_ prefix (valid_bleu),
+and of the train_inner lines: {}.
+""".format(", ".join(name for name in dynamics.LABELS if name != "valid_bleu"))
 
 SINGLE_LOGS_DATASET = "runs"
 

@@ -1,8 +1,7 @@
 """Training dynamics over updates, one line per bias initialisation (mean over
-seeds, ± standard error shaded): ``kl_unigram`` and ``kl_uniform`` (the paper's
-Fig. 1), ``valid_bleu`` (Fig. 5), ``bias_kl`` (Fig. 13), ``bias_norm`` (Fig. 14),
-``gain`` and ``weight_norm``, as ``fairseq_natbias.logging_hook`` logs them; a
-``valid_`` prefix reads the validation lines, other names the ``train_inner`` lines.
+seeds, ± standard error shaded): the statistics of :mod:`natbias.metrics` as
+fairseq's log shows them, and ``valid_bleu`` (Fig. 5); a ``valid_`` prefix
+reads the validation lines, other names the ``train_inner`` lines.
 """
 
 import math
@@ -14,19 +13,13 @@ from pathlib import Path
 import numpy as np
 
 from natbias.errors import NaturalBiasError
+from natbias.metrics import METRICS
 from natbias.tools import fairseq_logs, plots, runs
 from natbias.tools.stats import mean_stderr
 
 DEFAULT_METRICS = ("kl_unigram", "kl_uniform", "bias_kl", "bias_norm", "valid_bleu")
-LABELS = {
-    "kl_unigram": "KL(model || unigram) (bits)",
-    "kl_uniform": "KL(model || uniform) (bits)",
-    "bias_kl": "KL(softmax(b) || unigram) (bits)",
-    "bias_norm": "||b||_2",
-    "weight_norm": "||g W||_F",
-    "gain": "gain g on W phi",
-    "valid_bleu": "validation BLEU",
-}
+LABELS = {name: m.label + (f" ({m.unit})" if m.unit else "") for name, m in METRICS.items()}
+LABELS["valid_bleu"] = "validation BLEU"
 
 
 @dataclass
