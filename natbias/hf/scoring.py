@@ -169,9 +169,9 @@ def score_pair(args, progress):
 
 
 def sentence_scorer(args):
-    """natbias-frequency-bias's causal LM folder ``args.model``: (text -> ids,
-    ids of sentences -> their log-probabilities, the training counts)."""
+    """natbias-frequency-bias's causal LM folder ``args.model``: (texts -> their
+    ids, ids of sentences -> their log-probabilities, the training counts)."""
     model, tokenizer = load_causal_lm(args.model, torch.cuda.is_available() and not args.cpu)
     counts = training_counts(model, tokenizer, args.counts, args.train_text)
-    encode_one = lambda text: encode(tokenizer, model, [text])[0]  # noqa: E731
-    return encode_one, lambda ids: sentence_log_probs(model, ids), counts
+    encode_all = lambda texts: encode(tokenizer, model, texts)  # noqa: E731
+    return encode_all, lambda ids: sentence_log_probs(model, ids, batch_size=64), counts
