@@ -196,6 +196,7 @@ def run_bias(args):
     encode, score, counts = scorer.sentence_scorer(args)
     sentences = [tuple(ids) for ids in encode([text for p in pairs for text in (p.good, p.bad)])]
     tokens = list(zip(sentences[::2], sentences[1::2]))
+    frequency_bias.check_pairs(tokens)
     what = f"{len(pairs)} pairs of {len(files)} phenomena"
     scored = iter(score_sentences(score, sentences, what))
     scores = [(next(scored), next(scored)) for _ in tokens]

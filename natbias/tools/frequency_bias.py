@@ -196,11 +196,7 @@ def frequency_bias(
             }
         )
     third = len(rows) // 3
-    if third == 0:
-        raise NaturalBiasError(
-            f"{len(rows)} replacement pairs left of {len(pairs)} ({skipped_text(skipped)}): "
-            "ranking into thirds needs at least 3"
-        )
+    require_thirds(len(rows), len(pairs), skipped)
     rows.sort(key=lambda row: row["relative_difference"])  # stable: ties in file order
     for rank, row in enumerate(rows, start=1):
         row["rank"] = rank
@@ -215,6 +211,21 @@ def frequency_bias(
     return FrequencyBias(
         rows, dict(skipped), score_of("lower"), score_of("middle"), score_of("upper"), third
     )
+
+
+def require_thirds(kept: int, pairs: int, skipped: dict) -> None:
+    if kept // 3 == 0:
+        raise NaturalBiasError(
+            f"{kept} replacement pairs left of {pairs} ({skipped_text(skipped)}): "
+            "ranking into thirds needs at least 3"
+        )
+
+
+def check_pairs(tokens: Sequence[tuple[Sequence[int], Sequence[int]]]) -> None:
+    """Refuse, before any is scored, pairs of which too few replace tokens to rank."""
+    kinds = Counter(differing_tokens(good, bad)[2] for good, bad in tokens)
+    kept = kinds.pop(REPLACEMENT, 0)
+    require_thirds(kept, len(tokens), dict(kinds))
 
 
 def skipped_text(skipped: dict) -> str:
