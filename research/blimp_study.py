@@ -304,6 +304,45 @@ def curve_table(args, arms):
     return lines
 
 
+def cpu_seconds(args):
+    """Per score's CSV: the CPU seconds its call had used when last seen by
+    work/blimp_study/monitor.sh (ps every 20 s; cpu_times.log), if it was watched."""
+    log = args.workdir / "cpu_times.log"
+    seen = {}
+    if log.exists():
+        for line in log.read_text().splitlines():
+            _, _, _, cpu, out, *_ = line.split()
+            minutes, _, seconds = cpu.rpartition(":")
+            seen[out] = max(seen.get(out, 0), int(minutes or 0) * 60 + int(seconds))
+    return seen
+
+
+def vocabulary_overlap(args):
+    """BLiMP's running words (letters and apostrophes, lower-cased) by their
+    count in Multi30k's English training text: how much of it the models saw."""
+    import gzip
+    import re
+    from collections import Counter
+
+    words = lambda text: re.findall(r"[a-z']+", text.lower())  # noqa: E731
+    with gzip.open(Path(args.multi30k) / f"train.{LANG}.gz", "rt", encoding="utf-8") as f:
+        train = Counter(w for line in f for w in words(line))
+    blimp = Counter()
+    for path in sorted(Path(args.blimp).glob("*.jsonl*")):
+        with (gzip.open if path.suffix == ".gz" else open)(path, "rt", encoding="utf-8") as f:
+            for item in map(json.loads, f):
+                blimp.update(words(item["sentence_good"]) + words(item["sentence_bad"]))
+    total = sum(blimp.values())
+    unseen = sum(c for w, c in blimp.items() if not train[w])
+    rare = sum(c for w, c in blimp.items() if 0 < train[w] <= 10)
+    return (
+        f"{sum(1 for w in blimp if not train[w]):,} of BLiMP's {len(blimp):,} word types never "
+        f"occur in Multi30k's English training text; of its {total:,} running words "
+        f"{100 * unseen / total:.0f} % are unseen there and {100 * rare / total:.0f} % seen 1 to 10 "
+        "times (words: letters and apostrophes, lower-cased)."
+    )
+
+
 def report(args):
     out = Path(args.out)
     arms = [a for a in ARMS if any(run_folder(args, a, s).exists() for s in args.seeds)]
@@ -350,12 +389,34 @@ def report(args):
         "",
     ]
     lines += body
+    cpu = cpu_seconds(args)
     if seconds:
         lines += [
-            f"One natbias-frequency-bias call on all 67 files took {min(seconds):.0f} to "
-            f"{max(seconds):.0f} s here (2 shared cores, one thread, beside a training).",
+            f"One natbias-frequency-bias call on all 67 files (134,000 sentences) took "
+            f"{min(seconds):.0f} to {max(seconds):.0f} s of wall time here: 2 cores shared with "
+            "three other sessions' tests and benchmarks (load 5 to 9), two calls or a call and a "
+            "training side by side, one thread, nice 10"
+            + (
+                f"; the calls watched used {min(cpu.values()):.0f} to {max(cpu.values()):.0f} CPU "
+                "seconds (ps every 20 s, the last reading before each call ended)."
+                if cpu
+                else "."
+            ),
             "",
         ]
+    third = next(
+        (int(r["lower_pairs"]) for a in arms for s in args.seeds for u in KEEP
+         if (r := read_scores(args, a, s, u)) is not None),
+        None,
+    )  # fmt: skip
+    if third:
+        lines += [
+            f"Pairs: a third holds {third:,} pairs, so one third's score carries a sampling error "
+            f"of at most {100 * math.sqrt(0.25 / third):.2f} points (sqrt(0.25 / {third:,})) and "
+            f"one frequency bias {100 * math.sqrt(0.5 / third):.2f}, from the pairs alone.",
+            "",
+        ]
+    lines += [vocabulary_overlap(args), ""]
     out.write_text("\n".join(lines), encoding="utf-8")
     return out
 
