@@ -102,11 +102,19 @@ def score_job(args, arm, seed, point, trained):
             "--csv", str(out.with_suffix(".tmp")),
         ]  # fmt: skip
         started = time.time()
-        result = subprocess.run(command, capture_output=True, text=True)
-        if result.returncode:
-            raise RuntimeError(f"scoring {model} failed: {result.stderr.strip()[-2000:]}")
-        seconds = time.time() - started
-        out.with_suffix(".txt").write_text(result.stdout + f"seconds: {seconds:.0f}\n")
+        with open(out.with_suffix(".log"), "w+", encoding="utf-8") as log:
+            child = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+            _, status, usage = os.wait4(child.pid, 0)  # its own CPU time, not the other jobs'
+            child.returncode = os.waitstatus_to_exitcode(status)
+            log.seek(0)
+            output = log.read()
+        if child.returncode:
+            raise RuntimeError(f"scoring {model} failed: {output.strip()[-2000:]}")
+        cpu = usage.ru_utime + usage.ru_stime
+        stdout = "".join(line for line in output.splitlines(True) if "sentences/s" not in line)
+        out.with_suffix(".txt").write_text(
+            stdout + f"cpu_seconds: {cpu:.0f}\nseconds: {time.time() - started:.0f}\n"
+        )
         os.replace(out.with_suffix(".tmp"), out)
 
     return Job(
@@ -305,15 +313,21 @@ def curve_table(args, arms):
 
 
 def cpu_seconds(args):
-    """Per score's CSV: the CPU seconds its call had used when last seen by
-    work/blimp_study/monitor.sh (ps every 20 s; cpu_times.log), if it was watched."""
-    log = args.workdir / "cpu_times.log"
+    """Per score (its CSV's .tmp path): the CPU seconds of its call, from
+    os.wait4 (in its .txt), or for the first calls, made before that, the last
+    reading of ``ps -eo pid,etimes,times,args`` every 20 s before the call ended
+    (WORKDIR/cpu_times.log: time, pid, elapsed, CPU, the .tmp path, the model)."""
     seen = {}
+    log = args.workdir / "cpu_times.log"
     if log.exists():
         for line in log.read_text().splitlines():
             _, _, _, cpu, out, *_ = line.split()
             minutes, _, seconds = cpu.rpartition(":")
             seen[out] = max(seen.get(out, 0), int(minutes or 0) * 60 + int(seconds))
+    for path in (args.workdir / "blimp").glob("*/*/*.txt"):
+        text = path.read_text()
+        if "cpu_seconds: " in text:
+            seen[str(path.with_suffix(".tmp"))] = float(text.split("cpu_seconds: ")[1].split()[0])
     return seen
 
 
