@@ -146,11 +146,12 @@ def jobs_of(args):
             # the first run trains the tokenizer every run shares: alone
             trains.append(train_job(args, arm, seed, trains[:1]))
             scores += [score_job(args, arm, seed, point, trains[-1]) for point in FIRST]
-    later = [
+    runs = list(zip(trains, [(s, a) for s in args.seeds for a in args.arms]))
+    later = [  # update by update, every run at one update before the next update
         score_job(args, arm, seed, point, train)
-        for train, (seed, arm) in zip(trains, [(s, a) for s in args.seeds for a in args.arms])
         for point in KEEP
         if point != EARLY and point <= args.max_steps
+        for train, (seed, arm) in runs
     ]
     # Each run's table points as soon as it is trained, then the trainings, the curve last.
     return scores + trains + later
