@@ -19,8 +19,7 @@ import torch
 
 from natbias import head
 from natbias.counts import binarised_index, check_counts, count_binarised, count_chunks
-from natbias.counts.corpus import count_source
-from natbias.counts.sources import TokenFiles, indexed_file
+from natbias.counts.corpus import count_indexed
 from natbias.errors import NaturalBiasError
 from natbias.prior import DEFAULT_SMOOTHING, log_unigram
 
@@ -90,10 +89,9 @@ def _sum_counts(splits, vocab_size, pairs=None) -> np.ndarray:
     counts = np.zeros(vocab_size, dtype=np.int64)
     mmap = [s for s in splits if s.impl == "mmap"] if pairs is None else []
     if mmap:
-        where = f"the training split(s) {[s.prefix for s in mmap]}"
-        files = TokenFiles([indexed_file(s.prefix) for s in mmap])
         folder = os.path.dirname(mmap[0].prefix) or "."
-        counts += count_source(files, vocab_size, where, cache_dir=folder, quiet_cache=True)
+        prefixes = [s.prefix for s in mmap]
+        counts += count_indexed(prefixes, vocab_size, cache_dir=folder, quiet_cache=True)
     for split in splits:
         if split not in mmap:
             counts += count_split(split, vocab_size, pairs)

@@ -17,16 +17,8 @@ import numpy as np
 
 from natbias.counts.corpus import count_dataset as count_dataset
 from natbias.counts.corpus import count_indexed as count_indexed
-from natbias.counts.corpus import count_source
 from natbias.counts.corpus import count_token_files as count_token_files
-from natbias.counts.sources import (
-    CHUNK_TOKENS,
-    IGNORE_INDEX,
-    TokenFiles,
-    bincount,
-    indexed_file,
-    read_index,
-)
+from natbias.counts.sources import CHUNK_TOKENS, IGNORE_INDEX, bincount, indexed_file, read_index
 from natbias.errors import NaturalBiasError
 
 COUNTS_FILE_HEADER = "#natbias-counts v1"
@@ -124,8 +116,7 @@ def count_binarised(prefix: str, vocab_size: int, pairs=None) -> np.ndarray:
     each token's pair with the one before it (one process, in order)."""
     if pairs is not None:
         return count_chunks(binarised_tokens(prefix), vocab_size, prefix + ".bin", pairs)
-    files = [indexed_file(prefix)]
-    return count_source(TokenFiles(files), vocab_size, prefix + ".bin", cache=False)
+    return count_indexed([prefix], vocab_size, cache=False)
 
 
 # --- text and counts files ----------------------------------------------------

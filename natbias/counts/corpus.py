@@ -199,13 +199,19 @@ def count_token_files(
 
 
 def count_indexed(
-    prefixes: Sequence[str], vocab_size: int, *, cache: bool = True, cache_dir=None
+    prefixes: Sequence[str],
+    vocab_size: int,
+    *,
+    cache: bool = True,
+    cache_dir=None,
+    quiet_cache: bool = False,
 ) -> np.ndarray:
     """Counts of every token of fairseq's or Megatron's indexed datasets
     (``PREFIX.bin`` / ``PREFIX.idx``), read without either."""
     files = [indexed_file(prefix) for prefix in prefixes]
     where = ", ".join(f.path for f in files)
-    return count_source(TokenFiles(files), vocab_size, where, cache=cache, cache_dir=cache_dir)
+    return count_source(TokenFiles(files), vocab_size, where, cache=cache, cache_dir=cache_dir,
+                        quiet_cache=quiet_cache)  # fmt: skip
 
 
 def count_dataset(
