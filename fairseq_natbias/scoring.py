@@ -212,8 +212,8 @@ def score_pair(args, progress):
 
 
 def sentence_scorer(args):
-    """natbias-frequency-bias's language model ``args.model``: (text -> ids,
-    ids of sentences -> their log-probabilities, the training counts)."""
+    """natbias-frequency-bias's language model ``args.model``: (texts -> their
+    ids, ids of sentences -> their log-probabilities, the training counts)."""
     cuda = torch.cuda.is_available() and not args.cpu
     model, task, cfg = load_checkpoint(args.model, args.data, None, cuda)
     if getattr(task, "tgt_dict", None) is not None:
@@ -226,6 +226,6 @@ def sentence_scorer(args):
         split = lambda text: sentencepiece_text.encode_lines(processor, [text])[0].split()  # noqa: E731
     else:
         split = str.split
-    encode = lambda text: [dictionary.index(piece) for piece in split(text)]  # noqa: E731
-    score = lambda ids: sentence_log_probs(model, dictionary, ids, cuda)  # noqa: E731
+    encode = lambda texts: [[dictionary.index(piece) for piece in split(t)] for t in texts]  # noqa: E731
+    score = lambda ids: sentence_log_probs(model, dictionary, ids, cuda, batch_size=64)  # noqa: E731
     return encode, score, training_counts(task, cfg)

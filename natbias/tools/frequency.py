@@ -9,9 +9,11 @@ imports no engine, and a user of one engine needs not the other.
 
 import functools
 import os
+import sys
 from collections import Counter
 
 import numpy as np
+from tqdm import tqdm
 
 from natbias.counts import read_counts_by_symbol
 from natbias.errors import NaturalBiasError
@@ -142,41 +144,71 @@ minimal pairs that replace tokens, ranked by the relative difference of their
 differing tokens' mean training counts; the BLiMP score of the lower and the
 upper third; the bias, upper minus lower::
 
-    {BIAS_PROG} blimp/*.jsonl checkpoint_best.pt --data lm-bin --spm spm.model
-    {BIAS_PROG} blimp/*.jsonl natbias-lm/ --counts train.counts --out-dir bias
+    {BIAS_PROG} blimp/data checkpoint_best.pt --data lm-bin --spm spm.model
+    {BIAS_PROG} blimp/*.jsonl natbias-lm/ --counts train.counts --csv blimp.csv
 
-PAIRS: BLiMP's JSON lines (sentence_good, sentence_bad). Pairs that differ in
-token order only, or by added tokens only, are counted and skipped (App. E).
-The differing tokens are the multiset differences of the model's tokens
-(natbias/tools/frequency_bias.py says why).
+PAIRS: BLiMP's JSON lines (sentence_good, sentence_bad), plain or gzipped, or a
+folder holding them (BLiMP's data/: 67 files, one phenomenon each). The pairs of
+all files are ranked together. Pairs that differ in token order only, or by
+added tokens only, are counted and skipped (App. E). The differing tokens are
+the multiset differences of the model's tokens (natbias/tools/frequency_bias.py
+says why). --csv: one row a phenomenon (BLiMP's score over all its pairs, pairs
+kept, its pairs in each third and their score) and a last row, all.
 """
+
+# Sentences a call to the engine's scorer: the progress bar's step. The engine
+# batches them further (padding, which a causal model never reads).
+SCORE_CHUNK = 512
 
 
 def bias_parser():
     parser = parser_for(BIAS_PROG, BIAS_DOC)
-    parser.add_argument("pairs", nargs="+", help="BLiMP JSON lines file(s)")
+    parser.add_argument(
+        "pairs", nargs="+", help="BLiMP's JSON lines file(s), plain or .gz, or a folder of them"
+    )
     parser.add_argument("model", help="a fairseq LM checkpoint or a transformers causal LM folder")
     add_model_arguments(parser)
     parser.add_argument("--spm", help="fairseq: the SentencePiece model the data was encoded with")
     parser.add_argument("--out-dir", help="directory for frequency_bias.csv (one row a pair)")
+    parser.add_argument("--csv", help="CSV file: one row a phenomenon, then all")
     return parser
 
 
+def score_sentences(score, sentences, what):
+    """Each sentence's log-probability: every distinct sentence scored once, in
+    order of length (batches of like length, little padding), a progress bar
+    over all sentences on stderr."""
+    distinct = sorted(set(sentences), key=lambda ids: (len(ids), ids))
+    times = Counter(sentences)
+    scores = {}
+    with tqdm(total=len(sentences), desc=what, unit=" sentences", file=sys.stderr) as bar:
+        for start in range(0, len(distinct), SCORE_CHUNK):
+            chunk = distinct[start : start + SCORE_CHUNK]
+            scores.update(zip(chunk, score([list(ids) for ids in chunk])))
+            bar.update(sum(times[ids] for ids in chunk))
+    return [scores[ids] for ids in sentences]
+
+
 def run_bias(args):
-    pairs = [pair for path in args.pairs for pair in frequency_bias.read_pairs(path)]
+    files = frequency_bias.pair_files(args.pairs)
+    pairs = [pair for path in files for pair in frequency_bias.read_pairs(path)]
     scorer = engine("scorers", framework([args.model], args))
     encode, score, counts = scorer.sentence_scorer(args)
-    tokens = [(encode(p.good), encode(p.bad)) for p in pairs]
-    kept = [
-        frequency_bias.differing_tokens(g, b)[2] == frequency_bias.REPLACEMENT for g, b in tokens
-    ]
-    sentences = [ids for (g, b), keep in zip(tokens, kept) if keep for ids in (g, b)]
-    scored = iter(score(sentences) if sentences else [])
-    scores = [(next(scored), next(scored)) if keep else (0.0, 0.0) for keep in kept]
+    sentences = [tuple(ids) for ids in encode([text for p in pairs for text in (p.good, p.bad)])]
+    tokens = list(zip(sentences[::2], sentences[1::2]))
+    frequency_bias.check_pairs(tokens)
+    what = f"{len(pairs)} pairs of {len(files)} phenomena"
+    scored = iter(score_sentences(score, sentences, what))
+    scores = [(next(scored), next(scored)) for _ in tokens]
     result = frequency_bias.frequency_bias(pairs, tokens, counts, scores)
+    phenomena = frequency_bias.phenomenon_rows(pairs, scores, result)
     print(
         f"{len(result.rows)} replacement pairs of {len(pairs)}; "
         f"{frequency_bias.skipped_text(result.skipped)}"
+    )
+    print(
+        f"BLiMP score, all pairs (mean of {len(phenomena) - 1} phenomena): "
+        f"{phenomena[-1]['blimp_score']:.4f}"
     )
     print(f"BLiMP score, all kept pairs: {result.score:.4f}")
     print(
@@ -186,9 +218,14 @@ def run_bias(args):
         f"upper third ({result.third} pairs, good sentence's tokens more frequent): {result.upper_score:.4f}"
     )
     print(f"frequency bias (upper - lower): {result.bias:+.4f}")
+    written = []
     if args.out_dir:
         path = os.path.join(args.out_dir, "frequency_bias.csv")
-        print_written([by_frequency.write_rows(result.rows, path)])
+        written.append(by_frequency.write_rows(result.rows, path))
+    if args.csv:
+        written.append(by_frequency.write_rows(phenomena, args.csv))
+    print_written(written)
+    result.phenomena = phenomena
     return result
 
 

@@ -23,17 +23,24 @@ For each minimal pair (``sentence_good``, ``sentence_bad``) in the model's token
    third (``n // 3`` pairs each; the middle takes the rest) are scored as BLiMP
    is: a pair is right when the model gives the good sentence the higher
    log-probability (strictly). The bias is upper third's score minus lower's.
+
+The pairs of all the files given are ranked together (the paper ranks BLiMP's
+pairs as one set). Per phenomenon (one file each, as BLiMP is distributed)
+``phenomenon_rows`` gives BLiMP's own score over all its pairs, skipped ones
+included, beside how many of its pairs fall in each third and their score.
 """
 
+import gzip
 import json
-from collections import Counter
+import math
+import os
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from natbias.errors import NaturalBiasError
-from natbias.tools.generate_output import read_text_lines
 
 REPLACEMENT, REORDERED, ADDED = "replacement", "reordered", "added"
 
@@ -43,17 +50,74 @@ class Pair:
     line: int  # 1-based line of the JSON lines file
     good: str
     bad: str
+    phenomenon: str = ""  # the file's name less .jsonl(.gz): BLiMP's UID
+
+
+BLIMP_SUFFIXES = (".jsonl", ".jsonl.gz")
+
+
+def phenomenon_of(path: str) -> str:
+    name = os.path.basename(path)
+    for suffix in sorted(BLIMP_SUFFIXES, key=len, reverse=True):
+        if name.endswith(suffix):
+            return name[: -len(suffix)]
+    return name
+
+
+def pair_files(paths: Sequence[str]) -> list[str]:
+    """BLiMP as distributed: its ``.jsonl`` files, plain or gzipped, or a folder
+    holding them (its ``*.jsonl`` and ``*.jsonl.gz``, sorted); one file a phenomenon."""
+    files = []
+    for path in paths:
+        if os.path.isdir(path):
+            found = sorted(
+                os.path.join(path, name)
+                for name in os.listdir(path)
+                if name.endswith(BLIMP_SUFFIXES)
+            )
+            if not found:
+                raise NaturalBiasError(
+                    f"{path}: a folder without .jsonl or .jsonl.gz files; "
+                    "give BLiMP's data folder or its files"
+                )
+            files += found
+        else:
+            files.append(path)
+    seen = {}
+    for path in files:
+        name = phenomenon_of(path)
+        if name in seen:
+            raise NaturalBiasError(
+                f"{seen[name]} and {path}: phenomenon {name} given twice; give each file once"
+            )
+        seen[name] = path
+    return files
+
+
+def read_lines(path: str) -> list[str]:
+    """A UTF-8 text file's lines, plain or gzipped (by its .gz name)."""
+    try:
+        with (gzip.open if path.endswith(".gz") else open)(path, "rt", encoding="utf-8") as f:
+            return f.read().splitlines()
+    except UnicodeDecodeError as error:
+        raise NaturalBiasError(
+            f"{path} is not UTF-8 text (byte {error.start}); give BLiMP's JSON lines"
+        ) from None
+    except (gzip.BadGzipFile, EOFError) as error:
+        raise NaturalBiasError(
+            f"{path}: not a whole gzip file ({error}); give BLiMP's JSON lines"
+        ) from None
 
 
 def read_pairs(path: str) -> list[Pair]:
     """BLiMP's JSON lines: one object a line with ``sentence_good`` and ``sentence_bad``."""
-    pairs = []
-    for number, line in enumerate(read_text_lines(path, "BLiMP's JSON lines"), start=1):
+    pairs, phenomenon = [], phenomenon_of(path)
+    for number, line in enumerate(read_lines(path), start=1):
         if not line.strip():
             continue
         try:
             item = json.loads(line)
-            pairs.append(Pair(number, item["sentence_good"], item["sentence_bad"]))
+            pairs.append(Pair(number, item["sentence_good"], item["sentence_bad"], phenomenon))
         except (ValueError, KeyError, TypeError):
             raise NaturalBiasError(
                 f"{path}:{number}: expected a JSON object with sentence_good and "
@@ -109,15 +173,17 @@ def frequency_bias(
 ) -> FrequencyBias:
     """``tokens[i]``: pair i's (good, bad) token ids; ``scores[i]``: their log-probabilities."""
     rows, skipped = [], Counter()
+    train_counts = np.asarray(train_counts)
     for pair, (good, bad), (score_good, score_bad) in zip(pairs, tokens, scores):
         good_only, bad_only, kind = differing_tokens(good, bad)
         if kind != REPLACEMENT:
             skipped[kind] += 1
             continue
-        f_good = float(np.mean(np.asarray(train_counts)[good_only]))
-        f_bad = float(np.mean(np.asarray(train_counts)[bad_only]))
+        f_good = float(np.mean(train_counts[good_only]))
+        f_bad = float(np.mean(train_counts[bad_only]))
         rows.append(
             {
+                "phenomenon": pair.phenomenon,
                 "line": pair.line,
                 "good_tokens": len(good_only),
                 "bad_tokens": len(bad_only),
@@ -130,11 +196,7 @@ def frequency_bias(
             }
         )
     third = len(rows) // 3
-    if third == 0:
-        raise NaturalBiasError(
-            f"{len(rows)} replacement pairs left of {len(pairs)} ({skipped_text(skipped)}): "
-            "ranking into thirds needs at least 3"
-        )
+    require_thirds(len(rows), len(pairs), skipped)
     rows.sort(key=lambda row: row["relative_difference"])  # stable: ties in file order
     for rank, row in enumerate(rows, start=1):
         row["rank"] = rank
@@ -151,6 +213,21 @@ def frequency_bias(
     )
 
 
+def require_thirds(kept: int, pairs: int, skipped: dict) -> None:
+    if kept // 3 == 0:
+        raise NaturalBiasError(
+            f"{kept} replacement pairs left of {pairs} ({skipped_text(skipped)}): "
+            "ranking into thirds needs at least 3"
+        )
+
+
+def check_pairs(tokens: Sequence[tuple[Sequence[int], Sequence[int]]]) -> None:
+    """Refuse, before any is scored, pairs of which too few replace tokens to rank."""
+    kinds = Counter(differing_tokens(good, bad)[2] for good, bad in tokens)
+    kept = kinds.pop(REPLACEMENT, 0)
+    require_thirds(kept, len(tokens), dict(kinds))
+
+
 def skipped_text(skipped: dict) -> str:
     """``3 pairs skipped as no replacement (2 reordered, 1 added)`` or ``none skipped``."""
     total = sum(skipped.values())
@@ -158,3 +235,43 @@ def skipped_text(skipped: dict) -> str:
         return "no pair skipped"
     parts = ", ".join(f"{n} {kind}" for kind, n in sorted(skipped.items()))
     return f"{total} pairs skipped as no replacement ({parts})"
+
+
+def mean_or_nan(values) -> float:
+    return float(np.mean(values)) if len(values) else math.nan
+
+
+def phenomenon_rows(
+    pairs: Sequence[Pair], scores: Sequence[tuple[float, float]], result: FrequencyBias
+) -> list[dict]:
+    """One row a phenomenon (in the order given), then ``all``: BLiMP's score over
+    all its pairs (right: the good sentence strictly more probable), skipped ones
+    included, as BLiMP reports it (``all``: the mean of the phenomena's, BLiMP's
+    overall score); the pairs kept; how many fall in the lower and the upper third
+    of the ranking of all pairs given, their score there, upper minus lower."""
+    right = defaultdict(list)
+    for pair, (score_good, score_bad) in zip(pairs, scores):
+        right[pair.phenomenon].append(bool(score_good > score_bad))
+    thirds = defaultdict(lambda: defaultdict(list))
+    for row in result.rows:
+        thirds[row["phenomenon"]][row["third"]].append(row["correct"])
+        thirds[None][row["third"]].append(row["correct"])  # all pairs
+
+    def row_of(name, pairs_in, score, members):
+        lower, upper = members["lower"], members["upper"]
+        return {
+            "phenomenon": name,
+            "pairs": pairs_in,
+            "blimp_score": score,
+            "kept": sum(len(v) for v in members.values()),
+            "lower_pairs": len(lower),
+            "lower_score": mean_or_nan(lower),
+            "upper_pairs": len(upper),
+            "upper_score": mean_or_nan(upper),
+            "frequency_bias": mean_or_nan(upper) - mean_or_nan(lower),
+        }
+
+    names = list(dict.fromkeys(pair.phenomenon for pair in pairs))
+    rows = [row_of(n, len(right[n]), mean_or_nan(right[n]), thirds[n]) for n in names]
+    overall = mean_or_nan([row["blimp_score"] for row in rows])
+    return rows + [row_of("all", len(pairs), overall, thirds[None])]
