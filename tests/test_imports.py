@@ -358,8 +358,10 @@ def _lines(paths) -> int:
 def test_the_installed_code_stays_small():
     """No file over 400 lines; the plugin's model path (the architectures,
     options, bias, projection and checkpoint rules) at most 1,500 lines. The
-    packages a user installs at most 5,900 lines (5,000 until issue 105's
-    three frequency tools, about 930 lines, were installed), the code of the optional
+    packages a user installs at most 5,960 lines (5,000 until issue 105's
+    three frequency tools, about 930 lines, were installed; 5,900 until issue
+    116's BLiMP reading, 98 lines net: folders and gzip, a row a phenomenon, a
+    progress bar, batched scoring), the code of the optional
     extras aside (transformers: natbias/hf; OLMo-core: natbias/olmo_core;
     CTranslate2: the converter's two modules, which need ctranslate2): the
     demo's pipeline and the paper's analyses live in examples/paper."""
@@ -374,7 +376,7 @@ def test_the_installed_code_stays_small():
         if (n := len(p.read_text().splitlines())) > 400
     }
     assert not too_long and all(p.is_file() for p in extras)
-    assert _lines(installed) <= 5900
+    assert _lines(installed) <= 5960
     model_path = [
         ROOT / f"{name}.py"
         for name in (

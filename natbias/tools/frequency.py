@@ -204,26 +204,17 @@ def run_bias(args):
     phenomena = frequency_bias.phenomenon_rows(pairs, scores, result)
     print(
         f"{len(result.rows)} replacement pairs of {len(pairs)}; "
-        f"{frequency_bias.skipped_text(result.skipped)}"
-    )
-    print(
+        f"{frequency_bias.skipped_text(result.skipped)}\n"
         f"BLiMP score, all pairs (mean of {len(phenomena) - 1} phenomena): "
-        f"{phenomena[-1]['blimp_score']:.4f}"
+        f"{phenomena[-1]['blimp_score']:.4f}\nBLiMP score, all kept pairs: {result.score:.4f}\n"
+        f"lower third ({result.third} pairs, bad sentence's tokens more frequent): "
+        f"{result.lower_score:.4f}\nupper third ({result.third} pairs, good sentence's tokens "
+        f"more frequent): {result.upper_score:.4f}\nfrequency bias (upper - lower): {result.bias:+.4f}"
     )
-    print(f"BLiMP score, all kept pairs: {result.score:.4f}")
-    print(
-        f"lower third ({result.third} pairs, bad sentence's tokens more frequent): {result.lower_score:.4f}"
-    )
-    print(
-        f"upper third ({result.third} pairs, good sentence's tokens more frequent): {result.upper_score:.4f}"
-    )
-    print(f"frequency bias (upper - lower): {result.bias:+.4f}")
-    written = []
+    written = [by_frequency.write_rows(phenomena, args.csv)] if args.csv else []
     if args.out_dir:
         path = os.path.join(args.out_dir, "frequency_bias.csv")
         written.append(by_frequency.write_rows(result.rows, path))
-    if args.csv:
-        written.append(by_frequency.write_rows(phenomena, args.csv))
     print_written(written)
     result.phenomena = phenomena
     return result

@@ -30,10 +30,10 @@ pairs as one set). Per phenomenon (one file each, as BLiMP is distributed)
 included, beside how many of its pairs fall in each third and their score.
 """
 
-import gzip
 import json
 import math
 import os
+import re
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -41,8 +41,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from natbias.errors import NaturalBiasError
+from natbias.tools.generate_output import read_text_lines
 
 REPLACEMENT, REORDERED, ADDED = "replacement", "reordered", "added"
+THIRDS = ("lower", "middle", "upper")
+BLIMP_FILE = re.compile(r"\.jsonl(\.gz)?$")
 
 
 @dataclass
@@ -53,66 +56,27 @@ class Pair:
     phenomenon: str = ""  # the file's name less .jsonl(.gz): BLiMP's UID
 
 
-BLIMP_SUFFIXES = (".jsonl", ".jsonl.gz")
-
-
-def phenomenon_of(path: str) -> str:
-    name = os.path.basename(path)
-    for suffix in sorted(BLIMP_SUFFIXES, key=len, reverse=True):
-        if name.endswith(suffix):
-            return name[: -len(suffix)]
-    return name
-
-
 def pair_files(paths: Sequence[str]) -> list[str]:
     """BLiMP as distributed: its ``.jsonl`` files, plain or gzipped, or a folder
-    holding them (its ``*.jsonl`` and ``*.jsonl.gz``, sorted); one file a phenomenon."""
-    files = []
+    holding them (sorted); one file a phenomenon, each given once."""
+    files, seen = [], {}
     for path in paths:
-        if os.path.isdir(path):
-            found = sorted(
-                os.path.join(path, name)
-                for name in os.listdir(path)
-                if name.endswith(BLIMP_SUFFIXES)
-            )
-            if not found:
-                raise NaturalBiasError(
-                    f"{path}: a folder without .jsonl or .jsonl.gz files; "
-                    "give BLiMP's data folder or its files"
-                )
-            files += found
-        else:
-            files.append(path)
-    seen = {}
+        inside = sorted(os.listdir(path)) if os.path.isdir(path) else None
+        found = [os.path.join(path, n) for n in inside if BLIMP_FILE.search(n)] if inside else []
+        if inside is not None and not found:
+            raise NaturalBiasError(f"{path}: no .jsonl(.gz) files; give BLiMP's data folder")
+        files += found if inside is not None else [path]
     for path in files:
-        name = phenomenon_of(path)
-        if name in seen:
-            raise NaturalBiasError(
-                f"{seen[name]} and {path}: phenomenon {name} given twice; give each file once"
-            )
-        seen[name] = path
+        name = BLIMP_FILE.sub("", os.path.basename(path))
+        if seen.setdefault(name, path) != path:
+            raise NaturalBiasError(f"{seen[name]} and {path}: phenomenon {name} given twice")
     return files
-
-
-def read_lines(path: str) -> list[str]:
-    """A UTF-8 text file's lines, plain or gzipped (by its .gz name)."""
-    try:
-        with (gzip.open if path.endswith(".gz") else open)(path, "rt", encoding="utf-8") as f:
-            return f.read().splitlines()
-    except UnicodeDecodeError as error:
-        raise NaturalBiasError(
-            f"{path} is not UTF-8 text (byte {error.start}); give BLiMP's JSON lines"
-        ) from None
-    except (gzip.BadGzipFile, EOFError) as error:
-        raise NaturalBiasError(
-            f"{path}: not a whole gzip file ({error}); give BLiMP's JSON lines"
-        ) from None
 
 
 def read_pairs(path: str) -> list[Pair]:
     """BLiMP's JSON lines: one object a line with ``sentence_good`` and ``sentence_bad``."""
-    pairs, phenomenon = [], phenomenon_of(path)
-    for number, line in enumerate(read_lines(path), start=1):
+    pairs, phenomenon = [], BLIMP_FILE.sub("", os.path.basename(path))
+    for number, line in enumerate(read_text_lines(path, "BLiMP's JSON lines"), start=1):
         if not line.strip():
             continue
         try:
@@ -204,13 +168,8 @@ def frequency_bias(
             "lower" if rank <= third else "upper" if rank > len(rows) - third else "middle"
         )
 
-    def score_of(name):
-        members = [row["correct"] for row in rows if row["third"] == name]
-        return float(np.mean(members)) if members else float("nan")
-
-    return FrequencyBias(
-        rows, dict(skipped), score_of("lower"), score_of("middle"), score_of("upper"), third
-    )
+    third_scores = [mean_or_nan([r["correct"] for r in rows if r["third"] == t]) for t in THIRDS]
+    return FrequencyBias(rows, dict(skipped), *third_scores, third)
 
 
 def require_thirds(kept: int, pairs: int, skipped: dict) -> None:
@@ -249,29 +208,19 @@ def phenomenon_rows(
     included, as BLiMP reports it (``all``: the mean of the phenomena's, BLiMP's
     overall score); the pairs kept; how many fall in the lower and the upper third
     of the ranking of all pairs given, their score there, upper minus lower."""
-    right = defaultdict(list)
+    right, thirds = defaultdict(list), defaultdict(lambda: defaultdict(list))
     for pair, (score_good, score_bad) in zip(pairs, scores):
         right[pair.phenomenon].append(bool(score_good > score_bad))
-    thirds = defaultdict(lambda: defaultdict(list))
-    for row in result.rows:
-        thirds[row["phenomenon"]][row["third"]].append(row["correct"])
-        thirds[None][row["third"]].append(row["correct"])  # all pairs
-
-    def row_of(name, pairs_in, score, members):
-        lower, upper = members["lower"], members["upper"]
-        return {
-            "phenomenon": name,
-            "pairs": pairs_in,
-            "blimp_score": score,
-            "kept": sum(len(v) for v in members.values()),
-            "lower_pairs": len(lower),
-            "lower_score": mean_or_nan(lower),
-            "upper_pairs": len(upper),
-            "upper_score": mean_or_nan(upper),
-            "frequency_bias": mean_or_nan(upper) - mean_or_nan(lower),
-        }
-
+    for row in result.rows:  # None: all pairs
+        for name in (row["phenomenon"], None):
+            thirds[name][row["third"]].append(row["correct"])
     names = list(dict.fromkeys(pair.phenomenon for pair in pairs))
-    rows = [row_of(n, len(right[n]), mean_or_nan(right[n]), thirds[n]) for n in names]
-    overall = mean_or_nan([row["blimp_score"] for row in rows])
-    return rows + [row_of("all", len(pairs), overall, thirds[None])]
+    rows = [(n, len(right[n]), mean_or_nan(right[n]), thirds[n]) for n in names]
+    rows.append(("all", len(pairs), mean_or_nan([r[2] for r in rows]), thirds[None]))
+    return [
+        {"phenomenon": name, "pairs": n, "blimp_score": score, "kept": sum(map(len, t.values())),
+         "lower_pairs": len(t["lower"]), "lower_score": mean_or_nan(t["lower"]),
+         "upper_pairs": len(t["upper"]), "upper_score": mean_or_nan(t["upper"]),
+         "frequency_bias": mean_or_nan(t["upper"]) - mean_or_nan(t["lower"])}
+        for name, n, score, t in rows
+    ]  # fmt: skip

@@ -4,6 +4,7 @@
 and is the one kept.
 """
 
+import gzip
 import re
 from dataclasses import dataclass, field
 from typing import Optional
@@ -45,11 +46,14 @@ def parse_generate_output(lines) -> dict[int, GeneratedSentence]:
 
 
 def read_text_lines(path: str, what: str) -> list[str]:
-    """The lines of a UTF-8 text file; anything else is a NaturalBiasError asking for ``what``."""
+    """The lines of a UTF-8 text file, plain or gzipped (by its .gz name);
+    anything else is a NaturalBiasError asking for ``what``."""
     try:
-        with open(path, encoding="utf-8") as f:
+        with (gzip.open if path.endswith(".gz") else open)(path, "rt", encoding="utf-8") as f:
             return f.read().splitlines()
     except UnicodeDecodeError as error:
         raise NaturalBiasError(
             f"{path} is not UTF-8 text (byte {error.start}); give {what}"
         ) from None
+    except (gzip.BadGzipFile, EOFError) as error:
+        raise NaturalBiasError(f"{path}: not a whole gzip file ({error}); give {what}") from None
