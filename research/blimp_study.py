@@ -344,7 +344,8 @@ def cpu_seconds(args):
         text = path.read_text()
         if "cpu_seconds: " in text:
             seen[str(path.with_suffix(".tmp"))] = float(text.split("cpu_seconds: ")[1].split()[0])
-    return seen
+    # calls that ended with their CSV written, not those stopped part-way
+    return {tmp: cpu for tmp, cpu in seen.items() if Path(tmp).with_suffix(".csv").exists()}
 
 
 def vocabulary_overlap(args):
@@ -436,7 +437,7 @@ def report(args):
         lines += [
             f"One natbias-frequency-bias call on all 67 files (134,000 sentences) took "
             f"{min(seconds):.0f} to {max(seconds):.0f} s of wall time here: 2 cores shared with "
-            "three other sessions' tests and benchmarks (load 5 to 9), two calls or a call and a "
+            "three other sessions' tests and benchmarks (load 3 to 9), two calls or a call and a "
             "training side by side, one thread, nice 10"
             + (
                 f"; the calls watched used {min(cpu.values()):.0f} to {max(cpu.values()):.0f} CPU "
