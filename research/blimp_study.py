@@ -48,14 +48,15 @@ FIRST = (EARLY, "best")  # scored before the rest of KEEP
 # Arms the issue names that this study has not run (2 shared cores, one evening): why,
 # and what each would take, from the times measured here.
 NOT_RUN = [
-    "Not run: natbias+unigram-ls (the script runs it: `--arms natbias+unigram-ls`), 3 trainings "
-    "of about 20 to 30 minutes here and 6 scorings of 11 to 18 minutes, about 75 minutes two "
-    "side by side; fairseq's `transformer_lm_natbias` set-up (research/study_learning_efficiency.py"
-    "'s lm-en, with and without `--criterion unigram_label_smoothed_cross_entropy`) and "
-    "OLMo-core's olmo2_14M A/B (research/olmo_core_ab.py; its models scored after "
-    "`natbias.olmo_core.to_hf`), each 6 to 9 trainings and 12 to 18 scorings, two to three "
-    "hours apiece at today's load. The CPU, shared by four sessions, allowed two seeds of "
-    "stock and natbias by the deadline."
+    "Not run: natbias+unigram-ls (the script runs it: `--arms natbias+unigram-ls`): 3 trainings "
+    "of 10 to 30 minutes here and 6 scorings of 4 to 18 minutes (as the load of the shared CPU "
+    "went), 40 to 75 minutes two side by side; fairseq's `transformer_lm_natbias` set-up "
+    "(research/study_learning_efficiency.py's lm-en, also with `--criterion "
+    "unigram_label_smoothed_cross_entropy`) and OLMo-core's olmo2_14M A/B "
+    "(research/olmo_core_ab.py; its models to be scored after `natbias.olmo_core.to_hf`, not "
+    "tried), each 6 to 9 trainings and 12 to 18 scorings, 1.5 to 3 hours apiece here. The "
+    "evening allowed stock and natbias over 3 seeds at update 200 and the best, and seed 1's "
+    "curve at the updates shown."
 ]
 
 
@@ -343,7 +344,8 @@ def cpu_seconds(args):
         text = path.read_text()
         if "cpu_seconds: " in text:
             seen[str(path.with_suffix(".tmp"))] = float(text.split("cpu_seconds: ")[1].split()[0])
-    return seen
+    # calls that ended with their CSV written, not those stopped part-way
+    return {tmp: cpu for tmp, cpu in seen.items() if Path(tmp).with_suffix(".csv").exists()}
 
 
 def vocabulary_overlap(args):
@@ -435,7 +437,7 @@ def report(args):
         lines += [
             f"One natbias-frequency-bias call on all 67 files (134,000 sentences) took "
             f"{min(seconds):.0f} to {max(seconds):.0f} s of wall time here: 2 cores shared with "
-            "three other sessions' tests and benchmarks (load 5 to 9), two calls or a call and a "
+            "three other sessions' tests and benchmarks (load 3 to 9), two calls or a call and a "
             "training side by side, one thread, nice 10"
             + (
                 f"; the calls watched used {min(cpu.values()):.0f} to {max(cpu.values()):.0f} CPU "
