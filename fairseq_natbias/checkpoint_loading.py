@@ -1,5 +1,5 @@
 """Reading fairseq checkpoints: the one place that does it for the plugin,
-and its ground floor (it imports nothing of the plugin).
+and its ground floor (it imports nothing of the plugin but its _compat).
 
 torch's weights-only loading (the default since torch 2.6) refuses fairseq
 0.12's checkpoints (a pickled ``argparse.Namespace``, numpy arrays) and, on
@@ -18,6 +18,7 @@ from collections import defaultdict
 import numpy
 import torch
 
+from fairseq_natbias._compat import TensorPlaceholder  # stands for each tensor sent apart
 from natbias.errors import NaturalBiasError
 
 
@@ -34,7 +35,6 @@ WRITTEN_BY_FAIRSEQ = "give a checkpoint_*.pt written by fairseq-train"
 
 
 def _fairseq_checkpoint_globals():
-    from fairseq.distributed.utils import _TensorPlaceholder  # stands for each tensor sent apart
     from omegaconf import DictConfig, ListConfig, base, nodes
 
     try:  # numpy >= 2
@@ -48,7 +48,7 @@ def _fairseq_checkpoint_globals():
     value_nodes = [nodes.AnyNode, nodes.StringNode, nodes.IntegerNode, nodes.FloatNode]
     containers = [DictConfig, ListConfig, base.ContainerMetadata, base.Metadata]
     # what those containers pickle besides themselves
-    extra = [nodes.BooleanNode, typing.Any, dict, list, int, defaultdict, _TensorPlaceholder]
+    extra = [nodes.BooleanNode, typing.Any, dict, list, int, defaultdict, TensorPlaceholder]
     arrays = [_reconstruct, numpy.ndarray, numpy.dtype, *dtypes]
     return [argparse.Namespace, *arrays, *containers, *value_nodes, *extra]
 

@@ -7,7 +7,10 @@ upgrade that moves one of them breaks here, in one line naming it:
   registers ``natbias-<type>`` on its first look-up (transformers has no hook
   for a type made when first asked for);
 * an Auto class's ``_model_mapping`` (configuration class -> model class) and
-  ``auto_factory._get_model_class`` (the class it picks for a configuration).
+  ``auto_factory._get_model_class`` (the class it picks for a configuration);
+* a model's ``_init_weights`` (the initialisation of each module, which
+  :class:`InitWeights` hands to ``init_natural_bias``) and ``_tp_plan`` (a
+  tensor-parallel style by parameter name).
 """
 
 import transformers
@@ -21,6 +24,7 @@ for owner, name in (
     (CONFIG_MAPPING, "_extra_content"),
     (auto_factory, "_get_model_class"),
     (transformers.AutoModelForCausalLM, "_model_mapping"),
+    (transformers.PreTrainedModel, "_init_weights"),
 ):
     if not hasattr(owner, name):
         raise NaturalBiasError(
@@ -47,3 +51,20 @@ def extend_config_types(dict_class) -> None:
     registered = CONFIG_MAPPING._extra_content
     if not isinstance(registered, dict_class):
         CONFIG_MAPPING._extra_content = dict_class(registered)
+
+
+class InitWeights:
+    """Mixin before a transformers model class: its ``_init_weights``, then
+    ``init_natural_bias`` of the same module."""
+
+    def _init_weights(self, module):
+        super()._init_weights(module)
+        self.init_natural_bias(module)
+
+
+def replicate_in_tp_plan(model, module_name: str, parameter: str) -> None:
+    """``module_name.parameter`` kept whole on every process where the model's
+    tensor-parallel plan splits ``module_name``."""
+    plan = getattr(model, "_tp_plan", None)
+    if plan and module_name in plan:
+        plan[f"{module_name}.{parameter}"] = "replicate"

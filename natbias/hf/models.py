@@ -19,6 +19,7 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_N
 from natbias import FORMAT_VERSION
 from natbias.errors import NaturalBiasError
 from natbias.head import check_format_version
+from natbias.hf._compat import InitWeights, replicate_in_tp_plan
 from natbias.hf.logit_map import map_bias
 from natbias.projection import KeepsFloat32, NaturalBiasProjection
 from natbias.sharding import fill_, full
@@ -41,7 +42,7 @@ def natural_bias_settings(config) -> dict:
     return settings
 
 
-class NaturalBiasModel(KeepsFloat32):
+class NaturalBiasModel(InitWeights, KeepsFloat32):
     """Mixin placed before a transformers model class: the natural-bias
     output layer, installed after the model's own ``__init__`` (loading) or
     on a model that exists (:func:`natbias.hf.add_natural_bias`, in place)."""
@@ -87,7 +88,7 @@ class NaturalBiasModel(KeepsFloat32):
     ) -> None:
         """Wraps the head and makes b a parameter; ``bias`` and ``log_prior``:
         their values (zeros when loading, which then fills them). On the meta
-        device they wait, on the CPU, for :meth:`_init_weights`."""
+        device they wait, on the CPU, for :meth:`init_natural_bias`."""
         head = self.get_output_embeddings()
         weight = head.weight
         vocab_size = weight.shape[0]
@@ -112,20 +113,18 @@ class NaturalBiasModel(KeepsFloat32):
         # transformers' tensor parallelism gives a module's style to each of its
         # parameters: the head's would split the one-entry gain by the vocabulary.
         # The gain is kept whole on every process instead.
-        plan = getattr(self, "_tp_plan", None)
         names = [name for name, module in self.named_modules() if module is head]
-        if plan and head.gain_speed is not None and names and names[0] in plan:
-            plan[f"{names[0]}.gain_param"] = "replicate"
+        if head.gain_speed is not None and names:
+            replicate_in_tp_plan(self, names[0], "gain_param")
         # log p of the training targets: for the statistics, the criterion and λ·b.
         self.register_buffer("natbias_log_prior", log_prior.to(weight.device, copy=True))
         self.natbias_logit_map = settings.get("logit_map")
 
-    def _init_weights(self, module):
-        """transformers' initialisation (``init_weights``, after ``to_empty``
-        for a model built on the meta device; keys missing from a saved
-        model): the stock class's, then b, the gain and the prior set to
-        their initial values, not to a Linear's zero bias."""
-        super()._init_weights(module)
+    def init_natural_bias(self, module):
+        """After transformers' initialisation of ``module`` (``init_weights``,
+        after ``to_empty`` for a model built on the meta device; keys missing
+        from a saved model), the stock class's: b, the gain and the prior set
+        to their initial values, not to a Linear's zero bias."""
         if module is self.get_output_embeddings():
             module.reset_parameters()
         if module is self:
@@ -133,7 +132,7 @@ class NaturalBiasModel(KeepsFloat32):
 
     def reset_parameters(self) -> None:
         """The prior (and b where the stock class adds it after the head) to
-        their initial values; called by :meth:`_init_weights`, and by FSDP1's
+        their initial values; called by :meth:`init_natural_bias`, and by FSDP1's
         default ``param_init_fn`` on a model built on the meta device."""
         for name, values in self.natbias_initial_values.items():
             tensor = self._parameters.get(name)
