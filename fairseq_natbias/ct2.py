@@ -8,8 +8,9 @@ language (--natbias-prior per-language) by its one projection bias: both refused
 
 import os
 
-from fairseq_natbias._compat import arch_read_as
-from fairseq_natbias._ct2_compat import Converter
+from ctranslate2.converters import FairseqConverter
+
+from fairseq_natbias._compat import LoadSpec, arch_read_as
 from fairseq_natbias.checkpoint_loading import read_checkpoint, saved_model_args
 from fairseq_natbias.natural_bias import check_natbias_checkpoint
 from fairseq_natbias.options import LANGUAGE_TOKENS
@@ -19,7 +20,7 @@ from natbias.head import fold_gain, gain
 STOCK_MODEL = {"transformer_natbias": "transformer", "transformer_lm_natbias": "transformer_lm"}
 
 
-class NaturalBiasFairseqConverter(Converter):
+class NaturalBiasFairseqConverter(LoadSpec, FairseqConverter):
     """``FairseqConverter`` (the same arguments) for the plugin's checkpoints."""
 
     def __init__(self, model_path, data_dir, **options):

@@ -14,6 +14,7 @@ import logging
 from typing import Optional
 
 import torch
+from fairseq.models.transformer import TransformerDecoderBase
 
 from fairseq_natbias import bigram_residual, language_prior, task_hooks, training_data
 from fairseq_natbias.checkpoint_loading import CheckpointError, not_a_checkpoint
@@ -29,8 +30,9 @@ from natbias import head
 from natbias.bigram import PairCounter, witten_bell_residual
 from natbias.counts import count_text, read_counts_file
 from natbias.errors import NaturalBiasError
+from natbias.head_config import HeadConfig
 from natbias.prior import log_unigram
-from natbias.projection import KeepsFloat32, NaturalBiasProjection, paper_weight_init_
+from natbias.projection import KeepsFloat32, paper_weight_init_
 
 logger = logging.getLogger(__name__)
 
@@ -79,12 +81,8 @@ class NaturalBiasModel(KeepsFloat32):
                 residual = bigram_residual.BigramResidual.placeholder(vocab_size)
         else:
             log_prior, bias, residual = self._count_and_initialise(args, task)
-        gain = args.natbias_weight_init == "gain"
-        decoder.output_projection = NaturalBiasProjection(
-            decoder.output_projection.weight,
-            bias,
-            args.natbias_gain_init if gain else None,
-            args.natbias_gain_speed if gain else None,
+        decoder.output_projection = head_config(args).projection(
+            decoder.output_projection.weight, bias
         )
         if bias is not None and args.natbias_freeze:
             decoder.output_projection.bias.requires_grad_(False)
@@ -238,6 +236,24 @@ class NaturalBiasModel(KeepsFloat32):
             return net_output
         logits = net_output[0]
         return (logits + shift.to(logits.dtype), *net_output[1:])
+
+
+def decoder_class(cfg) -> type:
+    """The translation decoder's class: one that adds each position's row of
+    the bias, one with the bigram residual, else fairseq's."""
+    if getattr(cfg, LANGUAGE_TOKENS, None):
+        return language_prior.LanguagePriorDecoder
+    if getattr(cfg, "natbias_order", 1) == 2:
+        return bigram_residual.TransformerDecoderBaseWithBigram
+    return TransformerDecoderBase
+
+
+def head_config(args) -> HeadConfig:
+    """The head's settings that fairseq's options give (--natbias-smoothing,
+    --natbias-weight-init gain, --natbias-gain-init, --natbias-gain-speed)."""
+    gain = args.natbias_weight_init == "gain"
+    start, speed = (args.natbias_gain_init, args.natbias_gain_speed) if gain else (None, None)
+    return HeadConfig(args.natbias_smoothing, gain, start, speed)
 
 
 def check_natbias_checkpoint(path: str):

@@ -21,18 +21,20 @@ from transformers import AutoConfig
 
 from natbias.errors import MissingExtraError, NaturalBiasError
 from natbias.head import fold_gain
+from natbias.hf._compat import LoadSpec, ct2_loaders
 from natbias.hf.models import NaturalBiasModel, natural_bias_settings
 from natbias.hf.natural_bias import from_pretrained
+from natbias.subclasses import natural_bias_subclass
 
 try:
     import ctranslate2
-
-    from natbias.hf._ct2_compat import LOADERS, Converter
-    from natbias.hf._ct2_compat import register_loader as register_ct2_loader
+    from ctranslate2.converters import TransformersConverter
+    from ctranslate2.converters import transformers as ct2_transformers
 except ImportError as error:
     raise MissingExtraError(
         "converting to CTranslate2 needs ctranslate2: pip install 'fairseq-natbias[ctranslate2]'"
     ) from error
+LOADERS = ct2_loaders()
 
 
 def to_ctranslate2(
@@ -50,7 +52,7 @@ def to_ctranslate2(
     return converter.convert(output_dir, quantization=quantization, **convert)
 
 
-class NaturalBiasTransformersConverter(Converter):
+class NaturalBiasTransformersConverter(LoadSpec, TransformersConverter):
     """``TransformersConverter`` for a natural-bias model: a saved directory
     (read as ``ct2-transformers-converter --model`` reads one) or an object."""
 
@@ -110,8 +112,7 @@ def register_loader(config):
             f"(ct2-transformers-converter cannot convert the stock model either), "
             "so it cannot serve this model"
         )
-    made = type(f"NaturalBias{type(stock).__name__}", (NaturalBiasLoader, type(stock)), {})
-    register_ct2_loader(name)(made)
+    ct2_transformers.register_loader(name)(natural_bias_subclass(type(stock), NaturalBiasLoader))
     return LOADERS[name]
 
 

@@ -23,9 +23,9 @@ from natbias.hf._compat import InitWeights, replicate_in_tp_plan
 from natbias.hf.logit_map import map_bias
 from natbias.projection import KeepsFloat32, NaturalBiasProjection
 from natbias.sharding import fill_, full
+from natbias.subclasses import natural_bias_subclass, stock_name
 
 SETTINGS = "natural_bias"  # the configuration's key
-CLASS_PREFIX = "NaturalBias"
 TYPE_PREFIX = "natbias-"
 FINAL_LOGITS_BIAS = "final_logits_bias"
 
@@ -184,7 +184,11 @@ class NaturalBiasModel(InitWeights, KeepsFloat32):
         return self.get_output_embeddings().weight.device
 
 
-_MADE: dict = {}  # stock class -> its natural-bias class (configurations too)
+def set_class(model, model_class: type, config_class: type) -> None:
+    """natbias.hf's one change of a live object's class, the model's and its
+    configuration's: a model the user built (transformers has no hook into it)
+    made its natural-bias class by add_natural_bias, and back by to_stock."""
+    model.__class__, model.config.__class__ = model_class, config_class
 
 
 def natural_bias_config_class(stock_config_class: type) -> type:
@@ -192,8 +196,10 @@ def natural_bias_config_class(stock_config_class: type) -> type:
     ``natbias-<its model type>``."""
     if stock_config_class.model_type.startswith(TYPE_PREFIX):
         return stock_config_class
-    attributes = {"model_type": TYPE_PREFIX + stock_config_class.model_type}
-    return _make(stock_config_class, (stock_config_class,), attributes)
+    model_type = TYPE_PREFIX + stock_config_class.model_type
+    return natural_bias_subclass(
+        stock_config_class, None, __module__=__name__, model_type=model_type
+    )
 
 
 def natural_bias_class(stock_class: type) -> type:
@@ -201,24 +207,13 @@ def natural_bias_class(stock_class: type) -> type:
     if issubclass(stock_class, NaturalBiasModel):
         return stock_class
     config_class = natural_bias_config_class(stock_class.config_class)
-    attributes = {"config_class": config_class, "natbias_stock_class": stock_class}
-    made = _make(stock_class, (NaturalBiasModel, stock_class), attributes)
+    made = natural_bias_subclass(
+        stock_class, NaturalBiasModel, config_class=config_class, natbias_stock_class=stock_class
+    )
     if stock_class.__name__ in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values():
         # The Trainer shifts label_smoothing_factor's labels for the
         # causal LMs this table names, as it does for the stock class.
         MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[config_class.model_type] = made.__name__
-    return made
-
-
-def _make(stock: type, bases: tuple, attributes: dict) -> type:
-    """``NaturalBias<stock>``, made once."""
-    if stock in _MADE:
-        return _MADE[stock]
-    name = CLASS_PREFIX + stock.__name__
-    doc = f"{stock.__name__} with the natural bias (natbias.hf)."
-    made = type(name, bases, {"__module__": __name__, "__doc__": doc, **attributes})
-    _MADE[stock] = made
-    globals()[name] = made  # pickle finds it by name
     return made
 
 
@@ -227,8 +222,7 @@ def __getattr__(name: str):
     it in a process that has not made it yet."""
     import transformers
 
-    prefixed = name.startswith(CLASS_PREFIX)
-    stock = getattr(transformers, name[len(CLASS_PREFIX) :], None) if prefixed else None
+    stock = getattr(transformers, stock_name(name) or "", None)
     if isinstance(stock, type):
         if issubclass(stock, PreTrainedModel):
             return natural_bias_class(stock)

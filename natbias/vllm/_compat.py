@@ -18,7 +18,7 @@ import vllm
 from vllm.model_executor.layers.logits_processor import LogitsProcessor
 from vllm.model_executor.models import registry
 
-from natbias.errors import NaturalBiasError
+from natbias.errors import NaturalBiasError, require_private
 
 TESTED = "0.32.0"
 PRIVATE = (
@@ -26,13 +26,8 @@ PRIVATE = (
     (LogitsProcessor, ("_apply_head",)),
     (registry.ModelRegistry, ("_try_load_model_cls", "_try_inspect_model_cls")),
 )
-for owner, names in PRIVATE:
-    for name in names:
-        if not hasattr(owner, name):
-            raise NaturalBiasError(
-                f"natbias.vllm is tested with vLLM {TESTED}, whose {name} vLLM "
-                f"{vllm.__version__} lacks: pip install vllm=={TESTED}"
-            )
+require_private("natbias.vllm", f"vLLM {vllm.__version__}", f"vLLM {TESTED}",
+                f"pip install vllm=={TESTED}", PRIVATE)  # fmt: skip
 
 TEXT_GENERATION_MODELS = registry._TEXT_GENERATION_MODELS
 ModelRegistry = registry.ModelRegistry
