@@ -3,6 +3,7 @@ adapter uses: the configuration builds the head the keywords built, checks
 its settings once and refuses a keyword that contradicts it; the factory
 makes a class once, under one name, that pickle finds again."""
 
+import argparse
 import pickle
 
 import numpy as np
@@ -87,3 +88,35 @@ def test_hf_takes_a_configuration_as_it_takes_the_keywords():
     with pytest.raises(NaturalBiasError, match="gain_speed differ") as error:
         add_natural_bias(stock, zipf_targets(), config=config, gain_speed=20.0)
     assert "\n" not in str(error.value) and not hasattr(stock, "natbias_slot")
+
+
+def test_fairseq_builds_its_head_from_a_configuration(
+    toy_bin, toy_log_unigram, tmp_path, monkeypatch
+):
+    pytest.importorskip("fairseq")
+    from natbias_testing import build_in_process
+
+    from fairseq_natbias import options
+    from fairseq_natbias.natural_bias import use_head_config
+    from fairseq_natbias.transformer_natbias import TransformerNatbiasModel
+
+    config = HeadConfig(gain_init=0.02, gain_speed=4.0)
+    build = TransformerNatbiasModel.build_model.__func__
+    given = classmethod(lambda cls, args, task: build(cls, args, task, config=config))
+    monkeypatch.setattr(TransformerNatbiasModel, "build_model", given)
+    _, model, _ = build_in_process(toy_bin, tmp_path)  # as fairseq-train builds it
+    head = model.decoder.output_projection
+    assert head.gain().item() == pytest.approx(0.02) and head.gain_speed == 4.0
+    # b = the float64 log-unigram of the toy targets (alpha 1), rounded to float32
+    np.testing.assert_allclose(head.bias.detach().double().numpy(), toy_log_unigram, atol=1e-6)
+    saved = model.natbias_args  # what a checkpoint saves
+    assert (saved.natbias_weight_init, saved.natbias_gain_init, saved.natbias_gain_speed) == (
+        "gain",
+        0.02,
+        4.0,
+    )
+    args = argparse.Namespace(natbias_smoothing=0.5)  # given on the command line
+    options.set_defaults(args)
+    with pytest.raises(NaturalBiasError, match="smoothing differ") as error:
+        use_head_config(args, HeadConfig())
+    assert "\n" not in str(error.value)
