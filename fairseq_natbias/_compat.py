@@ -11,13 +11,16 @@ from fairseq.data import token_block_utils_fast
 from fairseq.distributed import utils as distributed_utils
 from fairseq.models import ARCH_MODEL_NAME_REGISTRY
 
+from fairseq_natbias import checkpoint_loading
 from natbias.errors import require_private
 
 require_private("fairseq_natbias", f"fairseq {fairseq.__version__}", "fairseq 0.12",
                 "pip install 've-fairseq==0.12.3' --no-deps",
                 ((distributed_utils, ("_TensorPlaceholder",)),
                  (token_block_utils_fast, ("_get_slice_indices_fast",))))  # fmt: skip
-TensorPlaceholder = distributed_utils._TensorPlaceholder
+# Stands for each tensor a multi-rank checkpoint sends apart: allow-listed.
+checkpoint_loading.FAIRSEQ_CHECKPOINT_GLOBALS.append(distributed_utils._TensorPlaceholder)
+checkpoint_loading.allow_fairseq_checkpoints()
 slice_indices = token_block_utils_fast._get_slice_indices_fast
 
 

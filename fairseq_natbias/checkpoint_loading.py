@@ -1,5 +1,5 @@
 """Reading fairseq checkpoints: the one place that does it for the plugin,
-and its ground floor (it imports nothing of the plugin but its _compat).
+and its ground floor (it imports nothing of the plugin).
 
 torch's weights-only loading (the default since torch 2.6) refuses fairseq
 0.12's checkpoints (a pickled ``argparse.Namespace``, numpy arrays) and, on
@@ -18,7 +18,6 @@ from collections import defaultdict
 import numpy
 import torch
 
-from fairseq_natbias._compat import TensorPlaceholder  # stands for each tensor sent apart
 from natbias.errors import NaturalBiasError
 
 
@@ -48,7 +47,8 @@ def _fairseq_checkpoint_globals():
     value_nodes = [nodes.AnyNode, nodes.StringNode, nodes.IntegerNode, nodes.FloatNode]
     containers = [DictConfig, ListConfig, base.ContainerMetadata, base.Metadata]
     # what those containers pickle besides themselves
-    extra = [nodes.BooleanNode, typing.Any, dict, list, int, defaultdict, TensorPlaceholder]
+    extra = [nodes.BooleanNode, typing.Any, dict, list, int, defaultdict]
+    # (and fairseq's private _TensorPlaceholder, added by fairseq_natbias._compat)
     arrays = [_reconstruct, numpy.ndarray, numpy.dtype, *dtypes]
     return [argparse.Namespace, *arrays, *containers, *value_nodes, *extra]
 

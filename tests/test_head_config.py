@@ -120,3 +120,20 @@ def test_fairseq_builds_its_head_from_a_configuration(
     with pytest.raises(NaturalBiasError, match="smoothing differ") as error:
         use_head_config(args, HeadConfig())
     assert "\n" not in str(error.value)
+
+
+def test_olmo_core_takes_a_configuration_as_it_takes_the_keywords():
+    pytest.importorskip("olmo_core")
+    import olmo_tiny
+
+    from natbias.olmo_core import add_natural_bias
+
+    counts = np.random.default_rng(0).integers(0, 50, 1024)
+    config = HeadConfig(smoothing=0.25, gain=False)
+    head = add_natural_bias(olmo_tiny.model_1m(meta=False), counts=counts, config=config).lm_head
+    by_keywords = add_natural_bias(olmo_tiny.model_1m(meta=False), counts=counts, smoothing=0.25,
+                                   gain=False).lm_head  # fmt: skip
+    assert torch.equal(head.w_out.bias, by_keywords.w_out.bias) and head.w_out.gain() is None
+    assert head.w_out.natbias_settings == by_keywords.w_out.natbias_settings
+    with pytest.raises(NaturalBiasError, match="gain differ"):  # before the model is looked at
+        add_natural_bias(object(), counts=counts, config=config, gain=True)
