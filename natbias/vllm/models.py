@@ -28,6 +28,7 @@ from natbias.vllm._compat import (
     InProcess,
     ModelRegistry,
     load_model_class,
+    rebuilt,
     refuse_in_registry,
 )
 
@@ -36,8 +37,8 @@ BIAS, GAIN, PRIOR = "lm_head.bias", "lm_head.gain_param", "natbias_log_prior"
 
 
 class NaturalBiasLogits(HeadProduct):
-    """Mixin placed before the stock class's ``LogitsProcessor`` (the
-    instance's class swapped): its matrix product with the head takes
+    """Mixin placed before the stock class's ``LogitsProcessor`` (built in
+    the model's ``__init__`` in its place): its matrix product with the head takes
     ``g phi`` and adds b, before its soft cap and scale."""
 
     def install(self, head: nn.Module, own_bias: bool, gain_speed, dtype) -> None:
@@ -67,10 +68,10 @@ class NaturalBiasLogits(HeadProduct):
 
 
 def natural_bias_logits(stock: nn.Module, head: nn.Module, own_bias: bool, gain_speed, dtype):
-    """The stock ``LogitsProcessor`` made a natural-bias one, in place."""
-    stock.__class__ = natural_bias_subclass(type(stock), NaturalBiasLogits)
-    stock.install(head, own_bias, gain_speed, dtype)
-    return stock
+    """The natural-bias logits layer, built as vLLM built the stock ``LogitsProcessor``."""
+    layer = rebuilt(stock, natural_bias_subclass(type(stock), NaturalBiasLogits))
+    layer.install(head, own_bias, gain_speed, dtype)
+    return layer
 
 
 def _copy(param: nn.Parameter, loaded: torch.Tensor) -> None:
@@ -85,7 +86,7 @@ class NaturalBiasCausalLM:
         settings = natural_bias_settings(vllm_config.model_config.hf_config)
         head = _head(self)
         stock_bias = getattr(head, "bias", None) is not None  # GPT-J's: b is the stock bias
-        natural_bias_logits(
+        self.logits_processor = natural_bias_logits(
             self.logits_processor,
             head,
             own_bias=not stock_bias,
