@@ -57,6 +57,7 @@ except ImportError as error:  # one line naming the fix, not a traceback from de
     raise MissingExtraError(FAIRSEQ_MISSING) from error
 
 from fairseq_natbias import (  # noqa: E402,F401  (each registers with fairseq on import)
+    _compat,  # fairseq's private names, checked; its checkpoints' private type allow-listed
     checkpoint_loading,
     numpy_compat,  # noqa: F401  (before fairseq builds a dataset)
     transformer_lm_natbias,

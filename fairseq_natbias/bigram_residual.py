@@ -25,8 +25,10 @@ target's own entry left out but keep T (their other entries would move by at
 most log(1 + 8 / |V|)).
 
 fairseq calls ``decoder.forward`` directly and its output projection never
-sees the input tokens, so the decoder's class is swapped for a subclass with
-:class:`BigramResidualDecoder` (fairseq builds the LM's decoder itself).
+sees the input tokens, so the decoder is a subclass with
+:class:`BigramResidualDecoder`: built so by the translation model (fairseq's
+``build_decoder`` hook); the language model's, which fairseq builds without
+a hook, has its class changed (the plugin's one such place).
 """
 
 from typing import Optional
@@ -323,9 +325,9 @@ WITH_BIGRAM = {
 
 def attach_bigram_residual(decoder, residual: BigramResidual) -> None:
     """Give ``decoder`` the residual (see the module docstring for why its
-    class changes)."""
-    subclass = WITH_BIGRAM.get(type(decoder))
-    if subclass is None:
+    class may change)."""
+    subclass = WITH_BIGRAM.get(type(decoder), type(decoder))
+    if not issubclass(subclass, BigramResidualDecoder):
         raise NaturalBiasError(
             f"--natbias-order 2 supports fairseq's transformer decoders, "
             f"not {type(decoder).__name__}; use --natbias-order 1"

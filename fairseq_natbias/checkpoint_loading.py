@@ -34,7 +34,6 @@ WRITTEN_BY_FAIRSEQ = "give a checkpoint_*.pt written by fairseq-train"
 
 
 def _fairseq_checkpoint_globals():
-    from fairseq.distributed.utils import _TensorPlaceholder  # stands for each tensor sent apart
     from omegaconf import DictConfig, ListConfig, base, nodes
 
     try:  # numpy >= 2
@@ -48,7 +47,8 @@ def _fairseq_checkpoint_globals():
     value_nodes = [nodes.AnyNode, nodes.StringNode, nodes.IntegerNode, nodes.FloatNode]
     containers = [DictConfig, ListConfig, base.ContainerMetadata, base.Metadata]
     # what those containers pickle besides themselves
-    extra = [nodes.BooleanNode, typing.Any, dict, list, int, defaultdict, _TensorPlaceholder]
+    extra = [nodes.BooleanNode, typing.Any, dict, list, int, defaultdict]
+    # (and fairseq's private _TensorPlaceholder, added by fairseq_natbias._compat)
     arrays = [_reconstruct, numpy.ndarray, numpy.dtype, *dtypes]
     return [argparse.Namespace, *arrays, *containers, *value_nodes, *extra]
 

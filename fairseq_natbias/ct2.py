@@ -9,8 +9,8 @@ language (--natbias-prior per-language) by its one projection bias: both refused
 import os
 
 from ctranslate2.converters import FairseqConverter
-from fairseq.models import ARCH_MODEL_NAME_REGISTRY
 
+from fairseq_natbias._compat import LoadSpec, arch_read_as
 from fairseq_natbias.checkpoint_loading import read_checkpoint, saved_model_args
 from fairseq_natbias.natural_bias import check_natbias_checkpoint
 from fairseq_natbias.options import LANGUAGE_TOKENS
@@ -20,14 +20,14 @@ from natbias.head import fold_gain, gain
 STOCK_MODEL = {"transformer_natbias": "transformer", "transformer_lm_natbias": "transformer_lm"}
 
 
-class NaturalBiasFairseqConverter(FairseqConverter):
+class NaturalBiasFairseqConverter(LoadSpec, FairseqConverter):
     """``FairseqConverter`` (the same arguments) for the plugin's checkpoints."""
 
     def __init__(self, model_path, data_dir, **options):
         super().__init__(model_path, data_dir, **options)
         self.checkpoint = model_path
 
-    def _load(self):
+    def load_spec(self, stock_load):
         arch, _ = check_natbias_checkpoint(self.checkpoint)
         saved = saved_model_args(self.checkpoint)
         if getattr(saved, "natbias_order", 1) == 2:
@@ -41,12 +41,8 @@ class NaturalBiasFairseqConverter(FairseqConverter):
                 "per-language), chosen per sentence, which a CTranslate2 model's one projection "
                 "bias cannot hold: serve it with fairseq, or train with --natbias-prior pooled"
             )
-        name = ARCH_MODEL_NAME_REGISTRY[arch]
-        ARCH_MODEL_NAME_REGISTRY[arch] = STOCK_MODEL[name]  # what CTranslate2's check reads
-        try:
-            spec = super()._load()
-        finally:
-            ARCH_MODEL_NAME_REGISTRY[arch] = name
+        with arch_read_as(arch, STOCK_MODEL):  # the model name CTranslate2 checks
+            spec = stock_load()
         state = read_checkpoint(self.checkpoint)["model"]
         param = state.get("decoder.output_projection.gain_param")  # u; None without a gain
         g = 1.0 if param is None else gain(param.float(), saved.natbias_gain_speed).item()

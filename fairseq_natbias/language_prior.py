@@ -5,9 +5,9 @@ t; positions before it (the one that predicts the language token, which no
 language row counts) use row 0, the pooled prior.
 
 fairseq calls ``decoder.forward`` directly and its output projection never
-sees the input tokens, so (as for the bigram residual) the decoder's class is
-swapped for a subclass; which token selects which row is saved in the
-model's config (``natbias_language_tokens``), not in its state.
+sees the input tokens, so the model builds its decoder as a subclass
+(fairseq's ``build_decoder`` hook); which token selects which row is saved
+in the model's config (``natbias_language_tokens``), not in its state.
 """
 
 import torch
@@ -43,15 +43,15 @@ class LanguagePriorDecoder(TransformerDecoderBase):
 
 
 def attach_language_prior(decoder, language_tokens: list) -> None:
-    """Give ``decoder`` the row selection: the k-th token selects row k."""
-    if type(decoder) is not TransformerDecoderBase:
+    """Give ``decoder`` (built a :class:`LanguagePriorDecoder`) the row
+    selection: the k-th token selects row k."""
+    if not isinstance(decoder, LanguagePriorDecoder):
         raise NaturalBiasError(
             f"--natbias-prior per-language supports fairseq's transformer decoder, not "
             f"{type(decoder).__name__}: use --natbias-prior pooled"
         )
     token_rows = torch.zeros(decoder.output_projection.out_features, dtype=torch.long)
     token_rows[torch.tensor(language_tokens)] = torch.arange(1, len(language_tokens) + 1)
-    decoder.__class__ = LanguagePriorDecoder
     decoder.register_buffer("token_rows", token_rows, persistent=False)
 
 

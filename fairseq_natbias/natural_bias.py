@@ -14,6 +14,7 @@ import logging
 from typing import Optional
 
 import torch
+from fairseq.models.transformer import TransformerDecoderBase
 
 from fairseq_natbias import bigram_residual, language_prior, task_hooks, training_data
 from fairseq_natbias.checkpoint_loading import CheckpointError, not_a_checkpoint
@@ -24,13 +25,14 @@ from fairseq_natbias.checkpoints import (
     saved_model_args,
 )
 from fairseq_natbias.logging_hook import TARGET_MASK_KEY, BiasDivergenceHook
-from fairseq_natbias.options import COUNTED_MARKER, LANGUAGE_TOKENS, check_args
+from fairseq_natbias.options import COUNTED_MARKER, DEFAULTED_RECORD, LANGUAGE_TOKENS, check_args
 from natbias import head
 from natbias.bigram import PairCounter, witten_bell_residual
 from natbias.counts import count_text, read_counts_file
 from natbias.errors import NaturalBiasError
+from natbias.head_config import HeadConfig
 from natbias.prior import log_unigram
-from natbias.projection import KeepsFloat32, NaturalBiasProjection, paper_weight_init_
+from natbias.projection import KeepsFloat32, paper_weight_init_
 
 logger = logging.getLogger(__name__)
 
@@ -49,9 +51,12 @@ class NaturalBiasModel(KeepsFloat32):
     splitting_options = ("adaptive_softmax_cutoff",)  # refused: the bias is one vector
 
     @classmethod
-    def build_model(cls, args, task):
+    def build_model(cls, args, task, config: Optional[HeadConfig] = None):
+        """fairseq's; ``config``: the head's settings in place of their options."""
         # The options' defaults are set by the registered architecture, which
         # fairseq applies before it builds (options.set_defaults).
+        if config is not None:
+            use_head_config(args, config)
         loading = checkpoint_to_load(args)
         if loading is not None and loading[0] == "config":
             check_saved_settings(args, "this checkpoint")
@@ -79,13 +84,11 @@ class NaturalBiasModel(KeepsFloat32):
                 residual = bigram_residual.BigramResidual.placeholder(vocab_size)
         else:
             log_prior, bias, residual = self._count_and_initialise(args, task)
-        gain = args.natbias_weight_init == "gain"
-        decoder.output_projection = NaturalBiasProjection(
-            decoder.output_projection.weight,
-            bias,
-            args.natbias_gain_init if gain else None,
-            args.natbias_gain_speed if gain else None,
+        gain = args.natbias_weight_init == "gain"  # the options set every setting (set_defaults)
+        config = HeadConfig(
+            args.natbias_smoothing, gain, args.natbias_gain_init, args.natbias_gain_speed
         )
+        decoder.output_projection = config.projection(decoder.output_projection.weight, bias)
         if bias is not None and args.natbias_freeze:
             decoder.output_projection.bias.requires_grad_(False)
         if residual is not None:
@@ -238,6 +241,36 @@ class NaturalBiasModel(KeepsFloat32):
             return net_output
         logits = net_output[0]
         return (logits + shift.to(logits.dtype), *net_output[1:])
+
+
+def decoder_class(cfg) -> type:
+    """The translation decoder's class: one that adds each position's row of
+    the bias, one with the bigram residual, else fairseq's."""
+    if getattr(cfg, LANGUAGE_TOKENS, None):
+        return language_prior.LanguagePriorDecoder
+    if getattr(cfg, "natbias_order", 1) == 2:
+        return bigram_residual.TransformerDecoderBaseWithBigram
+    return TransformerDecoderBase
+
+
+HEAD_OPTIONS = {"smoothing": "natbias_smoothing", "gain": "natbias_weight_init",
+                "gain_init": "natbias_gain_init", "gain_speed": "natbias_gain_speed"}  # fmt: skip
+
+
+def use_head_config(args, config: HeadConfig) -> None:
+    """``config`` written into the options (which a checkpoint saves); an
+    option set on the command line that differs from it is refused."""
+    defaulted = getattr(args, DEFAULTED_RECORD)
+    given = {k: getattr(args, o) for k, o in HEAD_OPTIONS.items() if o not in defaulted}
+    if "gain" in given:  # --natbias-weight-init gain, or another W init without the gain
+        given["gain"] = given["gain"] == "gain"
+    HeadConfig.of(config, **given)
+    args.natbias_smoothing = config.smoothing
+    if config.gain:
+        args.natbias_weight_init = "gain"
+        args.natbias_gain_init, args.natbias_gain_speed = config.gain_settings()
+    elif args.natbias_weight_init == "gain":
+        args.natbias_weight_init = "fairseq"
 
 
 def check_natbias_checkpoint(path: str):

@@ -150,7 +150,8 @@ def count_lm_targets(data, split, dictionary, cfg, pairs=None):
 def _blocks(prefix, cfg) -> int:
     """How many blocks fairseq's language_modeling task cuts ``prefix`` into."""
     from fairseq.data import data_utils, indexed_dataset
-    from fairseq.data.token_block_utils_fast import _get_slice_indices_fast
+
+    from fairseq_natbias._compat import slice_indices
 
     if indexed_dataset.infer_dataset_impl(prefix) == "mmap":
         sizes = binarised_index(prefix)[1]
@@ -160,7 +161,7 @@ def _blocks(prefix, cfg) -> int:
     mode = str(getattr(cfg, "sample_break_mode", None) or "none")  # fairseq passes an enum
     if mode == "eos":
         return len(sizes)
-    return len(_get_slice_indices_fast(sizes, mode, cfg.tokens_per_sample, 1))
+    return len(slice_indices(sizes, mode, cfg.tokens_per_sample, 1))
 
 
 def is_multilingual(task) -> bool:

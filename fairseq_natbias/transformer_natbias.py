@@ -10,7 +10,7 @@ presets.
 """
 
 from fairseq.models import register_model, register_model_architecture
-from fairseq.models.transformer import TransformerModel, base_architecture
+from fairseq.models.transformer import TransformerConfig, TransformerModel, base_architecture
 
 from fairseq_natbias import natural_bias, options
 
@@ -21,6 +21,14 @@ class TransformerNatbiasModel(natural_bias.NaturalBiasModel, TransformerModel):
     def add_args(cls, parser):
         super().add_args(parser)
         options.add_args(parser)
+
+    @classmethod
+    def build_decoder(cls, cfg, tgt_dict, embed_tokens):
+        """fairseq's own, as the subclass the prior needs (a row per target
+        language, the bigram residual): its forward sees the input tokens."""
+        cfg = TransformerConfig.from_namespace(cfg)
+        decoder_class = natural_bias.decoder_class(cfg)
+        return decoder_class(cfg, tgt_dict, embed_tokens, no_encoder_attn=cfg.no_cross_attention)
 
     def forward(self, src_tokens, src_lengths, prev_output_tokens, **kwargs):
         net_output = super().forward(src_tokens, src_lengths, prev_output_tokens, **kwargs)

@@ -130,19 +130,6 @@ def generation_shift(
     return shift
 
 
-def saved_settings(smoothing: float, prior_tokens, gain_init, gain_speed) -> dict:
-    """What a saved model records of its natural bias, the format version
-    first (``gain_init``, ``gain_speed`` None: no gain)."""
-    return {
-        "format_version": FORMAT_VERSION,
-        "written_by": f"natbias {__version__}",
-        "smoothing": float(smoothing),
-        "prior_tokens": int(prior_tokens),
-        "gain_init": None if gain_init is None else float(gain_init),
-        "gain_speed": None if gain_speed is None else float(gain_speed),
-    }
-
-
 def check_format_version(version, where: str, required: bool = False) -> None:
     """Refuse, in one line, what a newer natbias saved; ``version`` None
     (nothing recorded) is refused where ``required``."""

@@ -21,8 +21,10 @@ from transformers import AutoConfig
 
 from natbias.errors import MissingExtraError, NaturalBiasError
 from natbias.head import fold_gain
+from natbias.hf._compat import LoadSpec, ct2_loaders
 from natbias.hf.models import NaturalBiasModel, natural_bias_settings
 from natbias.hf.natural_bias import from_pretrained
+from natbias.subclasses import natural_bias_subclass
 
 try:
     import ctranslate2
@@ -32,17 +34,7 @@ except ImportError as error:
     raise MissingExtraError(
         "converting to CTranslate2 needs ctranslate2: pip install 'fairseq-natbias[ctranslate2]'"
     ) from error
-
-# The one private CTranslate2 name natbias uses (tested with CTranslate2 4.8.5,
-# the [ctranslate2] extra): its loaders by configuration class name, which
-# ``register_loader`` fills and nothing public reads. A converter's ``_load``
-# is the method CTranslate2's own converters implement: its way in.
-if not isinstance(getattr(ct2_transformers, "_MODEL_LOADERS", None), dict):
-    raise NaturalBiasError(
-        f"natbias.hf.ct2 is tested with CTranslate2 4.8.5, whose _MODEL_LOADERS CTranslate2 "
-        f"{ctranslate2.__version__} lacks: pip install 'ctranslate2==4.8.5'"
-    )
-LOADERS = ct2_transformers._MODEL_LOADERS
+LOADERS = ct2_loaders()
 
 
 def to_ctranslate2(
@@ -60,7 +52,7 @@ def to_ctranslate2(
     return converter.convert(output_dir, quantization=quantization, **convert)
 
 
-class NaturalBiasTransformersConverter(TransformersConverter):
+class NaturalBiasTransformersConverter(LoadSpec, TransformersConverter):
     """``TransformersConverter`` for a natural-bias model: a saved directory
     (read as ``ct2-transformers-converter --model`` reads one) or an object."""
 
@@ -71,7 +63,7 @@ class NaturalBiasTransformersConverter(TransformersConverter):
         self._model = None if directory else model
         self._tokenizer = tokenizer
 
-    def _load(self):
+    def load_spec(self, stock_load):
         if self._model is None:
             if not os.path.isfile(os.path.join(self.directory, "config.json")):
                 raise NaturalBiasError(
@@ -79,7 +71,7 @@ class NaturalBiasTransformersConverter(TransformersConverter):
                     "a natbias.hf model was saved to (save_pretrained)"
                 )
             register_loader(AutoConfig.from_pretrained(self.directory))
-            return super()._load()
+            return stock_load()
         if not isinstance(self._model, NaturalBiasModel):
             raise NaturalBiasError(
                 f"{type(self._model).__name__} has no natural bias: convert it with "
@@ -120,8 +112,7 @@ def register_loader(config):
             f"(ct2-transformers-converter cannot convert the stock model either), "
             "so it cannot serve this model"
         )
-    made = type(f"NaturalBias{type(stock).__name__}", (NaturalBiasLoader, type(stock)), {})
-    ct2_transformers.register_loader(name)(made)
+    ct2_transformers.register_loader(name)(natural_bias_subclass(type(stock), NaturalBiasLoader))
     return LOADERS[name]
 
 

@@ -19,7 +19,7 @@ from torch import nn
 from natbias.errors import NaturalBiasError
 from natbias.head import fold_gain
 from natbias.hf.logit_map import run_probe
-from natbias.hf.models import FINAL_LOGITS_BIAS, SETTINGS, NaturalBiasModel
+from natbias.hf.models import FINAL_LOGITS_BIAS, SETTINGS, NaturalBiasModel, set_class
 
 logger = logging.getLogger(__name__)
 
@@ -58,8 +58,7 @@ def to_stock(model) -> nn.Module:
     model._buffers.pop("natbias_log_prior", None)
     for name in ("natbias_slot", "natbias_logit_map"):
         model.__dict__.pop(name, None)
-    model.__class__ = stock_class
-    model.config.__class__ = stock_class.config_class
+    set_class(model, stock_class, stock_class.config_class)
     model.config.__dict__.pop(SETTINGS, None)
     model.config.architectures = [stock_class.__name__]
     model.set_output_embeddings(linear)

@@ -19,12 +19,13 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_N
 from natbias import FORMAT_VERSION
 from natbias.errors import NaturalBiasError
 from natbias.head import check_format_version
+from natbias.hf._compat import InitWeights, replicate_in_tp_plan
 from natbias.hf.logit_map import map_bias
 from natbias.projection import KeepsFloat32, NaturalBiasProjection
 from natbias.sharding import fill_, full
+from natbias.subclasses import natural_bias_subclass, stock_name
 
 SETTINGS = "natural_bias"  # the configuration's key
-CLASS_PREFIX = "NaturalBias"
 TYPE_PREFIX = "natbias-"
 FINAL_LOGITS_BIAS = "final_logits_bias"
 
@@ -41,7 +42,7 @@ def natural_bias_settings(config) -> dict:
     return settings
 
 
-class NaturalBiasModel(KeepsFloat32):
+class NaturalBiasModel(InitWeights, KeepsFloat32):
     """Mixin placed before a transformers model class: the natural-bias
     output layer, installed after the model's own ``__init__`` (loading) or
     on a model that exists (:func:`natbias.hf.add_natural_bias`, in place)."""
@@ -87,7 +88,7 @@ class NaturalBiasModel(KeepsFloat32):
     ) -> None:
         """Wraps the head and makes b a parameter; ``bias`` and ``log_prior``:
         their values (zeros when loading, which then fills them). On the meta
-        device they wait, on the CPU, for :meth:`_init_weights`."""
+        device they wait, on the CPU, for :meth:`init_natural_bias`."""
         head = self.get_output_embeddings()
         weight = head.weight
         vocab_size = weight.shape[0]
@@ -112,20 +113,18 @@ class NaturalBiasModel(KeepsFloat32):
         # transformers' tensor parallelism gives a module's style to each of its
         # parameters: the head's would split the one-entry gain by the vocabulary.
         # The gain is kept whole on every process instead.
-        plan = getattr(self, "_tp_plan", None)
         names = [name for name, module in self.named_modules() if module is head]
-        if plan and head.gain_speed is not None and names and names[0] in plan:
-            plan[f"{names[0]}.gain_param"] = "replicate"
+        if head.gain_speed is not None and names:
+            replicate_in_tp_plan(self, names[0], "gain_param")
         # log p of the training targets: for the statistics, the criterion and λ·b.
         self.register_buffer("natbias_log_prior", log_prior.to(weight.device, copy=True))
         self.natbias_logit_map = settings.get("logit_map")
 
-    def _init_weights(self, module):
-        """transformers' initialisation (``init_weights``, after ``to_empty``
-        for a model built on the meta device; keys missing from a saved
-        model): the stock class's, then b, the gain and the prior set to
-        their initial values, not to a Linear's zero bias."""
-        super()._init_weights(module)
+    def init_natural_bias(self, module):
+        """After transformers' initialisation of ``module`` (``init_weights``,
+        after ``to_empty`` for a model built on the meta device; keys missing
+        from a saved model), the stock class's: b, the gain and the prior set
+        to their initial values, not to a Linear's zero bias."""
         if module is self.get_output_embeddings():
             module.reset_parameters()
         if module is self:
@@ -133,7 +132,7 @@ class NaturalBiasModel(KeepsFloat32):
 
     def reset_parameters(self) -> None:
         """The prior (and b where the stock class adds it after the head) to
-        their initial values; called by :meth:`_init_weights`, and by FSDP1's
+        their initial values; called by :meth:`init_natural_bias`, and by FSDP1's
         default ``param_init_fn`` on a model built on the meta device."""
         for name, values in self.natbias_initial_values.items():
             tensor = self._parameters.get(name)
@@ -185,7 +184,11 @@ class NaturalBiasModel(KeepsFloat32):
         return self.get_output_embeddings().weight.device
 
 
-_MADE: dict = {}  # stock class -> its natural-bias class (configurations too)
+def set_class(model, model_class: type, config_class: type) -> None:
+    """natbias.hf's one change of a live object's class, the model's and its
+    configuration's: a model the user built (transformers has no hook into it)
+    made its natural-bias class by add_natural_bias, and back by to_stock."""
+    model.__class__, model.config.__class__ = model_class, config_class
 
 
 def natural_bias_config_class(stock_config_class: type) -> type:
@@ -193,8 +196,10 @@ def natural_bias_config_class(stock_config_class: type) -> type:
     ``natbias-<its model type>``."""
     if stock_config_class.model_type.startswith(TYPE_PREFIX):
         return stock_config_class
-    attributes = {"model_type": TYPE_PREFIX + stock_config_class.model_type}
-    return _make(stock_config_class, (stock_config_class,), attributes)
+    model_type = TYPE_PREFIX + stock_config_class.model_type
+    return natural_bias_subclass(
+        stock_config_class, None, __module__=__name__, model_type=model_type
+    )
 
 
 def natural_bias_class(stock_class: type) -> type:
@@ -202,24 +207,13 @@ def natural_bias_class(stock_class: type) -> type:
     if issubclass(stock_class, NaturalBiasModel):
         return stock_class
     config_class = natural_bias_config_class(stock_class.config_class)
-    attributes = {"config_class": config_class, "natbias_stock_class": stock_class}
-    made = _make(stock_class, (NaturalBiasModel, stock_class), attributes)
+    made = natural_bias_subclass(
+        stock_class, NaturalBiasModel, config_class=config_class, natbias_stock_class=stock_class
+    )
     if stock_class.__name__ in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values():
         # The Trainer shifts label_smoothing_factor's labels for the
         # causal LMs this table names, as it does for the stock class.
         MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[config_class.model_type] = made.__name__
-    return made
-
-
-def _make(stock: type, bases: tuple, attributes: dict) -> type:
-    """``NaturalBias<stock>``, made once."""
-    if stock in _MADE:
-        return _MADE[stock]
-    name = CLASS_PREFIX + stock.__name__
-    doc = f"{stock.__name__} with the natural bias (natbias.hf)."
-    made = type(name, bases, {"__module__": __name__, "__doc__": doc, **attributes})
-    _MADE[stock] = made
-    globals()[name] = made  # pickle finds it by name
     return made
 
 
@@ -228,8 +222,7 @@ def __getattr__(name: str):
     it in a process that has not made it yet."""
     import transformers
 
-    prefixed = name.startswith(CLASS_PREFIX)
-    stock = getattr(transformers, name[len(CLASS_PREFIX) :], None) if prefixed else None
+    stock = getattr(transformers, stock_name(name) or "", None)
     if isinstance(stock, type):
         if issubclass(stock, PreTrainedModel):
             return natural_bias_class(stock)

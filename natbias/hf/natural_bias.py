@@ -15,6 +15,7 @@ output (a scale, a soft cap) gets the b that starts it at the unigram all the
 same (:mod:`natbias.hf.logit_map`).
 """
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Optional
 
@@ -24,22 +25,23 @@ from transformers import AutoConfig, PreTrainedModel
 
 from natbias.counts import check_counts, count_dataset, count_ids, is_by_id, read_counts_file
 from natbias.errors import NaturalBiasError
-from natbias.head import DEFAULT_GAIN_SPEED, check_gain, saved_settings
+from natbias.head_config import HeadConfig, checked_counts, one_prior_source
 from natbias.hf._compat import model_class
 from natbias.hf.gain_start import contextual_scale, initial_gain
 from natbias.hf.logit_map import check_starts_at_prior, initial_bias, measure_logit_map
 from natbias.hf.models import (
-    CLASS_PREFIX,
     FINAL_LOGITS_BIAS,
     SETTINGS,
     NaturalBiasModel,
     natural_bias_class,
     natural_bias_settings,
+    set_class,
 )
 from natbias.hf.registry import GENERATOR_AUTO_CLASSES, register
 from natbias.hf.sharded import is_sharded
 from natbias.hf.targets import target_column, target_sequences
-from natbias.prior import DEFAULT_SMOOTHING, log_unigram
+from natbias.prior import log_unigram
+from natbias.subclasses import stock_name
 
 
 def count_targets(
@@ -74,12 +76,13 @@ def add_natural_bias(
     counts: Optional[Sequence[int]] = None,
     counts_file: Optional[str] = None,
     vocabulary=None,
-    smoothing: float = DEFAULT_SMOOTHING,
-    gain: bool = True,
+    smoothing: Optional[float] = None,
+    gain: Optional[bool] = None,
     gain_init: Optional[float] = None,
-    gain_speed: float = DEFAULT_GAIN_SPEED,
+    gain_speed: Optional[float] = None,
     cache: bool = True,
     cache_dir: Optional[str] = None,
+    config: Optional[HeadConfig] = None,
 ) -> NaturalBiasModel:
     """Gives ``model`` the natural bias in place and returns it, now of its
     natural-bias class (:func:`natbias.hf.models.natural_bias_class`): every
@@ -88,35 +91,35 @@ def add_natural_bias(
     The prior comes from exactly one of ``targets`` (the tokenised dataset
     the Trainer is given, or token-id sequences: :func:`count_targets`), ``counts`` (one per vocabulary
     entry) or ``counts_file`` (written by ``natbias-count``; ``vocabulary``,
-    the tokenizer, maps its symbols to ids). ``gain=False`` leaves W phi as
-    it is (g = 1) instead of starting it at ``gain_init``; without one, the
-    start is 0.05, lowered where the model's W phi is large enough to take it
-    from the unigram (:mod:`natbias.hf.gain_start`). A 🤗 dataset is counted
+    the tokenizer, maps its symbols to ids). The head's settings are
+    ``config`` (:class:`natbias.head_config.HeadConfig`) or the keywords
+    (alpha 1, the gain on, C 20): ``gain=False`` leaves W phi as it is (g =
+    1) instead of starting it at ``gain_init``; without one, the start is
+    0.05, lowered where the model's W phi is large enough to take it from the
+    unigram (:mod:`natbias.hf.gain_start`). A 🤗 dataset is counted
     across the ranks of an initialised process group and its counts kept for
     the next start (``cache``, ``cache_dir``: :func:`count_targets`)."""
+    config = HeadConfig.of(config, smoothing=smoothing, gain=gain, gain_init=gain_init,
+                           gain_speed=gain_speed)  # fmt: skip
     name = check_generator(model)
     vocab_size = model.get_output_embeddings().weight.shape[0]
     counts = _prior_counts(model, vocab_size, targets, counts, counts_file, vocabulary,
                            {"cache": cache, "cache_dir": cache_dir})  # fmt: skip
-    log_prior = log_unigram(counts, smoothing)
+    log_prior = log_unigram(counts, config.smoothing)
     logit_map = measure_logit_map(model, name)
-    if gain:
-        if gain_init is None:
-            gain_init = initial_gain(contextual_scale(model, logit_map))
-        check_gain(gain_init, gain_speed)
+    if config.gain and config.gain_init is None:
+        start = initial_gain(contextual_scale(model, logit_map))
+        config = dataclasses.replace(config, gain_init=start)
     bias = initial_bias(log_prior, logit_map, name)
-    settings = saved_settings(
-        smoothing, counts.sum(), gain_init if gain else None, gain_speed if gain else None
-    )
+    settings = config.saved(counts.sum())
     if logit_map:
         settings["logit_map"] = logit_map
     natbias_class = natural_bias_class(type(model))
     undo = _InPlace(model)
     try:
-        model.config.__class__ = natbias_class.config_class
+        set_class(model, natbias_class, natbias_class.config_class)
         model.config.architectures = [natbias_class.__name__]
         setattr(model.config, SETTINGS, settings)
-        model.__class__ = natbias_class
         model._install_natural_bias(settings, bias, log_prior)
         check_starts_at_prior(model, bias, log_prior, name)
     except BaseException:
@@ -173,8 +176,7 @@ class _InPlace:
         model = self.model
         for name in ("natbias_slot", "natbias_logit_map", "natbias_initial_values"):
             model.__dict__.pop(name, None)
-        model.__class__ = self.model_class
-        model.config.__class__ = self.config_class
+        set_class(model, self.model_class, self.config_class)
         model.config.__dict__.clear()
         model.config.__dict__.update(self.config)
         model._parameters.pop(FINAL_LOGITS_BIAS, None)
@@ -184,14 +186,7 @@ class _InPlace:
 
 
 def _prior_counts(model, vocab_size, targets, counts, counts_file, vocabulary, caching):
-    sources = {"targets": targets, "counts": counts, "counts_file": counts_file}
-    given = [name for name, value in sources.items() if value is not None]
-    if len(given) != 1:
-        raise NaturalBiasError(
-            "give the prior as exactly one of targets (a tokenised dataset or "
-            "token-id lists), counts or counts_file; got "
-            f"{', '.join(given) or 'none'}"
-        )
+    one_prior_source(targets=targets, counts=counts, counts_file=counts_file)
     if targets is not None:
         causal = not getattr(model.config, "is_encoder_decoder", False)
         return count_targets(targets, vocab_size, causal, **caching)
@@ -205,13 +200,7 @@ def _prior_counts(model, vocab_size, targets, counts, counts_file, vocabulary, c
             )
         symbols = vocabulary.convert_ids_to_tokens(list(range(vocab_size)))
         return read_counts_file(counts_file, symbols)
-    shape = np.shape(counts)
-    if shape != (vocab_size,):
-        raise NaturalBiasError(
-            f"{shape[0] if shape else 0} counts for an output "
-            f"layer of {vocab_size}: give one count per vocabulary entry"
-        )
-    return check_counts(counts, "the counts")
+    return checked_counts(counts, vocab_size)
 
 
 def from_pretrained(path: str, **kwargs) -> NaturalBiasModel:
@@ -229,10 +218,9 @@ def _saved_class(config, path) -> type:
     import transformers
 
     for name in getattr(config, "architectures", None) or ():
-        stock = getattr(transformers, name[len(CLASS_PREFIX) :], None)
-        if name.startswith(CLASS_PREFIX) and isinstance(stock, type):
-            if issubclass(stock, PreTrainedModel):
-                return natural_bias_class(stock)
+        stock = getattr(transformers, stock_name(name) or "", None)
+        if isinstance(stock, type) and issubclass(stock, PreTrainedModel):
+            return natural_bias_class(stock)
     for auto_class in GENERATOR_AUTO_CLASSES:
         made = model_class(auto_class, config)
         if made is not None:

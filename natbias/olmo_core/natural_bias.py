@@ -36,11 +36,11 @@ from torch import nn
 
 from natbias.counts import check_counts, count_ids, count_token_files, is_by_id, read_counts_file
 from natbias.errors import NaturalBiasError
-from natbias.head import DEFAULT_GAIN_INIT, DEFAULT_GAIN_SPEED, check_gain, saved_settings
+from natbias.head_config import HeadConfig, checked_counts, one_prior_source
 from natbias.olmo_core import _compat
-from natbias.prior import DEFAULT_SMOOTHING, log_unigram
 from natbias.projection import NaturalBiasProjection
 from natbias.sharding import is_dtensor
+from natbias.subclasses import natural_bias_subclass
 
 
 def count_targets(dataset, vocab_size: int, *, cache: bool = True, cache_dir=None) -> np.ndarray:
@@ -100,26 +100,29 @@ def add_natural_bias(
     *,
     counts: Optional[Sequence[int]] = None,
     counts_file: Optional[str] = None,
-    smoothing: float = DEFAULT_SMOOTHING,
-    gain: bool = True,
+    smoothing: Optional[float] = None,
+    gain: Optional[bool] = None,
     gain_init: Optional[float] = None,
-    gain_speed: float = DEFAULT_GAIN_SPEED,
+    gain_speed: Optional[float] = None,
     cache: bool = True,
     cache_dir=None,
+    config: Optional[HeadConfig] = None,
 ):
     """Gives the OLMo-core ``Transformer`` ``model`` the natural bias in place
     and returns it. The prior comes from exactly one of ``dataset`` (an
     OLMo-core numpy dataset or its config: :func:`count_targets`), ``counts``
     (one per id of the model's output layer) and ``counts_file`` (natbias-count's,
-    by id). ``gain=False``
+    by id). The head's settings are ``config``
+    (:class:`natbias.head_config.HeadConfig`) or the keywords: ``gain=False``
     leaves W phi as it is (g = 1); otherwise g starts at ``gain_init``
     (the core's 0.05 by default). The dataset is counted across the ranks of
     an initialised process group and its counts kept for the next start
     (``cache``, ``cache_dir``: :func:`count_targets`)."""
+    config = HeadConfig.of(config, smoothing=smoothing, gain=gain, gain_init=gain_init,
+                           gain_speed=gain_speed)  # fmt: skip
     head, linear = check_model(model)
     vocab_size = linear.weight.shape[0]
-    if sum(x is not None for x in (dataset, counts, counts_file)) != 1:
-        raise NaturalBiasError("give the prior as exactly one of dataset, counts and counts_file")
+    one_prior_source(dataset=dataset, counts=counts, counts_file=counts_file)
     if counts_file is not None:
         if os.path.isfile(counts_file) and not is_by_id(counts_file):
             raise NaturalBiasError(
@@ -129,31 +132,15 @@ def add_natural_bias(
         counts = read_counts_file(counts_file, range(vocab_size))
     if dataset is not None:
         counts = count_targets(dataset, vocab_size, cache=cache, cache_dir=cache_dir)
-    elif np.shape(counts) != (vocab_size,):
-        shape = np.shape(counts)
-        raise NaturalBiasError(
-            f"{shape[0] if shape else 0} counts for an output layer of {vocab_size}: the "
-            "counts are from another tokenizer (give one count per id of the model's vocabulary)"
-        )
-    counts = check_counts(counts, "the counts")
-    log_prior = log_unigram(counts, smoothing)
-    if gain:
-        gain_init = DEFAULT_GAIN_INIT if gain_init is None else gain_init
-        check_gain(gain_init, gain_speed)
-    projection = NaturalBiasProjection(
-        linear.weight, log_prior, gain_init if gain else None, gain_speed if gain else None
-    )
-    if gain and _compat.uses_fused_loss(head):
+    counts = checked_counts(counts, vocab_size)
+    projection = config.build(linear.weight, counts)
+    if config.gain and _compat.uses_fused_loss(head):
         # The fused-linear loss reads W and b and never calls the projection:
         # g scales its input h instead, the same logits W (g h) + b (eq. 1
         # with the gain) without materialising them.
         projection.input_scaled_by_caller = True
         _compat.scale_head_input(head, projection.scale_by_gain)
-    projection.natbias_log_prior = log_prior
     projection.natbias_counts = counts  # for the export to natbias.hf (natbias.olmo_core.export)
-    projection.natbias_settings = saved_settings(
-        smoothing, counts.sum(), gain_init if gain else None, gain_speed if gain else None
-    )
     _compat.set_head_linear(model, projection)
     model.__class__ = natural_bias_class(type(model))
     return model
@@ -220,17 +207,10 @@ class NaturalBiasModel:
             )
 
 
-_CLASSES: dict = {}
-
-
 def natural_bias_class(stock: type) -> type:
     """The natural-bias subclass of an OLMo-core model class (made once)."""
-    if issubclass(stock, NaturalBiasModel):
-        return stock
-    if stock not in _CLASSES:
-        _CLASSES[stock] = type(
-            f"NaturalBias{stock.__name__}",
-            (NaturalBiasModel, stock),
-            {"__module__": __name__, "__qualname__": f"NaturalBias{stock.__name__}"},
-        )
-    return _CLASSES[stock]
+    return (
+        stock
+        if issubclass(stock, NaturalBiasModel)
+        else natural_bias_subclass(stock, NaturalBiasModel)
+    )

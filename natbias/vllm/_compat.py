@@ -4,7 +4,8 @@ that moves one of them breaks here, in one line naming it, not in a model
 served without its bias:
 
 * ``LogitsProcessor._apply_head(lm_head, hidden_states, embedding_bias)``: the
-  head's product, which the natural-bias logits layer changes (:class:`HeadProduct`);
+  head's product, which the natural-bias logits layer changes (:class:`HeadProduct`),
+  and its ``__init__``'s arguments, kept as attributes (:func:`rebuilt`);
 * the model registry's ``_TEXT_GENERATION_MODELS`` (the architectures vLLM has
   a class of its own for), ``_LazyRegisteredModel`` and ``_ModelInfo`` (a lazy
   entry inspected in this process) and ``_try_load_model_cls``;
@@ -18,7 +19,7 @@ import vllm
 from vllm.model_executor.layers.logits_processor import LogitsProcessor
 from vllm.model_executor.models import registry
 
-from natbias.errors import NaturalBiasError
+from natbias.errors import NaturalBiasError, require_private
 
 TESTED = "0.32.0"
 PRIVATE = (
@@ -26,13 +27,8 @@ PRIVATE = (
     (LogitsProcessor, ("_apply_head",)),
     (registry.ModelRegistry, ("_try_load_model_cls", "_try_inspect_model_cls")),
 )
-for owner, names in PRIVATE:
-    for name in names:
-        if not hasattr(owner, name):
-            raise NaturalBiasError(
-                f"natbias.vllm is tested with vLLM {TESTED}, whose {name} vLLM "
-                f"{vllm.__version__} lacks: pip install vllm=={TESTED}"
-            )
+require_private("natbias.vllm", f"vLLM {vllm.__version__}", f"vLLM {TESTED}",
+                f"pip install vllm=={TESTED}", PRIVATE)  # fmt: skip
 
 TEXT_GENERATION_MODELS = registry._TEXT_GENERATION_MODELS
 ModelRegistry = registry.ModelRegistry
@@ -54,6 +50,17 @@ class HeadProduct:
     def _apply_head(self, lm_head, hidden_states, embedding_bias):
         stock = super()._apply_head
         return self.head_product(lambda h: stock(lm_head, h, embedding_bias), hidden_states)
+
+
+def rebuilt(layer: LogitsProcessor, layer_class: type) -> LogitsProcessor:
+    """A ``layer_class`` built with the arguments vLLM built ``layer`` with
+    (read back from its attributes, as vLLM 0.32's ``__init__`` keeps them)."""
+    if type(layer) is not LogitsProcessor:
+        raise NaturalBiasError(
+            f"natbias.vllm knows vLLM's LogitsProcessor, not {type(layer).__name__}"
+        )
+    return layer_class(layer.vocab_size, layer.org_vocab_size, layer.scale,
+                       layer.logits_as_input, layer.soft_cap)  # fmt: skip
 
 
 class InProcess(registry._LazyRegisteredModel):

@@ -15,20 +15,20 @@ refused in one line saying why (:func:`refusal_of`), when vLLM looks it up.
 vLLM's private names are :mod:`natbias.vllm._compat`'s.
 """
 
-import functools
-
 import torch
 from torch import nn
 
 from natbias import head
 from natbias.errors import NaturalBiasError
-from natbias.hf.models import CLASS_PREFIX, natural_bias_settings
+from natbias.hf.models import natural_bias_settings
+from natbias.subclasses import PREFIX, natural_bias_subclass, stock_name
 from natbias.vllm._compat import (
     TEXT_GENERATION_MODELS,
     HeadProduct,
     InProcess,
     ModelRegistry,
     load_model_class,
+    rebuilt,
     refuse_in_registry,
 )
 
@@ -37,8 +37,8 @@ BIAS, GAIN, PRIOR = "lm_head.bias", "lm_head.gain_param", "natbias_log_prior"
 
 
 class NaturalBiasLogits(HeadProduct):
-    """Mixin placed before the stock class's ``LogitsProcessor`` (the
-    instance's class swapped): its matrix product with the head takes
+    """Mixin placed before the stock class's ``LogitsProcessor`` (built in
+    the model's ``__init__`` in its place): its matrix product with the head takes
     ``g phi`` and adds b, before its soft cap and scale."""
 
     def install(self, head: nn.Module, own_bias: bool, gain_speed, dtype) -> None:
@@ -67,16 +67,11 @@ class NaturalBiasLogits(HeadProduct):
         return logits + self.natbias_bias.to(logits.dtype)
 
 
-@functools.cache
-def _logits_class(stock: type) -> type:
-    return type(f"NaturalBias{stock.__name__}", (NaturalBiasLogits, stock), {})
-
-
 def natural_bias_logits(stock: nn.Module, head: nn.Module, own_bias: bool, gain_speed, dtype):
-    """The stock ``LogitsProcessor`` made a natural-bias one, in place."""
-    stock.__class__ = _logits_class(type(stock))
-    stock.install(head, own_bias, gain_speed, dtype)
-    return stock
+    """The natural-bias logits layer, built as vLLM built the stock ``LogitsProcessor``."""
+    layer = rebuilt(stock, natural_bias_subclass(type(stock), NaturalBiasLogits))
+    layer.install(head, own_bias, gain_speed, dtype)
+    return layer
 
 
 def _copy(param: nn.Parameter, loaded: torch.Tensor) -> None:
@@ -91,7 +86,7 @@ class NaturalBiasCausalLM:
         settings = natural_bias_settings(vllm_config.model_config.hf_config)
         head = _head(self)
         stock_bias = getattr(head, "bias", None) is not None  # GPT-J's: b is the stock bias
-        natural_bias_logits(
+        self.logits_processor = natural_bias_logits(
             self.logits_processor,
             head,
             own_bias=not stock_bias,
@@ -175,26 +170,22 @@ def refusal_of(name: str):
     None; read from the registry's names alone, no class loaded."""
     from transformers.models.auto import modeling_auto
 
-    stock_name = name[len(CLASS_PREFIX) :]
-    if not name.startswith(CLASS_PREFIX) or stock_name in TEXT_GENERATION_MODELS:
+    stock = stock_name(name)
+    if stock is None or stock in TEXT_GENERATION_MODELS:
         return None
-    if dict.__contains__(ModelRegistry.models, stock_name):  # only its Transformers backend
-        return None if stock_name in BACKEND_SERVED else refusal(stock_name, "backend")
-    seq2seq = stock_name in modeling_auto.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES.values()
-    return refusal(stock_name, "seq2seq" if seq2seq else "causal")
+    if dict.__contains__(ModelRegistry.models, stock):  # only its Transformers backend
+        return None if stock in BACKEND_SERVED else refusal(stock, "backend")
+    seq2seq = stock in modeling_auto.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES.values()
+    return refusal(stock, "seq2seq" if seq2seq else "causal")
 
 
 EXPORTABLE = {"PhiForCausalLM", "GPTJForCausalLM", "CodeGenForCausalLM"}
 
 
-@functools.cache
 def natural_bias_class(stock_name: str) -> type:
     """``NaturalBias<stock_name>`` over vLLM's class of that architecture
     (served: :func:`refusal_of` has let it through), made once."""
-    stock = load_model_class(stock_name)
-    doc = f"vLLM's {stock.__name__} with the natural bias (natbias.vllm)."
-    attributes = {"__module__": __name__, "__doc__": doc}
-    return type(CLASS_PREFIX + stock_name, (NaturalBiasCausalLM, stock), attributes)
+    return natural_bias_subclass(load_model_class(stock_name), NaturalBiasCausalLM)
 
 
 def register_architectures() -> None:
@@ -212,18 +203,18 @@ def register_architectures() -> None:
         modeling_auto.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES,
     )
     names = {n for mapping in mappings for n in mapping.values() if isinstance(n, str)}
-    for stock_name in sorted(served | names):
-        if not stock_name.startswith(CLASS_PREFIX):
-            name = CLASS_PREFIX + stock_name
+    for stock in sorted(served | names):
+        if stock_name(stock) is None:
+            name = PREFIX + stock
             ModelRegistry.models[name] = InProcess(__name__, name)
     refuse_in_registry(refusal_of)
 
 
 def __getattr__(name: str):
     """``NaturalBias<X>``, made (or refused) when vLLM first loads it."""
-    if not name.startswith(CLASS_PREFIX):
+    if stock_name(name) is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     why = refusal_of(name)
     if why is not None:
         raise NaturalBiasError(why)
-    return natural_bias_class(name[len(CLASS_PREFIX) :])
+    return natural_bias_class(stock_name(name))
