@@ -332,13 +332,28 @@ def test_the_tools_import_neither_torch_nor_a_framework():
         assert not external_imports(path) & {"torch", "fairseq", "transformers"}, name
 
 
-def test_the_plugin_and_the_extra_know_nothing_of_each_other(graph):
-    for name in graph:
-        reached = reachable(graph, name)
-        if name.startswith(PACKAGE):
-            assert not {m for m in reached if m.startswith("natbias.hf")}, name
-        if name.startswith("natbias.hf"):
-            assert not {m for m in reached if m.startswith(PACKAGE)}, name
+# Which adapter may build on which (docs/design.md, "The import rule"): vLLM serves
+# what transformers saved (its natbias-<type> configurations, the settings, the logit
+# map); OLMo-core's export is transformers' conversion, then natbias.hf. Nothing else.
+ADAPTER_MAY_IMPORT = {"natbias.vllm": {"natbias.hf"}, "natbias.olmo_core.export": {"natbias.hf"}}
+
+
+def adapter_of(module: str):
+    return next((a for a in ADAPTERS if module == a or module.startswith(a + ".")), None)
+
+
+def test_each_adapter_imports_no_other_but_as_the_design_page_says(graph):
+    checked = set()
+    for name, imported in graph.items():
+        own = adapter_of(name)
+        if own is None:
+            continue
+        allowed = set().union(*(v for k, v in ADAPTER_MAY_IMPORT.items() if
+                                (name == k or name.startswith(k + "."))))  # fmt: skip
+        others = {adapter_of(m) for m in imported} - {None, own}
+        assert others <= allowed, f"{name} imports {sorted(others - allowed)}"
+        checked.add(own)
+    assert checked == set(ADAPTERS)
 
 
 def test_the_model_path_imports_no_analysis_and_no_cli(graph):
