@@ -410,7 +410,10 @@ def report(args):
     ):
         rows, found = table(args, arms, point)
         body += [f"## {title}", "", *rows, ""]
-        diffs = [d for a in arms if a != "stock" and (d := paired(found, a)) is not None]
+        # Each arm against stock; the label smoothing against the natural bias alone: what the
+        # criterion adds, apart from what the bias gives.
+        pairs = [(a, "stock") for a in arms if a != "stock"] + [("natbias+unigram-ls", "natbias")]
+        diffs = [d for a, b in pairs if a in arms and (d := paired(found, a, b)) is not None]
         if diffs:
             body += [
                 "Paired by seed (points; mean ± standard error of the differences; each seed's):",
