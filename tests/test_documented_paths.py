@@ -70,3 +70,64 @@ def test_gain_init_sets_the_saved_gain_and_the_bits_at_update_0(toy_bin, toy_tex
         bound_bits,
     )  # 5e-4: the log's 3 decimals
     assert bound_bits < 1.0  # the bound says something: the zero bias starts > 3 bits off
+
+
+# Beam size and length limit as a user would give them to both routes.
+BEAM, MAX_LEN_B = 5, 12
+
+
+def generated_hypotheses(stdout):
+    """fairseq-generate's S- and H- lines: sentence id -> (source, score, hypothesis)."""
+    sources, hypotheses = {}, {}
+    for line in stdout.splitlines():
+        if line.startswith("S-"):
+            name, text = line.split("\t")
+            sources[int(name[2:])] = text
+        elif line.startswith("H-"):
+            name, score, text = line.split("\t")
+            hypotheses[int(name[2:])] = (float(score), text)
+    return {i: (sources[i], *hypotheses[i]) for i in hypotheses}
+
+
+@pytest.mark.training
+def test_the_hubs_from_pretrained_translates_as_fairseq_generate(toy_bin, toy_text, tmp_path):
+    """docs/checkpoints.md's hub snippet (without SentencePiece: the toy text is
+    words) on a checkpoint of fairseq-train, with a generation-time key, against
+    fairseq-generate on the same sentences, one a batch, same beam and key: the
+    same tokens, and their scores alike to the printed precision. (Without
+    --required-batch-size-multiple 1, fairseq-generate --batch-size 1 prints
+    19 of the 20 sentences here, 18 with --batch-size 2: fairseq 0.12's.) The gain
+    starts at 0.5 so that W phi (context) and lambda b both move the output."""
+    from natbias_testing import NO_LOADER_PROCESS, fairseq
+
+    from fairseq_natbias.transformer_natbias import TransformerNatbiasModel
+
+    train(toy_bin, tmp_path, "--natbias-gain-init", "0.5", max_update=8)
+    generate = fairseq(
+        "fairseq-generate", *NO_LOADER_PROCESS, toy_bin, "--path", tmp_path / "checkpoint_last.pt",
+        "--user-dir", "fairseq_natbias", "--beam", BEAM, "--max-len-b", MAX_LEN_B,
+        "--batch-size", "1", "--required-batch-size-multiple", "1", "--model-overrides", "{'natbias_bias_scale': 0.5}",
+    )  # fmt: skip
+    expected = generated_hypotheses(generate.stdout)
+    sources = (toy_text / "test.src").read_text(encoding="utf-8").splitlines()
+    assert sorted(expected) == list(range(len(sources)))
+
+    def hub(**overrides):
+        return TransformerNatbiasModel.from_pretrained(
+            str(tmp_path), "checkpoint_last.pt", data_name_or_path=str(toy_bin), **overrides
+        ).eval()
+
+    scaled, plain = hub(natbias_bias_scale=0.5), hub()
+    options = dict(beam=BEAM, max_len_b=MAX_LEN_B)
+    for i, source in enumerate(sources):
+        (best,) = scaled.generate([scaled.encode(source)], **options)[0][:1]
+        printed_source, score, text = expected[i]
+        assert printed_source == source
+        assert scaled.translate(source, **options) == text, (i, source)
+        assert scaled.string(best["tokens"]) == text
+        # fairseq-generate prints score / ln 2 in full float32 (~2^-24 relative)
+        assert best["score"].item() / LN2 == pytest.approx(score, rel=1e-6)
+    # The key acts, and the model reads its source: else equal tokens prove little.
+    translations = [plain.translate(source, **options) for source in sources]
+    assert sum(t != expected[i][2] for i, t in enumerate(translations)) >= len(sources) // 4
+    assert len({text for _, _, text in expected.values()}) >= len(sources) // 2
