@@ -4,12 +4,17 @@ saved gain, the bits at update 0 against the unigram counted here), the hub's
 from_pretrained (docs/checkpoints.md) against fairseq-generate, and
 natbias-frequency-bias's documented --spm example (docs/tools.md)."""
 
+import csv
+import gzip
+import json
 import math
+import os
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from natbias_testing import log_records, train
+from natbias_testing import REPO, log_records, skip_without_data, train
 
 from fairseq_natbias import checkpoint_loading  # noqa: F401  (torch.load of fairseq's checkpoints)
 
@@ -131,3 +136,157 @@ def test_the_hubs_from_pretrained_translates_as_fairseq_generate(toy_bin, toy_te
     translations = [plain.translate(source, **options) for source in sources]
     assert sum(t != expected[i][2] for i, t in enumerate(translations)) >= len(sources) // 4
     assert len({text for _, _, text in expected.values()}) >= len(sources) // 2
+
+
+# --- natbias-frequency-bias --spm: docs/tools.md's example ------------------------
+
+BLIMP = Path(os.environ.get("NATBIAS_BLIMP", str(REPO.parent / "shared" / "data" / "blimp")))
+# Word replacements and reordered words: both of App. E's kinds (kept, skipped).
+BLIMP_FILES = ("determiner_noun_agreement_1", "principle_A_domain_3")
+PAIRS_SCORED = 150  # of each file's 1,000: enough for thirds of ~100 pairs
+# The tool scores batches of float32 logits; this test each sentence alone,
+# float64 from the logits on: float32's rounding of logits and logsumexp
+# (~1e-6 a token) over BLiMP's < 40 pieces stays under 1e-4.
+LOGPROB_TOLERANCE = 1e-4
+
+
+def read_blimp(path):
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        return [(item["sentence_good"], item["sentence_bad"]) for item in map(json.loads, f)]
+
+
+@pytest.fixture(scope="module")
+def spm_lm(tmp_path_factory):
+    """A fairseq LM trained on SentencePiece pieces of the good sentences of
+    BLIMP_FILES (SentencePiece trained and applied here), and a folder of the
+    two files cut to their first PAIRS_SCORED pairs, as BLiMP is distributed."""
+    import sentencepiece
+    from natbias_fixtures import preprocess_lm
+    from natbias_testing import train_lm
+
+    paths = [BLIMP / f"{name}.jsonl.gz" for name in BLIMP_FILES]
+    if not all(path.exists() for path in paths):
+        skip_without_data(f"BLiMP's {', '.join(BLIMP_FILES)} not in {BLIMP} (set NATBIAS_BLIMP)")
+    root = tmp_path_factory.mktemp("spm_lm")
+    pairs = {name: read_blimp(path) for name, path in zip(BLIMP_FILES, paths)}
+    good = [g for name in BLIMP_FILES for g, _ in pairs[name]]
+    (root / "good.txt").write_text("\n".join(good) + "\n", encoding="utf-8")
+    sentencepiece.SentencePieceTrainer.train(
+        input=str(root / "good.txt"), model_prefix=str(root / "spm"), vocab_size=300,
+        model_type="unigram", character_coverage=1.0, bos_id=-1, eos_id=-1, pad_id=-1,
+        unk_id=0, minloglevel=2, num_threads=1,
+    )  # fmt: skip
+    processor = sentencepiece.SentencePieceProcessor(model_file=str(root / "spm.model"))
+    pieces = [" ".join(processor.encode(line, out_type=str)) for line in good]
+    for split, lines in (("train", pieces), ("valid", pieces[::50]), ("test", pieces[1::50])):
+        (root / f"{split}.en").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    data = preprocess_lm(root, root / "lm-bin", "en")
+    train_lm(data, root / "lm", max_update=60)
+    blimp = root / "blimp"
+    blimp.mkdir()
+    for name in BLIMP_FILES:
+        with gzip.open(blimp / f"{name}.jsonl.gz", "wt", encoding="utf-8") as f:
+            for g, b in pairs[name][:PAIRS_SCORED]:
+                f.write(json.dumps({"sentence_good": g, "sentence_bad": b}) + "\n")
+    return root, processor, data, blimp
+
+
+@torch.no_grad()
+def expected_thirds(spm_lm):
+    """This test's own route: each sentence's pieces (SentencePiece here) as
+    dictionary ids, scored alone (EOS first, float64 log-softmax of the
+    logits, no padding); training counts by np.bincount over the training
+    pieces with one EOS a line; App. E's filter, relative differences and a
+    stable argsort for the thirds."""
+    from fairseq.data import Dictionary
+    from natbias_testing import load_fairseq_model
+
+    root, processor, data, blimp = spm_lm
+    model, _ = load_fairseq_model(root / "lm" / "checkpoint_last.pt", data)
+    dictionary = Dictionary.load(str(data / "dict.txt"))
+    counts = hand_counts(root / "train.en", dictionary)
+    eos = dictionary.eos()
+
+    def ids(sentence):
+        return [dictionary.index(piece) for piece in processor.encode(sentence, out_type=str)]
+
+    def log_prob(sentence_ids):
+        target = torch.tensor([*sentence_ids, eos])
+        source = torch.cat([torch.tensor([eos]), target[:-1]])
+        logits = model(source[None])[0][0].double()
+        return logits.log_softmax(-1)[torch.arange(len(target)), target].sum().item()
+
+    pairs = []
+    for name in BLIMP_FILES:
+        for line, (good, bad) in enumerate(read_blimp(blimp / f"{name}.jsonl.gz"), start=1):
+            g, b = ids(good), ids(bad)
+            size = len(dictionary)
+            difference = np.bincount(g, None, size) - np.bincount(b, None, size)
+            good_only, bad_only = np.clip(difference, 0, None), np.clip(-difference, 0, None)
+            f_good = good_only @ counts / max(good_only.sum(), 1)
+            f_bad = bad_only @ counts / max(bad_only.sum(), 1)
+            pairs.append(
+                dict(
+                    key=(name, line),
+                    kept=good_only.sum() > 0 and bad_only.sum() > 0,
+                    relative=(f_good - f_bad) / (f_good + f_bad) if f_good + f_bad else 0.0,
+                    good=log_prob(g),
+                    bad=log_prob(b),
+                )
+            )
+    kept = [p for p in pairs if p["kept"]]
+    order = np.argsort([p["relative"] for p in kept], kind="stable")
+    third = len(kept) // 3
+    lower, upper = [kept[i] for i in order[:third]], [kept[i] for i in order[len(kept) - third :]]
+    return pairs, kept, lower, upper
+
+
+@pytest.mark.training
+def test_frequency_bias_with_spm_as_documented_equals_the_tests_own_computation(spm_lm, tmp_path):
+    """``natbias-frequency-bias blimp/data lm/checkpoint_best.pt --data lm-bin
+    --spm spm.model --csv blimp.csv`` (docs/tools.md) on a fairseq LM of
+    SentencePiece pieces: pairs kept and skipped, each third's members and
+    score, each sentence's log-probability, as this test computes them."""
+    from natbias_testing import fairseq
+
+    root, _, data, blimp = spm_lm
+    result = fairseq(
+        "natbias-frequency-bias", blimp, root / "lm" / "checkpoint_last.pt", "--data", data,
+        "--spm", root / "spm.model", "--csv", tmp_path / "blimp.csv", "--out-dir", tmp_path,
+        "--cpu",
+    )  # fmt: skip
+    pairs, kept, lower, upper = expected_thirds(spm_lm)
+    skipped = len(pairs) - len(kept)
+    assert 0 < skipped and len(kept) >= 30  # both kinds: the filter acts, the thirds are filled
+    assert f"{len(kept)} replacement pairs of {len(pairs)}; {skipped} pairs skipped" in (
+        result.stdout
+    )
+    with open(tmp_path / "frequency_bias.csv", newline="", encoding="utf-8") as f:
+        by_key = {(row["phenomenon"], int(row["line"])): row for row in csv.DictReader(f)}
+    assert set(by_key) == {p["key"] for p in kept}
+    for name, members in (("lower", lower), ("upper", upper)):
+        assert {k for k, row in by_key.items() if row["third"] == name} == {
+            p["key"] for p in members
+        }, name
+    for pair in kept:
+        row = by_key[pair["key"]]
+        assert float(row["logprob_good"]) == pytest.approx(pair["good"], abs=LOGPROB_TOLERANCE)
+        assert float(row["logprob_bad"]) == pytest.approx(pair["bad"], abs=LOGPROB_TOLERANCE)
+        assert float(row["relative_difference"]) == pytest.approx(pair["relative"], rel=1e-12)
+    right = lambda group: float(np.mean([p["good"] > p["bad"] for p in group]))  # noqa: E731
+    assert (
+        f"lower third ({len(lower)} pairs, bad sentence's tokens more frequent): "
+        + (f"{right(lower):.4f}")
+        in result.stdout.splitlines()
+    )
+    assert (
+        f"upper third ({len(upper)} pairs, good sentence's tokens more frequent): "
+        + (f"{right(upper):.4f}")
+        in result.stdout.splitlines()
+    )
+    with open(tmp_path / "blimp.csv", newline="", encoding="utf-8") as f:
+        phenomena = {row["phenomenon"]: row for row in csv.DictReader(f)}
+    for name in BLIMP_FILES:
+        assert float(phenomena[name]["blimp_score"]) == right(
+            [p for p in pairs if p["key"][0] == name]
+        )
