@@ -290,3 +290,89 @@ def test_frequency_bias_with_spm_as_documented_equals_the_tests_own_computation(
         assert float(phenomena[name]["blimp_score"]) == right(
             [p for p in pairs if p["key"][0] == name]
         )
+
+
+# --- --counts FILE (natbias-count's) for a transformers model --------------------
+
+
+def word_level_gpt2(folder, words):
+    """hf_tiny's GPT-2 (random: it reads context) with a word-level tokenizer
+    over ``words``, every encoding ending in </s>."""
+    from hf_tiny import V, build
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    names = ["<pad>", "</s>", "<s>", "<unk>", *words]
+    names += [f"unused{i}" for i in range(len(names), V)]
+    word_level = Tokenizer(models.WordLevel({w: i for i, w in enumerate(names)}, unk_token="<unk>"))
+    word_level.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    word_level.post_processor = processors.TemplateProcessing(
+        single="$A </s>", special_tokens=[("</s>", 1)]
+    )
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=word_level, pad_token="<pad>", eos_token="</s>", unk_token="<unk>",
+        bos_token="<s>",
+    )  # fmt: skip
+    torch.manual_seed(0)
+    build("gpt2").save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return tokenizer
+
+
+def test_counts_from_natbias_count_are_the_counts_a_transformers_model_is_ranked_by(
+    toy_text, tmp_path
+):
+    """A user's path for a transformers model: the training text encoded by its
+    tokenizer into a flat id file, ``natbias-count --tokens`` on it, then
+    natbias-frequency-bias and natbias-loss-by-frequency with ``--counts``.
+    Each kept pair's mean training counts (frequency_bias.csv) and each bin's
+    reference tokens and types (loss_by_frequency.csv) equal those of an
+    np.bincount of the ids made here."""
+    from natbias_testing import fairseq
+
+    train_lines = (toy_text / "train.tgt").read_text(encoding="utf-8").splitlines()
+    words = sorted({w for line in train_lines for w in line.split()})
+    tokenizer = word_level_gpt2(tmp_path / "model", words)
+    ids = np.concatenate([tokenizer(line)["input_ids"] for line in train_lines])
+    ids.astype(np.uint16).tofile(tmp_path / "train.ids")
+    counts = np.bincount(ids, minlength=len(tokenizer)).astype(np.float64)
+    fairseq(
+        "natbias-count", "--tokens", tmp_path / "train.ids", "--dtype", "uint16",
+        "--vocab-size", len(tokenizer), "--output", tmp_path / "train.counts",
+    )  # fmt: skip
+
+    # Pairs replacing one word by another of a different training count.
+    by_count = sorted(words, key=lambda w: counts[tokenizer.convert_tokens_to_ids(w)])
+    pairs = [(f"{words[0]} {a} {words[1]}", f"{words[0]} {b} {words[1]}")
+             for a, b in zip(by_count[::2], by_count[1::2])]  # fmt: skip
+    with open(tmp_path / "pairs.jsonl", "w", encoding="utf-8") as f:
+        f.writelines(json.dumps({"sentence_good": g, "sentence_bad": b}) + "\n" for g, b in pairs)
+    fairseq(
+        "natbias-frequency-bias", tmp_path / "pairs.jsonl", tmp_path / "model", "--counts",
+        tmp_path / "train.counts", "--cpu", "--out-dir", tmp_path,
+    )  # fmt: skip
+    with open(tmp_path / "frequency_bias.csv", newline="", encoding="utf-8") as f:
+        rows = {int(row["line"]): row for row in csv.DictReader(f)}
+    assert sorted(rows) == list(range(1, len(pairs) + 1))
+    for line, (good, bad) in enumerate(pairs, start=1):
+        g, b = (counts[tokenizer.convert_tokens_to_ids(s.split()[1])] for s in (good, bad))
+        assert (float(rows[line]["good_mean_count"]), float(rows[line]["bad_mean_count"])) == (g, b)
+
+    edges = [1, 20, 100]
+    fairseq(
+        "natbias-loss-by-frequency", tmp_path / "model", tmp_path / "model", "--text",
+        toy_text / "test.tgt", "--counts", tmp_path / "train.counts", "--cpu",
+        "--edges", *edges, "--out-dir", tmp_path / "loss",
+    )  # fmt: skip
+    test_ids = np.concatenate(
+        [tokenizer(line)["input_ids"] for line in (toy_text / "test.tgt").read_text().splitlines()]
+    )
+    with open(tmp_path / "loss" / "loss_by_frequency.csv", newline="", encoding="utf-8") as f:
+        bins = list(csv.DictReader(f))
+    for row, low, high in zip(bins, edges, [*edges[1:], math.inf], strict=True):
+        inside = (counts[test_ids] >= low) & (counts[test_ids] < high)
+        assert (int(row["tokens"]), int(row["types"])) == (
+            inside.sum(),
+            len(set(test_ids[inside])),
+        ), row["bin"]
+    assert sum(int(row["tokens"]) for row in bins) > 0
