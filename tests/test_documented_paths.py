@@ -376,3 +376,124 @@ def test_counts_from_natbias_count_are_the_counts_a_transformers_model_is_ranked
             len(set(test_ids[inside])),
         ), row["bin"]
     assert sum(int(row["tokens"]) for row in bins) > 0
+
+
+# --- transformers' int8 CTranslate2 conversion (natbias.hf.ct2) -----------------
+
+
+def int8_exact_body_gpt2():
+    """hf_tiny's GPT-2 with the natural bias, g = 0.4, W untied and random, b
+    off the prior, whose body int8 leaves exact: the block's two output
+    projections zero (the residual stream passes unchanged: zero rows stay
+    zero), the embeddings' rows multiples of their row's max / 127 (int8's
+    per-row grid). The head g W (the gain folded) is then the only rounding
+    int8 brings, and the bound below is all of it. (With layers that act,
+    each GEMM rounds its input again and no short derivation bounds the sum.)"""
+    from hf_tiny import V, build, zipf_targets
+
+    from natbias.hf import add_natural_bias
+
+    model = build("gpt2", tie_word_embeddings=False)
+    model.config.pad_token_id = 0
+    model = add_natural_bias(model, zipf_targets()).eval()
+    generator = torch.Generator().manual_seed(0)
+
+    def on_int8_grid(rows):
+        steps = torch.randint(-127, 128, rows.shape, generator=generator).float()
+        steps[:, 0] = 127  # each row's max: the scale CTranslate2 takes
+        return steps * (0.5 + 0.5 * torch.rand(len(rows), 1, generator=generator)) / 127
+
+    head = model.get_output_embeddings()
+    with torch.no_grad():
+        for block in model.transformer.h:
+            for projection in (block.attn.c_proj, block.mlp.c_proj):
+                projection.weight.zero_()
+                projection.bias.zero_()
+        for embedding in (model.transformer.wte, model.transformer.wpe):
+            embedding.weight.copy_(on_int8_grid(embedding.weight))
+        head.gain_param.fill_(0.4 / head.gain_speed)
+        head.weight.copy_(2.0 * torch.randn(head.weight.shape, generator=generator))
+        model.output_bias().copy_(2.0 * torch.randn(V, generator=generator))
+    return model
+
+
+def int8_logit_bound(model, phi):
+    """Per position, max over outputs i of |z_i(int8) - z_i(float)|, z = g W phi.
+    CTranslate2's int8 (ctranslate2/specs/model_spec.py) stores row i of g W as
+    round(g W_i / s_i), s_i = max_j |g W_ij| / 127: each weight off by <= s_i / 2;
+    the GEMM rounds its input phi per row the same way, step a = max_j |phi_j| / 127,
+    each entry off by <= a / 2; int8 products sum exactly in int32. So
+    |dz_i| <= s_i / 2 |phi|_1 + |g W_i|_1 a / 2 + d (s_i / 2)(a / 2)."""
+    head = model.get_output_embeddings()
+    gw = head.gain().double() * head.weight.double()
+    s = gw.abs().amax(1) / 127
+    a = phi.abs().amax(-1, keepdim=True) / 127
+    terms = s / 2 * phi.abs().sum(-1, keepdim=True) + gw.abs().sum(1) * a / 2
+    return (terms + phi.shape[-1] * (s / 2) * (a / 2)).amax(-1)
+
+
+# The rest of CTranslate2's computation is float32: LayerNorm, the bias, log
+# softmax over V = 40 logits of size < 30 (relative 2^-24 over ~40 terms: < 1e-4).
+FLOAT32_SLACK = 1e-4
+
+
+@pytest.mark.engine
+def test_int8_ctranslate2_serves_the_float_models_tokens_within_int8s_rounding(tmp_path):
+    """natbias.hf's int8 conversion: each token's log p within 2 x the int8
+    bound of the float model's (log softmax moves by at most
+    |dz_y| + max |dz_i|), and the greedy tokens the float model's except from a
+    step whose top-2 logit margin is below 2 x the bound (there int8 may break
+    the tie the other way)."""
+    ctranslate2 = pytest.importorskip("ctranslate2")
+    from hf_tiny import V, zipf_targets
+    from tokenizers import Tokenizer
+    from tokenizers import models as tokenizer_models
+    from transformers import PreTrainedTokenizerFast
+
+    from natbias.hf import to_ctranslate2
+
+    model = int8_exact_body_gpt2()
+    names = {0: "<pad>", 1: "</s>", 2: "<s>", 3: "<unk>"}
+    vocabulary = {names.get(i, f"w{i}"): i for i in range(V)}
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer(tokenizer_models.WordLevel(vocabulary, unk_token="<unk>")),
+        pad_token="<pad>", eos_token="</s>", unk_token="<unk>", bos_token="<s>",
+    )  # fmt: skip
+    to_ctranslate2(model, tmp_path / "int8", tokenizer, quantization="int8")
+    served = ctranslate2.Generator(str(tmp_path / "int8"), compute_type="int8", intra_threads=1)
+
+    sentences = [s[:-1] for s in zipf_targets(n=16, seed=5)]  # the model's own kind of text
+    steps, followed, generated = 8, 0, 0
+    for ids in sentences:
+        with torch.no_grad():
+            inputs = torch.tensor([ids])
+            phi = model.transformer(input_ids=inputs).last_hidden_state[0].double()
+            log_p = model(input_ids=inputs).logits[0].double().log_softmax(-1)
+        bound = 2 * int8_logit_bound(model, phi) + FLOAT32_SLACK
+        (scored,) = served.score_batch([tokenizer.convert_ids_to_tokens(ids)])
+        expected = log_p[:-1].gather(-1, torch.tensor(ids[1:])[:, None])[:, 0]
+        assert (torch.tensor(scored.log_probs) - expected).abs().le(bound[:-1]).all(), ids
+        assert bound.max() < 1.0  # the bound says something: logits spread by ~4
+
+        (result,) = served.generate_batch(
+            [tokenizer.convert_ids_to_tokens(ids)], max_length=steps, sampling_topk=1,
+            include_prompt_in_result=False,
+        )  # fmt: skip
+        int8_tokens = tokenizer.convert_tokens_to_ids(result.sequences[0])
+        generated += len(int8_tokens)
+        prefix = list(ids)
+        for token in int8_tokens:
+            with torch.no_grad():
+                inputs = torch.tensor([prefix])
+                phi = model.transformer(input_ids=inputs).last_hidden_state[0, -1:].double()
+                logits = model(input_ids=inputs).logits[0, -1].double()
+            top = logits.topk(2).values
+            if token != logits.argmax().item():
+                margin = (top[0] - top[1]).item()
+                assert margin <= 2 * int8_logit_bound(model, phi).item() + FLOAT32_SLACK, (
+                    ids, prefix, token,
+                )  # fmt: skip
+                break  # parted at a near tie: what follows has another context
+            prefix.append(token)
+            followed += 1
+    assert followed >= 0.9 * generated > 0  # near ties are rare: most steps are compared
