@@ -116,10 +116,10 @@ def test_the_hubs_from_pretrained_translates_as_fairseq_generate(toy_bin, toy_te
     """docs/checkpoints.md's hub snippet (without SentencePiece: the toy text is
     words) on a checkpoint of fairseq-train, with a generation-time key, against
     fairseq-generate on the same sentences, one a batch, same beam and key: the
-    same tokens, and their scores alike to the printed precision. (Without
-    --required-batch-size-multiple 1, fairseq-generate --batch-size 1 prints
-    19 of the 20 sentences here, 18 with --batch-size 2: fairseq 0.12's.) The gain
-    starts at 0.5 so that W phi (context) and lambda b both move the output."""
+    same tokens, and their scores alike to float32. (--required-batch-size-multiple
+    1 as README.md gives it: fairseq 0.12 drops a last batch not a multiple of
+    8, here 19 of the 20 sentences printed.) The gain starts at 0.5 so that
+    W phi (context) and lambda b both move the output."""
     from natbias_testing import NO_LOADER_PROCESS, fairseq
 
     from fairseq_natbias.transformer_natbias import TransformerNatbiasModel
