@@ -112,46 +112,69 @@ def generated_hypotheses(stdout):
 
 
 @pytest.mark.training
-def test_the_hubs_from_pretrained_translates_as_fairseq_generate(toy_bin, toy_text, tmp_path):
-    """docs/checkpoints.md's hub snippet (without SentencePiece: the toy text is
-    words) on a checkpoint of fairseq-train, with a generation-time key, against
-    fairseq-generate on the same sentences, one a batch, same beam and key: the
-    same tokens, and their scores alike to float32. (--required-batch-size-multiple
-    1 as README.md gives it: fairseq 0.12 drops a last batch not a multiple of
-    8, here 19 of the 20 sentences printed.) The gain starts at 0.5 so that
-    W phi (context) and lambda b both move the output."""
+def test_the_hubs_from_pretrained_translates_as_fairseq_generate(toy_text, tmp_path):
+    """docs/checkpoints.md's hub snippet (SentencePiece, a generation-time key)
+    on a checkpoint of fairseq-train on SentencePiece pieces of the toy text,
+    against fairseq-generate on the same sentences, one a batch, same beam and
+    key: the same pieces, their text decoded here, their scores alike to
+    float32. (--required-batch-size-multiple 1 as README.md gives it: fairseq
+    0.12 drops a last batch not a multiple of 8, here 19 of the 20 sentences
+    printed.) The gain starts at 0.5 so that W phi (context) and lambda b both
+    move the output."""
+    import sentencepiece
+    from natbias_fixtures import preprocess
     from natbias_testing import NO_LOADER_PROCESS, fairseq
 
     from fairseq_natbias.transformer_natbias import TransformerNatbiasModel
 
-    train(toy_bin, tmp_path, "--natbias-gain-init", "0.5", max_update=8)
+    text = tmp_path / "spm-text"
+    text.mkdir()
+    sentencepiece.SentencePieceTrainer.train(
+        input=f"{toy_text / 'train.src'},{toy_text / 'train.tgt'}", model_prefix=str(tmp_path / "spm"),
+        vocab_size=120, model_type="unigram", character_coverage=1.0, hard_vocab_limit=False,
+        split_by_number=False,
+        bos_id=-1, eos_id=-1, pad_id=-1, unk_id=0, minloglevel=2, num_threads=1,
+    )  # fmt: skip
+    processor = sentencepiece.SentencePieceProcessor(model_file=str(tmp_path / "spm.model"))
+    for name in ("train", "valid", "test"):
+        for lang in ("src", "tgt"):
+            lines = (toy_text / f"{name}.{lang}").read_text(encoding="utf-8").splitlines()
+            pieces = [" ".join(processor.encode(line, out_type=str)) for line in lines]
+            (text / f"{name}.{lang}").write_text("\n".join(pieces) + "\n", encoding="utf-8")
+    data = preprocess(text, tmp_path / "data-bin")
+    train(data, tmp_path / "unigram", "--natbias-gain-init", "0.5", max_update=8)
     generate = fairseq(
-        "fairseq-generate", *NO_LOADER_PROCESS, toy_bin, "--path", tmp_path / "checkpoint_last.pt",
-        "--user-dir", "fairseq_natbias", "--beam", BEAM, "--max-len-b", MAX_LEN_B,
-        "--batch-size", "1", "--required-batch-size-multiple", "1", "--model-overrides", "{'natbias_bias_scale': 0.5}",
+        "fairseq-generate", *NO_LOADER_PROCESS, data, "--path",
+        tmp_path / "unigram" / "checkpoint_best.pt", "--user-dir", "fairseq_natbias",
+        "--beam", BEAM, "--max-len-b", MAX_LEN_B, "--batch-size", "1",
+        "--required-batch-size-multiple", "1", "--model-overrides", "{'natbias_bias_scale': 0.5}",
     )  # fmt: skip
     expected = generated_hypotheses(generate.stdout)
     sources = (toy_text / "test.src").read_text(encoding="utf-8").splitlines()
     assert sorted(expected) == list(range(len(sources)))
 
-    def hub(**overrides):
+    def hub(**overrides):  # the snippet's call, with this test's paths
         return TransformerNatbiasModel.from_pretrained(
-            str(tmp_path), "checkpoint_last.pt", data_name_or_path=str(toy_bin), **overrides
-        ).eval()
+            str(tmp_path / "unigram"), "checkpoint_best.pt", data_name_or_path=str(data),
+            bpe="sentencepiece", sentencepiece_model=str(tmp_path / "spm.model"), **overrides,
+        ).eval()  # fmt: skip
 
     scaled, plain = hub(natbias_bias_scale=0.5), hub()
     options = dict(beam=BEAM, max_len_b=MAX_LEN_B)
     for i, source in enumerate(sources):
-        (best,) = scaled.generate([scaled.encode(source)], **options)[0][:1]
-        printed_source, score, text = expected[i]
-        assert printed_source == source
-        assert scaled.translate(source, **options) == text, (i, source)
-        assert scaled.string(best["tokens"]) == text
+        printed_source, score, pieces = expected[i]
+        tokens = scaled.encode(source)
+        assert scaled.src_dict.string(tokens[:-1]) == printed_source  # the same pieces read
+        (best,) = scaled.generate([tokens], **options)[0][:1]
+        assert scaled.string(best["tokens"]) == pieces, (i, source)
+        decoded = "".join(pieces.split()).replace("\u2581", " ").strip()  # SentencePiece's rule
+        assert scaled.translate(source, **options) == decoded
         # fairseq-generate prints score / ln 2 in full float32 (~2^-24 relative)
         assert best["score"].item() / LN2 == pytest.approx(score, rel=1e-6)
     # The key acts, and the model reads its source: else equal tokens prove little.
-    translations = [plain.translate(source, **options) for source in sources]
-    assert sum(t != expected[i][2] for i, t in enumerate(translations)) >= len(sources) // 4
+    translations = [plain.generate([plain.encode(s)], **options)[0][0] for s in sources]
+    changed = [plain.string(t["tokens"]) != expected[i][2] for i, t in enumerate(translations)]
+    assert sum(changed) >= len(sources) // 4
     assert len({text for _, _, text in expected.values()}) >= len(sources) // 2
 
 
