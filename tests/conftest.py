@@ -44,6 +44,7 @@ LONGEST_FIRST = [
     "test_multilingual.py",
     "test_scale_out.py",
     "test_bigram_residual.py",
+    "test_documented_paths.py",  # 3 fairseq-train runs, 2 SentencePiece models: about 20 s
     "test_hf_sharding.py",
     "test_olmo_core_scaling.py",  # OLMo-core on 2 gloo processes: 7 short Trainer runs
     "test_olmo_core.py",
