@@ -1,8 +1,11 @@
 """Documented paths run end to end, each asserting what a user sees, against a
 value computed here another way: fairseq-train's --natbias-gain-init (the
 saved gain, the bits at update 0 against the unigram counted here), the hub's
-from_pretrained (docs/checkpoints.md) against fairseq-generate, and
-natbias-frequency-bias's documented --spm example (docs/tools.md)."""
+from_pretrained (docs/checkpoints.md) against fairseq-generate,
+natbias-frequency-bias's documented --spm example (docs/tools.md) against
+SentencePiece and unbatched scoring here, natbias-count's --counts for a
+transformers model against np.bincount, and transformers' int8 CTranslate2
+conversion against the float model within int8's derived rounding."""
 
 import csv
 import gzip
