@@ -7,7 +7,7 @@ import os
 import subprocess
 
 import pytest
-from natbias_testing import REPO, script_path, script_python, write_multi30k_slice
+from natbias_testing import REPO, sacrebleu_scores, script_path, script_python, write_multi30k_slice
 
 pytest.importorskip("transformers")
 
@@ -59,16 +59,22 @@ def translations(tmp_path_factory):
 
 @pytest.mark.training
 def test_each_arm_records_its_curve_and_scores(translations):
-    _, work = translations
+    data, work = translations
+    references = [line.strip() for line in (data / "test_2016_flickr.en").read_text().splitlines()]
     records = {
         arm: json.loads((work / "runs" / arm / "seed1" / "record.json").read_text())
         for arm in ("stock", "natbias")
     }
-    for record in records.values():
+    for arm, record in records.items():
         assert record["updates"] == [0, 3, 6]
         assert record["best_nll"] == min(record["nll"])
-        assert record["scores"]["test"]["bleu_signature"].startswith("nrefs:1|case:mixed")
-        assert 0 <= record["scores"]["test"]["BLEU"] <= 100
+        scores = record["scores"]["test"]
+        assert scores["bleu_signature"].startswith("nrefs:1|case:mixed")
+        # the hypotheses written, against the slice's English in order, as sacreBLEU scores them
+        hypotheses = (work / "runs" / arm / "seed1" / "test.hyp").read_text().splitlines()
+        assert len(hypotheses) == len(references)
+        bleu, chrf = sacrebleu_scores(hypotheses, references)
+        assert (scores["BLEU"], scores["chrF"]) == pytest.approx((bleu, chrf), abs=1e-9)
     # Update 0: the natural bias predicts the prior (the unigram's cross-entropy),
     # transformers' stock model about the uniform (log2 of the vocabulary).
     natbias, stock = records["natbias"], records["stock"]
