@@ -3,9 +3,11 @@
 them (subprocesses), a finished run skipped when run again."""
 
 import json
+import math
 import os
 import subprocess
 
+import numpy as np
 import pytest
 from natbias_testing import REPO, sacrebleu_scores, script_path, script_python, write_multi30k_slice
 
@@ -77,8 +79,24 @@ def test_each_arm_records_its_curve_and_scores(translations):
         assert (scores["BLEU"], scores["chrF"]) == pytest.approx((bleu, chrf), abs=1e-9)
     # Update 0: the natural bias predicts the prior (the unigram's cross-entropy),
     # transformers' stock model about the uniform (log2 of the vocabulary).
+    # That cross-entropy counted here, in float64: the English lines encoded
+    # by the run's tokenizer (each ending in </s>), np.bincount, add-one
+    # smoothing (the default) written out.
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(work / "tokenizer")
+
+    def target_counts(split):
+        lines = [line.strip() for line in (data / f"{split}.en").read_text().splitlines()]
+        ids = [i for line in lines for i in tokenizer(line)["input_ids"]]
+        return np.bincount(ids, minlength=len(tokenizer)).astype(np.float64)
+
+    train, valid = target_counts("train"), target_counts("val")
+    log_unigram = np.log((train + 1.0) / (train.sum() + len(train)))
+    unigram_bits = -(valid * log_unigram).sum() / valid.sum() / math.log(2)
     natbias, stock = records["natbias"], records["stock"]
-    assert abs(natbias["nll"][0] - natbias["unigram_nll"]) < 0.05
+    assert natbias["unigram_nll"] == pytest.approx(unigram_bits, abs=5e-5)  # 4 decimals
+    assert abs(natbias["nll"][0] - unigram_bits) < 0.05
     assert stock["nll"][0] > natbias["nll"][0] + 1.0
     assert (work / "runs/natbias/seed1/best/config.json").exists()
     log_keys = set().union(*natbias["log_history"])
