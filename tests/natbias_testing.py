@@ -52,6 +52,17 @@ def write_multi30k_slice(root, counts):
     return root
 
 
+def sacrebleu_scores(hypotheses, references):
+    """BLEU and chrF from sacreBLEU's Python API, not its command line nor
+    the examples' scoring: what a user gets scoring the hypotheses written."""
+    import sacrebleu
+
+    return (
+        sacrebleu.corpus_bleu(hypotheses, [references]).score,
+        sacrebleu.corpus_chrf(hypotheses, [references]).score,
+    )
+
+
 # fairseq-generate's, -eval-lm's and -validate's default of one data-loader
 # worker forks the whole command's process: seconds each for a tiny run.
 NO_LOADER_PROCESS = ["--num-workers", "0"]

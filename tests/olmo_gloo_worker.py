@@ -24,10 +24,13 @@ def recorder():
 
     class _Recorder(Callback):
         def __init__(self):
-            self.steps = {}
+            self.steps, self.taken = {}, []
 
         def log_metrics(self, step, metrics):
             self.steps.setdefault(step, {}).update(metrics)
+
+        def post_step(self):
+            self.taken.append(self.trainer.global_step)
 
     return _Recorder()
 
@@ -117,7 +120,10 @@ def one_run(
     before = probe_loss(model, ids)
     metrics = recorder()
     callbacks = [("natbias", NaturalBiasCallback(enabled=natural)), ("recorder", metrics)]
-    options = dict(async_bookkeeping=False, no_checkpoints=save_interval is None)
+    # no_checkpoints also turns off loading (OLMo-core's fit loads only with
+    # checkpoints on): a run given load_path keeps them on, or it starts afresh.
+    no_checkpoints = save_interval is None and load_path is None
+    options = dict(async_bookkeeping=False, no_checkpoints=no_checkpoints)
     if save_interval is not None:
         checkpointer = CheckpointerCallback(save_interval=save_interval, save_async=False)
         callbacks.append(("checkpointer", checkpointer))
@@ -133,6 +139,7 @@ def one_run(
         "before": before,
         "after": probe_loss(model, ids),
         "step": trainer.global_step,
+        "steps_taken": metrics.taken,  # a resumed run's: those after its checkpoint
         "natbias": last,
         **head_state(resharded(model), natural),
         "sharded": [sharding["weight_local"], sharding["weight_full"]],
@@ -179,12 +186,11 @@ def run_all(paths, root, out, initial):
     }
     fsdp = modes()["fsdp"]
     # OLMo-core 3.0's run that saves a checkpoint goes on differently from one
-    # that does not (stock models too): the resumed run is compared with one
-    # that never saved.
-    a, b, c = (f"{root}/{name}" for name in "abc")
-    one_run(paths, a, 2, save_interval=1, initial=initial, **fsdp)
+    # that does not (stock models too): the resumed run is compared with the
+    # run that saved the checkpoint it resumes and went on.
+    a, b = (f"{root}/{name}" for name in "ab")
+    results["saved"] = one_run(paths, a, 2, save_interval=1, initial=initial, **fsdp)
     results["resumed"] = one_run(paths, b, 2, load_path=f"{a}/step1", initial=initial, **fsdp)
-    results["uninterrupted"] = one_run(paths, c, 2, initial=initial, **fsdp)
     if dist.get_rank() == 0:
         with open(out, "w") as f:
             json.dump(results, f)

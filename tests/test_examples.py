@@ -21,7 +21,14 @@ from collections import Counter
 
 import pytest
 import torch
-from natbias_testing import MULTI30K, REPO, script_path, script_python, skip_without_data
+from natbias_testing import (
+    MULTI30K,
+    REPO,
+    sacrebleu_scores,
+    script_path,
+    script_python,
+    skip_without_data,
+)
 
 EXAMPLES = REPO / "examples"
 SCRIPTS = {
@@ -151,16 +158,6 @@ def generated_in_id_order(generate_output):
             by_id[int(index)] = text
     assert sorted(by_id) == list(range(len(by_id)))
     return [by_id[i] for i in range(len(by_id))]
-
-
-def sacrebleu_scores(hypotheses, references):
-    """BLEU and chrF from sacreBLEU's Python API, not its command line."""
-    import sacrebleu
-
-    return (
-        sacrebleu.corpus_bleu(hypotheses, [references]).score,
-        sacrebleu.corpus_chrf(hypotheses, [references]).score,
-    )
 
 
 @pytest.mark.training

@@ -44,16 +44,24 @@ def expected():
 
 def greedy_continuation(model, prompt, steps):
     """``prompt`` and its ``steps`` likeliest next tokens, each from a whole
-    forward (no cache), stopping at EOS; no step a near tie (ACROSS_MACHINES)."""
-    ids = prompt
+    forward (no cache), stopping at EOS, and each step's logits; no step a
+    near tie (ACROSS_MACHINES). An encoder-decoder's: ``prompt`` is its
+    source, the tokens follow the decoder's start."""
+    seq2seq = model.config.is_encoder_decoder
+    ids = torch.tensor([[model.config.decoder_start_token_id]]) if seq2seq else prompt
+    step_logits = []
     with torch.no_grad():
         for _ in range(steps):
-            top = model(input_ids=ids).logits[0, -1].topk(2)
+            inputs = (
+                dict(input_ids=prompt, decoder_input_ids=ids) if seq2seq else dict(input_ids=ids)
+            )
+            step_logits.append(model(**inputs).logits[0, -1])
+            top = step_logits[-1].topk(2)
             assert (top.values[0] - top.values[1]).item() > ACROSS_MACHINES
             ids = torch.cat([ids, top.indices[:1][None]], 1)
             if top.indices[0].item() == model.config.eos_token_id:
                 break
-    return ids
+    return ids, step_logits
 
 
 @pytest.mark.parametrize("name", sorted(CLASSES))
@@ -78,11 +86,26 @@ def test_a_1_0_model_loads_with_its_settings_and_logits(name, expected):
         torch.testing.assert_close(logits, expected[name], rtol=0, atol=ACROSS_MACHINES)
         # b was moved away from the prior before saving: both came back.
         assert not torch.equal(model.output_bias().detach(), model.natbias_log_prior)
-        generated = model.generate(expected["input_ids"][:1], max_new_tokens=3, do_sample=False)
-        if not model.config.is_encoder_decoder:  # greedy steps redone by whole forwards
-            assert torch.equal(generated, greedy_continuation(model, expected["input_ids"][:1], 3))
-        else:
-            assert generated.shape[0] == 1
+        # generate's greedy steps (cached) redone by whole forwards, tokens
+        # and logits; an encoder-decoder's last step is forced to EOS
+        # (forced_eos_token_id at max_length): one step more, checked apart
+        seq2seq = model.config.is_encoder_decoder
+        prompt = expected["input_ids"][:1]
+        out = model.generate(
+            prompt,
+            max_new_tokens=3 + seq2seq,
+            do_sample=False,
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
+        greedy, step_logits = greedy_continuation(model, prompt, 3)
+        assert torch.equal(out.sequences[:, : greedy.shape[1]], greedy)
+        for cached, whole in zip(out.logits, step_logits):
+            torch.testing.assert_close(cached[0], whole, rtol=0, atol=ACROSS_MACHINES)
+        forced = seq2seq and greedy[0, -1].item() != model.config.eos_token_id
+        assert out.sequences.shape[1] == greedy.shape[1] + forced
+        if forced:
+            assert out.sequences[0, -1].item() == model.generation_config.forced_eos_token_id
 
 
 @pytest.mark.training

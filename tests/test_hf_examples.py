@@ -3,11 +3,13 @@
 them (subprocesses), a finished run skipped when run again."""
 
 import json
+import math
 import os
 import subprocess
 
+import numpy as np
 import pytest
-from natbias_testing import REPO, script_path, script_python, write_multi30k_slice
+from natbias_testing import REPO, sacrebleu_scores, script_path, script_python, write_multi30k_slice
 
 pytest.importorskip("transformers")
 
@@ -59,20 +61,42 @@ def translations(tmp_path_factory):
 
 @pytest.mark.training
 def test_each_arm_records_its_curve_and_scores(translations):
-    _, work = translations
+    data, work = translations
+    references = [line.strip() for line in (data / "test_2016_flickr.en").read_text().splitlines()]
     records = {
         arm: json.loads((work / "runs" / arm / "seed1" / "record.json").read_text())
         for arm in ("stock", "natbias")
     }
-    for record in records.values():
+    for arm, record in records.items():
         assert record["updates"] == [0, 3, 6]
         assert record["best_nll"] == min(record["nll"])
-        assert record["scores"]["test"]["bleu_signature"].startswith("nrefs:1|case:mixed")
-        assert 0 <= record["scores"]["test"]["BLEU"] <= 100
+        scores = record["scores"]["test"]
+        assert scores["bleu_signature"].startswith("nrefs:1|case:mixed")
+        # the hypotheses written, against the slice's English in order, as sacreBLEU scores them
+        hypotheses = (work / "runs" / arm / "seed1" / "test.hyp").read_text().splitlines()
+        assert len(hypotheses) == len(references)
+        bleu, chrf = sacrebleu_scores(hypotheses, references)
+        assert (scores["BLEU"], scores["chrF"]) == pytest.approx((bleu, chrf), abs=1e-9)
     # Update 0: the natural bias predicts the prior (the unigram's cross-entropy),
     # transformers' stock model about the uniform (log2 of the vocabulary).
+    # That cross-entropy counted here, in float64: the English lines encoded
+    # by the run's tokenizer (each ending in </s>), np.bincount, add-one
+    # smoothing (the default) written out.
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(work / "tokenizer")
+
+    def target_counts(split):
+        lines = [line.strip() for line in (data / f"{split}.en").read_text().splitlines()]
+        ids = [i for line in lines for i in tokenizer(line)["input_ids"]]
+        return np.bincount(ids, minlength=len(tokenizer)).astype(np.float64)
+
+    train, valid = target_counts("train"), target_counts("val")
+    log_unigram = np.log((train + 1.0) / (train.sum() + len(train)))
+    unigram_bits = -(valid * log_unigram).sum() / valid.sum() / math.log(2)
     natbias, stock = records["natbias"], records["stock"]
-    assert abs(natbias["nll"][0] - natbias["unigram_nll"]) < 0.05
+    assert natbias["unigram_nll"] == pytest.approx(unigram_bits, abs=5e-5)  # 4 decimals
+    assert abs(natbias["nll"][0] - unigram_bits) < 0.05
     assert stock["nll"][0] > natbias["nll"][0] + 1.0
     assert (work / "runs/natbias/seed1/best/config.json").exists()
     log_keys = set().union(*natbias["log_history"])
@@ -142,7 +166,27 @@ def test_the_language_model_example(translations, tmp_path):
         "2",
     )
     record = json.loads((tmp_path / "runs/natbias/seed1/record.json").read_text())
-    assert abs(record["nll"][0] - record["unigram_nll"]) < 0.05
+    # The unigram's cross-entropy counted here, in float64: each split's lines
+    # encoded by the run's tokenizer as one stream, cut into blocks of 16 (the
+    # last partial one dropped), every token but a block's first a target;
+    # np.bincount, add-one smoothing written out.
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(tmp_path / "tokenizer")
+
+    def target_counts(split):
+        lines = [line.strip() for line in (data / f"{split}.en").read_text().splitlines()]
+        stream = [i for line in lines for i in tokenizer(line)["input_ids"]]
+        targets = [
+            i for start in range(0, len(stream) - 15, 16) for i in stream[start + 1 : start + 16]
+        ]
+        return np.bincount(targets, minlength=len(tokenizer)).astype(np.float64)
+
+    train, valid = target_counts("train"), target_counts("val")
+    log_unigram = np.log((train + 1.0) / (train.sum() + len(train)))
+    unigram_bits = -(valid * log_unigram).sum() / valid.sum() / math.log(2)
+    assert record["unigram_nll"] == pytest.approx(unigram_bits, abs=5e-5)  # 4 decimals
+    assert abs(record["nll"][0] - unigram_bits) < 0.05
     assert record["scores"]["test"]["ppl"] == pytest.approx(
         2 ** record["scores"]["test"]["nll"], rel=1e-3
     )

@@ -143,24 +143,14 @@ SAMPLING = {
 }
 
 
-def sampled_weights(sampling, sentences):
-    """Each pair's sentences' expected draws in one pass of the sampled data,
-    worked out here from fairseq's documented rules: ratios r_k (temperature:
-    (n_k / N)^(1/T); uniform: 1), S = sum_k (r_k / r_big) n_big (big: the
-    largest pair), at most 1.5 N; pair k's n_k sentences drawn S r_k / sum(r)
-    times in all."""
-    total = sum(sentences)
-    if not sampling:
-        return [1.0] * len(sentences)
-    if sampling[0].startswith("--sampling-weights"):  # given: en-de's, en-fr's
-        ratios = list(GIVEN_WEIGHTS.values())
-    elif sampling[1] == "uniform":
-        ratios = [1.0] * len(sentences)
-    else:
-        ratios = [(n / total) ** (1 / float(sampling[3])) for n in sentences]
-    big = sentences.index(max(sentences))
-    size = int(min(sum(r / ratios[big] * sentences[big] for r in ratios), 1.5 * total))
-    return [size * r / sum(ratios) / n for r, n in zip(ratios, sentences)]
+def drawn_weights(task, sentences):
+    """Each pair's sentences' draws in epoch 1 of the sampled data, per
+    sentence of the pair (en-de, en-fr): counted from what the task's own
+    batches hold (each target sentence starts with its language's token),
+    not worked out from fairseq's sampling rules nor natbias's."""
+    epoch = epoch_target_counts(task, len(task.target_dictionary))
+    drawn = [epoch[task.data_manager.get_decoder_langtok(lang, "tgt")] for lang in ("de", "fr")]
+    return [int(d) / n for d, n in zip(drawn, sentences, strict=True)]
 
 
 def step0_bits(task, model, priors):
@@ -200,8 +190,8 @@ def test_a_fresh_model_starts_at_the_unigram_of_what_the_task_samples(
     unequal, tmp_path, sampling, prior
 ):
     """Bits per validation token at step 0, against unigrams counted here from
-    the text and weighted as the task samples the pairs (en-de 1,200
-    sentences, en-fr 600): each language's row within 0.02 bits of that
+    the text and weighted by the sentences the task's epoch drew from each
+    pair (drawn_weights; en-de 1,200 sentences, en-fr 600): each language's row within 0.02 bits of that
     language's own unigram, the pooled row (every position of a pooled
     model, the language token's position of a per-language one) within 0.02
     bits of the sampled mixture's. 2.2.0 scaled the sampled counts to one
@@ -212,7 +202,7 @@ def test_a_fresh_model_starts_at_the_unigram_of_what_the_task_samples(
     task, model, _ = build(unequal, tmp_path, *ONE_TO_MANY, *LANGTOKS, *options,
                            "--natbias-prior", prior)  # fmt: skip
     dictionary, pieces = task.target_dictionary, unequal / "pieces"
-    w_de, w_fr = sampled_weights(SAMPLING[sampling], [1200, 600])
+    w_de, w_fr = drawn_weights(task, [1200, 600])
     langtoks = {
         task.data_manager.get_decoder_langtok(t, "tgt"): n
         for t, n in (("de", 1200 * w_de), ("fr", 600 * w_fr))

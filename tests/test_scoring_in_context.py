@@ -314,11 +314,16 @@ def check_sentence_scores(out_dir, pairs, sentence_log_prob):
     assert np.mean([g > b for (g, _), (b, _) in zip(good, bad)]) > 0.9
 
 
-def write_pairs(path, pairs):
+def frequency_bias(pairs, model, out_dir, *options):
+    """natbias-frequency-bias (in process) on ``pairs``, written as the JSON
+    lines it reads, with ``model`` (a checkpoint or a saved folder) and
+    ``options``: its frequency_bias.csv in ``out_dir``."""
+    path = out_dir / "pairs.jsonl"
     path.write_text(
         "".join(json.dumps({"sentence_good": g, "sentence_bad": b}) + "\n" for g, b in pairs)
     )
-    return path
+    options = [str(path), str(model), *map(str, options), "--cpu", "--out-dir", str(out_dir)]
+    frequency.run_bias(frequency.bias_parser().parse_args(options))
 
 
 @pytest.mark.training
@@ -327,18 +332,9 @@ def test_language_model_sentence_scores_are_each_sentence_scored_alone(
 ):
     data, _, checkpoint = language_model
     pairs = replacement_pairs(lines(chain_text / "test.tgt"))
-    args = frequency.bias_parser().parse_args(
-        [
-            str(write_pairs(tmp_path / "pairs.jsonl", pairs)),
-            str(checkpoint),
-            "--data",
-            str(data),
-            "--cpu",
-            "--out-dir",
-            str(tmp_path),
-        ]
-    )
-    frequency.run_bias(args)  # 2 x len(pairs) sentences in batches of 32, padded
+    frequency_bias(
+        pairs, checkpoint, tmp_path, "--data", data
+    )  # 2 x len(pairs) in batches of 32, padded
     model, task = fairseq_double(checkpoint, data)
     dictionary = task.target_dictionary
 
@@ -587,18 +583,9 @@ def test_transformers_sentence_scores_are_each_sentence_scored_alone(
 ):
     _, folder, names = transformers_models
     pairs = replacement_pairs(lines(chain_text / "test.tgt"))
-    args = frequency.bias_parser().parse_args(
-        [
-            str(write_pairs(tmp_path / "pairs.jsonl", pairs)),
-            str(folder),
-            "--train-text",
-            str(chain_text / "train.tgt"),
-            "--cpu",
-            "--out-dir",
-            str(tmp_path),
-        ]
-    )
-    frequency.run_bias(args)  # 2 x len(pairs) sentences in batches of 16, padded
+    frequency_bias(
+        pairs, folder, tmp_path, "--train-text", chain_text / "train.tgt"
+    )  # batches of 16
     check_sentence_scores(
         tmp_path, pairs, lambda text: transformers_log_probs(folder, names, [text])[0]
     )
