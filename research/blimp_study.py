@@ -48,15 +48,14 @@ FIRST = (EARLY, "best")  # scored before the rest of KEEP
 # Arms the issue names that this study has not run (2 shared cores, one evening): why,
 # and what each would take, from the times measured here.
 NOT_RUN = [
-    "Not run: natbias+unigram-ls (the script runs it: `--arms natbias+unigram-ls`): 3 trainings "
-    "of 10 to 30 minutes here and 6 scorings of 4 to 18 minutes (as the load of the shared CPU "
-    "went), 40 to 75 minutes two side by side; fairseq's `transformer_lm_natbias` set-up "
-    "(research/study_learning_efficiency.py's lm-en, also with `--criterion "
-    "unigram_label_smoothed_cross_entropy`) and OLMo-core's olmo2_14M A/B "
-    "(research/olmo_core_ab.py; its models to be scored after `natbias.olmo_core.to_hf`, not "
-    "tried), each 6 to 9 trainings and 12 to 18 scorings, 1.5 to 3 hours apiece here. The "
-    "evening allowed stock and natbias over 3 seeds at update 200 and the best, and seed 1's "
-    "curve at the updates shown."
+    "Not run: fairseq's `transformer_lm_natbias` set-up (research/study_learning_efficiency.py's "
+    "lm-en, also with `--criterion unigram_label_smoothed_cross_entropy`) and OLMo-core's "
+    "olmo2_14M A/B (research/olmo_core_ab.py; its models to be scored after "
+    "`natbias.olmo_core.to_hf`, not tried), each 6 to 9 trainings and 12 to 18 scorings, 1.5 to "
+    "3 hours apiece here. Run: stock, natbias and natbias+unigram-ls (label smoothing 0.1 "
+    "towards the unigram, natbias.label_smoothing) over 3 seeds at update 200 and the best "
+    "(natbias+unigram-ls: 16 to 18 minutes a training, 3 to 8 minutes a scoring, two side by "
+    "side), and seed 1's curve of stock and natbias at the updates shown."
 ]
 
 
