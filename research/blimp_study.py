@@ -40,6 +40,11 @@ ARMS = {  # run folder -> language_model.py's arguments
     "natbias": ["--bias", "natural"],
     "natbias+unigram-ls": ["--bias", "natural", "--label-smoothing", "unigram"],
 }
+# fairseq's transformer_lm_natbias set-up: research/study_learning_efficiency.py's lm-en
+# (2 layers, d 128, SentencePiece 8,000, blocks of 64, the short schedule, 1,000
+# updates), its arm of each name; scored with --data and --spm.
+FAIRSEQ_ARMS = {"fairseq-stock": "stock", "fairseq-natbias": "gain/unigram"}
+ARMS.update({arm: None for arm in FAIRSEQ_ARMS})
 KEEP = (0, 100, 200, 400, 600, 800, 1000)  # models kept for the curve (multiples of 50)
 EARLY = 200  # the head start
 FIRST = (EARLY, "best")  # scored before the rest of KEEP
@@ -64,12 +69,28 @@ def say(message):
 
 
 def run_folder(args, arm, seed) -> Path:
+    if arm in FAIRSEQ_ARMS:
+        folder = FAIRSEQ_ARMS[arm].replace("/", "-")  # study.arms.Arm.folder
+        return args.workdir / "fairseq" / "lm-en" / "short" / folder / f"seed{seed}"
     return args.workdir / "lm-en" / "runs" / arm / f"seed{seed}"
 
 
 def best_update(args, arm, seed):
+    if arm in FAIRSEQ_ARMS:  # the update fairseq saved checkpoint_best.pt at
+        import torch
+
+        path = run_folder(args, arm, seed) / "checkpoint_best.pt"
+        state = torch.load(path, map_location="cpu", weights_only=False)
+        return state["optimizer_history"][-1]["num_updates"]
     record = json.loads((run_folder(args, arm, seed) / "record.json").read_text())
     return record["best_update"]
+
+
+def fairseq_model(args, arm, seed, update):
+    """The checkpoint of ``update`` (kept by the study's --keep-updates), else the best."""
+    folder = run_folder(args, arm, seed)
+    kept = sorted(folder.glob(f"checkpoint_*_{update}.pt"))
+    return kept[0] if kept else folder / "checkpoint_best.pt"
 
 
 class Job:
@@ -81,6 +102,8 @@ def train_job(args, arm, seed, needs=()):
     folder = run_folder(args, arm, seed)
 
     def work():
+        if arm in FAIRSEQ_ARMS:
+            return train_fairseq(args, arm, seed)
         command = [
             sys.executable, str(REPO / "examples/huggingface/language_model.py"),
             "--data", args.multi30k, "--lang", LANG, "--work", str(args.workdir / "lm-en"),
@@ -92,7 +115,22 @@ def train_job(args, arm, seed, needs=()):
             if subprocess.run(command, stdout=out, stderr=subprocess.STDOUT).returncode:
                 raise RuntimeError(f"training {arm} seed {seed} failed: see {log}")
 
-    return Job(f"train {arm} seed{seed}", needs, lambda: (folder / "done").exists(), work)
+    job = Job(f"train {arm} seed{seed}", needs, lambda: (folder / "done").exists(), work)
+    job.arm = arm
+    return job
+
+
+def train_fairseq(args, arm, seed):
+    command = [
+        sys.executable, str(REPO / "research/study_learning_efficiency.py"), "--task", "lm",
+        "--lang", LANG, "--arms", FAIRSEQ_ARMS[arm], "--seeds", str(seed), "--jobs", "1",
+        "--multi30k", args.multi30k, "--workdir", str(args.workdir / "fairseq"),
+        "--max-update", str(args.max_steps), "--keep-updates", str(EARLY),
+    ]  # fmt: skip
+    log = args.workdir / f"train_{arm}_seed{seed}.log"
+    with open(log, "a", encoding="utf-8") as out:
+        if subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, cwd=REPO).returncode:
+            raise RuntimeError(f"training {arm} seed {seed} failed: see {log}")
 
 
 def score_path(args, arm, seed, update) -> Path:
@@ -108,12 +146,15 @@ def score_job(args, arm, seed, point, trained):
         n = update()
         folder = run_folder(args, arm, seed)
         model = folder / f"update-{n}" if (folder / f"update-{n}").exists() else folder / "best"
+        counts = ["--train-text", str(Path(args.multi30k) / f"train.{LANG}.gz")]
+        if arm in FAIRSEQ_ARMS:  # the training split of its data-bin, its SentencePiece
+            model, lm = fairseq_model(args, arm, seed, n), args.workdir / "fairseq" / "lm-en"
+            counts = ["--data", str(lm / "data-bin"), "--spm", str(lm / "spm.model")]
         out = score_path(args, arm, seed, n)
         out.parent.mkdir(parents=True, exist_ok=True)
         command = [
             str(Path(sys.executable).parent / "natbias-frequency-bias"), args.blimp, str(model),
-            "--train-text", str(Path(args.multi30k) / f"train.{LANG}.gz"), "--cpu",
-            "--csv", str(out.with_suffix(".tmp")),
+            *counts, "--cpu", "--csv", str(out.with_suffix(".tmp")),
         ]  # fmt: skip
         started = time.time()
         with open(out.with_suffix(".log"), "w+", encoding="utf-8") as log:
@@ -143,8 +184,9 @@ def jobs_of(args):
     trains, scores = [], []
     for seed in args.seeds:
         for arm in args.arms:
-            # the first run trains the tokenizer every run shares: alone
-            trains.append(train_job(args, arm, seed, trains[:1]))
+            # the first run of each engine makes what its runs share (tokenizer, data): alone
+            engine = [t for t in trains if (t.arm in FAIRSEQ_ARMS) == (arm in FAIRSEQ_ARMS)]
+            trains.append(train_job(args, arm, seed, engine[:1]))
             scores += [score_job(args, arm, seed, point, trains[-1]) for point in FIRST]
     runs = list(zip(trains, [(s, a) for s in args.seeds for a in args.arms]))
     later = [  # update by update, every run at one update before the next update
@@ -152,6 +194,7 @@ def jobs_of(args):
         for point in KEEP
         if point != EARLY and point <= args.max_steps
         for train, (seed, arm) in runs
+        if arm not in FAIRSEQ_ARMS  # the fairseq runs keep update 200 and the best only
     ]
     # Each run's table points as soon as it is trained, then the trainings, the curve last.
     return scores + trains + later

@@ -201,6 +201,13 @@ def main():
     )
     parser.add_argument("--results", help="also copy the table and plots to this folder")
     parser.add_argument(
+        "--keep-updates",
+        type=int,
+        nargs="+",
+        metavar="U",
+        help="keep these updates' interval checkpoints (default: only the best and the last)",
+    )
+    parser.add_argument(
         "--train-pairs",
         type=int,
         metavar="N",

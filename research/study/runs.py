@@ -25,6 +25,8 @@ def training_arguments(task, data_bin, run_dir, arm, seed, args):
         "--save-interval-updates": args.validate_every,
         **SCHEDULES[args.schedule],
     }
+    if getattr(args, "keep_updates", None):  # fairseq's own pruning would drop them in training
+        overrides["--keep-interval-updates"] = -1
     if getattr(args, "train_pairs", None):
         # A small corpus's epoch is a few dozen updates: validate and save on
         # the update grid alone, not also at every epoch's end (fairseq's rule).
@@ -65,8 +67,10 @@ def train_and_score(task, data_bin, work, run_dir, arm, seed, args):
         pipeline.train(arguments, run_dir, pipeline.on_validation(task.loss_key, progress))
         say(f"{name}: trained in {time.time() - started:.0f} s")
     task.evaluate(data_bin, work, run_dir, name)
+    kept = [f"_{update}.pt" for update in getattr(args, "keep_updates", None) or ()]
     for checkpoint in run_dir.glob("checkpoint_*_*.pt"):  # interval checkpoints
-        checkpoint.unlink()
+        if not any(checkpoint.name.endswith(suffix) for suffix in kept):
+            checkpoint.unlink()
 
 
 def finished(task, run_dir):
