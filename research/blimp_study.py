@@ -53,14 +53,14 @@ FIRST = (EARLY, "best")  # scored before the rest of KEEP
 # Arms the issue names that this study has not run (2 shared cores, one evening): why,
 # and what each would take, from the times measured here.
 NOT_RUN = [
-    "Not run: fairseq's `transformer_lm_natbias` set-up (research/study_learning_efficiency.py's "
-    "lm-en, also with `--criterion unigram_label_smoothed_cross_entropy`) and OLMo-core's "
-    "olmo2_14M A/B (research/olmo_core_ab.py; its models to be scored after "
-    "`natbias.olmo_core.to_hf`, not tried), each 6 to 9 trainings and 12 to 18 scorings, 1.5 to "
-    "3 hours apiece here. Run: stock, natbias and natbias+unigram-ls (label smoothing 0.1 "
-    "towards the unigram, natbias.label_smoothing) over 3 seeds at update 200 and the best "
-    "(natbias+unigram-ls: 16 to 18 minutes a training, 3 to 8 minutes a scoring, two side by "
-    "side), and seed 1's curve of stock and natbias at the updates shown."
+    "Not run: fairseq's set-up with `--criterion unigram_label_smoothed_cross_entropy`, and "
+    "OLMo-core's olmo2_14M A/B (research/olmo_core_ab.py; its models to be scored after "
+    "`natbias.olmo_core.to_hf`, not tried): 6 to 9 trainings and 12 to 18 scorings apiece. Run: "
+    "stock, natbias and natbias+unigram-ls (label smoothing 0.1 towards the unigram) in "
+    "transformers, stock and natbias in fairseq, over 3 seeds at update 200 and the best "
+    "(natbias+unigram-ls: 16 to 18 minutes a training; fairseq: 3 to 6 minutes a training, 3 to "
+    "8 minutes a scoring, two side by side), and seed 1's transformers curve of stock and "
+    "natbias at the updates shown."
 ]
 
 
@@ -427,7 +427,8 @@ def report(args):
         if (r := read_scores(args, a, s, u)) is not None
     ]
     lines = [
-        "# BLiMP frequency bias: stock against the natural bias (transformers, Multi30k English)",
+        "# BLiMP frequency bias: stock against the natural bias (transformers and fairseq, "
+        "Multi30k English)",
         "",
         f"Written by `research/blimp_study.py`: `python research/blimp_study.py report "
         f"--workdir {args.workdir_given} --out {args.out}` after its `run` (its docstring).",
@@ -442,6 +443,14 @@ def report(args):
         "the mean of the phenomena's, as BLiMP reports it; thirds: of the pairs kept. Points "
         "(× 100); over seeds: mean ± standard deviation [lowest, highest] (the seed spread).",
         "",
+        "fairseq-stock and fairseq-natbias: research/study_learning_efficiency.py's lm-en "
+        "(`--task lm --lang en`, fairseq-train, `--arch transformer_lm` against "
+        "`transformer_lm_natbias` with the gain; 2 layers, d 128, SentencePiece 8,000, blocks of "
+        "64, the short schedule, 1,000 updates, validation every 50, `--keep-updates 200`), "
+        "scored with `--data data-bin --spm spm.model` (the training split's counts). Their "
+        "tokenizer is not the transformers arms': 55,419 pairs kept, not 55,331; each is "
+        "paired with its own engine's stock.",
+        "",
         *NOT_RUN,
         "",
     ]
@@ -452,10 +461,11 @@ def report(args):
     ):
         rows, found = table(args, arms, point)
         body += [f"## {title}", "", *rows, ""]
-        # Each arm against stock; the label smoothing against the natural bias alone: what the
-        # criterion adds, apart from what the bias gives.
-        pairs = [(a, "stock") for a in arms if a != "stock"] + [("natbias+unigram-ls", "natbias")]
-        diffs = [d for a, b in pairs if a in arms and (d := paired(found, a, b)) is not None]
+        # Each arm against its engine's stock; the label smoothing against the natural bias
+        # alone: what the criterion adds, apart from what the bias gives.
+        pairs = [(a, "stock") for a in ARMS if a not in ("stock", *FAIRSEQ_ARMS)]
+        pairs += [("fairseq-natbias", "fairseq-stock"), ("natbias+unigram-ls", "natbias")]
+        diffs = [d for a, b in pairs if (d := paired(found, a, b)) is not None]
         if diffs:
             body += [
                 "Paired by seed (points; mean ± standard error of the differences; each seed's):",
