@@ -132,3 +132,22 @@ def max_kl_from(log_prior, logits):
     """The largest KL(p || prior) in nats over the positions of ``logits``."""
     log_p = torch.log_softmax(logits.double(), -1)
     return (log_p.exp() * (log_p - log_prior.double())).sum(-1).max().item()
+
+
+def word_level_tokenizer(words):
+    """A word-level tokenizer over ``words`` (ids 0 pad, 1 </s>, 2 <s>, 3 <unk>, then the
+    words, then unused names up to V), every encoding ending in </s>; and its names by id."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+
+    names = ["<pad>", "</s>", "<s>", "<unk>", *words]
+    names += [f"unused{i}" for i in range(len(names), V)]
+    word_level = Tokenizer(models.WordLevel({w: i for i, w in enumerate(names)}, unk_token="<unk>"))
+    word_level.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    word_level.post_processor = processors.TemplateProcessing(
+        single="$A </s>", special_tokens=[("</s>", 1)]
+    )
+    tokenizer = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=word_level, pad_token="<pad>", eos_token="</s>", unk_token="<unk>",
+        bos_token="<s>",
+    )  # fmt: skip
+    return tokenizer, names

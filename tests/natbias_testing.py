@@ -538,3 +538,14 @@ def half_matmuls_in_float32():
             return func(*args, **kwargs)
 
     return HalfMatmulsInFloat32()
+
+
+def ranked_thirds(pairs):
+    """seed 003's App. E ranking, written apart from natbias.tools.frequency_bias:
+    the kept pairs (``p["kept"]``) sorted by ``p["relative"]`` (ties in their
+    order), then the lower and the upper third (``n // 3`` pairs each)."""
+    kept = [p for p in pairs if p["kept"]]
+    order = sorted(range(len(kept)), key=lambda i: kept[i]["relative"])  # stable
+    third = len(kept) // 3
+    lower, upper = [kept[i] for i in order[:third]], [kept[i] for i in order[len(kept) - third :]]
+    return kept, lower, upper

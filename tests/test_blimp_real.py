@@ -13,7 +13,7 @@ import os
 import numpy as np
 import pytest
 import torch
-from natbias_testing import REPO, fairseq
+from natbias_testing import REPO, fairseq, ranked_thirds
 
 BLIMP = os.environ.get("NATBIAS_BLIMP", str(REPO.parent / "shared" / "data" / "blimp"))
 # Word replacements (a subword tokenizer makes some of them added tokens), and
@@ -116,11 +116,7 @@ def expected_result(model, tokenizer, lines):
                     bad=log_prob(b),
                 )
             )
-    kept = [p for p in pairs if p["kept"]]
-    order = np.argsort([p["relative"] for p in kept], kind="stable")
-    third = len(kept) // 3
-    lower, upper = [kept[i] for i in order[:third]], [kept[i] for i in order[len(kept) - third :]]
-    return pairs, kept, lower, upper
+    return (pairs, *ranked_thirds(pairs))
 
 
 def read_csv(path):

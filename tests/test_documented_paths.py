@@ -22,6 +22,7 @@ from natbias_testing import (
     first_sentences,
     load_fairseq_model,
     log_records,
+    ranked_thirds,
     skip_without_data,
     train,
 )
@@ -277,11 +278,7 @@ def expected_thirds(spm_lm):
                     bad=log_prob(b),
                 )
             )
-    kept = [p for p in pairs if p["kept"]]
-    order = np.argsort([p["relative"] for p in kept], kind="stable")
-    third = len(kept) // 3
-    lower, upper = [kept[i] for i in order[:third]], [kept[i] for i in order[len(kept) - third :]]
-    return pairs, kept, lower, upper
+    return (pairs, *ranked_thirds(pairs))
 
 
 @pytest.mark.training
@@ -341,21 +338,9 @@ def test_frequency_bias_with_spm_as_documented_equals_the_tests_own_computation(
 def word_level_gpt2(folder, words):
     """hf_tiny's GPT-2 (random: it reads context) with a word-level tokenizer
     over ``words``, every encoding ending in </s>."""
-    from hf_tiny import V, build
-    from tokenizers import Tokenizer, models, pre_tokenizers, processors
-    from transformers import PreTrainedTokenizerFast
+    from hf_tiny import build, word_level_tokenizer
 
-    names = ["<pad>", "</s>", "<s>", "<unk>", *words]
-    names += [f"unused{i}" for i in range(len(names), V)]
-    word_level = Tokenizer(models.WordLevel({w: i for i, w in enumerate(names)}, unk_token="<unk>"))
-    word_level.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    word_level.post_processor = processors.TemplateProcessing(
-        single="$A </s>", special_tokens=[("</s>", 1)]
-    )
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=word_level, pad_token="<pad>", eos_token="</s>", unk_token="<unk>",
-        bos_token="<s>",
-    )  # fmt: skip
+    tokenizer, _ = word_level_tokenizer(words)
     torch.manual_seed(0)
     build("gpt2").save_pretrained(folder)
     tokenizer.save_pretrained(folder)

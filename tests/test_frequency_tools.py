@@ -199,23 +199,11 @@ def gpt2_folder(folder, words, counts=None):
     """A GPT-2 of hf_tiny's sizes, W = 0, with a word-level tokenizer over
     ``words`` (every encoding ending in </s>): uniform, or with ``counts`` the
     natural bias, predicting their add-1 unigram."""
-    from hf_tiny import V, build
-    from tokenizers import Tokenizer, models, pre_tokenizers, processors
-    from transformers import PreTrainedTokenizerFast
+    from hf_tiny import build, word_level_tokenizer
 
     from natbias.hf import add_natural_bias
 
-    names = ["<pad>", "</s>", "<s>", "<unk>", *words]
-    names += [f"unused{i}" for i in range(len(names), V)]
-    word_level = Tokenizer(models.WordLevel({w: i for i, w in enumerate(names)}, unk_token="<unk>"))
-    word_level.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    word_level.post_processor = processors.TemplateProcessing(
-        single="$A </s>", special_tokens=[("</s>", 1)]
-    )
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=word_level, pad_token="<pad>", eos_token="</s>", unk_token="<unk>",
-        bos_token="<s>",
-    )  # fmt: skip
+    tokenizer, names = word_level_tokenizer(words)
     model = build("gpt2")
     if counts is not None:
         model = add_natural_bias(model, counts=[counts[name] for name in names])
